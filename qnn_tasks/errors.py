@@ -1,0 +1,29 @@
+"""User-facing errors: one line that names the file, the key or node, and the fix."""
+from __future__ import annotations
+
+
+class QnnTasksError(Exception):
+    """Base of every error meant for a person (printed without a traceback)."""
+
+
+class SpecError(QnnTasksError):
+    """A model.yaml, socs.yaml or toolchain profile is wrong."""
+
+    def __init__(self, file: object, key: str, problem: str, fix: str = "") -> None:
+        where = f"{file}: {key}" if key else f"{file}"
+        super().__init__(f"{where}: {problem}" + (f" (fix: {fix})" if fix else ""))
+
+
+class StageError(QnnTasksError):
+    """A build stage failed on its input (bad ONNX, unsupported op, mismatch ...).
+
+    `record` carries what the stage measured before failing, so the report can show it.
+    """
+
+    def __init__(self, message: str, record: dict | None = None) -> None:
+        super().__init__(message)
+        self.record = record or {}
+
+
+class ToolchainError(QnnTasksError):
+    """The toolchain is missing, misconfigured, or crashed."""

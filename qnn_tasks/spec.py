@@ -1,0 +1,334 @@
+"""Typed, validated specs loaded from YAML: socs/socs.yaml, models/*/model.yaml, toolchain/*.yaml.
+
+Only YAML and package metadata are read here (no onnx/onnxruntime/torch), so `doit list`
+stays instant. Every error names the file and the key, and says how to fix it.
+"""
+from __future__ import annotations
+
+import importlib.metadata
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import SpecError
+
+try:  # the C loader is several times faster; fall back where libyaml is absent
+    _Loader = yaml.CSafeLoader
+except AttributeError:  # pragma: no cover
+    _Loader = yaml.SafeLoader
+
+PRECISIONS = ("fp16",)
+IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
+SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "fp16", "note"}
+MODEL_KEYS = {"licence", "description", "source", "graphs"}
+SOURCE_KEYS = {"package", "file", "url"}
+GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify",
+              "cpucheck", "lint", "verify", "allow_cpu_fallback"}
+TENSOR_KEYS = {"shape", "dtype"}
+SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
+TOLERANCE_KEYS = {"max_abs", "min_cosine"}
+LINT_KEYS = {"allow", "max_fp16_params"}
+
+
+@dataclass(frozen=True)
+class Soc:
+    name: str
+    soc_id: int
+    dsp_arch: str
+    vtcm_mb: int
+    fp16: bool
+    note: str = ""
+
+    def row(self) -> dict[str, Any]:
+        return {"name": self.name, "soc_id": self.soc_id, "dsp_arch": self.dsp_arch,
+                "vtcm_mb": self.vtcm_mb, "fp16": self.fp16}
+
+    def supports(self, precision: str) -> bool:
+        return self.fp16 if precision == "fp16" else True
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class Source:
+    package: str | None
+    file: str | None
+    url: str | None
+
+    def package_version(self) -> str | None:
+        return _package_version(self.package) if self.package else None
+
+    def resolve_file(self, model_dir: Path) -> Path | None:
+        """The source ONNX: inside the installed package, or relative to the model folder."""
+        if not self.file:
+            return None
+        if self.package:
+            return Path(importlib.metadata.distribution(self.package).locate_file(self.file))
+        return model_dir / self.file
+
+
+@dataclass(frozen=True)
+class GraphSpec:
+    name: str
+    model: str
+    model_dir: Path
+    inputs: tuple[TensorSpec, ...]
+    outputs: tuple[TensorSpec, ...]
+    precision: str
+    socs: tuple[str, ...] | None
+    export: str
+    options: dict[str, Any]
+    simplify: dict[str, Any]
+    cpucheck: dict[str, Any]
+    lint: dict[str, Any]
+    verify: dict[str, Any]
+    allow_cpu_fallback: bool
+
+    @property
+    def model_code(self) -> Path:
+        return self.model_dir / "export.py"
+
+    def io(self) -> dict[str, Any]:
+        return {"inputs": [t.as_dict() for t in self.inputs],
+                "outputs": [t.as_dict() for t in self.outputs]}
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    dir: Path
+    file: Path
+    licence: str
+    description: str
+    source: Source
+    graphs: tuple[GraphSpec, ...]
+
+
+@dataclass(frozen=True)
+class ToolchainProfile:
+    name: str
+    file: Path
+    kind: str
+    options: dict[str, Any] = field(default_factory=dict)
+    settings: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+    socs: dict[str, Soc]
+    models: tuple[ModelSpec, ...]
+    toolchain: ToolchainProfile
+
+    def graphs(self) -> list[GraphSpec]:
+        return [g for m in self.models for g in m.graphs]
+
+
+# ---------------------------------------------------------------- loading
+
+def load_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise SpecError(path, "", "file not found", "create it (see README: file formats)") from None
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
+        raise SpecError(path, where, f"malformed YAML: {problem}", "fix the YAML syntax there") from None
+
+
+def load_socs(path: Path) -> dict[str, Soc]:
+    data = _mapping(load_yaml(path), path, "")
+    table = _mapping(data.get("socs"), path, "socs")
+    _check_keys(data, {"socs"}, path, "")
+    socs = {}
+    for name, row in table.items():
+        key = f"socs.{name}"
+        row = _mapping(row, path, key)
+        _check_keys(row, SOC_KEYS, path, key)
+        _require(row, ("soc_id", "dsp_arch", "vtcm_mb", "fp16"), path, key)
+        socs[str(name)] = Soc(name=str(name), soc_id=_int(row["soc_id"], path, f"{key}.soc_id"),
+                              dsp_arch=str(row["dsp_arch"]), vtcm_mb=_int(row["vtcm_mb"], path, f"{key}.vtcm_mb"),
+                              fp16=_bool(row["fp16"], path, f"{key}.fp16"), note=str(row.get("note", "")))
+        if not socs[str(name)].dsp_arch.startswith("v"):
+            raise SpecError(path, f"{key}.dsp_arch", f"'{row['dsp_arch']}' is not a Hexagon arch", "write e.g. v75")
+    return socs
+
+
+def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
+    path = model_dir / "model.yaml"
+    data = _mapping(load_yaml(path), path, "")
+    _check_keys(data, MODEL_KEYS, path, "")
+    _require(data, ("licence", "source", "graphs"), path, "")
+    source_data = _mapping(data["source"], path, "source")
+    _check_keys(source_data, SOURCE_KEYS, path, "source")
+    source = Source(package=source_data.get("package"), file=source_data.get("file"), url=source_data.get("url"))
+    if source.package and _package_version(source.package) is None:
+        raise SpecError(path, "source.package", f"package '{source.package}' is not installed",
+                        f"pip install {source.package}")
+    graphs_data = _mapping(data["graphs"], path, "graphs")
+    if not graphs_data:
+        raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
+    graphs = tuple(_load_graph(str(name), g, model_dir, path, socs) for name, g in graphs_data.items())
+    return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
+                     description=str(data.get("description", "")), source=source, graphs=graphs)
+
+
+def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc]) -> GraphSpec:
+    key = f"graphs.{name}"
+    data = _mapping(data, path, key)
+    _check_keys(data, GRAPH_KEYS, path, key)
+    _require(data, ("inputs", "outputs"), path, key)
+    precision = data.get("precision", "fp16")
+    if precision not in PRECISIONS:
+        raise SpecError(path, f"{key}.precision", f"unknown precision '{precision}'", f"use one of {', '.join(PRECISIONS)}")
+    chips = data.get("socs")
+    if chips is not None:
+        if not isinstance(chips, list) or not chips:
+            raise SpecError(path, f"{key}.socs", "must be a non-empty list of SoC names", "e.g. socs: [SM8650, SM8750]")
+        for chip in chips:
+            if chip not in socs:
+                raise SpecError(path, f"{key}.socs", f"unknown SoC '{chip}'",
+                                f"use one of {', '.join(socs)} or add a row to socs/socs.yaml")
+        chips = tuple(str(c) for c in chips)
+    export = data.get("export", "export")
+    if not isinstance(export, str) or not export.isidentifier():
+        raise SpecError(path, f"{key}.export", f"'{export}' is not a function name", "name a function in export.py")
+    if not (model_dir / "export.py").is_file():
+        raise SpecError(model_dir / "export.py", "", "missing", "add export.py with export(), samples(), reference()")
+    simplify = _section(data, "simplify", SIMPLIFY_KEYS, path, key)
+    cpucheck = _section(data, "cpucheck", TOLERANCE_KEYS, path, key)
+    lint = _section(data, "lint", LINT_KEYS, path, key)
+    return GraphSpec(
+        name=name, model=model_dir.name, model_dir=model_dir,
+        inputs=_tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True),
+        outputs=_tensors(data["outputs"], path, f"{key}.outputs", need_dtype=False),
+        precision=precision, socs=chips, export=export,
+        options=_mapping(data.get("options", {}), path, f"{key}.options"),
+        simplify=simplify, cpucheck=cpucheck, lint=lint,
+        verify=_mapping(data.get("verify", {}), path, f"{key}.verify"),
+        allow_cpu_fallback=_bool(data.get("allow_cpu_fallback", False), path, f"{key}.allow_cpu_fallback"),
+    )
+
+
+def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorSpec, ...]:
+    data = _mapping(data, path, key)
+    if not data:
+        raise SpecError(path, key, "no tensors declared", "list each tensor with its shape")
+    tensors = []
+    for name, tdata in data.items():
+        tkey = f"{key}.{name}"
+        tdata = _mapping(tdata, path, tkey)
+        _check_keys(tdata, TENSOR_KEYS, path, tkey)
+        _require(tdata, ("shape",) + (("dtype",) if need_dtype else ()), path, tkey)
+        shape = tdata["shape"]
+        if not isinstance(shape, list) or not shape:
+            raise SpecError(path, f"{tkey}.shape", "must be a list of integers", "e.g. shape: [1, 128]")
+        for dim in shape:
+            if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
+                raise SpecError(path, f"{tkey}.shape", f"dynamic or invalid dim '{dim}': the NPU needs static shapes",
+                                "give every dim a fixed positive integer (pad or chunk variable lengths at export)")
+        dtype = str(tdata.get("dtype", "float32"))
+        if dtype == "int64":
+            raise SpecError(path, f"{tkey}.dtype", "int64 is not supported on HTP", "export int32 instead")
+        if dtype not in IO_DTYPES:
+            raise SpecError(path, f"{tkey}.dtype", f"unsupported dtype '{dtype}'", f"use one of {', '.join(IO_DTYPES)}")
+        tensors.append(TensorSpec(name=str(name), shape=tuple(shape), dtype=dtype))
+    return tuple(tensors)
+
+
+def load_toolchain(root: Path, name: str) -> ToolchainProfile:
+    path = root / "toolchain" / f"{name}.yaml"
+    if not path.is_file():
+        known = sorted(p.stem for p in (root / "toolchain").glob("*.yaml"))
+        raise SpecError(path, "", f"no toolchain profile '{name}'", f"use one of: {', '.join(known) or 'none found'}")
+    data = _mapping(load_yaml(path), path, "")
+    _check_keys(data, {"kind", "options", "settings"}, path, "")
+    _require(data, ("kind",), path, "")
+    return ToolchainProfile(name=name, file=path, kind=str(data["kind"]),
+                            options=_mapping(data.get("options", {}), path, "options"),
+                            settings=_mapping(data.get("settings", {}), path, "settings"))
+
+
+def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
+    """Load socs, every models/*/model.yaml and the toolchain profile; check cross-file rules."""
+    socs = load_socs(root / "socs" / "socs.yaml")
+    model_dirs = sorted(p.parent for p in (root / "models").glob("*/model.yaml"))
+    models = tuple(load_model(d, socs) for d in model_dirs)
+    seen: dict[str, Path] = {}
+    for model in models:
+        for graph in model.graphs:
+            if graph.name in seen:
+                raise SpecError(model.file, f"graphs.{graph.name}",
+                                f"graph name also used in {seen[graph.name]}; task names would clash",
+                                "rename one graph (graph names are unique in a project)")
+            seen[graph.name] = model.file
+    return Project(root=root, socs=socs, models=models, toolchain=load_toolchain(root, toolchain))
+
+
+# ---------------------------------------------------------------- helpers
+
+_VERSIONS: dict[str, str | None] = {}
+
+
+def _package_version(package: str) -> str | None:
+    if package not in _VERSIONS:
+        try:
+            _VERSIONS[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            _VERSIONS[package] = None
+    return _VERSIONS[package]
+
+
+def _mapping(value: Any, path: Path, key: str) -> dict:
+    if value is None and key:
+        return {}
+    if not isinstance(value, dict):
+        raise SpecError(path, key or "top level", f"expected a mapping, got {type(value).__name__}",
+                        "write `key: value` pairs there")
+    return value
+
+
+def _section(data: dict, name: str, allowed: set[str], path: Path, key: str) -> dict:
+    section = _mapping(data.get(name, {}), path, f"{key}.{name}")
+    _check_keys(section, allowed, path, f"{key}.{name}")
+    return section
+
+
+def _check_keys(data: dict, allowed: set[str], path: Path, key: str) -> None:
+    for k in data:
+        if k not in allowed:
+            where = f"{key}.{k}" if key else str(k)
+            raise SpecError(path, where, "unknown key", f"remove it or use one of: {', '.join(sorted(allowed))}")
+
+
+def _require(data: dict, required: tuple[str, ...], path: Path, key: str) -> None:
+    for k in required:
+        if k not in data:
+            where = f"{key}.{k}" if key else k
+            raise SpecError(path, where, "required key is missing", "add it (see README: file formats)")
+
+
+def _int(value: Any, path: Path, key: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise SpecError(path, key, f"expected an integer, got '{value}'")
+    return value
+
+
+def _bool(value: Any, path: Path, key: str) -> bool:
+    if not isinstance(value, bool):
+        raise SpecError(path, key, f"expected true or false, got '{value}'")
+    return value

@@ -1,0 +1,56 @@
+"""cpucheck: the simplified ONNX on CPU must match the original model on real inputs.
+
+The model's own code makes the inputs (`samples`) and runs the original model (`reference`:
+PyTorch or the packaged ONNX). The simplified graph's CPU outputs on the same inputs become the
+reference every chip is verified against later.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import metrics, modelcode, samples as sample_store
+from ..errors import StageError
+from ..spec import GraphSpec
+
+DEFAULT_TOLERANCE = {"max_abs": 1e-3, "min_cosine": 0.9999}
+
+
+def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Path, reference_out: Path) -> dict[str, Any]:
+    ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
+    where = f"{graph.model_code}:samples() for graph '{graph.name}'"
+    inputs = modelcode.call(graph, "samples", ctx)
+    sample_store.check(inputs, graph.inputs, where)
+    original = modelcode.call(graph, "reference", ctx, inputs)
+    cpu = run_onnx_cpu(simplified, inputs)
+
+    thresholds = {**DEFAULT_TOLERANCE, **graph.cpucheck}
+    per_output, problems = {}, []
+    for spec in graph.outputs:
+        missing = [i for i, o in enumerate(original) if spec.name not in o]
+        if missing:
+            raise StageError(f"{graph.model_code}:reference() returned no '{spec.name}' for sample {missing[0]}")
+        ref = np.stack([np.asarray(o[spec.name]) for o in original])
+        got = np.stack([o[spec.name] for o in cpu])
+        if ref.shape != got.shape:
+            raise StageError(f"output '{spec.name}': original model gives shape {list(ref.shape[1:])}, "
+                             f"simplified ONNX gives {list(got.shape[1:])}")
+        per_output[spec.name] = metrics.compare(ref, got)
+        problems += metrics.violations(spec.name, per_output[spec.name], thresholds)
+    record = {"samples": len(inputs), "thresholds": thresholds, "metrics": per_output}
+    if problems:
+        raise StageError(f"cpucheck of graph '{graph.name}': simplified ONNX differs from the original model: "
+                         + "; ".join(problems) + " (fix the export, or loosen graphs." + graph.name + ".cpucheck)", record)
+    sample_store.save(inputs_out, inputs)
+    sample_store.save(reference_out, cpu)
+    return record
+
+
+def run_onnx_cpu(model_path: Path, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    import onnxruntime as ort
+
+    session = ort.InferenceSession(str(model_path), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return [dict(zip(names, session.run(None, sample))) for sample in inputs]

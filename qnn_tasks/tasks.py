@@ -1,0 +1,236 @@
+"""The only module that knows doit: build targets + stage functions -> doit task dicts.
+
+Each task has one `config_changed` key built from exactly what its stage depends on (DESIGN
+rule 3): stage options, plus the toolchain fingerprint for toolchain stages, plus the SoC row
+for chip stages. Files it reads are `file_dep`s; files it writes are `targets`.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from doit.exceptions import TaskFailed
+from doit.tools import config_changed
+
+from . import toolchains
+from .errors import QnnTasksError
+from .fileio import write_json
+from .matrix import ChipTarget, GraphTarget, chip_targets, graph_targets
+from .spec import GraphSpec, Project, load_project
+
+TOOLCHAIN_ENV = "QNN_TOOLCHAIN"
+DEFAULT_TOOLCHAIN = "ort-qnn"
+DEFAULT_TASKS = ["export", "simplify", "lint", "cpucheck", "config", "context"]
+
+
+def doit_config() -> dict[str, Any]:
+    # sqlite3: a second doit process (or the report) can read the state while one runs; dbm can't.
+    return {"default_tasks": list(DEFAULT_TASKS), "continue": True, "backend": "sqlite3", "dep_file": ".doit.db"}
+
+
+def project_tasks(root: Path) -> dict[str, Any]:
+    """Everything dodo.py exposes to doit. A spec error prints one line and exits 2."""
+    try:
+        project = load_project(root, os.environ.get(TOOLCHAIN_ENV, DEFAULT_TOOLCHAIN))
+        toolchain = toolchains.from_profile(project.toolchain)
+    except QnnTasksError as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return TaskFactory(project, toolchain).namespace()
+
+
+# ------------------------------------------------------------------ stage runner
+
+def stage_action(stage: str, target: str, record_path: Path, run: Callable[[], dict[str, Any]],
+                 base: dict[str, Any]) -> Callable[[], TaskFailed | None]:
+    """Wrap a stage function: time it, write its record (also on failure), turn errors into one line."""
+    def action() -> TaskFailed | None:
+        start = time.perf_counter()
+        record = {"stage": stage, "target": target, **base}
+        try:
+            result = run()
+        except QnnTasksError as err:
+            record.update(getattr(err, "record", {}) or {})
+            record.update(status="failed", error=str(err), seconds=round(time.perf_counter() - start, 3))
+            write_json(record_path, record)
+            return TaskFailed(f"{stage}:{target}: {err}")
+        except Exception as err:  # a bug or a tool crash: keep the traceback, show one line
+            log = record_path.with_name(f"{stage}-error.log")
+            log.write_text(traceback.format_exc())
+            record.update(status="failed", error=f"{type(err).__name__}: {err}", error_log=str(log),
+                          seconds=round(time.perf_counter() - start, 3))
+            write_json(record_path, record)
+            return TaskFailed(f"{stage}:{target}: unexpected {type(err).__name__}: {err} (traceback: {log})")
+        record.update(result)
+        record.update(status="warning" if record.get("warnings") else "passed",
+                      seconds=round(time.perf_counter() - start, 3))
+        write_json(record_path, record)
+        print(f"{stage}:{target}: {record['status']} in {record['seconds']} s")
+        return None
+    return action
+
+
+def skip_action(stage: str, target: ChipTarget, record_path: Path) -> Callable[[], None]:
+    def action() -> None:
+        write_json(record_path, {"stage": stage, "target": target.name, "graph": target.graph.name,
+                                 "soc": target.soc.row(), "status": "skipped", "reason": target.skip_reason})
+        print(f"{stage}:{target.name}: skipped: {target.skip_reason}")
+    return action
+
+
+# ------------------------------------------------------------------ tasks
+
+class TaskFactory:
+    def __init__(self, project: Project, toolchain: toolchains.Toolchain) -> None:
+        self.project = project
+        self.toolchain = toolchain
+        self.graphs = graph_targets(project)
+        self.chips = chip_targets(project, toolchain.id())
+        self.fingerprint = toolchain.fingerprint()
+
+    def namespace(self) -> dict[str, Any]:
+        def task_export() -> Iterator[dict]:
+            """Export each graph's NPU-ready ONNX (static shapes, int32 I/O, no If/int8) with the model's export.py."""
+            yield from self.export_tasks()
+
+        def task_simplify() -> Iterator[dict]:
+            """Simplify each graph with onnxsim and confirm its I/O shapes are fixed."""
+            yield from self.simplify_tasks()
+
+        def task_lint() -> Iterator[dict]:
+            """Lint each graph for what troubles the NPU (dynamic dims, int64, control flow, fp16 hazards, size)."""
+            yield from self.lint_tasks()
+
+        def task_cpucheck() -> Iterator[dict]:
+            """Run each simplified graph on CPU against the original model on real inputs; keep the reference."""
+            yield from self.cpucheck_tasks()
+
+        def task_config() -> Iterator[dict]:
+            """Write each chip's HTP settings for each graph (toolchain options + SoC row)."""
+            yield from self.config_tasks()
+
+        def task_context() -> Iterator[dict]:
+            """Compile each graph to a QNN context binary per chip; check CPU fallback and the chip it was built for."""
+            yield from self.context_tasks()
+
+        return {"DOIT_CONFIG": doit_config(), "task_export": task_export, "task_simplify": task_simplify,
+                "task_lint": task_lint, "task_cpucheck": task_cpucheck, "task_config": task_config,
+                "task_context": task_context}
+
+    # ---------------------------------------------------------- per graph
+    def _source(self, graph: GraphSpec) -> Path | None:
+        model = next(m for m in self.project.models if m.name == graph.model)
+        return model.source.resolve_file(model.dir)
+
+    def _source_key(self, graph: GraphSpec) -> dict[str, Any]:
+        model = next(m for m in self.project.models if m.name == graph.model)
+        return {"package": model.source.package, "version": model.source.package_version(), "file": model.source.file}
+
+    def _code_deps(self, graph: GraphSpec) -> list[str]:
+        source = self._source(graph)
+        return [str(graph.model_code)] + ([str(source)] if source else [])
+
+    def export_tasks(self) -> Iterator[dict]:
+        from .stages import export
+
+        for gt in self.graphs:
+            g = gt.graph
+            record = gt.stage_dir("export") / "export.json"
+            key = {"io": g.io(), "export": g.export, "options": g.options, "source": self._source_key(g)}
+            yield self._task(gt.name, "export", record, [gt.exported],
+                             lambda g=g, gt=gt: export.run(g, self._source(g), gt.exported),
+                             file_dep=self._code_deps(g), key=key, base={"graph": g.name, "model": g.model,
+                                                                          "source": self._source_key(g)},
+                             doc=f"export {g.model}/{g.name} -> {gt.exported}")
+
+    def simplify_tasks(self) -> Iterator[dict]:
+        from .stages import simplify
+
+        for gt in self.graphs:
+            g = gt.graph
+            record = gt.stage_dir("simplify") / "simplify.json"
+            yield self._task(gt.name, "simplify", record, [gt.simplified],
+                             lambda g=g, gt=gt: simplify.run(g, gt.exported, gt.simplified),
+                             file_dep=[str(gt.exported)], key={"io": g.io(), "simplify": g.simplify},
+                             base={"graph": g.name}, doc=f"onnxsim {gt.exported} -> {gt.simplified}")
+
+    def lint_tasks(self) -> Iterator[dict]:
+        from .stages import lint
+
+        for gt in self.graphs:
+            g = gt.graph
+            yield self._task(gt.name, "lint", gt.lint_record, [],
+                             lambda g=g, gt=gt: lint.run(g, gt.simplified),
+                             file_dep=[str(gt.simplified)], key={"lint": g.lint, "precision": g.precision},
+                             base={"graph": g.name}, doc=f"lint {gt.simplified} -> {gt.lint_record}")
+
+    def cpucheck_tasks(self) -> Iterator[dict]:
+        from .stages import cpucheck
+
+        for gt in self.graphs:
+            g = gt.graph
+            record = gt.stage_dir("cpucheck") / "cpucheck.json"
+            key = {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": self._source_key(g)}
+            yield self._task(gt.name, "cpucheck", record, [gt.inputs, gt.reference],
+                             lambda g=g, gt=gt: cpucheck.run(g, self._source(g), gt.simplified, gt.inputs, gt.reference),
+                             file_dep=[str(gt.simplified)] + self._code_deps(g), key=key,
+                             base={"graph": g.name}, doc=f"CPU check of {gt.simplified} against the original model")
+
+    # ---------------------------------------------------------- per chip
+    def _chip_base(self, ct: ChipTarget) -> dict[str, Any]:
+        return {"graph": ct.graph.name, "model": ct.graph.model, "precision": ct.graph.precision,
+                "soc": ct.soc.row(), "toolchain": {"id": ct.toolchain_id, **self.fingerprint}}
+
+    def _chip_key(self, ct: ChipTarget, **extra: Any) -> dict[str, Any]:
+        return {"soc": ct.soc.row(), "toolchain": self.fingerprint, "precision": ct.graph.precision, **extra}
+
+    def config_tasks(self) -> Iterator[dict]:
+        for ct in self.chips:
+            out = ct.stage_dir("config")
+            record = out / "config.json"
+            if ct.skip_reason:
+                yield self._skip(ct, "config", record)
+                continue
+            files = [out / f for f in self.toolchain.config_files(ct.graph)]
+            yield self._task(ct.name, "config", record, files,
+                             lambda ct=ct, out=out: self.toolchain.write_config(ct.graph, ct.soc, out),
+                             file_dep=[], key=self._chip_key(ct), base=self._chip_base(ct),
+                             doc=f"{self.toolchain.kind} HTP settings for {ct.graph.name} on {ct.soc.name} "
+                                 f"(soc_id {ct.soc.soc_id}, {ct.soc.dsp_arch})")
+
+    def context_tasks(self) -> Iterator[dict]:
+        for ct in self.chips:
+            out = ct.stage_dir("context")
+            record = out / "context.json"
+            if ct.skip_reason:
+                yield self._skip(ct, "context", record)
+                continue
+            config_dir = ct.stage_dir("config")
+            config_files = [str(config_dir / f) for f in self.toolchain.config_files(ct.graph)]
+            files = [out / f for f in self.toolchain.context_files(ct.graph)]
+            gt = ct.graph_target
+            yield self._task(ct.name, "context", record, files,
+                             lambda ct=ct, out=out, gt=gt, cd=config_dir:
+                                 self.toolchain.compile(ct.graph, ct.soc, gt.simplified, cd, out),
+                             file_dep=[str(gt.simplified), str(gt.lint_record)] + config_files,
+                             key=self._chip_key(ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
+                             base=self._chip_base(ct),
+                             doc=f"compile {ct.graph.name} for {ct.soc.name} with {ct.toolchain_id}")
+
+    # ---------------------------------------------------------- helpers
+    @staticmethod
+    def _task(name: str, stage: str, record: Path, targets: list[Path], run: Callable[[], dict[str, Any]],
+              file_dep: list[str], key: dict[str, Any], base: dict[str, Any], doc: str) -> dict[str, Any]:
+        return {"name": name, "actions": [stage_action(stage, name, record, run, base)],
+                "file_dep": file_dep, "targets": [str(t) for t in targets] + [str(record)],
+                "uptodate": [config_changed(key)], "doc": doc, "clean": True}
+
+    @staticmethod
+    def _skip(ct: ChipTarget, stage: str, record: Path) -> dict[str, Any]:
+        return {"name": ct.name, "actions": [skip_action(stage, ct, record)], "targets": [str(record)],
+                "uptodate": [config_changed({"skip": ct.skip_reason})],
+                "doc": f"SKIPPED: {ct.skip_reason}", "clean": True}

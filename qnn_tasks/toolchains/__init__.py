@@ -1,0 +1,16 @@
+"""Toolchains behind one interface; the profile's `kind` picks the implementation."""
+from __future__ import annotations
+
+from ..errors import SpecError
+from ..spec import ToolchainProfile
+from .base import Toolchain
+
+KINDS = ("ort-qnn",)
+
+
+def from_profile(profile: ToolchainProfile) -> Toolchain:
+    if profile.kind == "ort-qnn":
+        from .ort_qnn import OrtQnnToolchain
+
+        return OrtQnnToolchain(profile)
+    raise SpecError(profile.file, "kind", f"unknown toolchain kind '{profile.kind}'", f"use one of: {', '.join(KINDS)}")

@@ -1,0 +1,221 @@
+"""ort-qnn: ONNX Runtime's QNN execution provider from pip (`onnxruntime-qnn`, Linux x86-64).
+
+Compiles a QNN context binary offline with onnxruntime's compile API and the wheel's HTP
+backend; the same wheel's x86 HTP simulator runs it for verification (SPEC 2b).
+"""
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import fileio, qnnbin
+from ..errors import SpecError, StageError, ToolchainError
+from ..nativelog import native_stderr_to
+from ..spec import GraphSpec, Soc, ToolchainProfile
+
+INSTALL_HINT = "pip install onnxruntime-qnn (the wheel exists for Linux x86-64 only)"
+EP_NAME = "QNNExecutionProvider"
+# Provider options a profile may set; the chip's own (soc_model, vtcm_mb) come from socs.yaml.
+KNOWN_OPTIONS = {
+    "htp_graph_finalization_optimization_mode", "htp_performance_mode", "enable_htp_fp16_precision",
+    "offload_graph_io_quantization", "profiling_level", "profiling_file_path", "dump_json_qnn_graph",
+    "json_qnn_graph_dir", "qnn_context_priority", "enable_htp_spill_fill_buffer", "enable_htp_shared_memory_allocator",
+    "rpc_control_latency", "device_id", "op_packages", "skip_qnn_version_check", "enable_htp_weight_sharing",
+    "htp_bf16_enable",
+}
+MANAGED_OPTIONS = {"backend_path": "chosen from the installed wheel", "backend_type": "always htp",
+                   "soc_model": "set per chip from socs/socs.yaml", "htp_arch": "implied by soc_model",
+                   "vtcm_mb": "set per chip from socs/socs.yaml (vtcm_mb)"}
+DEFAULT_OPTIONS = {"htp_graph_finalization_optimization_mode": "3"}
+CONFIG_FILE = "provider_options.json"
+FALLBACK_HINTS = {
+    "Erf": "often left on CPU by onnxsim's fuse_preceding_mul_into_conv folding GELU's x0.5 into a Conv: "
+           "add simplify: {skip_optimizers: [fuse_preceding_mul_into_conv]}",
+    "Neg": "write (0 - x) or a - b at export",
+    "If": "constant-fold the condition at export", "Loop": "unroll at export", "Scan": "unroll at export",
+}
+
+
+class OrtQnnToolchain:
+    kind = "ort-qnn"
+
+    def __init__(self, profile: ToolchainProfile) -> None:
+        self.profile = profile
+        self.options = self._validated_options(profile)
+        self.versions = installed_versions()
+
+    # ------------------------------------------------------------ identity
+    def id(self) -> str:
+        if self.versions["onnxruntime-qnn"] is None:
+            return "ort-qnn-not-installed"
+        return f"ort-qnn-{self.versions['onnxruntime-qnn']}-qnn{self.versions['qnn']}"
+
+    def fingerprint(self) -> dict[str, Any]:
+        return {"kind": self.kind, **self.versions, "options": self.options}
+
+    # ------------------------------------------------------------ config
+    def config_files(self, graph: GraphSpec) -> list[str]:
+        return [CONFIG_FILE]
+
+    def write_config(self, graph: GraphSpec, soc: Soc, out_dir: Path) -> dict[str, Any]:
+        self.require_installed()
+        options = {**self.options, "soc_model": str(soc.soc_id), "vtcm_mb": str(soc.vtcm_mb)}
+        fileio.write_json(out_dir / CONFIG_FILE, options)
+        return {"provider_options": options}
+
+    # ------------------------------------------------------------ compile
+    def context_files(self, graph: GraphSpec) -> list[str]:
+        return [f"{graph.name}_ctx.onnx", f"{graph.name}_ctx_qnn.bin"]
+
+    def compile(self, graph: GraphSpec, soc: Soc, simplified: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
+        self.require_installed()
+        options = fileio.read_json(config_dir / CONFIG_FILE)
+        log = out_dir / "compile.log"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        log.write_text(f"# compile {simplified} for {soc.name} (soc_model {soc.soc_id}) with {self.id()}\n"
+                       f"# provider options: {options}\n")
+        staging = out_dir / ".staging"
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+        try:
+            ctx_onnx = staging / f"{graph.name}_ctx.onnx"
+            seconds = _compile(simplified, ctx_onnx, options, log)
+            partition = cpu_partition(ctx_onnx)
+            bin_path = staging / f"{graph.name}_ctx_qnn.bin"
+            if not bin_path.is_file():
+                raise ToolchainError(f"compile of '{graph.name}' for {soc.name} wrote no {bin_path.name} (log: {log})")
+            info = qnnbin.read_binary_info(bin_path).to_dict()
+            record = {"compile_seconds": round(seconds, 3), "provider_options": options, "partition": partition,
+                      "bin_size": bin_path.stat().st_size, "binary": info, "log": str(log), "warnings": []}
+            check_chip(info, soc, bin_path, record)
+            check_fallback(graph, soc, partition, record)
+            for name in self.context_files(graph):
+                (staging / name).replace(out_dir / name)
+            record["binary"]["path"] = str(out_dir / f"{graph.name}_ctx_qnn.bin")
+            return record
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+
+    # ------------------------------------------------------------ helpers
+    def require_installed(self) -> None:
+        if self.versions["onnxruntime-qnn"] is None:
+            raise ToolchainError(f"onnxruntime-qnn is not installed: {INSTALL_HINT}")
+        if self.versions["onnxruntime"] is None:
+            raise ToolchainError("onnxruntime is not installed: pip install onnxruntime")
+
+    @staticmethod
+    def _validated_options(profile: ToolchainProfile) -> dict[str, str]:
+        options = dict(DEFAULT_OPTIONS)
+        for key, value in profile.options.items():
+            if key in MANAGED_OPTIONS:
+                raise SpecError(profile.file, f"options.{key}", f"is managed by the tool ({MANAGED_OPTIONS[key]})",
+                                "remove it from the profile")
+            if key not in KNOWN_OPTIONS:
+                raise SpecError(profile.file, f"options.{key}", "unknown QNN execution provider option",
+                                f"use one of: {', '.join(sorted(KNOWN_OPTIONS))}")
+            options[key] = str(value).lower() if isinstance(value, bool) else str(value)
+        return options
+
+
+def installed_versions() -> dict[str, str | None]:
+    """onnxruntime, onnxruntime-qnn and the QNN SDK it bundles: from metadata, nothing imported."""
+    versions: dict[str, str | None] = {}
+    for package in ("onnxruntime", "onnxruntime-qnn"):
+        try:
+            versions[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            versions[package] = None
+    versions["qnn"] = None
+    spec = importlib.util.find_spec("onnxruntime_qnn") if versions["onnxruntime-qnn"] else None
+    if spec and spec.origin:
+        info = Path(spec.origin).with_name("build_and_package_info.py")
+        match = re.search(r"qnn_version\s*=\s*['\"]([^'\"]+)", info.read_text()) if info.is_file() else None
+        versions["qnn"] = match.group(1) if match else "unknown"
+    return versions
+
+
+_REGISTERED = False
+
+
+def ep_devices() -> list:
+    """The QNN EP's devices, registering the plugin library once per process."""
+    global _REGISTERED
+    import onnxruntime as ort
+    import onnxruntime_qnn
+
+    if not _REGISTERED:
+        ort.register_execution_provider_library(EP_NAME, onnxruntime_qnn.get_library_path())
+        _REGISTERED = True
+    return [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
+
+
+def session_options(provider_options: dict[str, str], disable_cpu_fallback: bool = False):
+    """SessionOptions with the QNN EP on the wheel's HTP backend."""
+    import onnxruntime as ort
+    import onnxruntime_qnn
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 2
+    if disable_cpu_fallback:
+        so.add_session_config_entry("session.disable_cpu_ep_fallback", "1")
+    so.add_provider_for_devices(ep_devices(), {**provider_options, "backend_path": onnxruntime_qnn.get_qnn_htp_path()})
+    return so
+
+
+def _compile(model: Path, out: Path, options: dict[str, str], log: Path) -> float:
+    import onnxruntime as ort
+
+    start = time.perf_counter()
+    try:
+        with native_stderr_to(log):
+            compiler = ort.ModelCompiler(session_options(options), str(model),
+                                         flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
+            compiler.compile_to_file(str(out))
+    except Exception as err:
+        with open(log, "a") as fh:
+            fh.write(f"\n# FAILED: {type(err).__name__}: {err}\n")
+        message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise ToolchainError(f"compile of {model} failed: {message} (full log: {log})") from None
+    return time.perf_counter() - start
+
+
+def cpu_partition(ctx_onnx: Path) -> dict[str, Any]:
+    """Nodes of the compiled model outside the EPContext (NPU) partition: they would run on CPU."""
+    import onnx
+
+    model = onnx.load(str(ctx_onnx), load_external_data=False)
+    npu = [n for n in model.graph.node if n.op_type == "EPContext"]
+    cpu = [{"name": n.name or n.output[0], "op_type": n.op_type, "hint": FALLBACK_HINTS.get(n.op_type, "")}
+           for n in model.graph.node if n.op_type != "EPContext"]
+    meta = {p.key: p.value for p in model.metadata_props}
+    return {"npu_partitions": len(npu), "cpu_nodes": cpu,
+            "ep_compatibility_info": meta.get(f"ep_compatibility_info.{EP_NAME}")}
+
+
+def check_chip(info: dict[str, Any], soc: Soc, bin_path: Path, record: dict[str, Any]) -> None:
+    """The binary must say it was built for the target row's soc_model and arch."""
+    problems = []
+    if info.get("soc_model") != soc.soc_id:
+        problems.append(f"socModel {info.get('soc_model')} != soc_id {soc.soc_id}")
+    if info.get("dsp_arch") != soc.dsp_arch:
+        problems.append(f"arch {info.get('dsp_arch')} != dsp_arch {soc.dsp_arch}")
+    if problems:
+        raise StageError(f"{bin_path}: built for the wrong chip for {soc.name}: {', '.join(problems)} "
+                         f"(fix: check the {soc.name} row of socs/socs.yaml)", record)
+
+
+def check_fallback(graph: GraphSpec, soc: Soc, partition: dict[str, Any], record: dict[str, Any]) -> None:
+    nodes = partition["cpu_nodes"]
+    if not nodes:
+        return
+    listing = "; ".join(f"{n['op_type']} '{n['name']}'" + (f" ({n['hint']})" if n["hint"] else "") for n in nodes)
+    message = f"{len(nodes)} node(s) of graph '{graph.name}' fall back to CPU on {soc.name}: {listing}"
+    if graph.allow_cpu_fallback:
+        record["warnings"].append(message)
+        return
+    raise StageError(message + " (fix them at export, or set allow_cpu_fallback: true for this graph)", record)
