@@ -7,6 +7,7 @@ The build tree mirrors the graph (DESIGN rule 5):
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from .spec import GraphSpec, Project, Soc
@@ -25,25 +26,25 @@ class GraphTarget:
         return self.graph.name
 
     def stage_dir(self, stage: str) -> Path:
-        return self.dir / stage
+        return _cached_join(self, stage)
 
-    @property
+    @cached_property
     def exported(self) -> Path:
         return self.stage_dir("export") / f"{self.name}.onnx"
 
-    @property
+    @cached_property
     def simplified(self) -> Path:
         return self.stage_dir("simplify") / f"{self.name}.onnx"
 
-    @property
+    @cached_property
     def lint_record(self) -> Path:
         return self.stage_dir("lint") / "lint.json"
 
-    @property
+    @cached_property
     def inputs(self) -> Path:
         return self.stage_dir("cpucheck") / "inputs.npz"
 
-    @property
+    @cached_property
     def reference(self) -> Path:
         return self.stage_dir("cpucheck") / "reference.npz"
 
@@ -66,7 +67,15 @@ class ChipTarget:
         return self.graph_target.graph
 
     def stage_dir(self, stage: str) -> Path:
-        return self.dir / stage
+        return _cached_join(self, stage)
+
+
+def _cached_join(target: GraphTarget | ChipTarget, stage: str) -> Path:
+    """target.dir / stage, built once: task generation asks for the same dirs thousands of times."""
+    cache = target.__dict__.setdefault("_stage_dirs", {})
+    if stage not in cache:
+        cache[stage] = target.dir / stage
+    return cache[stage]
 
 
 def graph_targets(project: Project) -> list[GraphTarget]:

@@ -5,6 +5,8 @@ from typing import Any
 
 import numpy as np
 
+from .spec import THRESHOLD_KEYS
+
 
 def compare(reference: np.ndarray, actual: np.ndarray) -> dict[str, Any]:
     """Metrics of `actual` against `reference` (same shape), computed in float64."""
@@ -41,8 +43,6 @@ def snr_db(reference: np.ndarray, actual: np.ndarray) -> float:
     return 10.0 * float(np.log10(signal / noise))
 
 
-# name -> (comparison, "better" direction) for thresholds
-THRESHOLD_KEYS = {"max_abs": "max", "mean_abs": "max", "min_cosine": "min", "min_snr_db": "min"}
 _METRIC_OF = {"max_abs": "max_abs", "mean_abs": "mean_abs", "min_cosine": "cosine", "min_snr_db": "snr_db"}
 
 

@@ -1,7 +1,7 @@
-"""Send native (C/C++) stderr of an in-process tool call to a log file, for the time of one call.
+"""Send native (C/C++) output of an in-process tool call to a log file, for the time of one call.
 
-ONNX Runtime and QNN log from C++ straight to file descriptor 2; Python-level redirection
-does not see it. The log is appended to, so one file can hold a stage's whole story.
+ONNX Runtime and QNN log from C++ straight to file descriptors 1 and 2; Python-level
+redirection does not see it. The log is appended to, so one file can hold a stage's story.
 """
 from __future__ import annotations
 
@@ -13,15 +13,19 @@ from typing import Iterator
 
 
 @contextmanager
-def native_stderr_to(log_path: Path) -> Iterator[None]:
+def native_output_to(log_path: Path) -> Iterator[None]:
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
     sys.stderr.flush()
-    saved = os.dup(2)
+    saved = {fd: os.dup(fd) for fd in (1, 2)}
     with open(log_path, "ab") as log:
-        os.dup2(log.fileno(), 2)
+        for fd in saved:
+            os.dup2(log.fileno(), fd)
         try:
             yield
         finally:
+            sys.stdout.flush()
             sys.stderr.flush()
-            os.dup2(saved, 2)
-            os.close(saved)
+            for fd, copy in saved.items():
+                os.dup2(copy, fd)
+                os.close(copy)

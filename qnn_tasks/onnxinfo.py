@@ -11,19 +11,23 @@ INT8_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLin
             "QLinearMatMul", "MatMulInteger", "ConvInteger", "QLinearAdd", "QLinearMul"}
 
 
-def load(path: Path, what: str = "ONNX file"):
-    """Load and check an ONNX model; a missing or corrupt file is a one-line StageError."""
+def load(path: Path, what: str = "ONNX file", shown_as: Path | None = None):
+    """Load and check an ONNX model; a missing or corrupt file is a one-line StageError.
+
+    `shown_as` names the file in messages when `path` is a temporary file about to become it.
+    """
     import onnx
 
     path = Path(path)
+    name = shown_as or path
     if not path.is_file():
-        raise StageError(f"{path}: {what} not found (rebuild it: the task that makes it was not run or failed)")
+        raise StageError(f"{name}: {what} not found (rebuild it: the task that makes it was not run or failed)")
     try:
         model = onnx.load(str(path))
         onnx.checker.check_model(model)
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise StageError(f"{path}: corrupt or invalid {what}: {first} (re-export it)") from None
+        raise StageError(f"{name}: corrupt or invalid {what}: {first} (re-export it)") from None
     return model
 
 

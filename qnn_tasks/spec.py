@@ -14,10 +14,23 @@ import yaml
 
 from .errors import SpecError
 
-try:  # the C loader is several times faster; fall back where libyaml is absent
-    _Loader = yaml.CSafeLoader
-except AttributeError:  # pragma: no cover
-    _Loader = yaml.SafeLoader
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is several times faster
+
+
+class _Loader(_BaseLoader):
+    """Safe loader that rejects duplicate keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
+_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _Loader.construct_mapping)
 
 PRECISIONS = ("fp16",)
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
@@ -29,6 +42,8 @@ GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "si
 TENSOR_KEYS = {"shape", "dtype"}
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
+# threshold name -> whether a metric must stay at most ("max") or at least ("min") that value
+THRESHOLD_KEYS = {"max_abs": "max", "mean_abs": "max", "min_cosine": "min", "min_snr_db": "min"}
 LINT_KEYS = {"allow", "max_fp16_params"}
 
 
@@ -211,15 +226,19 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
         raise SpecError(model_dir / "export.py", "", "missing", "add export.py with export(), samples(), reference()")
     simplify = _section(data, "simplify", SIMPLIFY_KEYS, path, key)
     cpucheck = _section(data, "cpucheck", TOLERANCE_KEYS, path, key)
+    for metric, limit in cpucheck.items():
+        if not isinstance(limit, (int, float)) or isinstance(limit, bool):
+            raise SpecError(path, f"{key}.cpucheck.{metric}", f"expected a number, got {limit!r}")
     lint = _section(data, "lint", LINT_KEYS, path, key)
+    _check_lint(lint, path, f"{key}.lint")
+    outputs = _tensors(data["outputs"], path, f"{key}.outputs", need_dtype=False)
     return GraphSpec(
         name=name, model=model_dir.name, model_dir=model_dir,
-        inputs=_tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True),
-        outputs=_tensors(data["outputs"], path, f"{key}.outputs", need_dtype=False),
+        inputs=_tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True), outputs=outputs,
         precision=precision, socs=chips, export=export,
         options=_mapping(data.get("options", {}), path, f"{key}.options"),
         simplify=simplify, cpucheck=cpucheck, lint=lint,
-        verify=_mapping(data.get("verify", {}), path, f"{key}.verify"),
+        verify=_verify_section(data.get("verify"), precision, {t.name for t in outputs}, path, f"{key}.verify"),
         allow_cpu_fallback=_bool(data.get("allow_cpu_fallback", False), path, f"{key}.allow_cpu_fallback"),
     )
 
@@ -277,6 +296,63 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
                                 "rename one graph (graph names are unique in a project)")
             seen[graph.name] = model.file
     return Project(root=root, socs=socs, models=models, toolchain=load_toolchain(root, toolchain))
+
+
+# Defaults per precision: fp16 activations are near-lossless on HTP.
+DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0}}
+VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"}
+CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"}}
+
+
+LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
+              "erf", "fp16-overflow-constant")
+
+
+def _check_lint(lint: dict, path: Path, key: str) -> None:
+    allow = lint.get("allow", [])
+    if not isinstance(allow, list) or any(rule not in LINT_RULES for rule in allow):
+        raise SpecError(path, f"{key}.allow", f"must be a list of lint rules, got {allow!r}",
+                        f"use rules from: {', '.join(LINT_RULES)}")
+    limit = lint.get("max_fp16_params")
+    if limit is not None and (not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0):
+        raise SpecError(path, f"{key}.max_fp16_params", f"expected a positive number, got {limit!r}",
+                        "e.g. max_fp16_params: 1.0e9")
+
+
+def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, key: str) -> dict[str, Any]:
+    """The graph's `verify:` section, validated, with defaults filled in."""
+    verify = _mapping(data, where, key)
+    for k in verify:
+        if k not in VERIFY_KEYS:
+            raise SpecError(where, f"{key}.{k}", "unknown key", f"use one of: {', '.join(sorted(VERIFY_KEYS))}")
+    thresholds = {**DEFAULT_THRESHOLDS[precision], **(verify.get("thresholds") or {})}
+    per_output = verify.get("per_output") or {}
+    for name, limits in [("thresholds", thresholds)] + [(f"per_output.{o}", v) for o, v in per_output.items()]:
+        for metric in limits:
+            if metric not in THRESHOLD_KEYS:
+                raise SpecError(where, f"{key}.{name}.{metric}", "unknown threshold",
+                                f"use one of: {', '.join(THRESHOLD_KEYS)}")
+    for name in per_output:
+        if name not in outputs:
+            raise SpecError(where, f"{key}.per_output.{name}", "not an output of the graph", f"use one of: {', '.join(outputs)}")
+    checks = []
+    for i, check in enumerate(verify.get("checks") or []):
+        if not isinstance(check, dict) or len(check) != 1:
+            raise SpecError(where, f"{key}.checks[{i}]", "each check is one `kind: {options}` mapping",
+                            "e.g. - agreement: {output: output, threshold: 0.5, min: 0.99}")
+        kind, options = next(iter(check.items()))
+        if kind not in CHECK_KINDS:
+            raise SpecError(where, f"{key}.checks[{i}]", f"unknown check '{kind}'", f"use one of: {', '.join(CHECK_KINDS)}")
+        unknown = set(options) - CHECK_KINDS[kind]
+        if unknown or options.get("output") not in outputs:
+            raise SpecError(where, f"{key}.checks[{i}].{kind}", f"needs output: one of {sorted(outputs)}"
+                            + (f"; unknown keys {sorted(unknown)}" if unknown else ""), "fix the check's options")
+        checks.append({"kind": kind, **options})
+    samples = verify.get("samples")
+    if samples is not None and (not isinstance(samples, int) or samples < 1):
+        raise SpecError(where, f"{key}.samples", f"must be a positive integer, got {samples!r}")
+    return {"samples": samples, "thresholds": thresholds, "per_output": per_output, "checks": checks}
+
 
 
 # ---------------------------------------------------------------- helpers

@@ -6,6 +6,9 @@ for chip stages. Files it reads are `file_dep`s; files it writes are `targets`.
 """
 from __future__ import annotations
 
+import hashlib
+import importlib
+import json
 import os
 import sys
 import time
@@ -24,7 +27,9 @@ from .spec import GraphSpec, Project, load_project
 
 TOOLCHAIN_ENV = "QNN_TOOLCHAIN"
 DEFAULT_TOOLCHAIN = "ort-qnn"
-DEFAULT_TASKS = ["export", "simplify", "lint", "cpucheck", "config", "context"]
+# `report` comes last: with `continue`, doit runs it after every other task, failed or not.
+DEFAULT_TASKS = ["export", "simplify", "lint", "cpucheck", "config", "context", "simverify", "report"]
+REPORT_DIR = Path("build") / "report"
 
 
 def doit_config() -> dict[str, Any]:
@@ -82,6 +87,28 @@ def skip_action(stage: str, target: ChipTarget, record_path: Path) -> Callable[[
     return action
 
 
+def _signature(paths: list[Path]) -> str:
+    """Cheap change detector for many small files: (path, mtime, size) of those that exist."""
+    parts = []
+    for path in paths:
+        try:
+            st = path.stat()
+        except FileNotFoundError:
+            continue
+        parts.append(f"{path}:{st.st_mtime_ns}:{st.st_size}")
+    return hashlib.md5("\n".join(parts).encode()).hexdigest()
+
+
+def _stage(name: str):
+    """Stage modules import numpy/onnx: load them when a task runs, not when tasks are listed."""
+    return importlib.import_module(f"{__package__}.stages.{name}")
+
+
+def _key(data: dict[str, Any]) -> str:
+    """One short string per task for config_changed (cheaper for doit than hashing a dict per task)."""
+    return hashlib.md5(json.dumps(data, sort_keys=True).encode()).hexdigest()
+
+
 # ------------------------------------------------------------------ tasks
 
 class TaskFactory:
@@ -91,6 +118,7 @@ class TaskFactory:
         self.graphs = graph_targets(project)
         self.chips = chip_targets(project, toolchain.id())
         self.fingerprint = toolchain.fingerprint()
+        self._fingerprint_json = json.dumps(self.fingerprint, sort_keys=True)  # serialised once for all chip keys
 
     def namespace(self) -> dict[str, Any]:
         def task_export() -> Iterator[dict]:
@@ -117,9 +145,17 @@ class TaskFactory:
             """Compile each graph to a QNN context binary per chip; check CPU fallback and the chip it was built for."""
             yield from self.context_tasks()
 
+        def task_simverify() -> Iterator[dict]:
+            """Run each binary on the host HTP simulator and compare with the CPU reference (metrics, checks)."""
+            yield from self.simverify_tasks()
+
+        def task_report() -> dict:
+            """Write build/report/index.html, report.json and report.md from the stage records."""
+            return self.report_task()
+
         return {"DOIT_CONFIG": doit_config(), "task_export": task_export, "task_simplify": task_simplify,
                 "task_lint": task_lint, "task_cpucheck": task_cpucheck, "task_config": task_config,
-                "task_context": task_context}
+                "task_context": task_context, "task_simverify": task_simverify, "task_report": task_report}
 
     # ---------------------------------------------------------- per graph
     def _source(self, graph: GraphSpec) -> Path | None:
@@ -132,51 +168,45 @@ class TaskFactory:
 
     def _code_deps(self, graph: GraphSpec) -> list[str]:
         source = self._source(graph)
-        return [str(graph.model_code)] + ([str(source)] if source else [])
+        # relative to the project root (doit's cwd), so a moved or copied project stays up to date
+        code = os.path.relpath(graph.model_code, self.project.root)
+        return [code] + ([str(source)] if source else [])
 
     def export_tasks(self) -> Iterator[dict]:
-        from .stages import export
-
         for gt in self.graphs:
             g = gt.graph
             record = gt.stage_dir("export") / "export.json"
             key = {"io": g.io(), "export": g.export, "options": g.options, "source": self._source_key(g)}
             yield self._task(gt.name, "export", record, [gt.exported],
-                             lambda g=g, gt=gt: export.run(g, self._source(g), gt.exported),
+                             lambda g=g, gt=gt: _stage("export").run(g, self._source(g), gt.exported),
                              file_dep=self._code_deps(g), key=key, base={"graph": g.name, "model": g.model,
                                                                           "source": self._source_key(g)},
                              doc=f"export {g.model}/{g.name} -> {gt.exported}")
 
     def simplify_tasks(self) -> Iterator[dict]:
-        from .stages import simplify
-
         for gt in self.graphs:
             g = gt.graph
             record = gt.stage_dir("simplify") / "simplify.json"
             yield self._task(gt.name, "simplify", record, [gt.simplified],
-                             lambda g=g, gt=gt: simplify.run(g, gt.exported, gt.simplified),
+                             lambda g=g, gt=gt: _stage("simplify").run(g, gt.exported, gt.simplified),
                              file_dep=[str(gt.exported)], key={"io": g.io(), "simplify": g.simplify},
                              base={"graph": g.name}, doc=f"onnxsim {gt.exported} -> {gt.simplified}")
 
     def lint_tasks(self) -> Iterator[dict]:
-        from .stages import lint
-
         for gt in self.graphs:
             g = gt.graph
             yield self._task(gt.name, "lint", gt.lint_record, [],
-                             lambda g=g, gt=gt: lint.run(g, gt.simplified),
+                             lambda g=g, gt=gt: _stage("lint").run(g, gt.simplified),
                              file_dep=[str(gt.simplified)], key={"lint": g.lint, "precision": g.precision},
                              base={"graph": g.name}, doc=f"lint {gt.simplified} -> {gt.lint_record}")
 
     def cpucheck_tasks(self) -> Iterator[dict]:
-        from .stages import cpucheck
-
         for gt in self.graphs:
             g = gt.graph
             record = gt.stage_dir("cpucheck") / "cpucheck.json"
             key = {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": self._source_key(g)}
             yield self._task(gt.name, "cpucheck", record, [gt.inputs, gt.reference],
-                             lambda g=g, gt=gt: cpucheck.run(g, self._source(g), gt.simplified, gt.inputs, gt.reference),
+                             lambda g=g, gt=gt: _stage("cpucheck").run(g, self._source(g), gt.simplified, gt.inputs, gt.reference),
                              file_dep=[str(gt.simplified)] + self._code_deps(g), key=key,
                              base={"graph": g.name}, doc=f"CPU check of {gt.simplified} against the original model")
 
@@ -186,7 +216,7 @@ class TaskFactory:
                 "soc": ct.soc.row(), "toolchain": {"id": ct.toolchain_id, **self.fingerprint}}
 
     def _chip_key(self, ct: ChipTarget, **extra: Any) -> dict[str, Any]:
-        return {"soc": ct.soc.row(), "toolchain": self.fingerprint, "precision": ct.graph.precision, **extra}
+        return {"soc": ct.soc.row(), "toolchain": self._fingerprint_json, "precision": ct.graph.precision, **extra}
 
     def config_tasks(self) -> Iterator[dict]:
         for ct in self.chips:
@@ -221,13 +251,51 @@ class TaskFactory:
                              base=self._chip_base(ct),
                              doc=f"compile {ct.graph.name} for {ct.soc.name} with {ct.toolchain_id}")
 
+    def simverify_tasks(self) -> Iterator[dict]:
+        for ct in self.chips:
+            out = ct.stage_dir("simverify")
+            record = out / "simverify.json"
+            if ct.skip_reason:
+                yield self._skip(ct, "simverify", record)
+                continue
+            gt = ct.graph_target
+            context_dir = ct.stage_dir("context")
+            ctx_files = [context_dir / f for f in self.toolchain.context_files(ct.graph)]
+            config = ct.stage_dir("config") / self.toolchain.config_files(ct.graph)[0]
+            yield self._task(ct.name, "simverify", record, [out / "outputs.npz"],
+                             lambda ct=ct, out=out, gt=gt, ctx=ctx_files[0], config=config:
+                                 _stage("simverify").run(ct.graph, ct.soc, ctx, config, gt.inputs, gt.reference, out),
+                             file_dep=[str(f) for f in ctx_files] + [str(config), str(gt.inputs), str(gt.reference)],
+                             key=self._chip_key(ct, verify=ct.graph.verify), base=self._chip_base(ct),
+                             doc=f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator, compare with CPU")
+
+    def report_task(self) -> dict[str, Any]:
+        def render() -> None:
+            from . import report
+
+            data = report.collect(self.graphs, self.chips)
+            paths = report.write(REPORT_DIR, data)
+            print(f"report: {paths['html']} ({report.summary_line(data)})")
+
+        def records_unchanged(task, values) -> bool:
+            # No file_dep on the records: a failed stage must not block the report of it.
+            from .report import all_record_paths
+
+            signature = _signature(all_record_paths(self.graphs, self.chips))
+            task.value_savers.append(lambda: {"records": signature})
+            return values.get("records") == signature and (REPORT_DIR / "report.json").is_file()
+
+        return {"actions": [render], "uptodate": [records_unchanged], "verbosity": 2,
+                "targets": [str(REPORT_DIR / n) for n in ("index.html", "report.json", "report.md")],
+                "doc": "Write build/report/index.html, report.json and report.md from the stage records", "clean": True}
+
     # ---------------------------------------------------------- helpers
     @staticmethod
     def _task(name: str, stage: str, record: Path, targets: list[Path], run: Callable[[], dict[str, Any]],
               file_dep: list[str], key: dict[str, Any], base: dict[str, Any], doc: str) -> dict[str, Any]:
         return {"name": name, "actions": [stage_action(stage, name, record, run, base)],
                 "file_dep": file_dep, "targets": [str(t) for t in targets] + [str(record)],
-                "uptodate": [config_changed(key)], "doc": doc, "clean": True}
+                "uptodate": [config_changed(_key(key))], "doc": doc, "clean": True}
 
     @staticmethod
     def _skip(ct: ChipTarget, stage: str, record: Path) -> dict[str, Any]:

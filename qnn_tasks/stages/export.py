@@ -25,7 +25,7 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
     with atomic_path(out_onnx) as tmp:
         ctx = modelcode.ModelContext(graph=graph, source_path=source, out_path=tmp, options=dict(graph.options))
         modelcode.call(graph, graph.export, ctx)
-        model = onnxinfo.load(tmp, f"ONNX written by {graph.model_code}:{graph.export}()")
+        model = onnxinfo.load(tmp, f"ONNX written by {graph.model_code}:{graph.export}()", shown_as=out_onnx)
         problems = io_mismatches(model, graph)
         problems += [f.line() for f in find_problems(model, graph) if f.rule in HARD_RULES]
         if problems:

@@ -13,9 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import fileio, qnnbin
+from .. import fileio
 from ..errors import SpecError, StageError, ToolchainError
-from ..nativelog import native_stderr_to
+from ..nativelog import native_output_to
 from ..spec import GraphSpec, Soc, ToolchainProfile
 
 INSTALL_HINT = "pip install onnxruntime-qnn (the wheel exists for Linux x86-64 only)"
@@ -89,6 +89,8 @@ class OrtQnnToolchain:
             bin_path = staging / f"{graph.name}_ctx_qnn.bin"
             if not bin_path.is_file():
                 raise ToolchainError(f"compile of '{graph.name}' for {soc.name} wrote no {bin_path.name} (log: {log})")
+            from .. import qnnbin
+
             info = qnnbin.read_binary_info(bin_path).to_dict()
             record = {"compile_seconds": round(seconds, 3), "provider_options": options, "partition": partition,
                       "bin_size": bin_path.stat().st_size, "binary": info, "log": str(log), "warnings": []}
@@ -172,7 +174,7 @@ def _compile(model: Path, out: Path, options: dict[str, str], log: Path) -> floa
 
     start = time.perf_counter()
     try:
-        with native_stderr_to(log):
+        with native_output_to(log):
             compiler = ort.ModelCompiler(session_options(options), str(model),
                                          flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
             compiler.compile_to_file(str(out))

@@ -1,0 +1,228 @@
+"""How much does qnn_tasks add to a no-op `doit` over a bare doit graph of the same shape?
+
+Builds two throw-away projects in temp dirs, both with instant stand-in actions:
+  * qnn_tasks: 20 models x 3 graphs x 6 chips, tasks from `project_tasks(root)` with every
+    action replaced by "touch the targets" (real names, file_dep, targets, uptodate, docs);
+  * bare:      a plain dodo whose tasks mirror those (same stages, names, counts and
+    file_dep -> target chains, paths renamed) with `config_changed(small dict)`, sqlite3.
+Each gets one full build, then no-op `doit` runs and `doit list` runs are timed (wall clock,
+fresh interpreter each, median). Goal: no-op ratio <= 1.2.
+
+    python benchmarks/bench_doit_overhead.py [--quick] [--reps N]
+
+It measures whichever `qnn_tasks` is importable: PYTHONPATH=/path/to/patched/copy tries a change.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import runpy
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+N_MODELS, GRAPHS_PER_MODEL = 20, 3
+SOCS = {"SM8550": (43, "v73"), "SM8650": (57, "v75"), "SM8750": (69, "v79"),
+        "SM8850": (87, "v81"), "QCS9100": (77, "v73"), "SM8450": (36, "v69")}
+GOAL = 1.2
+
+# Generated into the qnn_tasks project: the real task graph, stand-in actions.
+BENCH_DODO = '''\
+from pathlib import Path
+
+from qnn_tasks.tasks import project_tasks
+
+
+def touch(targets):
+    for t in targets:
+        Path(t).parent.mkdir(parents=True, exist_ok=True)
+        Path(t).write_text("x")
+
+
+def instant(task_creator):
+    """Same task(s) as task_creator makes, but each action only creates the targets."""
+    def stub(task):
+        return {**task, "actions": [(touch, [task.get("targets", [])])]}
+
+    def task_fn():
+        made = task_creator()
+        return stub(made) if isinstance(made, dict) else (stub(t) for t in made)  # one task or a generator
+    task_fn.__doc__ = task_creator.__doc__
+    return task_fn
+
+
+_ns = project_tasks(Path(__file__).resolve().parent)
+globals().update({k: instant(v) if k.startswith("task_") else v for k, v in _ns.items()})
+'''
+
+# The bare graph: the plain doit a minimal user would write. Its rows (graph.json) are written
+# from the qnn_tasks graph, so it stays like-for-like when stages are added there.
+BARE_DODO = '''\
+import json
+from pathlib import Path
+
+from doit.tools import config_changed
+
+GRAPH = json.loads(Path(__file__).with_name("graph.json").read_text())
+DOIT_CONFIG = {"default_tasks": GRAPH["default_tasks"], "continue": True, "backend": "sqlite3",
+               "dep_file": ".doit.db"}
+
+
+def touch(targets):
+    for t in targets:
+        Path(t).parent.mkdir(parents=True, exist_ok=True)
+        Path(t).write_text("x")
+
+
+def task(name, file_dep, targets):
+    return {"name": name, "actions": [(touch, [targets])], "file_dep": file_dep, "targets": targets,
+            "uptodate": [config_changed({"v": 1})], "clean": True}
+
+
+def make_tasks(rows):
+    """A generator of named tasks, or one task when its single row has no name."""
+    if len(rows) == 1 and rows[0][0] is None:
+        return lambda: {k: v for k, v in task(*rows[0]).items() if k != "name"}
+    return lambda: (task(*row) for row in rows)
+
+
+for _stage, _rows in GRAPH["stages"].items():
+    globals()[f"task_{_stage}"] = make_tasks(_rows)
+'''
+
+Stages = dict[str, list[dict]]  # stage -> its task dicts
+
+
+# ------------------------------------------------------------------ projects
+
+def make_qnn_project(root: Path) -> Path:
+    """socs.yaml with 6 chips, 20 models of 3 graphs (all chips), the repo's toolchain profile."""
+    (root / "socs").mkdir(parents=True)
+    rows = "\n".join(f"  {n}: {{soc_id: {i}, dsp_arch: {a}, vtcm_mb: 8, fp16: true}}" for n, (i, a) in SOCS.items())
+    (root / "socs" / "socs.yaml").write_text(f"socs:\n{rows}\n")
+    for m in range(N_MODELS):
+        model_dir = root / "models" / f"m{m}"
+        model_dir.mkdir(parents=True)
+        (model_dir / "export.py").write_text("def export(): ...\n")
+        graphs = "".join(f"  m{m}_g{g}:\n"
+                         f"    inputs:\n      x: {{shape: [1, 16], dtype: float32}}\n"
+                         f"    outputs:\n      y: {{shape: [1, 16]}}\n" for g in range(GRAPHS_PER_MODEL))
+        # numpy: an installed package with no `file:`, so the spec is valid without a real model.
+        (model_dir / "model.yaml").write_text(f"licence: MIT\nsource:\n  package: numpy\ngraphs:\n{graphs}")
+    (root / "toolchain").mkdir()
+    shutil.copy(REPO / "toolchain" / "ort-qnn.yaml", root / "toolchain" / "ort-qnn.yaml")
+    shutil.copy(REPO / "dodo.py", root / "dodo.py")
+    (root / "dodo_bench.py").write_text(BENCH_DODO)
+    return root / "dodo_bench.py"
+
+
+def make_bare_project(root: Path, stages: Stages, default_tasks: list[str]) -> Path:
+    """The bare dodo plus graph.json: every real task with its paths renamed; source files created."""
+    renamed = {t: f"out/{stage}/{task.get('name', '')}/t{k}"
+               for stage, tasks in stages.items() for task in tasks for k, t in enumerate(task["targets"])}
+    # file_deps no task makes (each model's export.py): plain files that must exist
+    sources = sorted({d for tasks in stages.values() for t in tasks for d in t.get("file_dep", [])} - set(renamed))
+    renamed.update({d: f"src/s{k}" for k, d in enumerate(sources)})
+    (root / "src").mkdir(parents=True)
+    for d in sources:
+        (root / renamed[d]).write_text("x = 1\n")
+    rows = {stage: [[t.get("name"), [renamed[d] for d in t.get("file_dep", [])], [renamed[x] for x in t["targets"]]]
+                    for t in tasks] for stage, tasks in stages.items()}
+    (root / "graph.json").write_text(json.dumps({"default_tasks": default_tasks, "stages": rows}))
+    (root / "dodo.py").write_text(BARE_DODO)
+    return root / "dodo.py"
+
+
+def load_graph(dodo: Path) -> tuple[Stages, list[str]]:
+    """Every task the dodo yields, per stage, and its default tasks (run in-process, in its folder)."""
+    cwd = os.getcwd()
+    os.chdir(dodo.parent)  # task paths are relative to the project root
+    try:
+        ns = runpy.run_path(str(dodo), run_name="dodo")
+        made = {k.removeprefix("task_"): fn() for k, fn in ns.items() if k.startswith("task_")}
+        stages = {k: [m] if isinstance(m, dict) else list(m) for k, m in made.items()}  # one task or a generator
+    finally:
+        os.chdir(cwd)
+    return stages, ns["DOIT_CONFIG"]["default_tasks"]
+
+
+def shape(stages: Stages) -> dict[str, tuple[int, int, int]]:
+    """stage -> (tasks, file_deps, targets)."""
+    return {stage: (len(tasks), sum(len(t.get("file_dep", [])) for t in tasks), sum(len(t["targets"]) for t in tasks))
+            for stage, tasks in stages.items()}
+
+
+# ------------------------------------------------------------------ timing
+
+def doit(dodo: Path, *args: str) -> subprocess.CompletedProcess:
+    """One doit run in a fresh interpreter, as a user would start it."""
+    return subprocess.run([sys.executable, "-m", "doit", *args, "-f", dodo.name], cwd=dodo.parent,
+                          capture_output=True, text=True, check=True)
+
+
+def timed(dodo: Path, *args: str) -> float:
+    start = time.perf_counter()
+    result = doit(dodo, *args)
+    seconds = time.perf_counter() - start
+    if not args and re.search(r"^\.  ", result.stdout, re.M):  # a no-op run must execute nothing
+        raise RuntimeError(f"{dodo}: the no-op run executed tasks:\n{result.stdout[:500]}")
+    return seconds
+
+
+def medians(dodos: dict[str, Path], args: tuple[str, ...], reps: int) -> dict[str, float]:
+    """Median wall time per project; runs alternate so drift on the machine hits both alike."""
+    times: dict[str, list[float]] = {k: [] for k in dodos}
+    for _ in range(reps):
+        for key, dodo in dodos.items():
+            times[key].append(timed(dodo, *args))
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+# ------------------------------------------------------------------ report
+
+def print_shapes(shapes: dict[str, dict[str, tuple[int, int, int]]]) -> None:
+    stages = list(next(iter(shapes.values())))
+    print(f"{'stage':<10}" + "".join(f"{k + ' tasks/deps/targets':>30}" for k in shapes))
+    for stage in stages:
+        print(f"{stage:<10}" + "".join(f"{'%d / %d / %d' % s.get(stage, (0, 0, 0)):>30}" for s in shapes.values()))
+    print(f"{'total':<10}" + "".join(f"{f'{sum(v[0] for v in s.values())} tasks':>30}" for s in shapes.values()))
+    if len({tuple(sorted(s.items())) for s in shapes.values()}) != 1:
+        print("WARNING: the graphs differ in shape: the comparison is not like-for-like")
+
+
+def print_times(rows: dict[str, dict[str, float]]) -> None:
+    print(f"\n{'median wall time':<22}{'qnn_tasks':>11}{'bare':>9}{'ratio':>8}")
+    for label, t in rows.items():
+        ratio = t["qnn_tasks"] / t["bare"]
+        note = f"  (goal <= {GOAL}x: {'ok' if ratio <= GOAL else 'OVER'})" if label.startswith("no-op") else ""
+        print(f"{label:<22}{t['qnn_tasks']:>10.3f}s{t['bare']:>8.3f}s{ratio:>7.2f}x{note}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="3 timed runs per measurement instead of 7")
+    parser.add_argument("--reps", type=int, help="timed runs per measurement (overrides --quick)")
+    opts = parser.parse_args()
+    reps = opts.reps or (3 if opts.quick else 7)
+
+    with tempfile.TemporaryDirectory(prefix="bench_doit_") as tmp:
+        dodos = {"qnn_tasks": make_qnn_project(Path(tmp) / "qnn")}
+        stages, default_tasks = load_graph(dodos["qnn_tasks"])
+        dodos["bare"] = make_bare_project(Path(tmp) / "bare", stages, default_tasks)
+        print_shapes({k: shape(load_graph(d)[0]) for k, d in dodos.items()})
+        for dodo in dodos.values():
+            doit(dodo)  # first full build
+            doit(dodo)  # warm-up no-op: pyc files, page cache
+        print_times({f"no-op `doit` (x{reps})": medians(dodos, (), reps),
+                     f"`doit list` (x{reps})": medians(dodos, ("list",), reps)})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""The host HTP simulator: runs a compiled `<graph>_ctx.onnx` through onnxruntime-qnn on x86-64.
+
+CPU fallback is disabled, so what runs is exactly the context binary. Times are simulator
+times on this host: they say nothing about latency on a phone.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import StageError
+from ..nativelog import native_output_to
+
+
+def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str, np.ndarray]],
+        log: Path) -> tuple[list[dict[str, np.ndarray]], list[float], dict[str, list]]:
+    """Run every sample; return outputs, seconds per inference, and the session's output signature."""
+    from ..toolchains.ort_qnn import session_options
+    import onnxruntime as ort
+
+    try:
+        with native_output_to(log):
+            session = ort.InferenceSession(str(ctx_onnx), session_options(provider_options, disable_cpu_fallback=True))
+    except Exception as err:
+        message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        raise StageError(f"{ctx_onnx}: failed to load on the HTP simulator: {message} (log: {log})") from None
+    names = [o.name for o in session.get_outputs()]
+    signature = {o.name: list(o.shape) for o in session.get_outputs()}
+    outputs, seconds = [], []
+    with native_output_to(log):
+        for sample in inputs:
+            start = time.perf_counter()
+            values = session.run(None, sample)
+            seconds.append(time.perf_counter() - start)
+            outputs.append(dict(zip(names, values)))
+    return outputs, seconds, signature

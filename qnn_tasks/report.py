@@ -1,0 +1,203 @@
+"""The report a person reads: build/report/{index.html, report.json, report.md} + plots.
+
+It reads only stage records (and the NPU outputs simverify kept for plots); it never reruns a
+tool. report.json has one stable schema for CI gates (README: "report.json").
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+from pathlib import Path
+from typing import Any
+
+from .fileio import atomic_path, read_json, write_json
+from .matrix import ChipTarget, GraphTarget
+
+SCHEMA = "qnn-npu-compile/report/v1"
+GRAPH_STAGES = ("export", "simplify", "lint", "cpucheck")
+CHIP_STAGES = ("config", "context", "simverify")
+STATUSES = ("passed", "warning", "failed", "skipped", "pending")
+
+
+def graph_record_paths(gt: GraphTarget) -> dict[str, Path]:
+    return {stage: gt.stage_dir(stage) / f"{stage}.json" for stage in GRAPH_STAGES}
+
+
+def chip_record_paths(ct: ChipTarget) -> dict[str, Path]:
+    return {stage: ct.stage_dir(stage) / f"{stage}.json" for stage in CHIP_STAGES}
+
+
+def all_record_paths(graphs: list[GraphTarget], chips: list[ChipTarget]) -> list[Path]:
+    paths = [p for gt in graphs for p in graph_record_paths(gt).values()]
+    return paths + [p for ct in chips for p in chip_record_paths(ct).values()]
+
+
+def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any]:
+    """Assemble report.json's content from the records on disk."""
+    graph_entries = []
+    for gt in graphs:
+        stages = {stage: _read(path) for stage, path in graph_record_paths(gt).items()}
+        export = stages.get("export") or {}
+        graph_entries.append({"model": gt.graph.model, "graph": gt.name, "precision": gt.graph.precision,
+                              "source": export.get("source"), "status": _combine(stages.values()),
+                              "stages": stages})
+    graph_status = {g["graph"]: g["status"] for g in graph_entries}
+    targets = []
+    for ct in chips:
+        stages = {stage: _read(path) for stage, path in chip_record_paths(ct).items()}
+        status = "skipped" if ct.skip_reason else _combine([*stages.values(), {"status": graph_status[ct.graph.name]}])
+        targets.append({"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
+                        "toolchain_id": ct.toolchain_id, "precision": ct.graph.precision, "status": status,
+                        "reason": ct.skip_reason or _first_error(stages.values()), "stages": stages})
+    summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
+    return {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "summary": {"targets": len(targets), **summary,
+                        "graphs_failed": sum(1 for g in graph_entries if g["status"] == "failed")},
+            "graphs": graph_entries, "targets": targets}
+
+
+def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
+    """Write report.json, report.md, index.html and plots; return their paths."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    plots = {t["name"]: _plot(report_dir / "plots", t) for t in data["targets"]}
+    paths = {"json": report_dir / "report.json", "md": report_dir / "report.md", "html": report_dir / "index.html"}
+    write_json(paths["json"], data)
+    with atomic_path(paths["md"]) as tmp:
+        tmp.write_text(markdown(data))
+    with atomic_path(paths["html"]) as tmp:
+        tmp.write_text(html(data, report_dir, plots))
+    return paths
+
+
+# ------------------------------------------------------------------ renderers
+
+def markdown(data: dict[str, Any]) -> str:
+    socs = _soc_names(data)
+    lines = [f"# NPU build report", "", f"Generated {data['generated']}. " + summary_line(data), "",
+             "| graph | " + " | ".join(socs) + " |", "|---|" + "---|" * len(socs)]
+    for graph in data["graphs"]:
+        cells = [_cell(data, graph["graph"], soc) for soc in socs]
+        lines.append(f"| {graph['model']}/{graph['graph']} ({graph['precision']}) | " + " | ".join(cells) + " |")
+    problems = [t for t in data["targets"] if t["status"] in ("failed", "skipped")]
+    if problems:
+        lines += ["", "## Failed and skipped", ""]
+        lines += [f"- **{t['name']}** ({t['status']}): {t['reason']}" for t in problems]
+    return "\n".join(lines) + "\n"
+
+
+def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -> str:
+    import jinja2
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("qnn_tasks", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]))
+    env.filters["rel"] = lambda p: os.path.relpath(p, report_dir) if p else ""
+    env.filters["num"] = _num
+    env.filters["size"] = _size
+    return env.get_template("report.html.j2").render(
+        data=data, socs=_soc_names(data), cell=lambda g, s: _target(data, g, s), plots=plots,
+        summary=summary_line(data))
+
+
+# ------------------------------------------------------------------ plots
+
+def _plot(plot_dir: Path, target: dict[str, Any]) -> str | None:
+    """CPU vs NPU per output: a line over samples for scalar outputs, an error histogram otherwise."""
+    sim = target["stages"].get("simverify") or {}
+    outputs_file, reference_file = sim.get("outputs_file"), sim.get("reference_file")
+    if not outputs_file or not reference_file or not Path(outputs_file).is_file() or not Path(reference_file).is_file():
+        return None
+    png = plot_dir / f"{target['name']}.png"
+    if png.is_file() and png.stat().st_mtime >= Path(outputs_file).stat().st_mtime:
+        return str(png)  # plots are cached: redrawn only when the outputs change
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    with np.load(outputs_file) as npu_file, np.load(reference_file) as cpu_file:
+        names = list(npu_file.files)
+        npu = {n: npu_file[n] for n in names}
+        cpu = {n: cpu_file[n][: len(npu[n])] for n in names}
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        if npu[name][0].size == 1:
+            ax.plot(cpu[name].reshape(-1), label="CPU", linewidth=1.6)
+            ax.plot(npu[name].reshape(-1), label=f"NPU ({target['soc']['name']})", linewidth=1, linestyle="--")
+            ax.set_xlabel("sample (in order)")
+            ax.set_ylabel(name)
+            ax.legend(loc="best", fontsize=8)
+        else:
+            err = np.abs(npu[name].astype(np.float64) - cpu[name]).reshape(-1)
+            ax.hist(err, bins=60, log=True, color="#4477aa")
+            ax.set_xlabel(f"|NPU - CPU| of '{name}'")
+            ax.set_ylabel("count (log)")
+        ax.set_title(f"{target['name']}: {name}", fontsize=9)
+    fig.tight_layout()
+    plot_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+    return str(png)
+
+
+# ------------------------------------------------------------------ helpers
+
+def _read(path: Path) -> dict[str, Any] | None:
+    try:
+        return read_json(path)
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+def _combine(records) -> str:
+    statuses = [r.get("status") if r else "pending" for r in records]
+    for status in ("failed", "pending", "warning"):
+        if status in statuses:
+            return status
+    return "passed"
+
+
+def _first_error(records) -> str | None:
+    return next((r.get("error") for r in records if r and r.get("status") == "failed"), None)
+
+
+def _soc_names(data: dict[str, Any]) -> list[str]:
+    names: list[str] = []
+    for t in data["targets"]:
+        if t["soc"]["name"] not in names:
+            names.append(t["soc"]["name"])
+    return names
+
+
+def _target(data: dict[str, Any], graph: str, soc: str) -> dict[str, Any] | None:
+    return next((t for t in data["targets"] if t["graph"] == graph and t["soc"]["name"] == soc), None)
+
+
+def _cell(data: dict[str, Any], graph: str, soc: str) -> str:
+    target = _target(data, graph, soc)
+    return target["status"] if target else ""
+
+
+def summary_line(data: dict[str, Any]) -> str:
+    s = data["summary"]
+    return (f"{s['targets']} targets: {s['passed']} passed, {s['warning']} with warnings, {s['failed']} failed, "
+            f"{s['skipped']} skipped, {s['pending']} not built yet.")
+
+
+def _num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def _size(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{value} B"
+        value /= 1024
+    return str(value)

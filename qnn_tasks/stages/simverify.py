@@ -1,0 +1,53 @@
+"""simverify: run the compiled binary on the host HTP simulator and judge it against the CPU.
+
+Inputs and reference outputs come from the cpucheck stage (real inputs, CPU outputs of the
+same simplified graph). NPU outputs are kept beside the record for the report's plots.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import fileio, samples as sample_store, verification
+from ..devices import simulator
+from ..errors import StageError
+from ..spec import GraphSpec, Soc
+
+SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
+
+
+def run(graph: GraphSpec, soc: Soc, ctx_onnx: Path, provider_options_file: Path, inputs_file: Path,
+        reference_file: Path, out_dir: Path) -> dict[str, Any]:
+    verify = graph.verify
+    inputs = sample_store.load(inputs_file, limit=verify["samples"])
+    reference = sample_store.load(reference_file, limit=verify["samples"])
+    options = fileio.read_json(provider_options_file)
+    outputs, seconds, signature = simulator.run(ctx_onnx, options, inputs, out_dir / "simulator.log")
+    check_signature(graph, signature, ctx_onnx)
+
+    result, violations = verification.judge(graph, verify, reference, outputs)
+    sample_store.save(out_dir / "outputs.npz", outputs)
+    record = {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"},
+              "samples": len(inputs), **result, "timing": timing(seconds), "outputs_file": str(out_dir / "outputs.npz"),
+              "reference_file": str(reference_file),
+              "log": str(out_dir / "simulator.log"), "violations": violations}
+    if violations:
+        raise StageError(f"simverify of '{graph.name}' on {soc.name} failed: " + "; ".join(violations), record)
+    return record
+
+
+def check_signature(graph: GraphSpec, signature: dict[str, list], ctx_onnx: Path) -> None:
+    """The compiled model must produce exactly the outputs model.yaml declares, with their shapes."""
+    declared = {t.name: list(t.shape) for t in graph.outputs}
+    if signature != declared:
+        raise StageError(f"{ctx_onnx}: outputs {signature} differ from model.yaml's {declared} "
+                         f"(rebuild the context, or fix graphs.{graph.name}.outputs)")
+
+
+def timing(seconds: list[float]) -> dict[str, Any]:
+    values = np.asarray(seconds)
+    return {"label": SIMULATOR_LABEL, "per_inference_median_s": float(np.median(values)),
+            "per_inference_p90_s": float(np.percentile(values, 90)), "runs": len(seconds),
+            "total_s": float(values.sum())}

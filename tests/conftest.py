@@ -1,0 +1,96 @@
+"""Shared fixtures: real copies of the project in tmp dirs, real doit runs in a subprocess."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT_FILES = ("dodo.py", "socs", "toolchain", "models")
+GRAPH_STAGES = ["export", "simplify", "lint", "cpucheck"]
+
+
+@dataclass
+class DoitResult:
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def executed(self) -> set[str]:
+        """Tasks doit ran (". name"), as opposed to up-to-date ("-- name") ones."""
+        return set(re.findall(r"^\.  (\S+)$", self.stdout, re.M))
+
+    @property
+    def uptodate(self) -> set[str]:
+        return set(re.findall(r"^-- (\S+)$", self.stdout, re.M))
+
+
+class Project:
+    """A copy of the project (specs + models) that tests may edit and build with real doit."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def doit(self, *args: str, env: dict[str, str] | None = None, check: bool = False) -> DoitResult:
+        full_env = {**os.environ, **(env or {})}
+        proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.root, capture_output=True,
+                              text=True, env=full_env, timeout=1800)
+        result = DoitResult(proc.returncode, proc.stdout, proc.stderr)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"doit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+        return result
+
+    def path(self, rel: str) -> Path:
+        return self.root / rel
+
+    def edit(self, rel: str, old: str, new: str) -> None:
+        path = self.root / rel
+        text = path.read_text()
+        assert old in text, f"{old!r} not in {rel}"
+        path.write_text(text.replace(old, new, 1))
+
+
+def copy_project(dest: Path, source: Path = ROOT, with_build: bool = False) -> Project:
+    """Copy specs + models (and optionally the build tree and doit state) from `source` to `dest`."""
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in PROJECT_FILES:
+        src = source / name
+        if src.is_dir():
+            shutil.copytree(src, dest / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy2(src, dest / name)
+    if with_build:
+        shutil.copytree(source / "build", dest / "build")
+        for db in source.glob(".doit.db*"):
+            shutil.copy2(db, dest / db.name)
+    return Project(dest)
+
+
+def restrict_socs(project: Project, socs: list[str]) -> None:
+    """Build every graph only for `socs` (keeps compile/simulate tests short)."""
+    for model_yaml in project.root.glob("models/*/model.yaml"):
+        text = model_yaml.read_text()
+        text = re.sub(r"^(    precision: \w+)$", lambda m: f"{m.group(1)}\n    socs: [{', '.join(socs)}]", text, flags=re.M)
+        model_yaml.write_text(text)
+
+
+@pytest.fixture(scope="session")
+def built_graphs(tmp_path_factory) -> Project:
+    """The real example project with every graph stage built once (export..cpucheck)."""
+    project = copy_project(tmp_path_factory.mktemp("built") / "project")
+    restrict_socs(project, ["SM8650", "SM8750"])
+    project.doit(*GRAPH_STAGES, check=True)
+    return project
+
+
+@pytest.fixture
+def project_copy(built_graphs, tmp_path) -> Project:
+    """A private copy of the built project, with its doit state, to edit and rebuild."""
+    return copy_project(tmp_path / "project", source=built_graphs.root, with_build=True)
