@@ -120,7 +120,7 @@ def test_spec_error_also_stops_a_build(fresh):
     assert result.executed == set()
 
 
-# ---------------------------------------------------------------- gaps (library bugs, see the report)
+# ---------------------------------------------------------------- duplicate keys and lint options
 
 def test_duplicate_graph_in_one_model_yaml(fresh):
     text = (fresh.root / MINILM).read_text()

@@ -84,7 +84,10 @@ def _node_findings(model) -> list[Finding]:
     for node in model.graph.node:
         if node.op_type == "Constant" and node.attribute and node.attribute[0].HasField("t"):
             constants[node.output[0]] = node.attribute[0].t
-    producers = {out: n.op_type for n in model.graph.node for out in n.output}
+    consumers: dict[str, list] = {}
+    for n in model.graph.node:
+        for name in n.input:
+            consumers.setdefault(name, []).append(n)
     findings = []
     for node in model.graph.node:
         where = onnxinfo.node_label(node)
@@ -100,9 +103,10 @@ def _node_findings(model) -> list[Finding]:
                                     "write Mul(x, x) at export"))
         elif node.op_type == "Neg":
             findings.append(Finding("neg", "warning", where, "the QNN converter rejects Neg", "write (0 - x) or a - b at export"))
-        elif node.op_type == "Erf" and producers.get(node.input[0]) == "Conv":
+        elif node.op_type == "Erf" and not _in_gelu(node, consumers, constants, numpy_helper):
             findings.append(Finding("erf", "warning", where,
-                                    "Erf straight after a Conv: onnxsim's fuse_preceding_mul_into_conv folded GELU's x0.5 into the Conv and this Erf may stay on CPU",
+                                    "Erf outside a whole GELU (x * 0.5 * (1 + erf(x / sqrt 2))) runs on CPU on HTP; "
+                                    "onnxsim's fuse_preceding_mul_into_conv folds GELU's x0.5 into the next Conv",
                                     "simplify: {skip_optimizers: [fuse_preceding_mul_into_conv]}"))
     for name, tensor in constants.items():
         value = numpy_helper.to_array(tensor)
@@ -124,6 +128,17 @@ def _size_findings(model, graph: GraphSpec) -> list[Finding]:
                         f"~{limit / 1e9:.1f}B-parameter limit of one HTP context",
                         "use 8-bit weights (precision: w8a16) or split the graph into several")]
     return []
+
+
+def _in_gelu(erf, consumers, constants, numpy_helper) -> bool:
+    """Erf -> Add(1) -> Mul(x) -> Mul(0.5), in any order of the two Muls: the pattern HTP fuses."""
+    frontier, halves = [erf], 0
+    for _ in range(3):
+        nxt = [c for n in frontier for c in consumers.get(n.output[0], []) if c.op_type in ("Add", "Mul")]
+        halves += sum(1 for n in nxt if n.op_type == "Mul"
+                      and any(_scalar(constants.get(i), numpy_helper) == 0.5 for i in n.input))
+        frontier = nxt
+    return halves > 0
 
 
 def _scalar(tensor, numpy_helper) -> float | None:

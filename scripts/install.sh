@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Install everything qnn-npu-compile and its examples/tests need, on Debian/Ubuntu x86-64 (Python >= 3.11).
+#   - Debian packages: real audio for the VAD example (alsa-utils sounds, espeak-ng, sox) and
+#     chromium (the report's headless-browser check).
+#   - Python packages: this project with its example models and test tools. torch is pinned
+#     first: an unpinned torch would pull a multi-GB CUDA build.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PYTHON=${PYTHON:-python3}
+
+need=()
+[ -d /usr/share/sounds/alsa ] || need+=(alsa-utils)
+command -v espeak-ng >/dev/null || need+=(espeak-ng)
+command -v sox >/dev/null || need+=(sox)
+command -v chromium >/dev/null || need+=(chromium)
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  echo "installing Debian packages: ${need[*]}"
+  $SUDO apt-get update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need[@]}"
+fi
+
+"$PYTHON" -m pip install -q torch==2.13.0
+"$PYTHON" -m pip install -q -e '.[examples,test]'
+echo "installed: $("$PYTHON" -m doit --version | head -1), onnxruntime-qnn $("$PYTHON" -c 'import importlib.metadata as m; print(m.version("onnxruntime-qnn"))')"
