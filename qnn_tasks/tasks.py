@@ -153,7 +153,11 @@ class TaskFactory:
             """Write build/report/index.html, report.json and report.md from the stage records."""
             return self.report_task()
 
-        return {"DOIT_CONFIG": doit_config(), "task_export": task_export, "task_simplify": task_simplify,
+        def task_socscheck() -> dict:
+            """Compile a tiny model for every SoC row and confirm the binary's socModel/arch (not in the default run)."""
+            return self.socscheck_task()
+
+        return {"DOIT_CONFIG": doit_config(), "task_socscheck": task_socscheck, "task_export": task_export, "task_simplify": task_simplify,
                 "task_lint": task_lint, "task_cpucheck": task_cpucheck, "task_config": task_config,
                 "task_context": task_context, "task_simverify": task_simverify, "task_report": task_report}
 
@@ -268,6 +272,27 @@ class TaskFactory:
                              file_dep=[str(f) for f in ctx_files] + [str(config), str(gt.inputs), str(gt.reference)],
                              key=self._chip_key(ct, verify=ct.graph.verify), base=self._chip_base(ct),
                              doc=f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator, compare with CPU")
+
+    def socscheck_task(self) -> dict[str, Any]:
+        record = Path("build") / "socscheck.json"
+
+        def check() -> TaskFailed | None:
+            from .socscheck import check_table
+
+            results = check_table(self.project.socs)
+            write_json(record, {"toolchain": {"id": self.toolchain.id(), **self.fingerprint}, "rows": results})
+            bad = [r["soc"]["name"] + (f" ({r['error']})" if "error" in r else
+                                       f" (binary says socModel {r['recorded_soc_model']}, {r['recorded_arch']})")
+                   for r in results if not r["ok"]]
+            if bad:
+                return TaskFailed(f"socscheck: socs/socs.yaml rows that don't match the compiled binaries: {'; '.join(bad)}")
+            print(f"socscheck: all {len(results)} rows match ({record})")
+            return None
+
+        rows = [soc.row() for soc in self.project.socs.values()]
+        return {"actions": [check], "targets": [str(record)], "verbosity": 2, "clean": True,
+                "uptodate": [config_changed(_key({"socs": rows, "toolchain": self._fingerprint_json}))],
+                "doc": "Compile a tiny model for every SoC row and confirm the binary's socModel/arch"}
 
     def report_task(self) -> dict[str, Any]:
         def render() -> None:

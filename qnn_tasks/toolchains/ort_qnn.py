@@ -182,8 +182,19 @@ def _compile(model: Path, out: Path, options: dict[str, str], log: Path) -> floa
         with open(log, "a") as fh:
             fh.write(f"\n# FAILED: {type(err).__name__}: {err}\n")
         message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        raise ToolchainError(f"compile of {model} failed: {message} (full log: {log})") from None
+        cause = first_logged_error(log)
+        raise ToolchainError(f"compile of {model} failed: {message}" + (f"; first error in the log: {cause}" if cause else "")
+                             + f" (full log: {log})") from None
     return time.perf_counter() - start
+
+
+def first_logged_error(log: Path) -> str | None:
+    """The first error line ONNX Runtime/QNN wrote to the log (the real cause; the exception is often generic)."""
+    for line in log.read_text(errors="replace").splitlines():
+        match = re.search(r"\[E:onnxruntime[^\]]*\]\s*(.*?)(\x1b\[m)?$", line)
+        if match:
+            return match.group(1).strip()
+    return None
 
 
 def cpu_partition(ctx_onnx: Path) -> dict[str, Any]:
