@@ -27,9 +27,13 @@ def chip_record_paths(ct: ChipTarget) -> dict[str, Path]:
     return {stage: ct.stage_dir(stage) / f"{stage}.json" for stage in CHIP_STAGES}
 
 
+def diagnosis_path(ct: ChipTarget) -> Path:
+    return ct.stage_dir("diagnose") / "diagnose.json"
+
+
 def all_record_paths(graphs: list[GraphTarget], chips: list[ChipTarget]) -> list[Path]:
     paths = [p for gt in graphs for p in graph_record_paths(gt).values()]
-    return paths + [p for ct in chips for p in chip_record_paths(ct).values()]
+    return paths + [p for ct in chips for p in [*chip_record_paths(ct).values(), diagnosis_path(ct)]]
 
 
 def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any]:
@@ -48,7 +52,8 @@ def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any
         status = "skipped" if ct.skip_reason else _combine([*stages.values(), {"status": graph_status[ct.graph.name]}])
         targets.append({"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
                         "toolchain_id": ct.toolchain_id, "precision": ct.graph.precision, "status": status,
-                        "reason": ct.skip_reason or _first_error(stages.values()), "stages": stages})
+                        "reason": ct.skip_reason or _first_error(stages.values()), "stages": stages,
+                        "diagnosis": _read(diagnosis_path(ct))})
     summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
     return {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,

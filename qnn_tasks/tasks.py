@@ -99,6 +99,14 @@ def _signature(paths: list[Path]) -> str:
     return hashlib.md5("\n".join(parts).encode()).hexdigest()
 
 
+def _failed(record: Path) -> bool | None:
+    """A stage record's verdict: True if it failed, False if it passed, None if there is none."""
+    try:
+        return json.loads(record.read_text()).get("status") == "failed"
+    except (FileNotFoundError, ValueError):
+        return None
+
+
 def _stage(name: str):
     """Stage modules import numpy/onnx: load them when a task runs, not when tasks are listed."""
     return importlib.import_module(f"{__package__}.stages.{name}")
@@ -149,6 +157,10 @@ class TaskFactory:
             """Run each binary on the host HTP simulator and compare with the CPU reference (metrics, checks)."""
             yield from self.simverify_tasks()
 
+        def task_diagnose() -> Iterator[dict]:
+            """Find the first node where the NPU diverges from the CPU, and why (on demand, not in the default run)."""
+            yield from self.diagnose_tasks()
+
         def task_report() -> dict:
             """Write build/report/index.html, report.json and report.md from the stage records."""
             return self.report_task()
@@ -159,7 +171,8 @@ class TaskFactory:
 
         return {"DOIT_CONFIG": doit_config(), "task_socscheck": task_socscheck, "task_export": task_export, "task_simplify": task_simplify,
                 "task_lint": task_lint, "task_cpucheck": task_cpucheck, "task_config": task_config,
-                "task_context": task_context, "task_simverify": task_simverify, "task_report": task_report}
+                "task_context": task_context, "task_simverify": task_simverify, "task_diagnose": task_diagnose,
+                "task_report": task_report}
 
     # ---------------------------------------------------------- per graph
     def _source(self, graph: GraphSpec) -> Path | None:
@@ -272,6 +285,22 @@ class TaskFactory:
                              file_dep=[str(f) for f in ctx_files] + [str(config), str(gt.inputs), str(gt.reference)],
                              key=self._chip_key(ct, verify=ct.graph.verify), base=self._chip_base(ct),
                              doc=f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator, compare with CPU")
+
+    def diagnose_tasks(self) -> Iterator[dict]:
+        for ct in self.chips:
+            if ct.skip_reason:
+                continue
+            out = ct.stage_dir("diagnose")
+            gt = ct.graph_target
+            config = ct.stage_dir("config") / self.toolchain.config_files(ct.graph)[0]
+            verdict = ct.stage_dir("simverify") / "simverify.json"
+            yield self._task(ct.name, "diagnose", out / "diagnose.json", [out / "diagnose.md"],
+                             lambda ct=ct, out=out, gt=gt, config=config, verdict=verdict: _stage("diagnose").run(
+                                 ct.graph, ct.soc, self.toolchain, gt.simplified, config, gt.inputs, gt.reference, out,
+                                 shipped_failed=_failed(verdict)),
+                             file_dep=[str(gt.simplified), str(config), str(gt.inputs), str(gt.reference)],
+                             key=self._chip_key(ct, verify=ct.graph.verify), base=self._chip_base(ct),
+                             doc=f"find where {ct.graph.name} diverges on {ct.soc.name}: per-node CPU vs NPU error")
 
     def socscheck_task(self) -> dict[str, Any]:
         record = Path("build") / "socscheck.json"

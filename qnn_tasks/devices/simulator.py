@@ -15,14 +15,18 @@ from ..nativelog import native_output_to
 
 
 def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str, np.ndarray]],
-        log: Path) -> tuple[list[dict[str, np.ndarray]], list[float], dict[str, list]]:
-    """Run every sample; return outputs, seconds per inference, and the session's output signature."""
+        log: Path, allow_cpu_fallback: bool = False) -> tuple[list[dict[str, np.ndarray]], list[float], dict[str, list]]:
+    """Run every sample; return outputs, seconds per inference, and the session's output signature.
+
+    CPU fallback stays disabled for verification; diagnosis allows it (a node that fell back
+    simply shows no error).
+    """
     from ..toolchains.ort_qnn import session_options
     import onnxruntime as ort
 
     try:
         with native_output_to(log):
-            session = ort.InferenceSession(str(ctx_onnx), session_options(provider_options, disable_cpu_fallback=True))
+            session = ort.InferenceSession(str(ctx_onnx), session_options(provider_options, disable_cpu_fallback=not allow_cpu_fallback))
     except Exception as err:
         message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         raise StageError(f"{ctx_onnx}: failed to load on the HTP simulator: {message} (log: {log})") from None

@@ -34,7 +34,8 @@ def run(graph: GraphSpec, soc: Soc, ctx_onnx: Path, provider_options_file: Path,
               "reference_file": str(reference_file),
               "log": str(out_dir / "simulator.log"), "violations": violations}
     if violations:
-        raise StageError(f"simverify of '{graph.name}' on {soc.name} failed: " + "; ".join(violations), record)
+        raise StageError(f"simverify of '{graph.name}' on {soc.name} failed: " + "; ".join(violations)
+                         + f" (to find the first diverging node: doit diagnose:{graph.name}-{soc.name})", record)
     return record
 
 

@@ -33,3 +33,6 @@ class Toolchain(Protocol):
 
     def compile(self, graph: GraphSpec, soc: Soc, simplified: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
         """Compile the context binary; check the CPU fallback and the chip; returns the record."""
+
+    def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path) -> Path:
+        """Compile a derived model (diagnostic graph, graph cut) for a chip; returns what the simulator loads."""

@@ -103,6 +103,14 @@ class OrtQnnToolchain:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
+    def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path) -> Path:
+        """Compile a derived model (diagnostic graph, graph cut) with a chip's options; no checks."""
+        self.require_installed()
+        out_dir.mkdir(parents=True, exist_ok=True)
+        out = out_dir / f"{model.stem}_ctx.onnx"
+        _compile(model, out, provider_options, out_dir / "compile.log")
+        return out
+
     # ------------------------------------------------------------ helpers
     def require_installed(self) -> None:
         if self.versions["onnxruntime-qnn"] is None:

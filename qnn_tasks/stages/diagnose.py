@@ -1,0 +1,332 @@
+"""diagnose: find the first node where the NPU diverges from the CPU, and say why.
+
+Every floating-point intermediate tensor becomes an extra graph output; that diagnostic graph
+is compiled for the same chip with the same options and run on the simulator and on the CPU
+with identical inputs (recurrent state included, taken from the CPU run), so each tensor's
+error is per-step error only. Nodes are ranked in graph order by relative max-abs error; the
+first past the threshold is explained with its op, attributes, worst element and known hazards.
+
+Exposing intermediates can change how QNN fuses nodes. When the diagnostic graph does not
+reproduce the failure, the graph is cut instead (prefix up to node k, compiled as is) and the
+first diverging cut is found by bisection.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import fileio, metrics, samples as sample_store, verification
+from ..devices import simulator
+from ..errors import StageError
+from ..spec import GraphSpec, Soc
+from . import cpucheck
+
+DEFAULT_THRESHOLD = 0.05  # relative error (see relative_error) that counts as diverged
+JUMP = 10.0               # ... and that is this many times its inputs' error (error created here, not carried)
+FP16_TINY = 6.1e-5        # below this fp16 loses precision (subnormal), below 6e-8 it underflows to 0
+FP16_MAX = 65504.0
+CAVEAT = ("Exposing every intermediate tensor as an output can change how QNN fuses nodes, so the "
+          "diagnostic graph may not behave exactly like the shipped one.")
+
+def run(graph: GraphSpec, soc: Soc, toolchain, simplified: Path, provider_options_file: Path, inputs_file: Path,
+        reference_file: Path, out_dir: Path, shipped_failed: bool | None = None,
+        threshold: float = DEFAULT_THRESHOLD, limit: int | None = None) -> dict[str, Any]:
+    """Diagnose `graph` on `soc`; `toolchain` compiles variants with the chip's provider options.
+
+    `shipped_failed` is the shipped binary's simverify verdict when known: if it failed and the
+    diagnostic graph does not reproduce that, the graph is bisected by cutting instead.
+    """
+    import onnx
+
+    inputs = sample_store.load(inputs_file, limit=limit)
+    reference = sample_store.load(reference_file, limit=limit)
+    options = fileio.read_json(provider_options_file)
+    model = onnx.load(str(simplified))
+    diag_model, tensors = expose_intermediates(model)
+    diag_path = out_dir / f"{graph.name}_diagnostic.onnx"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    onnx.save(diag_model, str(diag_path))
+
+    cpu = cpucheck.run_onnx_cpu(diag_path, inputs)
+    compiled = toolchain.compile_variant(diag_path, options, out_dir / "compiled")
+    npu, _, _ = simulator.run(compiled, options, inputs, out_dir / "simulator.log", allow_cpu_fallback=True)
+
+    nodes = rank_nodes(model, tensors, cpu, npu)
+    _, final_violations = verification.judge(graph, graph.verify, reference, [
+        {o.name: n[o.name] for o in graph.outputs} for n in npu])
+    reproduced = bool(final_violations)
+    method = "all-intermediates"
+    first = first_jump(model, nodes, threshold)
+    if shipped_failed and not reproduced:
+        # The diagnostic graph compiled differently and hides the failure: cut the graph instead.
+        method = "bisect"
+        first = bisect(model, tensors, inputs, toolchain, options, out_dir, threshold) or first
+    detail = explain(model, first, cpu, npu, inputs) if first else None
+    record = {"threshold_rel_max_abs": threshold, "jump_factor": JUMP, "samples": len(inputs), "method": method,
+              "shipped_binary_failed": shipped_failed,
+              "diagnostic_reproduces_failure": reproduced, "final_output_violations": final_violations,
+              "caveat": CAVEAT, "first_divergence": detail, "nodes": nodes}
+    plot = out_dir / "error_along_graph.png"
+    plot_errors(nodes, threshold, first, plot, f"{graph.name} on {soc.name}")
+    record["plot"] = str(plot)
+    md = out_dir / "diagnose.md"
+    with fileio.atomic_path(md) as tmp:
+        tmp.write_text(markdown(graph, soc, record))
+    record["summary"] = str(md)
+    return record
+
+
+# ------------------------------------------------------------------ diagnostic graph
+
+def expose_intermediates(model) -> tuple[Any, list[dict[str, Any]]]:
+    """A copy of `model` whose every float32 node output is also a graph output, in graph order."""
+    import onnx
+
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in
+             list(inferred.graph.value_info) + list(inferred.graph.output)}
+    diag = onnx.ModelProto()
+    diag.CopyFrom(inferred)
+    existing = {o.name for o in diag.graph.output}
+    tensors = []
+    for index, node in enumerate(model.graph.node):
+        if node.op_type == "Constant":
+            continue
+        for name in node.output:
+            if types.get(name) != onnx.TensorProto.FLOAT:
+                continue
+            tensors.append({"index": index, "node": node.name or name, "op_type": node.op_type, "tensor": name})
+            if name not in existing:
+                diag.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
+                diag.graph.output[-1].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+                existing.add(name)
+    del diag.metadata_props[:]
+    return diag, tensors
+
+
+def first_jump(model, nodes: list[dict[str, Any]], threshold: float) -> dict[str, Any] | None:
+    """First node (graph order) whose error passes `threshold` AND is JUMP x its inputs' worst error.
+
+    The jump separates a node that creates error (Pow giving -4) from fp16 rounding that
+    accumulates gradually through a deep stack of Convs.
+    """
+    error = {n["tensor"]: n["rel_max_abs"] for n in nodes}
+    for n in nodes:
+        node = model.graph.node[n["index"]]
+        upstream = max((error.get(i, 0.0) for i in node.input), default=0.0)
+        if n["rel_max_abs"] > threshold and n["rel_max_abs"] > JUMP * upstream:
+            return n
+    return None
+
+
+def rank_nodes(model, tensors: list[dict[str, Any]], cpu: list[dict[str, np.ndarray]],
+               npu: list[dict[str, np.ndarray]]) -> list[dict[str, Any]]:
+    """Error of every exposed tensor, in graph order."""
+    rows = []
+    for t in tensors:
+        ref = np.stack([c[t["tensor"]] for c in cpu]).astype(np.float64)
+        got = np.stack([n[t["tensor"]] for n in npu]).astype(np.float64)
+        m = metrics.compare(ref, got)
+        rows.append({**t, "rel_max_abs": relative_error(ref, got), "max_abs": m["max_abs"], "cosine": m["cosine"],
+                     "cpu_abs_max": float(np.abs(ref).max(initial=0.0)), "non_finite": m["non_finite"]})
+    return rows
+
+
+def relative_error(ref: np.ndarray, got: np.ndarray) -> float:
+    """Worst per-sample max |NPU - CPU| relative to that sample's own scale.
+
+    Per sample, because garbage on a quiet frame (Pow giving -4 where the CPU has 1e-13) is
+    invisible next to a loud frame's scale; the scale is floored at 1e-3 of the tensor's overall
+    scale so fp16 rounding of near-zero samples does not count as divergence.
+    """
+    if not np.isfinite(got).all():
+        return float("inf")
+    axes = tuple(range(1, ref.ndim))
+    overall = float(np.abs(ref).max(initial=0.0))
+    scale = np.maximum(np.abs(ref).max(axis=axes, initial=0.0), 1e-3 * overall)
+    diff = np.abs(got - ref).max(axis=axes, initial=0.0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1), np.where(diff > 0, np.inf, 0.0))
+    return float(rel.max(initial=0.0))
+
+
+# ------------------------------------------------------------------ bisection fallback
+
+def bisect(model, tensors, inputs, toolchain, options: dict[str, str], out_dir: Path,
+           threshold: float) -> dict[str, Any] | None:
+    """First tensor whose prefix graph, compiled as is, diverges (assumes divergence persists downstream)."""
+    import onnx
+    from onnx.utils import Extractor
+
+    input_names = [i.name for i in model.graph.input if i.name not in {x.name for x in model.graph.initializer}]
+    extractor = Extractor(model)
+
+    def diverges(k: int) -> tuple[bool, dict[str, Any]]:
+        t = tensors[k]
+        cut = extractor.extract_model(input_names, [t["tensor"]])
+        path = out_dir / "bisect" / f"cut_{k}.onnx"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        onnx.save(cut, str(path))
+        cpu = cpucheck.run_onnx_cpu(path, inputs)
+        npu, _, _ = simulator.run(toolchain.compile_variant(path, options, path.parent / f"cut_{k}"), options, inputs,
+                                  out_dir / "bisect" / "simulator.log", allow_cpu_fallback=True)
+        row = rank_nodes(model, [t], cpu, npu)[0]
+        return row["rel_max_abs"] > threshold, row
+
+    lo, hi, found = 0, len(tensors) - 1, None
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        bad, row = diverges(mid)
+        if bad:
+            found, hi = row, mid - 1
+        else:
+            lo = mid + 1
+    return found
+
+
+# ------------------------------------------------------------------ explanation
+
+def explain(model, first: dict[str, Any], cpu, npu, inputs) -> dict[str, Any]:
+    """The diverging node: op, inputs, attributes, worst element with CPU/NPU/input values, hazards."""
+    from onnx import helper, numpy_helper
+
+    node = model.graph.node[first["index"]]
+    tensor = first["tensor"]
+    ref = np.stack([c[tensor] for c in cpu])
+    got = np.stack([n[tensor] for n in npu]) if tensor in npu[0] else None
+    worst = None
+    input_values = {}
+    initializers = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    if got is not None:
+        diff = np.abs(got.astype(np.float64) - ref)
+        flat = int(np.nanargmax(np.where(np.isfinite(diff), diff, np.inf)))
+        worst = tuple(int(i) for i in np.unravel_index(flat, diff.shape))
+        for name in node.input:
+            value = _value_at(name, worst, ref.shape, cpu, inputs, initializers)
+            if value is not None:
+                input_values[name] = value
+    attributes = {a.name: _attr(helper.get_attribute_value(a)) for a in node.attribute}
+    detail = {"node": first["node"], "op_type": node.op_type, "index": first["index"], "inputs": list(node.input),
+              "outputs": list(node.output), "attributes": attributes, "tensor": tensor,
+              "rel_max_abs": first["rel_max_abs"], "cosine": first["cosine"]}
+    if worst is not None:
+        detail.update(worst_element={"sample": worst[0], "index": list(worst[1:])},
+                      cpu_value=float(ref[worst]), npu_value=float(got[worst]), input_values=input_values)
+    detail["hazards"] = hazards(node, detail, initializers)
+    return detail
+
+
+def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -> list[dict[str, str]]:
+    """Known fp16/HTP hazards that fit what was observed, each with its export-time fix."""
+    found = []
+    values = [abs(v) for v in detail.get("input_values", {}).values() if isinstance(v, float)]
+    tiny = any(0 < v < FP16_TINY for v in values)
+    op = node.op_type
+    exponent = initializers.get(node.input[1]) if op == "Pow" and len(node.input) > 1 else None
+    if op == "Pow":
+        square = exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0
+        found.append({"hazard": "fp16 Pow on tiny inputs",
+                      "why": "HTP's fp16 Pow returns garbage (e.g. -4) when its input underflows fp16"
+                             + (f" (|x| = {min(values):.2g} here, fp16's normal range starts at 6.1e-5)" if tiny else ""),
+                      "fix": "write Mul(x, x) at export" if square else "avoid Pow at export (Mul chains, or Exp/Log in fp32)"})
+    elif op in ("Sqrt", "Log", "Reciprocal", "Div") and tiny:
+        found.append({"hazard": f"{op} of a value in fp16's underflow range",
+                      "why": f"an input of {min(values):.2g} is below fp16's normal range (6.1e-5): it flushes to 0 or "
+                             f"loses precision, and {op} magnifies that", "fix": "add an epsilon before it at export "
+                             "(e.g. sqrt(x + 1e-6)), or scale the values up"})
+    elif op in ("Exp", "Softmax") and any(v > 11 for v in values):
+        found.append({"hazard": f"{op} overflow in fp16", "why": "exp(x) for x > 11 exceeds fp16's max 65504",
+                      "fix": "subtract the max before Exp at export (Softmax does this), or clamp"})
+    for name, value in initializers.items():
+        if name in node.input and value.dtype.kind == "f" and value.size and float(value.min()) < -FP16_MAX:
+            found.append({"hazard": "mask constant overflows fp16",
+                          "why": f"constant '{name}' holds {float(value.min()):.3g}, beyond fp16's -65504 (becomes -inf)",
+                          "fix": "use a finite mask constant such as -1e4 at export"})
+    if not found and tiny:
+        found.append({"hazard": "fp16 underflow", "why": f"inputs at the worst element are tiny ({min(values):.2g}) for fp16",
+                      "fix": "rescale at export, or keep this part of the graph out of fp16"})
+    return found
+
+
+def _value_at(name: str, worst: tuple[int, ...], shape: tuple[int, ...], cpu, inputs, initializers) -> float | None:
+    """The value of input `name` at the worst element, when its shape lines up with the output's."""
+    if name in initializers:
+        value = initializers[name]
+        return float(value.reshape(-1)[0]) if value.size == 1 else None
+    source = cpu[worst[0]] if name in cpu[worst[0]] else inputs[worst[0]] if name in inputs[worst[0]] else None
+    if source is None:
+        return None
+    value = np.asarray(source[name])
+    if value.shape == tuple(shape[1:]):
+        return float(value[worst[1:]])
+    return float(value.reshape(-1)[0]) if value.size == 1 else None
+
+
+def _attr(value: Any) -> Any:
+    if isinstance(value, bytes):
+        return value.decode(errors="replace")
+    if isinstance(value, (list, tuple)):
+        return [_attr(v) for v in value]
+    if hasattr(value, "dims"):
+        return f"tensor{list(value.dims)}"
+    return value
+
+
+# ------------------------------------------------------------------ outputs for people
+
+def plot_errors(nodes: list[dict[str, Any]], threshold: float, first: dict[str, Any] | None, png: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 3.2))
+    xs = [n["index"] for n in nodes]
+    ys = [max(n["rel_max_abs"], 1e-9) if np.isfinite(n["rel_max_abs"]) else 1e3 for n in nodes]
+    ax.semilogy(xs, ys, marker=".", linewidth=0.8)
+    ax.axhline(threshold, color="#aa3333", linestyle="--", linewidth=0.8, label=f"threshold {threshold}")
+    if first:
+        ax.annotate(f"{first['op_type']} {first['node']}", (first["index"], max(first["rel_max_abs"], 1e-9)),
+                    textcoords="offset points", xytext=(8, 8), fontsize=8, color="#aa3333")
+    ax.set_xlabel("node index (graph order)")
+    ax.set_ylabel("relative max-abs error")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    with fileio.atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+
+
+def markdown(graph: GraphSpec, soc: Soc, record: dict[str, Any]) -> str:
+    first = record["first_divergence"]
+    lines = [f"# Where {graph.name} diverges on {soc.name}", ""]
+    if not first:
+        lines.append(f"No node creates an error past {record['threshold_rel_max_abs']} (relative, and "
+                     f"{record['jump_factor']:g}x its inputs' error).")
+    else:
+        lines += [f"First divergence: **{first['op_type']} node '{first['node']}'** (node #{first['index']}, "
+                  f"tensor '{first['tensor']}'), relative max-abs {first['rel_max_abs']:.3g}, cosine {first['cosine']:.5f}.",
+                  f"- inputs: {', '.join(first['inputs'])}; attributes: {first['attributes'] or 'none'}"]
+        if "worst_element" in first:
+            lines.append(f"- worst element: sample {first['worst_element']['sample']}, index {first['worst_element']['index']}: "
+                         f"CPU {first['cpu_value']:.6g}, NPU {first['npu_value']:.6g}; input values there: {first['input_values']}")
+        for h in first["hazards"]:
+            lines.append(f"- known hazard: {h['hazard']}: {h['why']}. Fix: {h['fix']}.")
+    lines += ["", f"Method: {record['method']} ({record['caveat']})", "",
+              "| # | node | op | rel max-abs | cosine |", "|---|---|---|---|---|"]
+    worst = sorted(record["nodes"], key=lambda n: -n["rel_max_abs"] if np.isfinite(n["rel_max_abs"]) else -1e30)[:15]
+    for n in sorted(worst, key=lambda n: n["index"]):
+        lines.append(f"| {n['index']} | {n['node']} | {n['op_type']} | {n['rel_max_abs']:.3g} | {n['cosine']:.5f} |")
+    return "\n".join(lines) + "\n"
+
+
+def failure_message(record: dict[str, Any], graph: GraphSpec, soc: Soc) -> str:
+    first = record["first_divergence"]
+    if not first:
+        return ""
+    fixes = "; ".join(f"{h['hazard']}: {h['fix']}" for h in first["hazards"])
+    return (f"{graph.name} on {soc.name} first diverges at {first['op_type']} node '{first['node']}' "
+            f"(relative max-abs {first['rel_max_abs']:.3g})" + (f" — {fixes}" if fixes else ""))
