@@ -1,8 +1,12 @@
 """specs x SoCs x toolchain -> build targets, their names and their places in the build tree.
 
-The build tree mirrors the graph (DESIGN rule 5):
-    build/<model>/<graph>/<stage>/...                         per-graph stages
-    build/<model>/<graph>/<toolchain-id>/<SOC>/<stage>/...    per-chip stages
+The build tree mirrors the graph (DESIGN rule 5, with a precision level so fp16 and w8a16
+builds of one graph sit side by side):
+    build/<model>/<graph>/<stage>/...                                      per-graph stages
+    build/<model>/<graph>/<toolchain-id>/<precision>/<stage>/...           per-variant toolchain stages
+    build/<model>/<graph>/<toolchain-id>/<precision>/<SOC>/<stage>/...     per-chip stages
+Task names: `<graph>` for graph stages; `<variant>` = `<graph>` (primary precision) or
+`<graph>-<precision>`; `<variant>-<SOC>` for chip stages.
 """
 from __future__ import annotations
 
@@ -48,19 +52,23 @@ class GraphTarget:
     def reference(self) -> Path:
         return self.stage_dir("cpucheck") / "reference.npz"
 
+    @cached_property
+    def calibration(self) -> Path:
+        return self.stage_dir("calibrate") / "calibration.npz"
+
 
 @dataclass(frozen=True)
-class ChipTarget:
-    """One graph on one chip with one toolchain: config, context, verification."""
+class VariantTarget:
+    """One graph at one precision with one toolchain: the toolchain's per-graph stages (quantize, convert ...)."""
     graph_target: GraphTarget
-    soc: Soc
+    precision: str
     toolchain_id: str
     dir: Path
-    skip_reason: str | None
 
     @property
     def name(self) -> str:
-        return f"{self.graph_target.name}-{self.soc.name}"
+        graph = self.graph_target.graph
+        return graph.name if self.precision == graph.precision else f"{graph.name}-{self.precision}"
 
     @property
     def graph(self) -> GraphSpec:
@@ -70,7 +78,40 @@ class ChipTarget:
         return _cached_join(self, stage)
 
 
-def _cached_join(target: GraphTarget | ChipTarget, stage: str) -> Path:
+@dataclass(frozen=True)
+class ChipTarget:
+    """One graph variant on one chip: config, context, verification."""
+    variant: VariantTarget
+    soc: Soc
+    toolchain_id: str
+    dir: Path
+    skip_reason: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.variant.name}-{self.soc.name}"
+
+    @property
+    def graph(self) -> GraphSpec:
+        return self.variant.graph
+
+    @property
+    def graph_target(self) -> GraphTarget:
+        return self.variant.graph_target
+
+    @property
+    def precision(self) -> str:
+        return self.variant.precision
+
+    @property
+    def verify(self) -> dict:
+        return self.graph.verify[self.precision]
+
+    def stage_dir(self, stage: str) -> Path:
+        return _cached_join(self, stage)
+
+
+def _cached_join(target: GraphTarget | VariantTarget | ChipTarget, stage: str) -> Path:
     """target.dir / stage, built once: task generation asks for the same dirs thousands of times."""
     cache = target.__dict__.setdefault("_stage_dirs", {})
     if stage not in cache:
@@ -82,21 +123,25 @@ def graph_targets(project: Project) -> list[GraphTarget]:
     return [GraphTarget(graph=g, dir=Path(BUILD_DIR) / g.model / g.name) for g in project.graphs()]
 
 
+def variant_targets(project: Project, toolchain_id: str) -> list[VariantTarget]:
+    return [VariantTarget(graph_target=gt, precision=p, toolchain_id=toolchain_id, dir=gt.dir / toolchain_id / p)
+            for gt in graph_targets(project) for p in gt.graph.precisions]
+
+
 def chip_targets(project: Project, toolchain_id: str) -> list[ChipTarget]:
-    """Every (graph, chip) pair the graph asks for; chips that can't run its precision carry a skip reason.
+    """Every (graph variant, chip) pair the graph asks for; chips that can't run it carry a skip reason.
 
     A graph without `socs:` builds for every chip in the table; those that can't run its
     precision are still listed (skipped, with the reason) so nothing disappears silently.
     """
     targets = []
-    for gt in graph_targets(project):
-        names = gt.graph.socs or tuple(project.socs)
-        for soc_name in names:
+    for vt in variant_targets(project, toolchain_id):
+        for soc_name in vt.graph.socs or tuple(project.socs):
             soc = project.socs[soc_name]
             reason = None
-            if not soc.supports(gt.graph.precision):
-                reason = (f"{soc.name} ({soc.dsp_arch}) cannot run {gt.graph.precision} graphs "
+            if not soc.supports(vt.precision):
+                reason = (f"{soc.name} ({soc.dsp_arch}) cannot run {vt.precision} graphs "
                           f"(no fp16 on HTP {soc.dsp_arch})")
-            targets.append(ChipTarget(graph_target=gt, soc=soc, toolchain_id=toolchain_id,
-                                      dir=gt.dir / toolchain_id / soc.name, skip_reason=reason))
+            targets.append(ChipTarget(variant=vt, soc=soc, toolchain_id=toolchain_id,
+                                      dir=vt.dir / soc.name, skip_reason=reason))
     return targets

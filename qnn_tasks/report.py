@@ -50,15 +50,41 @@ def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any
     for ct in chips:
         stages = {stage: _read(path) for stage, path in chip_record_paths(ct).items()}
         status = "skipped" if ct.skip_reason else _combine([*stages.values(), {"status": graph_status[ct.graph.name]}])
-        targets.append({"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
-                        "toolchain_id": ct.toolchain_id, "precision": ct.graph.precision, "status": status,
+        targets.append({"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "variant": ct.variant.name,
+                        "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "precision": ct.precision, "status": status,
                         "reason": ct.skip_reason or _first_error(stages.values()), "stages": stages,
                         "diagnosis": _read(diagnosis_path(ct))})
     summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
+    variants = []
+    for t in targets:
+        if not any(v["name"] == t["variant"] for v in variants):
+            variants.append({"name": t["variant"], "model": t["model"], "graph": t["graph"], "precision": t["precision"]})
     return {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,
                         "graphs_failed": sum(1 for g in graph_entries if g["status"] == "failed")},
-            "graphs": graph_entries, "targets": targets}
+            "graphs": graph_entries, "variants": variants, "targets": targets,
+            "precision_comparison": precision_comparison(targets)}
+
+
+def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """fp16 vs w8a16 per graph and chip: binary size, simulator time, accuracy (graphs built at >1 precision)."""
+    rows = []
+    by_graph_soc: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for t in targets:
+        by_graph_soc.setdefault((t["graph"], t["soc"]["name"]), []).append(t)
+    for (graph, soc), group in by_graph_soc.items():
+        if len(group) < 2:
+            continue
+        for t in group:
+            ctx = t["stages"].get("context") or {}
+            sim = t["stages"].get("simverify") or {}
+            cosines = [m.get("cosine") for m in (sim.get("metrics") or {}).values()]
+            rows.append({"graph": graph, "soc": soc, "precision": t["precision"], "status": t["status"],
+                         "bin_size": ctx.get("bin_size"),
+                         "sim_median_s": (sim.get("timing") or {}).get("per_inference_median_s"),
+                         "min_cosine": min(cosines) if cosines else None,
+                         "checks_passed": all(c.get("passed") for c in sim.get("checks") or []) if sim.get("checks") else None})
+    return rows
 
 
 def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
@@ -78,11 +104,17 @@ def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
 
 def markdown(data: dict[str, Any]) -> str:
     socs = _soc_names(data)
-    lines = [f"# NPU build report", "", f"Generated {data['generated']}. " + summary_line(data), "",
+    lines = ["# NPU build report", "", f"Generated {data['generated']}. " + summary_line(data), "",
              "| graph | " + " | ".join(socs) + " |", "|---|" + "---|" * len(socs)]
-    for graph in data["graphs"]:
-        cells = [_cell(data, graph["graph"], soc) for soc in socs]
-        lines.append(f"| {graph['model']}/{graph['graph']} ({graph['precision']}) | " + " | ".join(cells) + " |")
+    for variant in data["variants"]:
+        cells = [_cell(data, variant["name"], soc) for soc in socs]
+        lines.append(f"| {variant['model']}/{variant['name']} ({variant['precision']}) | " + " | ".join(cells) + " |")
+    if data["precision_comparison"]:
+        lines += ["", "## fp16 vs w8a16", "", "| graph | chip | precision | status | .bin size | simulator time | min cosine |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in data["precision_comparison"]:
+            lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {_size(r['bin_size'])} | "
+                         f"{_num(r['sim_median_s'])} s | {_num(r['min_cosine'], 6)} |")
     problems = [t for t in data["targets"] if t["status"] in ("failed", "skipped")]
     if problems:
         lines += ["", "## Failed and skipped", ""]
@@ -175,12 +207,12 @@ def _soc_names(data: dict[str, Any]) -> list[str]:
     return names
 
 
-def _target(data: dict[str, Any], graph: str, soc: str) -> dict[str, Any] | None:
-    return next((t for t in data["targets"] if t["graph"] == graph and t["soc"]["name"] == soc), None)
+def _target(data: dict[str, Any], variant: str, soc: str) -> dict[str, Any] | None:
+    return next((t for t in data["targets"] if t["variant"] == variant and t["soc"]["name"] == soc), None)
 
 
-def _cell(data: dict[str, Any], graph: str, soc: str) -> str:
-    target = _target(data, graph, soc)
+def _cell(data: dict[str, Any], variant: str, soc: str) -> str:
+    target = _target(data, variant, soc)
     return target["status"] if target else ""
 
 

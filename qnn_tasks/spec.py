@@ -32,12 +32,13 @@ class _Loader(_BaseLoader):
 
 _Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _Loader.construct_mapping)
 
-PRECISIONS = ("fp16",)
+PRECISIONS = ("fp16", "w8a16")  # w8a16: 8-bit weights, 16-bit activations, quantized in QNN
+MIN_CALIBRATION_SAMPLES = 8
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
 SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "fp16", "note"}
 MODEL_KEYS = {"licence", "description", "source", "graphs"}
 SOURCE_KEYS = {"package", "file", "url"}
-GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify",
+GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
               "cpucheck", "lint", "verify", "allow_cpu_fallback"}
 TENSOR_KEYS = {"shape", "dtype"}
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
@@ -99,15 +100,20 @@ class GraphSpec:
     model_dir: Path
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
-    precision: str
+    precisions: tuple[str, ...]  # the first is the primary: its targets carry no precision suffix
     socs: tuple[str, ...] | None
     export: str
     options: dict[str, Any]
     simplify: dict[str, Any]
     cpucheck: dict[str, Any]
     lint: dict[str, Any]
-    verify: dict[str, Any]
+    verify: dict[str, dict[str, Any]]  # precision -> validated verify settings
     allow_cpu_fallback: bool
+    calibration: dict[str, Any]
+
+    @property
+    def precision(self) -> str:
+        return self.precisions[0]
 
     @property
     def model_code(self) -> Path:
@@ -207,9 +213,14 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
     data = _mapping(data, path, key)
     _check_keys(data, GRAPH_KEYS, path, key)
     _require(data, ("inputs", "outputs"), path, key)
-    precision = data.get("precision", "fp16")
-    if precision not in PRECISIONS:
-        raise SpecError(path, f"{key}.precision", f"unknown precision '{precision}'", f"use one of {', '.join(PRECISIONS)}")
+    precisions = data.get("precision", "fp16")
+    precisions = precisions if isinstance(precisions, list) else [precisions]
+    for precision in precisions:
+        if precision not in PRECISIONS:
+            raise SpecError(path, f"{key}.precision", f"unknown precision '{precision}'",
+                            f"use one of {', '.join(PRECISIONS)}, or a list of them")
+    if not precisions or len(set(precisions)) != len(precisions):
+        raise SpecError(path, f"{key}.precision", f"{precisions} is empty or repeats a precision", "e.g. [fp16, w8a16]")
     chips = data.get("socs")
     if chips is not None:
         if not isinstance(chips, list) or not chips:
@@ -235,10 +246,12 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
     return GraphSpec(
         name=name, model=model_dir.name, model_dir=model_dir,
         inputs=_tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True), outputs=outputs,
-        precision=precision, socs=chips, export=export,
+        precisions=tuple(precisions), socs=chips, export=export,
         options=_mapping(data.get("options", {}), path, f"{key}.options"),
         simplify=simplify, cpucheck=cpucheck, lint=lint,
-        verify=_verify_section(data.get("verify"), precision, {t.name for t in outputs}, path, f"{key}.verify"),
+        verify={p: _verify_section(data.get("verify"), p, {t.name for t in outputs}, path, f"{key}.verify")
+                for p in precisions},
+        calibration=_calibration(data.get("calibration"), precisions, path, f"{key}.calibration"),
         allow_cpu_fallback=_bool(data.get("allow_cpu_fallback", False), path, f"{key}.allow_cpu_fallback"),
     )
 
@@ -299,8 +312,11 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
 
 
 # Defaults per precision: fp16 activations are near-lossless on HTP.
-DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0}}
-VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"}
+# 8-bit weights lose more: looser defaults, and the task-level checks matter most.
+DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
+                      "w8a16": {"min_cosine": 0.99, "min_snr_db": 15.0}}
+VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
+CALIBRATION_KEYS = {"samples", "function", "per_channel"}
 CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"}}
 
 
@@ -319,9 +335,38 @@ def _check_lint(lint: dict, path: Path, key: str) -> None:
                         "e.g. max_fp16_params: 1.0e9")
 
 
+def _calibration(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:
+    """How w8a16 graphs are calibrated: N real samples from a function of the model's export.py."""
+    section = _mapping(data, path, key)
+    _check_keys(section, CALIBRATION_KEYS, path, key)
+    samples = section.get("samples", 32)
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < MIN_CALIBRATION_SAMPLES:
+        raise SpecError(path, f"{key}.samples", f"{samples!r} is too few calibration samples",
+                        f"use at least {MIN_CALIBRATION_SAMPLES} real samples (32 or more is better)")
+    function = section.get("function", "samples")
+    if not isinstance(function, str) or not function.isidentifier():
+        raise SpecError(path, f"{key}.function", f"'{function}' is not a function name", "name a function in export.py")
+    if section and "w8a16" not in precisions:
+        raise SpecError(path, key, "calibration is only used by w8a16 graphs", "add w8a16 to precision or remove it")
+    return {"samples": samples, "function": function, "per_channel": _bool(section.get("per_channel", True), path,
+                                                                             f"{key}.per_channel")}
+
+
 def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, key: str) -> dict[str, Any]:
-    """The graph's `verify:` section, validated, with defaults filled in."""
-    verify = _mapping(data, where, key)
+    """The graph's `verify:` settings for one precision, validated, with defaults filled in.
+
+    A `w8a16:` subsection overrides the base settings for w8a16 targets only.
+    """
+    verify = dict(_mapping(data, where, key))
+    for p in PRECISIONS:
+        if p != "fp16" and p in verify:
+            override = _mapping(verify.pop(p), where, f"{key}.{p}")
+            if precision == p:
+                bad = set(override) - {"samples", "thresholds", "per_output", "checks"}
+                if bad:
+                    raise SpecError(where, f"{key}.{p}.{sorted(bad)[0]}", "unknown key", "use samples, thresholds, per_output, checks")
+                verify.update(override)
+                key = f"{key}.{p}"
     for k in verify:
         if k not in VERIFY_KEYS:
             raise SpecError(where, f"{key}.{k}", "unknown key", f"use one of: {', '.join(sorted(VERIFY_KEYS))}")

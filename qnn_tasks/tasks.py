@@ -22,19 +22,20 @@ from doit.tools import config_changed
 from . import toolchains
 from .errors import QnnTasksError
 from .fileio import write_json
-from .matrix import ChipTarget, GraphTarget, chip_targets, graph_targets
+from .matrix import ChipTarget, GraphTarget, VariantTarget, chip_targets, graph_targets, variant_targets
+from .toolchains.base import StageInput
 from .spec import GraphSpec, Project, load_project
 
 TOOLCHAIN_ENV = "QNN_TOOLCHAIN"
 DEFAULT_TOOLCHAIN = "ort-qnn"
-# `report` comes last: with `continue`, doit runs it after every other task, failed or not.
-DEFAULT_TASKS = ["export", "simplify", "lint", "cpucheck", "config", "context", "simverify", "report"]
 REPORT_DIR = Path("build") / "report"
 
 
 def doit_config() -> dict[str, Any]:
     # sqlite3: a second doit process (or the report) can read the state while one runs; dbm can't.
-    return {"default_tasks": list(DEFAULT_TASKS), "continue": True, "backend": "sqlite3", "dep_file": ".doit.db"}
+    # default_tasks is filled in by TaskFactory.namespace(): every build stage in order, `report`
+    # last, so that with `continue` doit runs it after every other task, failed or not.
+    return {"default_tasks": [], "continue": True, "backend": "sqlite3", "dep_file": ".doit.db"}
 
 
 def project_tasks(root: Path) -> dict[str, Any]:
@@ -99,6 +100,15 @@ def _signature(paths: list[Path]) -> str:
     return hashlib.md5("\n".join(parts).encode()).hexdigest()
 
 
+def _task_function(name: str, doc: str, make: Callable[[], Any]) -> Callable[[], Any]:
+    """A `task_<name>` function for doit: its docstring is the group's doc in `doit list`."""
+    def task() -> Any:
+        return make()
+    task.__name__ = f"task_{name}"
+    task.__doc__ = doc
+    return task
+
+
 def _failed(record: Path) -> bool | None:
     """A stage record's verdict: True if it failed, False if it passed, None if there is none."""
     try:
@@ -124,55 +134,55 @@ class TaskFactory:
         self.project = project
         self.toolchain = toolchain
         self.graphs = graph_targets(project)
+        self.variants = variant_targets(project, toolchain.id())
         self.chips = chip_targets(project, toolchain.id())
         self.fingerprint = toolchain.fingerprint()
         self._fingerprint_json = json.dumps(self.fingerprint, sort_keys=True)  # serialised once for all chip keys
 
     def namespace(self) -> dict[str, Any]:
-        def task_export() -> Iterator[dict]:
-            """Export each graph's NPU-ready ONNX (static shapes, int32 I/O, no If/int8) with the model's export.py."""
-            yield from self.export_tasks()
+        """DOIT_CONFIG and one `task_<stage>` function per stage, in build order."""
+        stages: list[tuple[str, str, Callable[[], Any]]] = [
+            ("export", "Export each graph's NPU-ready ONNX (static shapes, int32 I/O, no If/int8) with the model's export.py.",
+             self.export_tasks),
+            ("simplify", "Simplify each graph with onnxsim and confirm its I/O shapes are fixed.", self.simplify_tasks),
+            ("lint", "Lint each graph for what troubles the NPU (dynamic dims, int64, control flow, fp16 hazards, size).",
+             self.lint_tasks),
+            ("cpucheck", "Run each simplified graph on CPU against the original model on real inputs; keep the reference.",
+             self.cpucheck_tasks),
+        ]
+        if any("w8a16" in gt.graph.precisions for gt in self.graphs):
+            stages.append(("calibrate", "Make each w8a16 graph's calibration set from real inputs (once per graph).",
+                           self.calibrate_tasks))
+        for stage in self._graph_stages():
+            stages.append((stage.name, stage.doc + ".", lambda name=stage.name: self.graph_stage_tasks(name)))
+        stages += [
+            ("config", "Write each chip's HTP settings for each graph (toolchain options + SoC row).", self.config_tasks),
+            ("context", "Compile each graph to a QNN context binary per chip; check CPU fallback and the chip it was built for.",
+             self.context_tasks),
+            ("simverify", "Run each binary on the host HTP simulator and compare with the CPU reference (metrics, checks).",
+             self.simverify_tasks),
+            ("report", "Write build/report/index.html, report.json and report.md from the stage records.", self.report_task),
+        ]
+        on_demand = [
+            ("diagnose", "Find the first node where the NPU diverges from the CPU, and why (on demand, not in the default run).",
+             self.diagnose_tasks),
+            ("socscheck", "Compile a tiny model for every SoC row and confirm the binary's socModel/arch (on demand).",
+             self.socscheck_task),
+        ]
+        config = doit_config()
+        config["default_tasks"] = [name for name, _, _ in stages]
+        namespace: dict[str, Any] = {"DOIT_CONFIG": config}
+        for name, doc, make in stages + on_demand:
+            namespace[f"task_{name}"] = _task_function(name, doc, make)
+        return namespace
 
-        def task_simplify() -> Iterator[dict]:
-            """Simplify each graph with onnxsim and confirm its I/O shapes are fixed."""
-            yield from self.simplify_tasks()
-
-        def task_lint() -> Iterator[dict]:
-            """Lint each graph for what troubles the NPU (dynamic dims, int64, control flow, fp16 hazards, size)."""
-            yield from self.lint_tasks()
-
-        def task_cpucheck() -> Iterator[dict]:
-            """Run each simplified graph on CPU against the original model on real inputs; keep the reference."""
-            yield from self.cpucheck_tasks()
-
-        def task_config() -> Iterator[dict]:
-            """Write each chip's HTP settings for each graph (toolchain options + SoC row)."""
-            yield from self.config_tasks()
-
-        def task_context() -> Iterator[dict]:
-            """Compile each graph to a QNN context binary per chip; check CPU fallback and the chip it was built for."""
-            yield from self.context_tasks()
-
-        def task_simverify() -> Iterator[dict]:
-            """Run each binary on the host HTP simulator and compare with the CPU reference (metrics, checks)."""
-            yield from self.simverify_tasks()
-
-        def task_diagnose() -> Iterator[dict]:
-            """Find the first node where the NPU diverges from the CPU, and why (on demand, not in the default run)."""
-            yield from self.diagnose_tasks()
-
-        def task_report() -> dict:
-            """Write build/report/index.html, report.json and report.md from the stage records."""
-            return self.report_task()
-
-        def task_socscheck() -> dict:
-            """Compile a tiny model for every SoC row and confirm the binary's socModel/arch (not in the default run)."""
-            return self.socscheck_task()
-
-        return {"DOIT_CONFIG": doit_config(), "task_socscheck": task_socscheck, "task_export": task_export, "task_simplify": task_simplify,
-                "task_lint": task_lint, "task_cpucheck": task_cpucheck, "task_config": task_config,
-                "task_context": task_context, "task_simverify": task_simverify, "task_diagnose": task_diagnose,
-                "task_report": task_report}
+    def _graph_stages(self) -> list:
+        """The toolchain's per-variant stages over every precision in the project, each name once."""
+        seen: dict[str, Any] = {}
+        for precision in sorted({p for gt in self.graphs for p in gt.graph.precisions}):
+            for stage in self.toolchain.graph_stages(precision):
+                seen.setdefault(stage.name, stage)
+        return list(seen.values())
 
     # ---------------------------------------------------------- per graph
     def _source(self, graph: GraphSpec) -> Path | None:
@@ -227,13 +237,59 @@ class TaskFactory:
                              file_dep=[str(gt.simplified)] + self._code_deps(g), key=key,
                              base={"graph": g.name}, doc=f"CPU check of {gt.simplified} against the original model")
 
+    def calibrate_tasks(self) -> Iterator[dict]:
+        for gt in self.graphs:
+            g = gt.graph
+            if "w8a16" not in g.precisions:
+                continue
+            record = gt.stage_dir("calibrate") / "calibrate.json"
+            key = {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": self._source_key(g)}
+            yield self._task(gt.name, "calibrate", record, [gt.calibration],
+                             lambda g=g, gt=gt: _stage("calibrate").run(g, self._source(g), gt.calibration),
+                             file_dep=self._code_deps(g), key=key, base={"graph": g.name},
+                             doc=f"{g.calibration['samples']} real calibration samples for {g.name} "
+                                 f"from export.py:{g.calibration['function']}()")
+
+    # ---------------------------------------------------------- per variant (toolchain graph stages)
+    def _variant_chain(self, vt: VariantTarget) -> list[tuple[Any, Path, list[Path]]]:
+        """(stage, out_dir, outputs) of the toolchain's graph stages for this variant, in order."""
+        chain = []
+        for stage in self.toolchain.graph_stages(vt.precision):
+            out = vt.stage_dir(stage.name)
+            chain.append((stage, out, stage.outputs(vt.graph, vt.precision, out)))
+        return chain
+
+    def _compile_source(self, vt: VariantTarget) -> Path:
+        """What `context` compiles: the last graph stage's primary output, else the simplified ONNX."""
+        chain = self._variant_chain(vt)
+        return chain[-1][2][0] if chain else vt.graph_target.simplified
+
+    def graph_stage_tasks(self, name: str) -> Iterator[dict]:
+        for vt in self.variants:
+            source = vt.graph_target.simplified
+            for stage, out, outputs in self._variant_chain(vt):
+                if stage.name == name:
+                    g, gt = vt.graph, vt.graph_target
+                    calibration = gt.calibration if stage.needs_calibration else None
+                    stage_input = StageInput(graph=g, precision=vt.precision, source=source, out_dir=out,
+                                             calibration=calibration)
+                    key = {"toolchain": self._fingerprint_json, "precision": vt.precision, "io": g.io(),
+                           "calibration": g.calibration if calibration else None}
+                    yield self._task(vt.name, name, out / f"{name}.json", outputs,
+                                     lambda run=stage.run, si=stage_input: run(si),
+                                     file_dep=[str(source)] + ([str(calibration)] if calibration else []), key=key,
+                                     base={"graph": g.name, "precision": vt.precision,
+                                           "toolchain": {"id": vt.toolchain_id, **self.fingerprint}},
+                                     doc=f"{name} {g.name} ({vt.precision}) with {vt.toolchain_id}")
+                source = outputs[0]
+
     # ---------------------------------------------------------- per chip
     def _chip_base(self, ct: ChipTarget) -> dict[str, Any]:
-        return {"graph": ct.graph.name, "model": ct.graph.model, "precision": ct.graph.precision,
+        return {"graph": ct.graph.name, "model": ct.graph.model, "precision": ct.precision,
                 "soc": ct.soc.row(), "toolchain": {"id": ct.toolchain_id, **self.fingerprint}}
 
     def _chip_key(self, ct: ChipTarget, **extra: Any) -> dict[str, Any]:
-        return {"soc": ct.soc.row(), "toolchain": self._fingerprint_json, "precision": ct.graph.precision, **extra}
+        return {"soc": ct.soc.row(), "toolchain": self._fingerprint_json, "precision": ct.precision, **extra}
 
     def config_tasks(self) -> Iterator[dict]:
         for ct in self.chips:
@@ -244,7 +300,7 @@ class TaskFactory:
                 continue
             files = [out / f for f in self.toolchain.config_files(ct.graph)]
             yield self._task(ct.name, "config", record, files,
-                             lambda ct=ct, out=out: self.toolchain.write_config(ct.graph, ct.soc, out),
+                             lambda ct=ct, out=out: self.toolchain.write_config(ct.graph, ct.precision, ct.soc, out),
                              file_dep=[], key=self._chip_key(ct), base=self._chip_base(ct),
                              doc=f"{self.toolchain.kind} HTP settings for {ct.graph.name} on {ct.soc.name} "
                                  f"(soc_id {ct.soc.soc_id}, {ct.soc.dsp_arch})")
@@ -260,13 +316,14 @@ class TaskFactory:
             config_files = [str(config_dir / f) for f in self.toolchain.config_files(ct.graph)]
             files = [out / f for f in self.toolchain.context_files(ct.graph)]
             gt = ct.graph_target
+            source = self._compile_source(ct.variant)
             yield self._task(ct.name, "context", record, files,
-                             lambda ct=ct, out=out, gt=gt, cd=config_dir:
-                                 self.toolchain.compile(ct.graph, ct.soc, gt.simplified, cd, out),
-                             file_dep=[str(gt.simplified), str(gt.lint_record)] + config_files,
+                             lambda ct=ct, out=out, source=source, cd=config_dir:
+                                 self.toolchain.compile(ct.graph, ct.soc, source, cd, out),
+                             file_dep=[str(source), str(gt.lint_record)] + config_files,
                              key=self._chip_key(ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
                              base=self._chip_base(ct),
-                             doc=f"compile {ct.graph.name} for {ct.soc.name} with {ct.toolchain_id}")
+                             doc=f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}")
 
     def simverify_tasks(self) -> Iterator[dict]:
         for ct in self.chips:
@@ -281,9 +338,10 @@ class TaskFactory:
             config = ct.stage_dir("config") / self.toolchain.config_files(ct.graph)[0]
             yield self._task(ct.name, "simverify", record, [out / "outputs.npz"],
                              lambda ct=ct, out=out, gt=gt, ctx=ctx_files[0], config=config:
-                                 _stage("simverify").run(ct.graph, ct.soc, ctx, config, gt.inputs, gt.reference, out),
+                                 _stage("simverify").run(ct.graph, ct.verify, ct.soc, ctx, config, gt.inputs, gt.reference, out,
+                                                         ct.name, ct.precision),
                              file_dep=[str(f) for f in ctx_files] + [str(config), str(gt.inputs), str(gt.reference)],
-                             key=self._chip_key(ct, verify=ct.graph.verify), base=self._chip_base(ct),
+                             key=self._chip_key(ct, verify=ct.verify), base=self._chip_base(ct),
                              doc=f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator, compare with CPU")
 
     def diagnose_tasks(self) -> Iterator[dict]:
@@ -294,12 +352,15 @@ class TaskFactory:
             gt = ct.graph_target
             config = ct.stage_dir("config") / self.toolchain.config_files(ct.graph)[0]
             verdict = ct.stage_dir("simverify") / "simverify.json"
+            # w8a16: diagnose the quantized (QDQ) model the binary was compiled from
+            source = self._compile_source(ct.variant)
+            model = source if source.suffix == ".onnx" else gt.simplified
             yield self._task(ct.name, "diagnose", out / "diagnose.json", [out / "diagnose.md"],
-                             lambda ct=ct, out=out, gt=gt, config=config, verdict=verdict: _stage("diagnose").run(
-                                 ct.graph, ct.soc, self.toolchain, gt.simplified, config, gt.inputs, gt.reference, out,
+                             lambda ct=ct, out=out, gt=gt, config=config, verdict=verdict, model=model: _stage("diagnose").run(
+                                 ct.graph, ct.verify, ct.soc, self.toolchain, model, config, gt.inputs, gt.reference, out,
                                  shipped_failed=_failed(verdict)),
-                             file_dep=[str(gt.simplified), str(config), str(gt.inputs), str(gt.reference)],
-                             key=self._chip_key(ct, verify=ct.graph.verify), base=self._chip_base(ct),
+                             file_dep=[str(model), str(config), str(gt.inputs), str(gt.reference)],
+                             key=self._chip_key(ct, verify=ct.verify), base=self._chip_base(ct),
                              doc=f"find where {ct.graph.name} diverges on {ct.soc.name}: per-node CPU vs NPU error")
 
     def socscheck_task(self) -> dict[str, Any]:

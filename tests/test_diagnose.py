@@ -13,7 +13,7 @@ TARGET = "vad-SM8650"
 
 
 def _diagnosis(project) -> dict:
-    paths = list(project.root.glob(f"build/silero-vad/vad/*/SM8650/diagnose/diagnose.json"))
+    paths = list(project.root.glob(f"build/silero-vad/vad/*/fp16/SM8650/diagnose/diagnose.json"))
     assert len(paths) == 1, paths
     return read_json(paths[0])
 
@@ -38,7 +38,7 @@ def test_diagnose_names_the_pow_node_as_first_divergence(pow_project):
     assert any(abs(v) < 6.1e-5 for v in first["input_values"].values())
     fixes = " ".join(h["fix"] for h in first["hazards"])
     assert "Mul(x, x)" in fixes
-    summary = (next(pow_project.root.glob("build/silero-vad/vad/*/SM8650/diagnose/diagnose.md"))).read_text()
+    summary = (next(pow_project.root.glob("build/silero-vad/vad/*/fp16/SM8650/diagnose/diagnose.md"))).read_text()
     assert "Pow node" in summary and "Mul(x, x)" in summary
 
 
@@ -80,7 +80,7 @@ def test_bisection_by_cutting_finds_the_same_node(pow_project):
     _, tensors = expose_intermediates(model)
     inputs = samples.load(root / "build/silero-vad/vad/cpucheck/inputs.npz")
     toolchain = from_profile(spec.load_toolchain(root, "ort-qnn"))
-    options = json.loads(next(root.glob("build/silero-vad/vad/*/SM8650/config/provider_options.json")).read_text())
+    options = json.loads(next(root.glob("build/silero-vad/vad/*/fp16/SM8650/config/provider_options.json")).read_text())
     found = bisect(model, tensors, inputs, toolchain, options, root / "build" / "bisect-test", threshold=0.05)
     assert found is not None and found["op_type"] == "Pow"
 

@@ -7,13 +7,14 @@ All expected values are computed by hand (or with plain numpy formulas) from sma
 from __future__ import annotations
 
 import math
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from qnn_tasks import metrics, verification
-from qnn_tasks.spec import GraphSpec, TensorSpec
+from qnn_tasks.spec import load_model
 
 
 # ------------------------------------------------------------------ metrics.compare
@@ -213,30 +214,49 @@ def test_ranking_top_k_looks_past_the_first_neighbour():
 
 # ------------------------------------------------------------------ verification.judge
 
-def _graph(verify: dict, outputs=(("p", (1, 1)), ("h", (1, 4)))) -> GraphSpec:
-    return GraphSpec(name="toy", model="toy", model_dir=Path("."),
-                     inputs=(TensorSpec("x", (1, 4), "float32"),),
-                     outputs=tuple(TensorSpec(n, s, "float32") for n, s in outputs),
-                     precision="fp16", socs=None, export="export", options={}, simplify={}, cpucheck={}, lint={},
-                     verify=verify, allow_cpu_fallback=False)
+TOY_MODEL = """\
+licence: MIT
+source: {file: toy.onnx}
+graphs:
+  toy:
+    inputs: {x: {shape: [1, 4], dtype: float32}}
+    outputs: {p: {shape: [1, 1]}, h: {shape: [1, 4]}}
+    verify:
+%s
+"""
+
+
+def _graph(tmp_path: Path, verify_yaml: str):
+    """A GraphSpec loaded by the real spec loader from a toy model.yaml; returns (graph, verify settings)."""
+    model_dir = tmp_path / "toy"
+    model_dir.mkdir()
+    (model_dir / "model.yaml").write_text(TOY_MODEL % textwrap.indent(textwrap.dedent(verify_yaml).strip(), " " * 6))
+    (model_dir / "export.py").write_text("def export(ctx):\n    pass\n")
+    graph = load_model(model_dir, {}).graphs[0]
+    verify = graph.verify if "thresholds" in graph.verify else graph.verify[graph.precision]
+    return graph, verify
 
 
 def _samples(p, h):
     return [{"p": np.array([[pi]], np.float32), "h": np.asarray(hi, np.float32).reshape(1, 4)} for pi, hi in zip(p, h)]
 
 
-def test_judge_pass_and_fail_with_per_output_thresholds_and_checks():
-    verify = {"samples": None, "thresholds": {"min_cosine": 0.999}, "per_output": {"p": {"max_abs": 0.05}},
-              "checks": [{"kind": "agreement", "output": "p", "threshold": 0.5, "min": 0.99}]}
-    graph = _graph(verify)
+def test_judge_pass_and_fail_with_per_output_thresholds_and_checks(tmp_path):
+    graph, verify = _graph(tmp_path, """
+        thresholds: {min_cosine: 0.999}
+        per_output: {p: {max_abs: 0.05}}
+        checks:
+          - agreement: {output: p, threshold: 0.5, min: 0.99}
+    """)
     h = np.random.default_rng(2).standard_normal((3, 4))
     reference = _samples([0.9, 0.1, 0.7], h)
     close = _samples([0.89, 0.12, 0.69], h + 1e-4)
     result, violations = verification.judge(graph, verify, reference, close)
     assert violations == []
     assert set(result["metrics"]) == {"p", "h"}
-    assert result["metrics"]["p"]["thresholds"] == {"min_cosine": 0.999, "max_abs": 0.05}
-    assert result["metrics"]["h"]["thresholds"] == {"min_cosine": 0.999}
+    # fp16 defaults (min_snr_db 25) + the graph's thresholds + the output's own
+    assert result["metrics"]["p"]["thresholds"] == {"min_cosine": 0.999, "min_snr_db": 25.0, "max_abs": 0.05}
+    assert result["metrics"]["h"]["thresholds"] == {"min_cosine": 0.999, "min_snr_db": 25.0}
     assert result["metrics"]["p"]["max_abs"] == pytest.approx(0.02, abs=1e-6)
     assert result["checks"][0]["passed"] is True
 
@@ -248,9 +268,8 @@ def test_judge_pass_and_fail_with_per_output_thresholds_and_checks():
     assert not any("'h'" in v for v in violations)
 
 
-def test_judge_reports_nan_in_an_output_with_its_index():
-    verify = {"samples": None, "thresholds": {"min_cosine": 0.999, "min_snr_db": 25.0}, "per_output": {}, "checks": []}
-    graph = _graph(verify)
+def test_judge_reports_nan_in_an_output_with_its_index(tmp_path):
+    graph, verify = _graph(tmp_path, "thresholds: {}")
     h = np.ones((3, 4))
     reference = _samples([0.9, 0.1, 0.7], h)
     bad_h = h.copy()

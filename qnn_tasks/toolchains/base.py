@@ -1,17 +1,50 @@
-"""The toolchain interface: what tasks.py needs from ort-qnn today and the QAIRT SDK later."""
+"""The toolchain interface: what tasks.py needs from ort-qnn and from the QAIRT SDK.
+
+A toolchain turns a graph variant (a simplified ONNX graph at one precision) into a QNN
+context binary per chip:
+
+    [graph stages, once per variant: e.g. quantize (ort-qnn w8a16), convert + modellib (SDK)]
+        -> config (per chip) -> context (per chip)
+
+Each graph stage reads the previous stage's `primary` output (the first reads the simplified
+ONNX) and the `compile` step reads the last one's. Stages are plain functions; tasks.py wires
+them into doit with the toolchain fingerprint in their keys.
+"""
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 from ..spec import GraphSpec, Soc
+
+
+@dataclass(frozen=True)
+class StageInput:
+    """What a toolchain graph stage gets: the graph, its precision, its input file, where to write."""
+    graph: GraphSpec
+    precision: str
+    source: Path                     # the previous stage's primary output (first stage: simplified ONNX)
+    out_dir: Path
+    calibration: Path | None = None  # calibration.npz for w8a16 variants
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class GraphStage:
+    """A per-variant toolchain stage, e.g. `convert:<variant>`."""
+    name: str
+    doc: str
+    outputs: Callable[[GraphSpec, str, Path], list[Path]]  # (graph, precision, out_dir) -> files; [0] is primary
+    run: Callable[[StageInput], dict[str, Any]]
+    needs_calibration: bool = False
 
 
 class Toolchain(Protocol):
     """One way to turn a simplified ONNX graph into a QNN context binary for one chip.
 
-    `fingerprint()` and `id()` read only package metadata / small files, never import heavy
-    modules: they run at task-generation time on every `doit` invocation.
+    `fingerprint()`, `id()` and `graph_stages()` read only package metadata / small files and
+    never import heavy modules: they run at task-generation time on every `doit` invocation.
     """
 
     kind: str
@@ -22,17 +55,21 @@ class Toolchain(Protocol):
     def fingerprint(self) -> dict[str, Any]:
         """Versions and options: part of the key of every toolchain stage, of no other."""
 
+    def graph_stages(self, precision: str) -> list[GraphStage]:
+        """Per-variant stages before the per-chip ones, in order (may be empty)."""
+
     def config_files(self, graph: GraphSpec) -> list[str]:
         """Names of the files `write_config` produces."""
 
-    def write_config(self, graph: GraphSpec, soc: Soc, out_dir: Path) -> dict[str, Any]:
+    def write_config(self, graph: GraphSpec, precision: str, soc: Soc, out_dir: Path) -> dict[str, Any]:
         """The chip's HTP settings for this graph as file(s) in out_dir; returns the record."""
 
     def context_files(self, graph: GraphSpec) -> list[str]:
-        """Names of the files `compile` produces in its out_dir."""
+        """Names of the files `compile` produces in its out_dir; the first is what the simulator loads."""
 
-    def compile(self, graph: GraphSpec, soc: Soc, simplified: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
-        """Compile the context binary; check the CPU fallback and the chip; returns the record."""
+    def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
+        """Compile `source` (last graph stage's primary output, or the simplified ONNX) for `soc`;
+        check the CPU fallback and the chip it was built for; returns the record."""
 
     def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path) -> Path:
-        """Compile a derived model (diagnostic graph, graph cut) for a chip; returns what the simulator loads."""
+        """Compile a derived ONNX model (diagnostic graph, graph cut) for a chip; returns what the simulator loads."""

@@ -17,6 +17,8 @@ from .. import fileio
 from ..errors import SpecError, StageError, ToolchainError
 from ..nativelog import native_output_to
 from ..spec import GraphSpec, Soc, ToolchainProfile
+from . import ort_quantize
+from .base import GraphStage
 
 INSTALL_HINT = "pip install onnxruntime-qnn (the wheel exists for Linux x86-64 only)"
 EP_NAME = "QNNExecutionProvider"
@@ -58,13 +60,26 @@ class OrtQnnToolchain:
     def fingerprint(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.versions, "options": self.options}
 
+    def graph_stages(self, precision: str) -> list[GraphStage]:
+        if precision != "w8a16":
+            return []
+        return [GraphStage(name="quantize", doc="Quantize each w8a16 graph to QDQ (8-bit weights, 16-bit "
+                           "activations) with onnxruntime's QNN flow, calibrated on real inputs",
+                           outputs=ort_quantize.outputs, run=self._quantize, needs_calibration=True)]
+
+    def _quantize(self, si) -> dict[str, Any]:
+        self.require_installed()
+        return ort_quantize.run(si)
+
     # ------------------------------------------------------------ config
     def config_files(self, graph: GraphSpec) -> list[str]:
         return [CONFIG_FILE]
 
-    def write_config(self, graph: GraphSpec, soc: Soc, out_dir: Path) -> dict[str, Any]:
+    def write_config(self, graph: GraphSpec, precision: str, soc: Soc, out_dir: Path) -> dict[str, Any]:
         self.require_installed()
         options = {**self.options, "soc_model": str(soc.soc_id), "vtcm_mb": str(soc.vtcm_mb)}
+        if precision == "w8a16":
+            options.setdefault("offload_graph_io_quantization", "0")  # keep graph I/O quantization on HTP
         fileio.write_json(out_dir / CONFIG_FILE, options)
         return {"provider_options": options}
 
@@ -72,19 +87,19 @@ class OrtQnnToolchain:
     def context_files(self, graph: GraphSpec) -> list[str]:
         return [f"{graph.name}_ctx.onnx", f"{graph.name}_ctx_qnn.bin"]
 
-    def compile(self, graph: GraphSpec, soc: Soc, simplified: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
+    def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
         self.require_installed()
         options = fileio.read_json(config_dir / CONFIG_FILE)
         log = out_dir / "compile.log"
         out_dir.mkdir(parents=True, exist_ok=True)
-        log.write_text(f"# compile {simplified} for {soc.name} (soc_model {soc.soc_id}) with {self.id()}\n"
+        log.write_text(f"# compile {source} for {soc.name} (soc_model {soc.soc_id}) with {self.id()}\n"
                        f"# provider options: {options}\n")
         staging = out_dir / ".staging"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
         try:
             ctx_onnx = staging / f"{graph.name}_ctx.onnx"
-            seconds = _compile(simplified, ctx_onnx, options, log)
+            seconds = _compile(source, ctx_onnx, options, log)
             partition = cpu_partition(ctx_onnx)
             bin_path = staging / f"{graph.name}_ctx_qnn.bin"
             if not bin_path.is_file():

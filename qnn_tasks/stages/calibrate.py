@@ -1,0 +1,35 @@
+"""calibrate: the real samples a w8a16 graph is quantized with, made once per graph, reused by every chip."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import modelcode, samples as sample_store
+from ..errors import StageError
+from ..spec import GraphSpec
+
+
+def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:
+    wanted = graph.calibration["samples"]
+    function = graph.calibration["function"]
+    ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
+    produced = modelcode.call(graph, function, ctx)
+    where = f"{graph.model_code}:{function}() (calibration of graph '{graph.name}')"
+    sample_store.check(produced, graph.inputs, where)
+    if len(produced) < wanted:
+        raise StageError(f"{where} produced {len(produced)} samples, calibration.samples asks for {wanted}: "
+                         f"make more real inputs there or lower graphs.{graph.name}.calibration.samples "
+                         f"(at least 8 are needed)")
+    chosen = _spread(produced, wanted)
+    sample_store.save(out, chosen)
+    flat = np.concatenate([np.asarray(s[t.name], np.float64).ravel() for s in chosen for t in graph.inputs])
+    return {"samples": len(chosen), "available": len(produced), "function": function,
+            "value_range": [float(flat.min()), float(flat.max())]}
+
+
+def _spread(samples: list[dict], count: int) -> list[dict]:
+    """`count` samples spread evenly over all produced ones (every clip/sentence gets a say)."""
+    index = np.linspace(0, len(samples) - 1, count).round().astype(int)
+    return [samples[i] for i in index]
