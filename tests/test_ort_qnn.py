@@ -32,7 +32,7 @@ from doit.doit_cmd import DoitMain
 
 import qnn_tasks.tasks
 import qnn_tasks.toolchains.ort_qnn as ort_qnn
-from conftest import GRAPH_STAGES, ROOT, DoitResult, Project, copy_project
+from conftest import GRAPH_STAGES, ROOT, DoitResult, Project, copy_project, only_fp16
 from qnn_tasks import toolchains
 from qnn_tasks.spec import load_socs, load_toolchain
 
@@ -59,14 +59,14 @@ BUILD_STAGES = [*GRAPH_STAGES, "config", "context"]  # everything but simverify 
 
 REAL_INSTALLED_VERSIONS = ort_qnn.installed_versions
 VERSIONS = REAL_INSTALLED_VERSIONS()
-TOOLCHAIN_ID = f"ort-qnn-{VERSIONS['onnxruntime-qnn']}-qnn{VERSIONS['qnn']}"
+TOOLCHAIN_ID = f"ort-qnn-{VERSIONS['onnxruntime-qnn']}-qnn{VERSIONS['qnn']}-ort{VERSIONS['onnxruntime']}"
 
 
 # ================================================================ helpers
 
 def chip_dir(project: Project, graph: str, soc: str, toolchain_id: str = TOOLCHAIN_ID) -> Path:
     model = GRAPHS.get(graph, "gelu-conv")
-    return project.root / "build" / model / graph / toolchain_id / soc
+    return project.root / "build" / model / graph / toolchain_id / "fp16" / soc
 
 
 def read_json(path: Path) -> dict:
@@ -109,6 +109,7 @@ def doit_in_process(root: Path, *args: str, out: Path) -> DoitResult:
 def compiled(built_graphs, tmp_path_factory) -> Project:
     """A copy of the built examples with `doit config context` run once (4 real compiles)."""
     project = copy_project(tmp_path_factory.mktemp("ort-qnn") / "project", source=built_graphs.root, with_build=True)
+    only_fp16(project)
     project.first_run = project.doit("config", "context")
     return project
 
@@ -117,7 +118,7 @@ def test_toolchain_id_carries_the_installed_versions():
     assert VERSIONS["onnxruntime-qnn"] and VERSIONS["onnxruntime"], VERSIONS
     assert VERSIONS["qnn"].startswith("2.51"), VERSIONS  # the wheel bundles QNN 2.51
     toolchain = toolchains.from_profile(load_toolchain(ROOT, "ort-qnn"))
-    assert toolchain.id() == TOOLCHAIN_ID == f"ort-qnn-{VERSIONS['onnxruntime-qnn']}-qnn{VERSIONS['qnn']}"
+    assert toolchain.id() == TOOLCHAIN_ID
     assert toolchain.fingerprint() == {"kind": "ort-qnn", **VERSIONS,
                                        "options": {"htp_graph_finalization_optimization_mode": "3"}}
 
@@ -324,8 +325,6 @@ def test_lint_warned_about_the_erf_before_the_compile(gelu_failed):
     assert lint["op_counts"]["Mul"] == 1  # onnxsim folded GELU's x0.5 Mul into the second Conv
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a failed context record's binary.path points at the removed "
-                   "staging file (ort_qnn.py compile(): the path is only rewritten after the checks pass)")
 def test_failed_context_record_names_no_removed_file(gelu_failed):
     rec = read_json(chip_dir(gelu_failed, GELU, "SM8650") / "context" / "context.json")
     assert rec["status"] == "failed"
@@ -380,8 +379,6 @@ def test_disallowing_the_fallback_again_reruns_only_context_and_fails(gelu_refai
     assert rec["status"] == "failed"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: a failed context rebuild leaves the previous build's "
-                   "<graph>_ctx.onnx/_ctx_qnn.bin in place (ort_qnn.py compile() never removes them)")
 def test_failed_rebuild_leaves_no_previous_binary(gelu_refailed):
     context = chip_dir(gelu_refailed, GELU, "SM8650") / "context"
     assert read_json(context / "context.json")["status"] == "failed"
@@ -412,7 +409,7 @@ def test_toolchain_version_change_reruns_exactly_the_toolchain_stages(compiled, 
 
     # A newer wheel, as far as the fingerprint can tell (the compiler itself is the installed one).
     bumped = {**VERSIONS, "onnxruntime-qnn": f"{VERSIONS['onnxruntime-qnn']}.post1"}
-    new_id = f"ort-qnn-{bumped['onnxruntime-qnn']}-qnn{bumped['qnn']}"
+    new_id = f"ort-qnn-{bumped['onnxruntime-qnn']}-qnn{bumped['qnn']}-ort{bumped['onnxruntime']}"
     monkeypatch.setattr(ort_qnn, "installed_versions", lambda: dict(bumped))
     result = doit_in_process(project.root, *BUILD_STAGES, out=tmp_path / "bumped.txt")
     assert result.returncode == 0, result.stdout
@@ -515,9 +512,6 @@ def test_compile_crash_names_the_log_and_the_qnn_error(project_copy):
     assert not (context / ".staging").exists()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: ort_qnn.ep_devices() registers the QNN EP library without checking "
-                   "whether it is already registered in the process; onnxruntime then fails every compile with "
-                   "'EP library is already registered under QNNExecutionProvider'")
 def test_ep_devices_when_the_ep_is_already_registered():
     # In a fresh interpreter: once registered, the EP stays registered for the whole process.
     code = ("import onnxruntime as ort, onnxruntime_qnn\n"

@@ -94,6 +94,8 @@ REPORT_SCHEMA = {  # README "Verification and the report"
     "required": ["schema", "generated", "summary", "graphs", "targets"],
     "properties": {
         "schema": {"const": "qnn-npu-compile/report/v1"},
+        # written since the w8a16 variants, not (yet) in README: see test_report_json_keys_are_documented
+        "variants": {"type": "array"}, "precision_comparison": {"type": "array"},
         "generated": {"type": "string"},
         "summary": {"type": "object", "additionalProperties": False,
                     "required": ["targets", *STATUSES, "graphs_failed"],
@@ -173,6 +175,7 @@ def report_problems(data: dict, project: Project) -> list[str]:
 
 
 def test_report_json_matches_the_documented_schema(verified):
+    assert documented_top_level_keys() == REPORT_SCHEMA["required"]  # this test's schema is README's
     data = load_report(verified)
     assert report_problems(data, verified) == []
     assert data["summary"] == {"targets": 4, "passed": 4, "warning": 0, "failed": 0, "skipped": 0, "pending": 0,
@@ -203,6 +206,27 @@ def test_schema_check_rejects_broken_reports(verified):
     assert any("does not add up" in e for e in broken(lambda d: d["summary"].update(passed=3)))
     assert any("without a reason" in e for e in broken(lambda d: d["targets"][0].update(status="failed")))
     assert any("not UTC" in e for e in broken(lambda d: d.update(generated="2026-01-01T10:00:00+02:00")))
+
+
+def documented_top_level_keys() -> list[str]:
+    """The top-level keys README's report.json block lists (`{ "schema": ..., "generated": ...,` then
+    one `  "key":` per line)."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    block = readme.split("`build/report/report.json` (schema", 1)[1].split("```", 2)[1]
+    keys = []
+    for line in block.splitlines():
+        if line.startswith("{"):
+            keys += re.findall(r'"(\w+)":', line)
+        elif re.match(r'^  "\w+":', line):
+            keys.append(re.match(r'^  "(\w+)":', line).group(1))
+    return keys
+
+
+@pytest.mark.xfail(strict=True, reason="DOC: report.json has top-level keys README's schema block does not list "
+                   "(`variants`, `precision_comparison`, added with the w8a16 variants; targets also carry "
+                   "`variant` and `diagnosis`): document them in README 'Verification and the report'")
+def test_report_json_keys_are_documented(verified):
+    assert list(load_report(verified)) == documented_top_level_keys()
 
 
 # ------------------------------------------------------------------ every chip, with a skipped one
@@ -348,10 +372,13 @@ class Page(HTMLParser):
 
 
 def expected_matrix(data: dict) -> list[list[str]]:
+    """Header + one row per graph (per graph variant where the report lists variants) x SoC statuses."""
     socs = list(dict.fromkeys(t["soc"]["name"] for t in data["targets"]))
-    status = {(t["graph"], t["soc"]["name"]): t["status"] for t in data["targets"]}
-    return [["graph", *socs]] + [[f"{g['model']}/{g['graph']} {g['precision']}", *(status[(g["graph"], s)] for s in socs)]
-                                 for g in data["graphs"]]
+    status = {(t.get("variant", t["graph"]), t["soc"]["name"]): t["status"] for t in data["targets"]}
+    rows = [(v["model"], v["name"], v["precision"]) for v in data["variants"]] if "variants" in data else \
+        [(g["model"], g["graph"], g["precision"]) for g in data["graphs"]]
+    return [["graph", *socs]] + [[f"{model}/{name} {precision}", *(status.get((name, s), "") for s in socs)]
+                                 for model, name, precision in rows]
 
 
 def test_report_md_has_the_matrix(verified):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def verified_project(built_graphs: Project, tmp_path_factory) -> Project:
         project = copy_project(tmp_path_factory.mktemp("verified") / "project", source=built_graphs.root,
                                with_build=True)
         project.edit(MINILM_YAML, "      samples: 8", f"      samples: {MINILM_SAMPLES}")
+        pin_fp16(project)
         result = project.doit("simverify", "report")
         assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
         project.build_run = result
@@ -73,6 +75,16 @@ def verified(built_graphs, tmp_path_factory) -> Project:
 def own_copy(verified, tmp_path) -> Project:
     """A private copy of the verified build, with its doit state, to edit and rebuild."""
     return copy_project(tmp_path / "project", source=verified.root, with_build=True)
+
+
+def pin_fp16(project: Project) -> None:
+    """Build the examples at fp16 only: the w8a16 variants have their own tests (test_ort_qnn).
+
+    Only the chip targets change (the graph stages' keys hold the primary precision, fp16 either way).
+    """
+    for yaml in project.root.glob("models/*/model.yaml"):
+        text = re.sub(r"^    precision: \[fp16(, \w+)+\].*$", "    precision: fp16", yaml.read_text(), flags=re.M)
+        yaml.write_text(re.sub(r"^    calibration: .*\n", "", text, flags=re.M))
 
 
 def toolchain_id(project: Project) -> str:
@@ -226,7 +238,7 @@ def test_lowered_tolerance_fails_names_the_violation_and_is_not_cached(tight_vad
         assert line in result.stdout + result.stderr
         assert line in rec["error"] and rec["violations"] == [line]
         assert {"max_abs", "mean_abs", "cosine", "snr_db"} <= set(rec["metrics"]["stateN"])
-        assert rec["error"].startswith("simverify of 'vad' on SM8650 failed")
+        assert rec["error"].startswith("simverify of ") and "vad" in rec["error"] and "SM8650" in rec["error"]
         assert (chip_dir(tight_vad, "vad", "SM8650") / "simverify" / "outputs.npz").is_file()
 
 

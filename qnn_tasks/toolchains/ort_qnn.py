@@ -55,7 +55,7 @@ class OrtQnnToolchain:
     def id(self) -> str:
         if self.versions["onnxruntime-qnn"] is None:
             return "ort-qnn-not-installed"
-        return f"ort-qnn-{self.versions['onnxruntime-qnn']}-qnn{self.versions['qnn']}"
+        return f"ort-qnn-{self.versions['onnxruntime-qnn']}-qnn{self.versions['qnn']}-ort{self.versions['onnxruntime']}"
 
     def fingerprint(self) -> dict[str, Any]:
         return {"kind": self.kind, **self.versions, "options": self.options}
@@ -94,6 +94,8 @@ class OrtQnnToolchain:
         out_dir.mkdir(parents=True, exist_ok=True)
         log.write_text(f"# compile {source} for {soc.name} (soc_model {soc.soc_id}) with {self.id()}\n"
                        f"# provider options: {options}\n")
+        for name in self.context_files(graph):  # a failed rebuild must not leave the old binary looking current
+            (out_dir / name).unlink(missing_ok=True)
         staging = out_dir / ".staging"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir()
@@ -107,6 +109,7 @@ class OrtQnnToolchain:
             from .. import qnnbin
 
             info = qnnbin.read_binary_info(bin_path).to_dict()
+            info["path"] = None  # set once the binary is in place; a failed check leaves no file to point at
             record = {"compile_seconds": round(seconds, 3), "provider_options": options, "partition": partition,
                       "bin_size": bin_path.stat().st_size, "binary": info, "log": str(log), "warnings": []}
             check_chip(info, soc, bin_path, record)
@@ -174,7 +177,8 @@ def ep_devices() -> list:
     import onnxruntime_qnn
 
     if not _REGISTERED:
-        ort.register_execution_provider_library(EP_NAME, onnxruntime_qnn.get_library_path())
+        if not any(d.ep_name == EP_NAME for d in ort.get_ep_devices()):  # another caller may have registered it
+            ort.register_execution_provider_library(EP_NAME, onnxruntime_qnn.get_library_path())
         _REGISTERED = True
     return [d for d in ort.get_ep_devices() if d.ep_name == EP_NAME]
 
