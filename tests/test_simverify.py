@@ -78,7 +78,7 @@ def own_copy(verified, tmp_path) -> Project:
 
 
 def pin_fp16(project: Project) -> None:
-    """Build the examples at fp16 only: the w8a16 variants have their own tests (test_ort_qnn).
+    """Build the examples at fp16 only (the w8a16 variants are tested on their own).
 
     Only the chip targets change (the graph stages' keys hold the primary precision, fp16 either way).
     """
