@@ -17,8 +17,7 @@ from .. import fileio
 from ..errors import SpecError, StageError, ToolchainError
 from ..nativelog import native_output_to
 from ..spec import GraphSpec, Soc, ToolchainProfile
-from . import ort_quantize
-from .base import GraphStage
+from .base import GraphStage, StageInput
 
 INSTALL_HINT = "pip install onnxruntime-qnn (the wheel exists for Linux x86-64 only)"
 EP_NAME = "QNNExecutionProvider"
@@ -65,10 +64,12 @@ class OrtQnnToolchain:
             return []
         return [GraphStage(name="quantize", doc="Quantize each w8a16 graph to QDQ (8-bit weights, 16-bit "
                            "activations) with onnxruntime's QNN flow, calibrated on real inputs",
-                           outputs=ort_quantize.outputs, run=self._quantize, needs_calibration=True)]
+                           outputs=quantized_outputs, run=self._quantize, needs_calibration=True)]
 
-    def _quantize(self, si) -> dict[str, Any]:
+    def _quantize(self, si: StageInput) -> dict[str, Any]:
         self.require_installed()
+        from . import ort_quantize  # imports numpy/onnxruntime: only when a quantize task runs
+
         return ort_quantize.run(si)
 
     # ------------------------------------------------------------ config
@@ -148,6 +149,11 @@ class OrtQnnToolchain:
                                 f"use one of: {', '.join(sorted(KNOWN_OPTIONS))}")
             options[key] = str(value).lower() if isinstance(value, bool) else str(value)
         return options
+
+
+def quantized_outputs(graph: GraphSpec, precision: str, out_dir: Path) -> list[Path]:
+    """The quantize stage's output: the QDQ model that `context` compiles for w8a16."""
+    return [out_dir / f"{graph.name}_qdq.onnx"]
 
 
 def installed_versions() -> dict[str, str | None]:

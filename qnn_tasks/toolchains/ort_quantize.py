@@ -13,12 +13,8 @@ from typing import Any
 from .. import samples as sample_store
 from ..errors import StageError
 from ..fileio import atomic_path
-from ..spec import GraphSpec
 from .base import StageInput
-
-
-def outputs(graph: GraphSpec, precision: str, out_dir: Path) -> list[Path]:
-    return [out_dir / f"{graph.name}_qdq.onnx"]
+from .ort_qnn import quantized_outputs
 
 
 def run(si: StageInput) -> dict[str, Any]:
@@ -27,7 +23,7 @@ def run(si: StageInput) -> dict[str, Any]:
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
     calibration = sample_store.load(si.calibration)
-    out = outputs(si.graph, si.precision, si.out_dir)[0]
+    out = quantized_outputs(si.graph, si.precision, si.out_dir)[0]
     log = si.out_dir / "quantize.log"
     work = si.out_dir / ".work"
     work.mkdir(parents=True, exist_ok=True)
