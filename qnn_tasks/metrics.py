@@ -12,11 +12,12 @@ def compare(reference: np.ndarray, actual: np.ndarray) -> dict[str, Any]:
     """Metrics of `actual` against `reference` (same shape), computed in float64."""
     ref = np.asarray(reference, dtype=np.float64)
     got = np.asarray(actual, dtype=np.float64)
-    bad = ~np.isfinite(got)
-    if bad.any():
-        first = tuple(int(i) for i in np.argwhere(bad)[0])
-        return {"max_abs": float("inf"), "mean_abs": float("inf"), "cosine": float("nan"), "snr_db": float("-inf"),
-                "non_finite": int(bad.sum()), "first_non_finite": list(first)}
+    for side, values in (("actual", got), ("reference", ref)):  # a NaN reference would pass every threshold
+        bad = ~np.isfinite(values)
+        if bad.any():
+            first = tuple(int(i) for i in np.argwhere(bad)[0])
+            return {"max_abs": float("inf"), "mean_abs": float("inf"), "cosine": float("nan"), "snr_db": float("-inf"),
+                    "non_finite": int(bad.sum()), "non_finite_in": side, "first_non_finite": list(first)}
     diff = np.abs(ref - got)
     worst = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape)) if diff.size else ()
     return {"max_abs": float(diff.max(initial=0.0)), "mean_abs": float(diff.mean()) if diff.size else 0.0,
@@ -50,12 +51,14 @@ def violations(output: str, metrics: dict[str, Any], thresholds: dict[str, float
     """Human lines for each threshold a metric breaks: output, metric, value, threshold."""
     lines = []
     if metrics.get("non_finite"):
-        lines.append(f"output '{output}': {metrics['non_finite']} NaN/Inf values (first at index "
+        where = " in the reference" if metrics.get("non_finite_in") == "reference" else ""
+        lines.append(f"output '{output}': {metrics['non_finite']} NaN/Inf values{where} (first at index "
                      f"{metrics['first_non_finite']})")
         return lines
     for key, limit in thresholds.items():
         value = metrics[_METRIC_OF[key]]
-        broken = value > limit if THRESHOLD_KEYS[key] == "max" else value < limit
+        # written as "not within" so that a NaN metric breaks the threshold instead of passing it
+        broken = not value <= limit if THRESHOLD_KEYS[key] == "max" else not value >= limit
         if broken:
             word = "above" if THRESHOLD_KEYS[key] == "max" else "below"
             lines.append(f"output '{output}': {_METRIC_OF[key]} = {value:.6g} is {word} the threshold {limit:g}")

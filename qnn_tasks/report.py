@@ -46,13 +46,20 @@ def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any
                               "source": export.get("source"), "status": _combine(stages.values()),
                               "stages": stages})
     graph_status = {g["graph"]: g["status"] for g in graph_entries}
+    graph_errors = {g["graph"]: next((f"graph {g['graph']} failed at {stage}: {r.get('error')}"
+                                      for stage, r in g["stages"].items() if r and r.get("status") == "failed"),
+                                     f"graph {g['graph']} failed") for g in graph_entries}
     targets = []
     for ct in chips:
         stages = {stage: _read(path) for stage, path in chip_record_paths(ct).items()}
         status = "skipped" if ct.skip_reason else _combine([*stages.values(), {"status": graph_status[ct.graph.name]}])
+        graph_failed = graph_status[ct.graph.name] == "failed"
+        reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else _first_error(stages.values()))
+        if graph_failed:
+            stages = {stage: None for stage in stages}  # records of an earlier build no longer describe this one
         targets.append({"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "variant": ct.variant.name,
                         "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "precision": ct.precision, "status": status,
-                        "reason": ct.skip_reason or _first_error(stages.values()), "stages": stages,
+                        "reason": reason, "stages": stages,
                         "diagnosis": _read(diagnosis_path(ct))})
     summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
     variants = []
@@ -130,6 +137,8 @@ def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -
     env.filters["rel"] = lambda p: os.path.relpath(p, report_dir) if p else ""
     env.filters["num"] = _num
     env.filters["size"] = _size
+    env.filters["duration"] = _duration
+    env.filters["limits"] = _limits
     return env.get_template("report.html.j2").render(
         data=data, socs=_soc_names(data), cell=lambda g, s: _target(data, g, s), plots=plots,
         summary=summary_line(data))
@@ -188,6 +197,7 @@ def _read(path: Path) -> dict[str, Any] | None:
 
 
 def _combine(records) -> str:
+    """A target's status from its records: failed > pending > warning > passed."""
     statuses = [r.get("status") if r else "pending" for r in records]
     for status in ("failed", "pending", "warning"):
         if status in statuses:
@@ -228,6 +238,20 @@ def _num(value: Any, digits: int = 4) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}g}"
     return str(value)
+
+
+def _duration(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.1f} ms"
+
+
+_LIMIT_WORDS = {"max_abs": "max-abs ≤ {}", "mean_abs": "mean-abs ≤ {}", "min_cosine": "cosine ≥ {}",
+                "min_snr_db": "SNR ≥ {} dB"}
+
+
+def _limits(thresholds: dict[str, Any]) -> str:
+    return ", ".join(_LIMIT_WORDS.get(k, k + " {}").format(f"{v:g}") for k, v in (thresholds or {}).items())
 
 
 def _size(value: Any) -> str:

@@ -83,7 +83,8 @@ def stage_action(stage: str, target: str, record_path: Path, run: Callable[[], d
 def skip_action(stage: str, target: ChipTarget, record_path: Path) -> Callable[[], None]:
     def action() -> None:
         write_json(record_path, {"stage": stage, "target": target.name, "graph": target.graph.name,
-                                 "soc": target.soc.row(), "status": "skipped", "reason": target.skip_reason})
+                                 "soc": target.soc.row(), "status": "skipped", "reason": target.skip_reason,
+                                 "seconds": 0.0})
         print(f"{stage}:{target.name}: skipped: {target.skip_reason}")
     return action
 
@@ -396,7 +397,8 @@ class TaskFactory:
             # No file_dep on the records: a failed stage must not block the report of it.
             from .report import all_record_paths
 
-            signature = _signature(all_record_paths(self.graphs, self.chips))
+            targets = "\n".join(f"{ct.name}:{ct.skip_reason}" for ct in self.chips)  # added/removed targets too
+            signature = _signature(all_record_paths(self.graphs, self.chips)) + _key({"targets": targets})
             task.value_savers.append(lambda: {"records": signature})
             return values.get("records") == signature and (REPORT_DIR / "report.json").is_file()
 

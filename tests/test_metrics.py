@@ -129,9 +129,6 @@ def test_violations_for_non_finite_outputs_mention_nan_inf_and_index():
     assert lines == ["output 'logits': 1 NaN/Inf values (first at index [1, 2])"]
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: metrics.compare checks only `actual` for NaN/Inf; a NaN in the "
-                   "reference makes max_abs/cosine/snr NaN, and metrics.violations compares NaN with `>`/`<` "
-                   "(always False), so every threshold silently passes")
 def test_nan_in_reference_is_not_a_silent_pass():
     # Reachable in cpucheck, which compares the ORIGINAL model's outputs (reference) with the
     # simplified graph's (actual): an original model emitting NaN would pass any tolerance.
