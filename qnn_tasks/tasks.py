@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from doit.exceptions import TaskFailed
+from doit.loader import create_after
 from doit.tools import config_changed
 
 from . import toolchains
@@ -169,12 +170,20 @@ class TaskFactory:
              self.diagnose_tasks),
             ("socscheck", "Compile a tiny model for every SoC row and confirm the binary's socModel/arch (on demand).",
              self.socscheck_task),
+            ("toolcheck", "Run the toolchain's dependency checks and say clearly what is missing (on demand).",
+             lambda: {"actions": [stage_action("toolcheck", self.toolchain.id(), Path("build") / "toolcheck.json",
+                                               self.toolchain.check, {"toolchain": {"id": self.toolchain.id(),
+                                                                                    **self.fingerprint}})],
+                      "uptodate": [False], "verbosity": 2,
+                      "doc": "Run the toolchain's dependency checks and say clearly what is missing"}),
         ]
         config = doit_config()
         config["default_tasks"] = [name for name, _, _ in stages]
         namespace: dict[str, Any] = {"DOIT_CONFIG": config}
-        for name, doc, make in stages + on_demand:
+        for name, doc, make in stages:
             namespace[f"task_{name}"] = _task_function(name, doc, make)
+        for name, doc, make in on_demand:  # created only when asked for: `doit` and no-op runs skip them
+            namespace[f"task_{name}"] = create_after()(_task_function(name, doc, make))
         return namespace
 
     def _graph_stages(self) -> list:

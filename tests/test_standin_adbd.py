@@ -6,6 +6,7 @@ against a real phone.
 """
 from __future__ import annotations
 
+import hashlib
 import os
 import stat
 import sys
@@ -120,8 +121,7 @@ def test_push_pull_round_trip(client, phones, tmp_path):
     assert back.read_bytes() == blob
     assert d.sync.read_text("/data/local/tmp/x") == "hello device\n"
     assert d.shell("cat /data/local/tmp/x") == "hello device"
-    assert d.shell("md5sum < /data/local/tmp/models/blob.bin").split()[0] == \
-        __import__("hashlib").md5(blob).hexdigest()
+    assert d.shell("md5sum < /data/local/tmp/models/blob.bin").split()[0] == hashlib.md5(blob).hexdigest()
     # the other phone does not see it
     assert not dev(client, phones["b"]).sync.exists("/data/local/tmp/x")
 

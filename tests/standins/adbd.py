@@ -928,8 +928,8 @@ def stat_v2_fields(st_struct: struct.Struct, ident: bytes, st: os.stat_result, *
 # helpers: processes, state file, device tools
 # ==========================================================================================
 def kill_group(proc: subprocess.Popen) -> None:
-    if proc.poll() is not None:
-        return
+    # The whole process group, even if its leader (/bin/sh) already exited: background
+    # children keep the output pipe open and would otherwise outlive the session.
     try:
         os.killpg(proc.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
