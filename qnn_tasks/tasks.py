@@ -301,58 +301,53 @@ class TaskFactory:
     def _chip_key(self, ct: ChipTarget, **extra: Any) -> dict[str, Any]:
         return {"soc": ct.soc.row(), "toolchain": self._fingerprint_json, "precision": ct.precision, **extra}
 
-    def config_tasks(self) -> Iterator[dict]:
+    def _per_chip(self, stage: str, make: Callable[[ChipTarget, Path, Path], dict]) -> Iterator[dict]:
+        """One subtask per chip target: `make(ct, out_dir, record)`, or a visible skip."""
         for ct in self.chips:
-            out = ct.stage_dir("config")
-            record = out / "config.json"
-            if ct.skip_reason:
-                yield self._skip(ct, "config", record)
-                continue
+            out = ct.stage_dir(stage)
+            record = out / f"{stage}.json"
+            yield self._skip(ct, stage, record) if ct.skip_reason else make(ct, out, record)
+
+    def _config_file(self, ct: ChipTarget) -> Path:
+        """The provider-options file every chip stage after config reads (the toolchain's first config file)."""
+        return ct.stage_dir("config") / self.toolchain.config_files(ct.graph)[0]
+
+    def config_tasks(self) -> Iterator[dict]:
+        def make(ct: ChipTarget, out: Path, record: Path) -> dict:
             files = [out / f for f in self.toolchain.config_files(ct.graph)]
-            yield self._task(ct.name, "config", record, files,
-                             lambda ct=ct, out=out: self.toolchain.write_config(ct.graph, ct.precision, ct.soc, out),
-                             file_dep=[], key=self._chip_key(ct), base=self._chip_base(ct),
-                             doc=f"{self.toolchain.kind} HTP settings for {ct.graph.name} on {ct.soc.name} "
-                                 f"(soc_id {ct.soc.soc_id}, {ct.soc.dsp_arch})")
+            return self._task(ct.name, "config", record, files,
+                              lambda: self.toolchain.write_config(ct.graph, ct.precision, ct.soc, out),
+                              file_dep=[], key=self._chip_key(ct), base=self._chip_base(ct),
+                              doc=f"{self.toolchain.kind} HTP settings for {ct.graph.name} on {ct.soc.name} "
+                                  f"(soc_id {ct.soc.soc_id}, {ct.soc.dsp_arch})")
+        yield from self._per_chip("config", make)
 
     def context_tasks(self) -> Iterator[dict]:
-        for ct in self.chips:
-            out = ct.stage_dir("context")
-            record = out / "context.json"
-            if ct.skip_reason:
-                yield self._skip(ct, "context", record)
-                continue
+        def make(ct: ChipTarget, out: Path, record: Path) -> dict:
             config_dir = ct.stage_dir("config")
             config_files = [str(config_dir / f) for f in self.toolchain.config_files(ct.graph)]
             files = [out / f for f in self.toolchain.context_files(ct.graph)]
-            gt = ct.graph_target
             source = self._compile_source(ct.variant)
-            yield self._task(ct.name, "context", record, files,
-                             lambda ct=ct, out=out, source=source, cd=config_dir:
-                                 self.toolchain.compile(ct.graph, ct.soc, source, cd, out),
-                             file_dep=[str(source), str(gt.lint_record)] + config_files,
-                             key=self._chip_key(ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
-                             base=self._chip_base(ct),
-                             doc=f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}")
+            return self._task(ct.name, "context", record, files,
+                              lambda: self.toolchain.compile(ct.graph, ct.soc, source, config_dir, out),
+                              file_dep=[str(source), str(ct.graph_target.lint_record)] + config_files,
+                              key=self._chip_key(ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
+                              base=self._chip_base(ct),
+                              doc=f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}")
+        yield from self._per_chip("context", make)
 
     def simverify_tasks(self) -> Iterator[dict]:
-        for ct in self.chips:
-            out = ct.stage_dir("simverify")
-            record = out / "simverify.json"
-            if ct.skip_reason:
-                yield self._skip(ct, "simverify", record)
-                continue
+        def make(ct: ChipTarget, out: Path, record: Path) -> dict:
             gt = ct.graph_target
-            context_dir = ct.stage_dir("context")
-            ctx_files = [context_dir / f for f in self.toolchain.context_files(ct.graph)]
-            config = ct.stage_dir("config") / self.toolchain.config_files(ct.graph)[0]
-            yield self._task(ct.name, "simverify", record, [out / "outputs.npz"],
-                             lambda ct=ct, out=out, gt=gt, ctx=ctx_files[0], config=config:
-                                 _stage("simverify").run(ct.graph, ct.verify, ct.soc, ctx, config, gt.inputs, gt.reference, out,
-                                                         ct.name, ct.precision),
-                             file_dep=[str(f) for f in ctx_files] + [str(config), str(gt.inputs), str(gt.reference)],
-                             key=self._chip_key(ct, verify=ct.verify), base=self._chip_base(ct),
-                             doc=f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator, compare with CPU")
+            ctx_files = [ct.stage_dir("context") / f for f in self.toolchain.context_files(ct.graph)]
+            config = self._config_file(ct)
+            return self._task(ct.name, "simverify", record, [out / "outputs.npz"],
+                              lambda: _stage("simverify").run(ct.graph, ct.verify, ct.soc, ctx_files[0], config,
+                                                              gt.inputs, gt.reference, out, ct.name, ct.precision),
+                              file_dep=[str(f) for f in ctx_files] + [str(config), str(gt.inputs), str(gt.reference)],
+                              key=self._chip_key(ct, verify=ct.verify), base=self._chip_base(ct),
+                              doc=f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator, compare with CPU")
+        yield from self._per_chip("simverify", make)
 
     def diagnose_tasks(self) -> Iterator[dict]:
         for ct in self.chips:
@@ -360,7 +355,7 @@ class TaskFactory:
                 continue
             out = ct.stage_dir("diagnose")
             gt = ct.graph_target
-            config = ct.stage_dir("config") / self.toolchain.config_files(ct.graph)[0]
+            config = self._config_file(ct)
             verdict = ct.stage_dir("simverify") / "simverify.json"
             # w8a16: diagnose the quantized (QDQ) model the binary was compiled from
             source = self._compile_source(ct.variant)
