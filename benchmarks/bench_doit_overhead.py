@@ -37,6 +37,8 @@ GOAL = 1.2
 BENCH_DODO = '''\
 from pathlib import Path
 
+from doit.loader import create_after
+
 from qnn_tasks.tasks import project_tasks
 
 
@@ -55,6 +57,8 @@ def instant(task_creator):
         made = task_creator()
         return stub(made) if isinstance(made, dict) else (stub(t) for t in made)  # one task or a generator
     task_fn.__doc__ = task_creator.__doc__
+    if hasattr(task_creator, "doit_create_after"):  # on-demand stages stay delayed, as in the real dodo
+        task_fn = create_after()(task_fn)
     return task_fn
 
 
@@ -68,6 +72,7 @@ BARE_DODO = '''\
 import json
 from pathlib import Path
 
+from doit.loader import create_after
 from doit.tools import config_changed
 
 GRAPH = json.loads(Path(__file__).with_name("graph.json").read_text())
@@ -94,7 +99,8 @@ def make_tasks(rows):
 
 
 for _stage, _rows in GRAPH["stages"].items():
-    globals()[f"task_{_stage}"] = make_tasks(_rows)
+    _fn = make_tasks(_rows)
+    globals()[f"task_{_stage}"] = create_after()(_fn) if _stage in GRAPH["delayed"] else _fn
 '''
 
 Stages = dict[str, list[dict]]  # stage -> its task dicts
@@ -123,7 +129,7 @@ def make_qnn_project(root: Path) -> Path:
     return root / "dodo_bench.py"
 
 
-def make_bare_project(root: Path, stages: Stages, default_tasks: list[str]) -> Path:
+def make_bare_project(root: Path, stages: Stages, default_tasks: list[str], delayed: list[str]) -> Path:
     """The bare dodo plus graph.json: every real task with its paths renamed; source files created."""
     renamed = {t: f"out/{stage}/{task.get('name', '')}/t{k}"
                for stage, tasks in stages.items() for task in tasks for k, t in enumerate(task["targets"])}
@@ -135,13 +141,13 @@ def make_bare_project(root: Path, stages: Stages, default_tasks: list[str]) -> P
         (root / renamed[d]).write_text("x = 1\n")
     rows = {stage: [[t.get("name"), [renamed[d] for d in t.get("file_dep", [])], [renamed[x] for x in t["targets"]]]
                     for t in tasks] for stage, tasks in stages.items()}
-    (root / "graph.json").write_text(json.dumps({"default_tasks": default_tasks, "stages": rows}))
+    (root / "graph.json").write_text(json.dumps({"default_tasks": default_tasks, "stages": rows, "delayed": delayed}))
     (root / "dodo.py").write_text(BARE_DODO)
     return root / "dodo.py"
 
 
-def load_graph(dodo: Path) -> tuple[Stages, list[str]]:
-    """Every task the dodo yields, per stage, and its default tasks (run in-process, in its folder)."""
+def load_graph(dodo: Path) -> tuple[Stages, list[str], list[str]]:
+    """Every task the dodo yields, per stage, its default tasks and its delayed (on-demand) stages."""
     cwd = os.getcwd()
     os.chdir(dodo.parent)  # task paths are relative to the project root
     try:
@@ -150,7 +156,8 @@ def load_graph(dodo: Path) -> tuple[Stages, list[str]]:
         stages = {k: [m] if isinstance(m, dict) else list(m) for k, m in made.items()}  # one task or a generator
     finally:
         os.chdir(cwd)
-    return stages, ns["DOIT_CONFIG"]["default_tasks"]
+    delayed = [k.removeprefix("task_") for k, fn in ns.items() if k.startswith("task_") and hasattr(fn, "doit_create_after")]
+    return stages, ns["DOIT_CONFIG"]["default_tasks"], delayed
 
 
 def shape(stages: Stages) -> dict[str, tuple[int, int, int]]:
@@ -214,8 +221,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_doit_") as tmp:
         dodos = {"qnn_tasks": make_qnn_project(Path(tmp) / "qnn")}
-        stages, default_tasks = load_graph(dodos["qnn_tasks"])
-        dodos["bare"] = make_bare_project(Path(tmp) / "bare", stages, default_tasks)
+        stages, default_tasks, delayed = load_graph(dodos["qnn_tasks"])
+        dodos["bare"] = make_bare_project(Path(tmp) / "bare", stages, default_tasks, delayed)
         print_shapes({k: shape(load_graph(d)[0]) for k, d in dodos.items()})
         for dodo in dodos.values():
             doit(dodo)  # first full build

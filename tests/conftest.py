@@ -77,6 +77,7 @@ def restrict_socs(project: Project, socs: list[str]) -> None:
     """Build every graph only for `socs` (keeps compile/simulate tests short)."""
     for model_yaml in project.root.glob("models/*/model.yaml"):
         text = model_yaml.read_text()
+        text = re.sub(r"^    socs: .*\n", "", text, flags=re.M)  # replaces the model's own chip list
         text = re.sub(r"^(    precision: .*)$", lambda m: f"{m.group(1)}\n    socs: [{', '.join(socs)}]", text, flags=re.M)
         model_yaml.write_text(text)
 
