@@ -397,6 +397,12 @@ def find_system_library() -> Path:
 def _load_api(lib_path: str) -> tuple[C.CDLL, _SystemApi]:
     """dlopen the system library once and pick its QNN system API provider."""
     try:
+        # onnx first: a process that loads libQnnSystem before onnx/numpy and starts an
+        # onnxruntime-qnn session later crashes (seen with the wheel's QNN 2.51).
+        import onnx  # noqa: F401
+    except ImportError:
+        pass
+    try:
         lib = C.CDLL(lib_path)
         get_providers = lib.QnnSystemInterface_getProviders
     except (OSError, AttributeError) as exc:

@@ -5,7 +5,7 @@ from ..errors import SpecError
 from ..spec import ToolchainProfile
 from .base import Toolchain
 
-KINDS = ("ort-qnn",)
+KINDS = ("ort-qnn", "qairt")
 
 
 def from_profile(profile: ToolchainProfile) -> Toolchain:
@@ -13,4 +13,8 @@ def from_profile(profile: ToolchainProfile) -> Toolchain:
         from .ort_qnn import OrtQnnToolchain
 
         return OrtQnnToolchain(profile)
+    if profile.kind == "qairt":
+        from .qairt import QairtToolchain
+
+        return QairtToolchain(profile)
     raise SpecError(profile.file, "kind", f"unknown toolchain kind '{profile.kind}'", f"use one of: {', '.join(KINDS)}")

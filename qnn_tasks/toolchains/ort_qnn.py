@@ -131,6 +131,11 @@ class OrtQnnToolchain:
         return out
 
     # ------------------------------------------------------------ helpers
+    def check(self) -> dict[str, Any]:
+        """`doit toolcheck`: the installed versions; fails naming what is missing."""
+        self.require_installed()
+        return {"versions": self.versions}
+
     def require_installed(self) -> None:
         if self.versions["onnxruntime-qnn"] is None:
             raise ToolchainError(f"onnxruntime-qnn is not installed: {INSTALL_HINT}")
