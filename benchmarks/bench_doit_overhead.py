@@ -132,14 +132,14 @@ def make_qnn_project(root: Path) -> Path:
 def make_bare_project(root: Path, stages: Stages, default_tasks: list[str], delayed: list[str]) -> Path:
     """The bare dodo plus graph.json: every real task with its paths renamed; source files created."""
     renamed = {t: f"out/{stage}/{task.get('name', '')}/t{k}"
-               for stage, tasks in stages.items() for task in tasks for k, t in enumerate(task["targets"])}
+               for stage, tasks in stages.items() for task in tasks for k, t in enumerate(task.get("targets", []))}
     # file_deps no task makes (each model's export.py): plain files that must exist
     sources = sorted({d for tasks in stages.values() for t in tasks for d in t.get("file_dep", [])} - set(renamed))
     renamed.update({d: f"src/s{k}" for k, d in enumerate(sources)})
     (root / "src").mkdir(parents=True)
     for d in sources:
         (root / renamed[d]).write_text("x = 1\n")
-    rows = {stage: [[t.get("name"), [renamed[d] for d in t.get("file_dep", [])], [renamed[x] for x in t["targets"]]]
+    rows = {stage: [[t.get("name"), [renamed[d] for d in t.get("file_dep", [])], [renamed[x] for x in t.get("targets", [])]]
                     for t in tasks] for stage, tasks in stages.items()}
     (root / "graph.json").write_text(json.dumps({"default_tasks": default_tasks, "stages": rows, "delayed": delayed}))
     (root / "dodo.py").write_text(BARE_DODO)
@@ -162,7 +162,7 @@ def load_graph(dodo: Path) -> tuple[Stages, list[str], list[str]]:
 
 def shape(stages: Stages) -> dict[str, tuple[int, int, int]]:
     """stage -> (tasks, file_deps, targets)."""
-    return {stage: (len(tasks), sum(len(t.get("file_dep", [])) for t in tasks), sum(len(t["targets"]) for t in tasks))
+    return {stage: (len(tasks), sum(len(t.get("file_dep", [])) for t in tasks), sum(len(t.get("targets", [])) for t in tasks))
             for stage, tasks in stages.items()}
 
 

@@ -110,6 +110,10 @@ class ChipTarget:
     def stage_dir(self, stage: str) -> Path:
         return _cached_join(self, stage)
 
+    @cached_property
+    def dir_str(self) -> str:
+        return str(self.dir)
+
 
 def _cached_join(target: GraphTarget | VariantTarget | ChipTarget, stage: str) -> Path:
     """target.dir / stage, built once: task generation asks for the same dirs thousands of times."""

@@ -33,7 +33,8 @@ def diagnosis_path(ct: ChipTarget) -> Path:
 
 def all_record_paths(graphs: list[GraphTarget], chips: list[ChipTarget]) -> list[Path]:
     paths = [p for gt in graphs for p in graph_record_paths(gt).values()]
-    return paths + [p for ct in chips for p in [*chip_record_paths(ct).values(), diagnosis_path(ct)]]
+    paths += [p for ct in chips for p in [*chip_record_paths(ct).values(), diagnosis_path(ct)]]
+    return paths + [DEVICE_STAMP]  # one file for every device record (not 2 stats per target on each no-op run)
 
 
 def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any
         targets.append({"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "variant": ct.variant.name,
                         "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "precision": ct.precision, "status": status,
                         "reason": reason, "stages": stages,
-                        "diagnosis": _read(diagnosis_path(ct))})
+                        "diagnosis": _read(diagnosis_path(ct)), "device": device_results(ct)})
     summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
     variants = []
     for t in targets:
@@ -122,6 +123,7 @@ def markdown(data: dict[str, Any]) -> str:
         for r in data["precision_comparison"]:
             lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {_size(r['bin_size'])} | "
                          f"{_num(r['sim_median_s'])} s | {_num(r['min_cosine'], 6)} |")
+    lines += device_markdown(data)
     problems = [t for t in data["targets"] if t["status"] in ("failed", "skipped")]
     if problems:
         lines += ["", "## Failed and skipped", ""]
@@ -142,6 +144,58 @@ def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -
     return env.get_template("report.html.j2").render(
         data=data, socs=_soc_names(data), cell=lambda g, s: _target(data, g, s), plots=plots,
         summary=summary_line(data))
+
+
+# ------------------------------------------------------------------ device results (doit verify / doit power)
+
+DEVICE_STAGES = ("verify", "power")
+DEVICE_STAMP = Path("build") / "verify" / "records.stamp"  # rewritten by stages/verify.py with every device record
+
+
+def device_record_paths(ct: ChipTarget) -> dict[str, Path]:
+    return {stage: ct.stage_dir(stage) / f"{stage}.json" for stage in DEVICE_STAGES}
+
+
+def device_results(ct: ChipTarget) -> dict[str, Any] | None:
+    """A target's records from phones (on demand: absent unless `doit verify` / `doit power` ran).
+
+    They are reported beside the build, never folded into the target's status: a phone that was not
+    attached today says nothing about the binary.
+    """
+    records = {stage: _read(path) for stage, path in device_record_paths(ct).items()}
+    return records if any(records.values()) else None
+
+
+def device_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (target, phone) with the numbers a person compares across phones."""
+    rows = []
+    for t in data["targets"]:
+        record = (t.get("device") or {}).get("verify")
+        for d in (record or {}).get("devices", []):
+            timing, cpu, rtf = d.get("timing") or {}, d.get("cpu") or {}, d.get("rtf") or {}
+            cosines = [m.get("cosine") for m in (d.get("metrics") or {}).values()]
+            rows.append({"target": t["name"], "status": d.get("status"), "serial": d.get("serial"),
+                         "model": d.get("model"), "android": d.get("android"), "chip": d.get("soc_model"),
+                         "min_cosine": min((c for c in cosines if c is not None), default=None),
+                         "median_s": timing.get("per_inference_median_s"), "p90_s": timing.get("per_inference_p90_s"),
+                         "first_s": timing.get("first_output_median_s"), "rtf": rtf.get("value"),
+                         "cpu_cores": cpu.get("cores"), "measured_at": record.get("measured_at"),
+                         "error": d.get("error")})
+    return rows
+
+
+def device_markdown(data: dict[str, Any]) -> list[str]:
+    rows = device_rows(data)
+    if not rows:
+        return []
+    lines = ["", "## On phones (device results, `doit verify`)", "",
+             "| target | phone | Android | chip | status | min cosine | per inference (median / p90) | first output | RTF | CPU cores |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['target']} | {r['model']} ({r['serial']}) | {r['android']} | {r['chip']} | {r['status']} | "
+                     f"{_num(r['min_cosine'], 6)} | {_duration(r['median_s'])} / {_duration(r['p90_s'])} | "
+                     f"{_duration(r['first_s'])} | {_num(r['rtf'])} | {_num(r['cpu_cores'], 3)} |")
+    return lines
 
 
 # ------------------------------------------------------------------ plots

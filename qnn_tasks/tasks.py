@@ -30,6 +30,7 @@ from .spec import GraphSpec, Project, load_project
 TOOLCHAIN_ENV = "QNN_TOOLCHAIN"
 DEFAULT_TOOLCHAIN = "ort-qnn"
 REPORT_DIR = Path("build") / "report"
+DEVICES_RECORD = Path("build") / "verify" / "devices.json"
 
 
 def doit_config() -> dict[str, Any]:
@@ -52,36 +53,37 @@ def project_tasks(root: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ stage runner
 
-def stage_action(stage: str, target: str, record_path: Path, run: Callable[[], dict[str, Any]],
+def stage_action(stage: str, target: str, record_path: Path | str, run: Callable[[], dict[str, Any]],
                  base: dict[str, Any]) -> Callable[[], TaskFailed | None]:
     """Wrap a stage function: time it, write its record (also on failure), turn errors into one line."""
     def action() -> TaskFailed | None:
         start = time.perf_counter()
+        record_file = Path(record_path)
         record = {"stage": stage, "target": target, **base}
         try:
             result = run()
         except QnnTasksError as err:
             record.update(getattr(err, "record", {}) or {})
             record.update(status="failed", error=str(err), seconds=round(time.perf_counter() - start, 3))
-            write_json(record_path, record)
+            write_json(record_file, record)
             return TaskFailed(f"{stage}:{target}: {err}")
         except Exception as err:  # a bug or a tool crash: keep the traceback, show one line
-            log = record_path.with_name(f"{stage}-error.log")
+            log = record_file.with_name(f"{stage}-error.log")
             log.write_text(traceback.format_exc())
             record.update(status="failed", error=f"{type(err).__name__}: {err}", error_log=str(log),
                           seconds=round(time.perf_counter() - start, 3))
-            write_json(record_path, record)
+            write_json(record_file, record)
             return TaskFailed(f"{stage}:{target}: unexpected {type(err).__name__}: {err} (traceback: {log})")
         record.update(result)
         record.update(status="warning" if record.get("warnings") else "passed",
                       seconds=round(time.perf_counter() - start, 3))
-        write_json(record_path, record)
+        write_json(record_file, record)
         print(f"{stage}:{target}: {record['status']} in {record['seconds']} s")
         return None
     return action
 
 
-def skip_action(stage: str, target: ChipTarget, record_path: Path) -> Callable[[], None]:
+def skip_action(stage: str, target: ChipTarget, record_path: Path | str) -> Callable[[], None]:
     def action() -> None:
         write_json(record_path, {"stage": stage, "target": target.name, "graph": target.graph.name,
                                  "soc": target.soc.row(), "status": "skipped", "reason": target.skip_reason,
@@ -124,6 +126,24 @@ def _stage(name: str):
     return importlib.import_module(f"{__package__}.stages.{name}")
 
 
+def _device_action(stage: str, name: str, run: Callable[[], Any]) -> Callable[[], TaskFailed | None]:
+    """Device stages write their own records (partial ones too); here errors become one-line task failures."""
+    def action() -> TaskFailed | None:
+        try:
+            run()
+        except QnnTasksError as err:
+            return TaskFailed(f"{stage}:{name}: {err}")
+        return None
+    return action
+
+
+def _asked_by_name(stage: str, name: str) -> bool:
+    """`doit verify:<name>` (or a pattern matching it) on the command line, not just the `verify` group."""
+    import fnmatch
+
+    return any(arg.startswith(f"{stage}:") and fnmatch.fnmatchcase(f"{stage}:{name}", arg) for arg in sys.argv[1:])
+
+
 def _key(data: dict[str, Any]) -> str:
     """One short string per task for config_changed (cheaper for doit than hashing a dict per task)."""
     return hashlib.md5(json.dumps(data, sort_keys=True).encode()).hexdigest()
@@ -140,6 +160,8 @@ class TaskFactory:
         self.chips = chip_targets(project, toolchain.id())
         self.fingerprint = toolchain.fingerprint()
         self._fingerprint_json = json.dumps(self.fingerprint, sort_keys=True)  # serialised once for all chip keys
+        self._sources: dict[str, Path] = {}
+        self._json_cache: dict[tuple, str] = {}
 
     def namespace(self) -> dict[str, Any]:
         """DOIT_CONFIG and one `task_<stage>` function per stage, in build order."""
@@ -176,6 +198,10 @@ class TaskFactory:
                                                                                     **self.fingerprint}})],
                       "uptodate": [False], "verbosity": 2,
                       "doc": "Run the toolchain's dependency checks and say clearly what is missing"}),
+            ("verify", "Run each chip's binaries on the attached phones (adb) and compare with the CPU; latency, CPU use "
+                       "(on demand).", self.verify_tasks),
+            ("power", "Fixed-length run on an attached phone with battery level before/after (on demand, opt-in).",
+             self.power_tasks),
         ]
         config = doit_config()
         config["default_tasks"] = [name for name, _, _ in stages]
@@ -271,8 +297,10 @@ class TaskFactory:
 
     def _compile_source(self, vt: VariantTarget) -> Path:
         """What `context` compiles: the last graph stage's primary output, else the simplified ONNX."""
-        chain = self._variant_chain(vt)
-        return chain[-1][2][0] if chain else vt.graph_target.simplified
+        if vt.name not in self._sources:
+            chain = self._variant_chain(vt)
+            self._sources[vt.name] = chain[-1][2][0] if chain else vt.graph_target.simplified
+        return self._sources[vt.name]
 
     def graph_stage_tasks(self, name: str) -> Iterator[dict]:
         for vt in self.variants:
@@ -298,38 +326,50 @@ class TaskFactory:
         return {"graph": ct.graph.name, "model": ct.graph.model, "precision": ct.precision,
                 "soc": ct.soc.row(), "toolchain": {"id": ct.toolchain_id, **self.fingerprint}}
 
-    def _chip_key(self, ct: ChipTarget, **extra: Any) -> dict[str, Any]:
-        return {"soc": ct.soc.row(), "toolchain": self._fingerprint_json, "precision": ct.precision, **extra}
+    def _chip_key(self, ct: ChipTarget, **extra: Any) -> str:
+        """SoC row + toolchain fingerprint + precision + the stage's own settings, as one digest.
 
-    def _per_chip(self, stage: str, make: Callable[[ChipTarget, Path, Path], dict]) -> Iterator[dict]:
-        """One subtask per chip target: `make(ct, out_dir, record)`, or a visible skip."""
+        The pieces are serialised once per SoC and per variant (they repeat across ~1,000 chip
+        tasks); the digest is what config_changed stores.
+        """
+        soc = self._json_cache.setdefault(("soc", ct.soc.name), json.dumps(ct.soc.row(), sort_keys=True))
+        settings = self._json_cache.setdefault(("extra", ct.variant.name, tuple(extra)),
+                                               json.dumps(extra, sort_keys=True))
+        return hashlib.md5(f"{soc}|{self._fingerprint_json}|{ct.precision}|{settings}".encode()).hexdigest()
+
+    def _per_chip(self, stage: str, make: Callable[[ChipTarget, str, str], dict]) -> Iterator[dict]:
+        """One subtask per chip target: `make(ct, out_dir, record)`, or a visible skip.
+
+        Paths are plain strings here (and Paths only inside the actions): building ~10,000
+        pathlib objects was a quarter of task-generation time in the 1,000-target benchmark.
+        """
         for ct in self.chips:
-            out = ct.stage_dir(stage)
-            record = out / f"{stage}.json"
+            out = f"{ct.dir_str}/{stage}"
+            record = f"{out}/{stage}.json"
             yield self._skip(ct, stage, record) if ct.skip_reason else make(ct, out, record)
 
-    def _config_file(self, ct: ChipTarget) -> Path:
+    def _config_file(self, ct: ChipTarget) -> str:
         """The provider-options file every chip stage after config reads (the toolchain's first config file)."""
-        return ct.stage_dir("config") / self.toolchain.config_files(ct.graph)[0]
+        return f"{ct.dir_str}/config/{self.toolchain.config_files(ct.graph)[0]}"
 
     def config_tasks(self) -> Iterator[dict]:
-        def make(ct: ChipTarget, out: Path, record: Path) -> dict:
-            files = [out / f for f in self.toolchain.config_files(ct.graph)]
+        def make(ct: ChipTarget, out: str, record: str) -> dict:
+            files = [f"{out}/{f}" for f in self.toolchain.config_files(ct.graph)]
             return self._task(ct.name, "config", record, files,
-                              lambda: self.toolchain.write_config(ct.graph, ct.precision, ct.soc, out),
+                              lambda: self.toolchain.write_config(ct.graph, ct.precision, ct.soc, Path(out)),
                               file_dep=[], key=self._chip_key(ct), base=self._chip_base(ct),
                               doc=f"{self.toolchain.kind} HTP settings for {ct.graph.name} on {ct.soc.name} "
                                   f"(soc_id {ct.soc.soc_id}, {ct.soc.dsp_arch})")
         yield from self._per_chip("config", make)
 
     def context_tasks(self) -> Iterator[dict]:
-        def make(ct: ChipTarget, out: Path, record: Path) -> dict:
-            config_dir = ct.stage_dir("config")
-            config_files = [str(config_dir / f) for f in self.toolchain.config_files(ct.graph)]
-            files = [out / f for f in self.toolchain.context_files(ct.graph)]
+        def make(ct: ChipTarget, out: str, record: str) -> dict:
+            config_dir = f"{ct.dir_str}/config"
+            config_files = [f"{config_dir}/{f}" for f in self.toolchain.config_files(ct.graph)]
+            files = [f"{out}/{f}" for f in self.toolchain.context_files(ct.graph)]
             source = self._compile_source(ct.variant)
             return self._task(ct.name, "context", record, files,
-                              lambda: self.toolchain.compile(ct.graph, ct.soc, source, config_dir, out),
+                              lambda: self.toolchain.compile(ct.graph, ct.soc, source, Path(config_dir), Path(out)),
                               file_dep=[str(source), str(ct.graph_target.lint_record)] + config_files,
                               key=self._chip_key(ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
                               base=self._chip_base(ct),
@@ -337,14 +377,15 @@ class TaskFactory:
         yield from self._per_chip("context", make)
 
     def simverify_tasks(self) -> Iterator[dict]:
-        def make(ct: ChipTarget, out: Path, record: Path) -> dict:
+        def make(ct: ChipTarget, out: str, record: str) -> dict:
             gt = ct.graph_target
-            ctx_files = [ct.stage_dir("context") / f for f in self.toolchain.context_files(ct.graph)]
+            ctx_files = [f"{ct.dir_str}/context/{f}" for f in self.toolchain.context_files(ct.graph)]
             config = self._config_file(ct)
-            return self._task(ct.name, "simverify", record, [out / "outputs.npz"],
-                              lambda: _stage("simverify").run(ct.graph, ct.verify, ct.soc, ctx_files[0], config,
-                                                              gt.inputs, gt.reference, out, ct.name, ct.precision),
-                              file_dep=[str(f) for f in ctx_files] + [str(config), str(gt.inputs), str(gt.reference)],
+            return self._task(ct.name, "simverify", record, [f"{out}/outputs.npz"],
+                              lambda: _stage("simverify").run(ct.graph, ct.verify, ct.soc, Path(ctx_files[0]),
+                                                              Path(config), gt.inputs, gt.reference, Path(out),
+                                                              ct.name, ct.precision),
+                              file_dep=ctx_files + [config, str(gt.inputs), str(gt.reference)],
                               key=self._chip_key(ct, verify=ct.verify), base=self._chip_base(ct),
                               doc=f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator, compare with CPU")
         yield from self._per_chip("simverify", make)
@@ -355,7 +396,7 @@ class TaskFactory:
                 continue
             out = ct.stage_dir("diagnose")
             gt = ct.graph_target
-            config = self._config_file(ct)
+            config = Path(self._config_file(ct))
             verdict = ct.stage_dir("simverify") / "simverify.json"
             # w8a16: diagnose the quantized (QDQ) model the binary was compiled from
             source = self._compile_source(ct.variant)
@@ -410,16 +451,55 @@ class TaskFactory:
                 "targets": [str(REPORT_DIR / n) for n in ("index.html", "report.json", "report.md")],
                 "doc": "Write build/report/index.html, report.json and report.md from the stage records", "clean": True}
 
+    # ---------------------------------------------------------- on phones (on demand; stage: stages/verify.py)
+    def _device_job(self, ct: ChipTarget, stage: str) -> Any:
+        names = self.toolchain.context_files(ct.graph)
+        context_dir = ct.stage_dir("context")
+        manifest = next((context_dir / n for n in names if n.endswith("runtime_libs.json")), None)
+        return _stage("verify").Job(
+            stage=stage, target=ct.name, graph=ct.graph, verify=ct.verify, soc=ct.soc, precision=ct.precision,
+            binary=context_dir / next(n for n in names if n.endswith(".bin")), manifest=manifest,
+            context_record=context_dir / "context.json", inputs=ct.graph_target.inputs,
+            reference=ct.graph_target.reference, out_dir=ct.stage_dir(stage), profile=self.project.toolchain,
+            root=self.project.root, base=self._chip_base(ct), required=_asked_by_name(stage, ct.name))
+
+    def verify_tasks(self) -> Iterator[dict]:
+        yield from self._device_tasks("verify", "run {graph} on attached {soc} phones, compare with the CPU, measure")
+
+    def power_tasks(self) -> Iterator[dict]:
+        yield from self._device_tasks("power", "run {graph} for a fixed time on an attached {soc} phone; battery before/after")
+
+    def _device_tasks(self, stage: str, doc: str) -> Iterator[dict]:
+        # Always rerun (uptodate False, no file_dep): which phones are attached changes between runs, and a
+        # missing binary should say "build it", not make `doit verify` build every chip. The `devices` subtask
+        # comes first: it lists the phones (build/verify/devices.json) and fails when none can run a build;
+        # a target with no phone of its chip is then skipped visibly, unless it was asked for by name.
+        rows = [(ct.name, ct.soc.name, ct.skip_reason) for ct in self.chips]
+        survey = Path("build") / stage / DEVICES_RECORD.name  # build/verify/devices.json, build/power/devices.json
+        yield {"name": "devices", "actions": [_device_action(stage, "devices", lambda: _stage("verify").survey(
+                   self.project.socs, rows, survey))],
+               "targets": [str(survey)], "uptodate": [False], "verbosity": 2, "clean": True,
+               "doc": f"list attached phones and their chips; which targets each runs ({survey})"}
+        for ct in self.chips:
+            if ct.skip_reason:
+                yield {"name": ct.name, "actions": [lambda ct=ct: print(f"{stage}:{ct.name}: skipped: {ct.skip_reason}")],
+                       "uptodate": [False], "verbosity": 2, "doc": f"SKIPPED: {ct.skip_reason}"}
+                continue
+            yield {"name": ct.name, "actions": [_device_action(stage, ct.name, lambda ct=ct: getattr(
+                       _stage("verify"), f"{stage}_target")(self._device_job(ct, stage)))],
+                   "targets": [str(ct.stage_dir(stage) / f"{stage}.json")], "uptodate": [False], "verbosity": 2,
+                   "clean": True, "doc": doc.format(graph=ct.graph.name, soc=ct.soc.name)}
+
     # ---------------------------------------------------------- helpers
     @staticmethod
-    def _task(name: str, stage: str, record: Path, targets: list[Path], run: Callable[[], dict[str, Any]],
-              file_dep: list[str], key: dict[str, Any], base: dict[str, Any], doc: str) -> dict[str, Any]:
+    def _task(name: str, stage: str, record: Path | str, targets: list[Path | str], run: Callable[[], dict[str, Any]],
+              file_dep: list[str], key: dict[str, Any] | str, base: dict[str, Any], doc: str) -> dict[str, Any]:
         return {"name": name, "actions": [stage_action(stage, name, record, run, base)],
                 "file_dep": file_dep, "targets": [str(t) for t in targets] + [str(record)],
-                "uptodate": [config_changed(_key(key))], "doc": doc, "clean": True}
+                "uptodate": [config_changed(key if isinstance(key, str) else _key(key))], "doc": doc, "clean": True}
 
     @staticmethod
-    def _skip(ct: ChipTarget, stage: str, record: Path) -> dict[str, Any]:
+    def _skip(ct: ChipTarget, stage: str, record: Path | str) -> dict[str, Any]:
         return {"name": ct.name, "actions": [skip_action(stage, ct, record)], "targets": [str(record)],
                 "uptodate": [config_changed({"skip": ct.skip_reason})],
                 "doc": f"SKIPPED: {ct.skip_reason}", "clean": True}

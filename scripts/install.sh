@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Install everything qnn-npu-compile and its examples/tests need, on Debian/Ubuntu x86-64 (Python >= 3.11).
-#   - Debian packages: real audio for the VAD example (alsa-utils sounds, espeak-ng, sox) and
-#     chromium (the report's headless-browser check).
+#   - Debian packages: real audio for the VAD example (alsa-utils sounds, espeak-ng, sox),
+#     chromium (the report's headless-browser check) and adb (doit verify; its tests).
 #   - Python packages: this project with its example models and test tools. torch is pinned
 #     first: an unpinned torch would pull a multi-GB CUDA build.
 set -euo pipefail
@@ -13,6 +13,7 @@ need=()
 command -v espeak-ng >/dev/null || need+=(espeak-ng)
 command -v sox >/dev/null || need+=(sox)
 command -v chromium >/dev/null || need+=(chromium)
+command -v adb >/dev/null || need+=(adb)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "installing Debian packages: ${need[*]}"
