@@ -31,10 +31,11 @@ def diagnosis_path(ct: ChipTarget) -> Path:
     return ct.stage_dir("diagnose") / "diagnose.json"
 
 
-def all_record_paths(graphs: list[GraphTarget], chips: list[ChipTarget]) -> list[Path]:
-    paths = [p for gt in graphs for p in graph_record_paths(gt).values()]
-    paths += [p for ct in chips for p in [*chip_record_paths(ct).values(), diagnosis_path(ct)]]
-    return paths + [DEVICE_STAMP]  # one file for every device record (not 2 stats per target on each no-op run)
+def all_record_paths(graphs: list[GraphTarget], chips: list[ChipTarget]) -> list[str]:
+    """Every record the report reads, as strings: the report's up-to-date check stats them on each run."""
+    paths = [f"{gt.dir}/{stage}/{stage}.json" for gt in graphs for stage in GRAPH_STAGES]
+    paths += [f"{ct.dir_str}/{stage}/{stage}.json" for ct in chips for stage in (*CHIP_STAGES, "diagnose")]
+    return paths + [str(DEVICE_STAMP)]  # one file for every device record (not 2 stats per target on each no-op run)
 
 
 def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any]:

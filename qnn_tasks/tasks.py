@@ -92,12 +92,12 @@ def skip_action(stage: str, target: ChipTarget, record_path: Path | str) -> Call
     return action
 
 
-def _signature(paths: list[Path]) -> str:
+def _signature(paths: list[str]) -> str:
     """Cheap change detector for many small files: (path, mtime, size) of those that exist."""
     parts = []
     for path in paths:
         try:
-            st = path.stat()
+            st = os.stat(path)
         except FileNotFoundError:
             continue
         parts.append(f"{path}:{st.st_mtime_ns}:{st.st_size}")
