@@ -31,15 +31,27 @@ def diagnosis_path(ct: ChipTarget) -> Path:
     return ct.stage_dir("diagnose") / "diagnose.json"
 
 
-def all_record_paths(graphs: list[GraphTarget], chips: list[ChipTarget]) -> list[str]:
+def variant_record_path(ct: ChipTarget, stage: str) -> str:
+    """Record of a toolchain graph stage (quantize, convert, modellib) of the target's variant."""
+    return f"{ct.variant.dir}/{stage}/{stage}.json"
+
+
+def all_record_paths(graphs: list[GraphTarget], chips: list[ChipTarget],
+                     variant_stages: dict[str, tuple[str, ...]] | None = None) -> list[str]:
     """Every record the report reads, as strings: the report's up-to-date check stats them on each run."""
     paths = [f"{gt.dir}/{stage}/{stage}.json" for gt in graphs for stage in GRAPH_STAGES]
+    paths += sorted({variant_record_path(ct, stage) for ct in chips
+                     for stage in (variant_stages or {}).get(ct.variant.name, ())})
     paths += [f"{ct.dir_str}/{stage}/{stage}.json" for ct in chips for stage in (*CHIP_STAGES, "diagnose")]
     return paths + [str(DEVICE_STAMP)]  # one file for every device record (not 2 stats per target on each no-op run)
 
 
-def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any]:
-    """Assemble report.json's content from the records on disk."""
+def collect(graphs: list[GraphTarget], chips: list[ChipTarget],
+            variant_stages: dict[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
+    """Assemble report.json's content from the records on disk.
+
+    `variant_stages`: variant name -> the toolchain's stages for it (quantize; convert, modellib).
+    """
     graph_entries = []
     for gt in graphs:
         stages = {stage: _read(path) for stage, path in graph_record_paths(gt).items()}
@@ -54,14 +66,18 @@ def collect(graphs: list[GraphTarget], chips: list[ChipTarget]) -> dict[str, Any
     targets = []
     for ct in chips:
         stages = {stage: _read(path) for stage, path in chip_record_paths(ct).items()}
-        status = "skipped" if ct.skip_reason else _combine([*stages.values(), {"status": graph_status[ct.graph.name]}])
+        toolchain_stages = {stage: _read(variant_record_path(ct, stage))
+                            for stage in (variant_stages or {}).get(ct.variant.name, ())}
+        status = "skipped" if ct.skip_reason else _combine([*toolchain_stages.values(), *stages.values(),
+                                                            {"status": graph_status[ct.graph.name]}])
         graph_failed = graph_status[ct.graph.name] == "failed"
-        reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else _first_error(stages.values()))
+        reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed
+                                    else _first_error([*toolchain_stages.values(), *stages.values()]))
         if graph_failed:
             stages = {stage: None for stage in stages}  # records of an earlier build no longer describe this one
         targets.append({"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "variant": ct.variant.name,
                         "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "precision": ct.precision, "status": status,
-                        "reason": reason, "stages": stages,
+                        "reason": reason, "toolchain_stages": toolchain_stages, "stages": stages,
                         "diagnosis": _read(diagnosis_path(ct)), "device": device_results(ct)})
     summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
     variants = []

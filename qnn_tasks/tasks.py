@@ -212,6 +212,10 @@ class TaskFactory:
             namespace[f"task_{name}"] = create_after()(_task_function(name, doc, make))
         return namespace
 
+    def _variant_stage_names(self) -> dict[str, tuple[str, ...]]:
+        """Variant name -> names of the toolchain's graph stages it goes through."""
+        return {vt.name: tuple(stage.name for stage in self.toolchain.graph_stages(vt.precision)) for vt in self.variants}
+
     def _graph_stages(self) -> list:
         """The toolchain's per-variant stages over every precision in the project, each name once."""
         seen: dict[str, Any] = {}
@@ -434,7 +438,7 @@ class TaskFactory:
         def render() -> None:
             from . import report
 
-            data = report.collect(self.graphs, self.chips)
+            data = report.collect(self.graphs, self.chips, self._variant_stage_names())
             paths = report.write(REPORT_DIR, data)
             print(f"report: {paths['html']} ({report.summary_line(data)})")
 
@@ -443,7 +447,10 @@ class TaskFactory:
             from .report import all_record_paths
 
             targets = "\n".join(f"{ct.name}:{ct.skip_reason}" for ct in self.chips)  # added/removed targets too
-            signature = _signature(all_record_paths(self.graphs, self.chips)) + _key({"targets": targets})
+            renderer = [str(Path(__file__).with_name("report.py")),  # a new report version re-renders too
+                        str(Path(__file__).with_name("templates") / "report.html.j2")]
+            signature = (_signature(all_record_paths(self.graphs, self.chips, self._variant_stage_names()) + renderer)
+                         + _key({"targets": targets}))
             task.value_savers.append(lambda: {"records": signature})
             return values.get("records") == signature and (REPORT_DIR / "report.json").is_file()
 
