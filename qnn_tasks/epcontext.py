@@ -83,13 +83,8 @@ def _bind(declared: tuple[TensorSpec, ...], qnn: list[dict[str, Any]], kind: str
     import numpy as np
     from onnx import helper, numpy_helper
 
-    if len(declared) != len(qnn):
-        raise StageError(f"{binary_path}: the graph has {len(qnn)} {kind}s {[t['name'] for t in qnn]}, model.yaml "
-                         f"declares {len(declared)} {[t.name for t in declared]}")
-    by_name = {_plain(t["name"]): t for t in qnn}
     names = []
-    for position, spec in enumerate(declared):
-        tensor = by_name.get(_plain(spec.name)) or qnn[position]
+    for spec, tensor in pair_tensors(declared, qnn, kind, binary_path):
         if list(tensor["shape"]) != list(spec.shape):
             raise StageError(
                 f"{binary_path}: {kind} '{spec.name}' is {tensor['shape']} in the binary (tensor '{tensor['name']}'), "
@@ -127,6 +122,16 @@ def _bind(declared: tuple[TensorSpec, ...], qnn: list[dict[str, Any]], kind: str
     return names
 
 
-def _plain(name: str) -> str:
+def pair_tensors(declared: tuple[TensorSpec, ...], qnn: list[dict[str, Any]], kind: str,
+                 binary: Path) -> list[tuple[TensorSpec, dict[str, Any]]]:
+    """Each declared tensor with the binary's (same name, converter-style name, else same position)."""
+    if len(declared) != len(qnn):
+        raise StageError(f"{binary}: the graph has {len(qnn)} {kind}s {[t['name'] for t in qnn]}, model.yaml "
+                         f"declares {len(declared)} {[t.name for t in declared]} (rebuild the context)")
+    by_name = {plain_name(t["name"]): t for t in qnn}
+    return [(spec, by_name.get(plain_name(spec.name)) or qnn[position]) for position, spec in enumerate(declared)]
+
+
+def plain_name(name: str) -> str:
     """Tensor names as the converter writes them (anything but [A-Za-z0-9_] becomes _)."""
     return re.sub(r"[^A-Za-z0-9_]", "_", name)

@@ -399,7 +399,7 @@ def _load_api(lib_path: str) -> tuple[C.CDLL, _SystemApi]:
     try:
         # onnx first: a process that loads libQnnSystem before onnx/numpy and starts an
         # onnxruntime-qnn session later crashes (seen with the wheel's QNN 2.51).
-        import onnx  # noqa: F401
+        import onnx  # noqa: F401  (imported for its side effect on shared libraries)
     except ImportError:
         pass
     try:

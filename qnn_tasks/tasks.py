@@ -23,7 +23,7 @@ from doit.tools import config_changed
 from . import toolchains
 from .errors import QnnTasksError
 from .fileio import write_json
-from .matrix import ChipTarget, GraphTarget, VariantTarget, chip_targets, graph_targets, variant_targets
+from .matrix import ChipTarget, VariantTarget, chip_targets, graph_targets, variant_targets
 from .toolchains.base import StageInput
 from .spec import GraphSpec, Project, load_project
 

@@ -19,7 +19,6 @@ import numpy as np
 
 from .. import fileio, metrics, samples as sample_store, verification
 from ..devices import simulator
-from ..errors import StageError
 from ..spec import GraphSpec, Soc
 from . import cpucheck
 

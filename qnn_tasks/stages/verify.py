@@ -343,7 +343,6 @@ def binary_facts(job: Job) -> dict[str, Any]:
         raise StageError(f"no context binary for {job.target} yet ({path}): build it first "
                          f"(doit context:{job.target} cpucheck:{job.graph.name})")
     size = path.stat().st_size
-    import onnx  # noqa: F401  (load onnx before libQnnSystem: see toolchains/qairt.py)
     from .. import qnnbin
 
     try:
@@ -467,23 +466,15 @@ def build_payload(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLib
 
 
 def _bind(declared, qnn: list[dict[str, Any]], kind: str, binary: Path) -> list[tuple[Any, dict[str, Any]]]:
-    """Each declared tensor with the binary's tensor (same name, converter-style name, else same position)."""
-    if len(declared) != len(qnn):
-        raise StageError(f"{binary}: the graph has {len(qnn)} {kind}s {[t['name'] for t in qnn]}, model.yaml declares "
-                         f"{len(declared)} {[t.name for t in declared]} (rebuild the context)")
-    by_name = {_plain(t["name"]): t for t in qnn}
-    pairs = []
-    for position, spec in enumerate(declared):
-        tensor = by_name.get(_plain(spec.name)) or qnn[position]
+    """Declared tensors paired with the binary's; raw files are flat, so only the element count must agree."""
+    from ..epcontext import pair_tensors  # the same pairing as the simulator's EPContext wrapper
+
+    pairs = pair_tensors(declared, qnn, kind, binary)
+    for spec, tensor in pairs:
         if math.prod(tensor["shape"]) != math.prod(spec.shape):
             raise StageError(f"{binary}: {kind} '{spec.name}' is {tensor['shape']} in the binary (tensor "
                              f"'{tensor['name']}'), model.yaml says {list(spec.shape)}")
-        pairs.append((spec, tensor))
     return pairs
-
-
-def _plain(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
 def _float_like(dtype: str) -> bool:
@@ -726,6 +717,7 @@ def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtime
 
 def read_outputs(out_dir: Path, payload: Payload, binary: Path) -> list[dict[str, Any]]:
     """Result_<i>/<output>.raw (float32) -> [{declared output name: array of the declared shape}]."""
+    from ..epcontext import plain_name
     import numpy as np
 
     results = []
@@ -733,7 +725,7 @@ def read_outputs(out_dir: Path, payload: Payload, binary: Path) -> list[dict[str
         folder = out_dir / f"Result_{i}"
         sample = {}
         for out in payload.outputs:
-            candidates = [folder / f"{out['name']}.raw", folder / f"{_plain(out['name'])}.raw",
+            candidates = [folder / f"{out['name']}.raw", folder / f"{plain_name(out['name'])}.raw",
                           folder / f"{_safe(out['name'])}.raw"]
             path = next((c for c in candidates if c.is_file()), None)
             if path is None:

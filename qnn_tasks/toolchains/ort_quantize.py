@@ -7,7 +7,6 @@ compiled like an fp16 one; `offload_graph_io_quantization=0` keeps the I/O quant
 from __future__ import annotations
 
 import logging
-from pathlib import Path
 from typing import Any
 
 from .. import samples as sample_store
