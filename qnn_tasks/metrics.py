@@ -44,7 +44,7 @@ def snr_db(reference: np.ndarray, actual: np.ndarray) -> float:
     return 10.0 * float(np.log10(signal / noise))
 
 
-_METRIC_OF = {"max_abs": "max_abs", "mean_abs": "mean_abs", "min_cosine": "cosine", "min_snr_db": "snr_db"}
+METRIC_OF = {"max_abs": "max_abs", "mean_abs": "mean_abs", "min_cosine": "cosine", "min_snr_db": "snr_db"}
 
 
 def violations(output: str, metrics: dict[str, Any], thresholds: dict[str, float]) -> list[str]:
@@ -56,10 +56,10 @@ def violations(output: str, metrics: dict[str, Any], thresholds: dict[str, float
                      f"{metrics['first_non_finite']})")
         return lines
     for key, limit in thresholds.items():
-        value = metrics[_METRIC_OF[key]]
+        value = metrics[METRIC_OF[key]]
         # written as "not within" so that a NaN metric breaks the threshold instead of passing it
         broken = not value <= limit if THRESHOLD_KEYS[key] == "max" else not value >= limit
         if broken:
             word = "above" if THRESHOLD_KEYS[key] == "max" else "below"
-            lines.append(f"output '{output}': {_METRIC_OF[key]} = {value:.6g} is {word} the threshold {limit:g}")
+            lines.append(f"output '{output}': {METRIC_OF[key]} = {value:.6g} is {word} the threshold {limit:g}")
     return lines

@@ -160,6 +160,7 @@ def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -
     env.filters["limits"] = _limits
     return env.get_template("report.html.j2").render(
         data=data, socs=_soc_names(data), cell=lambda g, s: _target(data, g, s), plots=plots,
+        breaks=_breaks, worst_nodes=_worst_nodes,
         summary=summary_line(data))
 
 
@@ -309,6 +310,28 @@ def _num(value: Any, digits: int = 4) -> str:
     if isinstance(value, float):
         return f"{value:.{digits}g}"
     return str(value)
+
+
+def _breaks(metrics: dict[str, Any], threshold: str) -> str:
+    """'failed' when this metric breaks its threshold (the cell is shown red), else ''."""
+    from .metrics import METRIC_OF
+    from .spec import THRESHOLD_KEYS
+
+    limit = (metrics.get("thresholds") or {}).get(threshold)
+    value = metrics.get(METRIC_OF[threshold])
+    if limit is None:
+        return ""
+    if value is None:  # non-finite (written as null): NaN breaks, an infinite SNR does not
+        return "" if threshold == "min_snr_db" and not metrics.get("non_finite") else "failed"
+    ok = value <= limit if THRESHOLD_KEYS[threshold] == "max" else value >= limit
+    return "" if ok else "failed"
+
+
+def _worst_nodes(diagnosis: dict[str, Any], count: int = 12) -> list[dict[str, Any]]:
+    """The nodes with the largest error, in graph order (the diagnosis table)."""
+    nodes = [n for n in diagnosis.get("nodes") or []]
+    worst = sorted(nodes, key=lambda n: -(n["rel_max_abs"] if n.get("rel_max_abs") is not None else float("inf")))[:count]
+    return sorted(worst, key=lambda n: n["index"])
 
 
 def _duration(seconds: Any) -> str:
