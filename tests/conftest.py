@@ -31,6 +31,15 @@ class DoitResult:
     def uptodate(self) -> set[str]:
         return set(re.findall(r"^-- (\S+)$", self.stdout, re.M))
 
+    def failure_line(self, task: str) -> str:
+        """The one line doit prints for the failed task ('<task>: <message>'); no traceback anywhere."""
+        assert self.returncode != 0, self.stdout
+        output = self.stdout + self.stderr
+        assert "Traceback" not in output, output
+        lines = [line for line in output.splitlines() if line.startswith(f"{task}: ")]
+        assert len(lines) == 1, output
+        return lines[0]
+
 
 class Project:
     """A copy of the project (specs + models) that tests may edit and build with real doit."""
@@ -102,3 +111,28 @@ def built_graphs(tmp_path_factory) -> Project:
 def project_copy(built_graphs, tmp_path) -> Project:
     """A private copy of the built project, with its doit state, to edit and rebuild."""
     return copy_project(tmp_path / "project", source=built_graphs.root, with_build=True)
+
+
+MINILM_SAMPLES = 2  # each simulated MiniLM run takes ~3 s
+
+
+@pytest.fixture(scope="session")
+def verified(built_graphs, tmp_path_factory) -> Project:
+    """`built_graphs` + `doit simverify report` (both chips, fp16), built once per session.
+
+    MiniLM's `verify: samples:` is cut to 2; the VAD keeps its 231 real audio frames. Never edit
+    it: copy it (`own_copy`) to change something.
+    """
+    project = copy_project(tmp_path_factory.mktemp("verified") / "project", source=built_graphs.root, with_build=True)
+    project.edit("models/minilm/model.yaml", "      samples: 8", f"      samples: {MINILM_SAMPLES}")
+    only_fp16(project)
+    result = project.doit("simverify", "report")
+    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    project.build_run = result
+    return project
+
+
+@pytest.fixture
+def own_copy(verified, tmp_path) -> Project:
+    """A private copy of the verified build, with its doit state, to edit and rebuild."""
+    return copy_project(tmp_path / "project", source=verified.root, with_build=True)

@@ -249,16 +249,6 @@ def tiny_project(root: Path, export: str, dtype: str = "float32", source: str = 
 TINY_EXPORTED = "build/tinym/tiny/export/tiny.onnx"
 
 
-def failure_line(result, task: str) -> str:
-    """The one line doit prints (on stdout, in its failure report) for the failed task: '<task>: <message>'."""
-    assert result.returncode != 0, result.stdout
-    output = result.stdout + result.stderr
-    assert "Traceback" not in output, output
-    lines = [line for line in output.splitlines() if line.startswith(f"{task}: ")]
-    assert len(lines) == 1, output
-    return lines[0]
-
-
 def assert_no_export_left(project: Project) -> None:
     assert not project.path(TINY_EXPORTED).exists()
     assert not list(project.path("build").rglob("*.part")), "half-written file left behind"
@@ -279,7 +269,7 @@ def test_synthetic_project_builds(tmp_path):
 
 def test_export_writing_garbage(tmp_path):
     project = tiny_project(tmp_path / "p", "garbage")
-    line = failure_line(project.doit("export:tiny"), "export:tiny")
+    line = project.doit("export:tiny").failure_line("export:tiny")
     assert f"ONNX written by {project.path('models/tinym/export.py')}:export()" in line
     assert "corrupt or invalid" in line and "re-export it" in line
     assert_no_export_left(project)
@@ -288,7 +278,7 @@ def test_export_writing_garbage(tmp_path):
 def test_export_copying_a_corrupt_source_file(tmp_path):
     project = tiny_project(tmp_path / "p", "copy-source", source="{file: original.onnx}")
     project.path("models/tinym/original.onnx").write_bytes(b"\x08\x07garbage, not protobuf\xff\xfe" * 16)
-    line = failure_line(project.doit("export:tiny"), "export:tiny")
+    line = project.doit("export:tiny").failure_line("export:tiny")
     assert str(project.path("models/tinym/export.py")) in line
     assert "corrupt or invalid" in line
     assert_no_export_left(project)
@@ -300,7 +290,7 @@ def test_export_copying_a_corrupt_source_file(tmp_path):
 
 def test_export_error_names_the_target_not_a_temp_file(tmp_path):
     project = tiny_project(tmp_path / "p", "garbage")
-    line = failure_line(project.doit("export:tiny"), "export:tiny")
+    line = project.doit("export:tiny").failure_line("export:tiny")
     assert ".part" not in line
     assert TINY_EXPORTED in line
 
@@ -308,7 +298,7 @@ def test_export_error_names_the_target_not_a_temp_file(tmp_path):
 def test_missing_source_file(tmp_path):
     project = tiny_project(tmp_path / "p", "copy-source", source="{file: original.onnx}")
     missing = project.path("models/tinym/original.onnx")
-    line = failure_line(project.doit("export:tiny"), "export:tiny")
+    line = project.doit("export:tiny").failure_line("export:tiny")
     assert str(project.path("models/tinym/model.yaml")) in line
     assert "source.file" in line and f"{missing} not found" in line
     assert_no_export_left(project)
@@ -336,7 +326,7 @@ def test_source_file_removed_after_a_build(tmp_path):
 
 def test_export_with_int64_input(tmp_path):
     project = tiny_project(tmp_path / "p", "int64", dtype="int32")
-    line = failure_line(project.doit("export:tiny"), "export:tiny")
+    line = project.doit("export:tiny").failure_line("export:tiny")
     assert f"by {project.path('models/tinym/export.py')}:export() is not NPU-ready" in line
     assert "input 'x' has dtype int64, model.yaml says int32" in line
     assert "[io-dtype]" in line and "int32 instead of int64" in line
@@ -345,7 +335,7 @@ def test_export_with_int64_input(tmp_path):
 
 def test_export_with_if_node(tmp_path):
     project = tiny_project(tmp_path / "p", "if")
-    line = failure_line(project.doit("export:tiny"), "export:tiny")
+    line = project.doit("export:tiny").failure_line("export:tiny")
     assert "[control-flow] If node 'sample_rate_branch'" in line
     assert "constant-fold the condition" in line
     assert_no_export_left(project)
@@ -353,14 +343,14 @@ def test_export_with_if_node(tmp_path):
 
 def test_export_with_dynamic_dim(tmp_path):
     project = tiny_project(tmp_path / "p", "dynamic")
-    line = failure_line(project.doit("export:tiny"), "export:tiny")
+    line = project.doit("export:tiny").failure_line("export:tiny")
     assert "input 'x'" in line and "[dynamic-dim]" in line and "'n'" in line
     assert_no_export_left(project)
 
 
 def test_export_function_raising(tmp_path):
     project = tiny_project(tmp_path / "p", "raises")
-    line = failure_line(project.doit("export:tiny"), "export:tiny")
+    line = project.doit("export:tiny").failure_line("export:tiny")
     assert f"{project.path('models/tinym/export.py')}:export() failed for graph 'tiny'" in line
     assert "RuntimeError: weights not found" in line
     assert re.search(r"\(at export\.py:\d+\)", line), line
@@ -372,7 +362,7 @@ def test_export_function_raising(tmp_path):
 def test_cpucheck_impossible_tolerance(project_copy):
     project_copy.edit("models/minilm/model.yaml", "max_abs: 1.0e-4", "max_abs: 1.0e-12")
     result = project_copy.doit("cpucheck:minilm")
-    line = failure_line(result, "cpucheck:minilm")
+    line = result.failure_line("cpucheck:minilm")
     assert "cpucheck of graph 'minilm'" in line
     assert "output 'embedding': max_abs = " in line and "above the threshold 1e-12" in line
     assert "loosen graphs.minilm.cpucheck" in line

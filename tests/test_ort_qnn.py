@@ -81,16 +81,6 @@ def ctx_files(context_dir: Path, graph: str) -> list[Path]:
     return [context_dir / f"{graph}_ctx.onnx", context_dir / f"{graph}_ctx_qnn.bin"]
 
 
-def failure_line(result: DoitResult, task: str) -> str:
-    """The one line doit prints for the failed task ('<task>: <message>'); no traceback anywhere."""
-    assert result.returncode != 0, result.stdout
-    output = result.stdout + result.stderr
-    assert "Traceback" not in output, output
-    lines = [line for line in output.splitlines() if line.startswith(f"{task}: ")]
-    assert len(lines) == 1, output
-    return lines[0]
-
-
 def doit_in_process(root: Path, *args: str, out: Path) -> DoitResult:
     """doit in this process (so a test can patch what the toolchain reads), from the project's tasks.
 
@@ -294,7 +284,7 @@ def test_gelu_fixture_exports_a_whole_gelu(gelu_failed):
 def test_cpu_fallback_fails_the_build_naming_the_node_and_the_fix(gelu_failed):
     result = gelu_failed.result
     assert GELU_CONTEXT in result.executed, result.stdout
-    line = failure_line(result, GELU_CONTEXT)
+    line = result.failure_line(GELU_CONTEXT)
     assert "1 node(s) of graph 'gelu_conv' fall back to CPU on SM8650" in line
     assert "Erf '/Erf'" in line  # the op type and the node's name
     assert "add simplify: {skip_optimizers: [fuse_preceding_mul_into_conv]}" in line  # the hint for Erf
@@ -373,7 +363,7 @@ def test_disallowing_the_fallback_again_reruns_only_context_and_fails(gelu_refai
     result = gelu_refailed.result
     # allow_cpu_fallback is in the context key only: no other stage re-runs
     assert result.executed == {GELU_CONTEXT}, result.stdout
-    line = failure_line(result, GELU_CONTEXT)
+    line = result.failure_line(GELU_CONTEXT)
     assert "Erf '/Erf'" in line
     rec = read_json(chip_dir(gelu_refailed, GELU, "SM8650") / "context" / "context.json")
     assert rec["status"] == "failed"
@@ -483,7 +473,7 @@ def test_onnxruntime_qnn_not_installed(project_copy, tmp_path, monkeypatch, caps
     result = doit_in_process(project_copy.root, "context:vad-SM8650", out=tmp_path / "run.txt")
     assert result.returncode != 0, result.stdout
     # config runs first (context reads its file) and stops the chain with the install hint
-    line = failure_line(result, "config:vad-SM8650")
+    line = result.failure_line("config:vad-SM8650")
     assert "onnxruntime-qnn is not installed" in line
     assert "pip install onnxruntime-qnn" in line and "Linux x86-64" in line
     assert "context:vad-SM8650" not in result.executed
@@ -496,7 +486,7 @@ def test_compile_crash_names_the_log_and_the_qnn_error(project_copy):
     project_copy.edit("socs/socs.yaml", "\nsocs:\n", "\nsocs:\n  BAD: {soc_id: 9999, dsp_arch: v75, vtcm_mb: 8, fp16: true}\n")
     project_copy.edit(VAD_YAML, "socs: [SM8650, SM8750]", "socs: [BAD]")
     result = project_copy.doit("context:vad-BAD")
-    line = failure_line(result, "context:vad-BAD")
+    line = result.failure_line("context:vad-BAD")
     assert result.executed == {"config:vad-BAD", "context:vad-BAD"}, result.stdout
     context = chip_dir(project_copy, "vad", "BAD") / "context"
     log = context / "compile.log"
@@ -542,7 +532,7 @@ def test_socscheck_confirms_the_real_table_and_catches_a_wrong_row(tmp_path):
     # The table is the task's key: a wrong arch re-runs it, and the binary disagrees.
     project.edit("socs/socs.yaml", "SM8650:  {soc_id: 57, dsp_arch: v75", "SM8650:  {soc_id: 57, dsp_arch: v73")
     result = project.doit("socscheck")
-    line = failure_line(result, "socscheck")
+    line = result.failure_line("socscheck")
     assert "SM8650 (binary says socModel 57, v75)" in line
     assert "SM8750" not in line
     rows = {r["soc"]["name"]: r for r in read_json(project.path("build/socscheck.json"))["rows"]}

@@ -1,6 +1,6 @@
 """The report: report.json against the documented schema, report.md, index.html, a real browser.
 
-Uses the build `test_simverify.verified_project` makes once (both example graphs simulated on
+Uses the build conftest's `verified` makes once (both example graphs simulated on
 SM8650 and SM8750, then `doit report`); tests that change something work on copies of it.
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ import pytest
 from markupsafe import escape
 
 from conftest import Project, copy_project
-from test_simverify import GRAPHS, MINILM_YAML, SOCS, VAD_YAML, verified_project
+from test_simverify import GRAPHS, MINILM_YAML, SOCS, VAD_YAML
 
 from qnn_tasks import metrics, report as report_module
 from qnn_tasks.spec import load_socs
@@ -30,16 +30,6 @@ RECORD_STATUSES = ["passed", "warning", "failed", "skipped"]  # what a stage wri
 GRAPH_STAGES = ["export", "simplify", "lint", "cpucheck"]
 CHIP_STAGES = ["config", "context", "simverify"]
 PNG = b"\x89PNG\r\n\x1a\n"
-
-
-@pytest.fixture(scope="module")
-def verified(built_graphs, tmp_path_factory) -> Project:
-    return verified_project(built_graphs, tmp_path_factory)
-
-
-@pytest.fixture
-def own_copy(verified, tmp_path) -> Project:
-    return copy_project(tmp_path / "project", source=verified.root, with_build=True)
 
 
 def load_report(project: Project) -> dict:

@@ -1,7 +1,7 @@
 """simverify end to end: real compiles of both example graphs, real runs on the x86 HTP simulator.
 
 One copy of `built_graphs` is taken through `doit simverify report` for SM8650 and SM8750 once
-(`verified_project`, shared with test_report.py) with minilm's `verify: samples:` cut to 2
+(conftest's `verified`, shared with test_report.py) with minilm's `verify: samples:` cut to 2
 (each simulated MiniLM run takes ~3 s); the VAD keeps its 231 real audio frames. Tests that
 break something (a tolerance, the export, a binary) work on their own copy of that build.
 
@@ -16,14 +16,13 @@ from __future__ import annotations
 import hashlib
 import importlib.metadata
 import json
-import re
 import shutil
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import Project, copy_project
+from conftest import MINILM_SAMPLES, Project, copy_project
 
 from qnn_tasks import fileio, samples as sample_store, toolchains, verification
 from qnn_tasks.devices import simulator
@@ -38,53 +37,8 @@ GRAPHS = {"vad": ("silero-vad", {"output": [1, 1], "stateN": [2, 1, 128]}),
           "minilm": ("minilm", {"embedding": [1, 384]})}
 VAD_YAML = "models/silero-vad/model.yaml"
 MINILM_YAML = "models/minilm/model.yaml"
-MINILM_SAMPLES = 2
 FP16_DEFAULTS = {"min_cosine": 0.999, "min_snr_db": 25.0}
 CHIP_STAGES = ("config", "context", "simverify")
-
-
-# ------------------------------------------------------------------ shared build
-
-_SHARED: dict[str, Project] = {}
-
-
-def verified_project(built_graphs: Project, tmp_path_factory) -> Project:
-    """`built_graphs` + `doit simverify report` (both chips), built once per session.
-
-    test_report.py imports this function: both modules use the same build. Never edit it;
-    copy it (`copy_project(..., source=project.root, with_build=True)`) to change something.
-    """
-    if "project" not in _SHARED:
-        project = copy_project(tmp_path_factory.mktemp("verified") / "project", source=built_graphs.root,
-                               with_build=True)
-        project.edit(MINILM_YAML, "      samples: 8", f"      samples: {MINILM_SAMPLES}")
-        pin_fp16(project)
-        result = project.doit("simverify", "report")
-        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-        project.build_run = result
-        _SHARED["project"] = project
-    return _SHARED["project"]
-
-
-@pytest.fixture(scope="module")
-def verified(built_graphs, tmp_path_factory) -> Project:
-    return verified_project(built_graphs, tmp_path_factory)
-
-
-@pytest.fixture
-def own_copy(verified, tmp_path) -> Project:
-    """A private copy of the verified build, with its doit state, to edit and rebuild."""
-    return copy_project(tmp_path / "project", source=verified.root, with_build=True)
-
-
-def pin_fp16(project: Project) -> None:
-    """Build the examples at fp16 only (the w8a16 variants are tested on their own).
-
-    Only the chip targets change (the graph stages' keys hold the primary precision, fp16 either way).
-    """
-    for yaml in project.root.glob("models/*/model.yaml"):
-        text = re.sub(r"^    precision: \[fp16(, \w+)+\].*$", "    precision: fp16", yaml.read_text(), flags=re.M)
-        yaml.write_text(re.sub(r"^    calibration: .*\n", "", text, flags=re.M))
 
 
 def toolchain_id(project: Project) -> str:

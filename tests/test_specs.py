@@ -5,7 +5,6 @@ loads every spec, so this is where a spec error surfaces), in a subprocess like 
 """
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 
