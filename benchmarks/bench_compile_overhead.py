@@ -32,8 +32,8 @@ def make_project(root: Path) -> Path:
         src = REPO / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, root / name)
     for spec in root.glob("models/*/model.yaml"):  # fp16 only, 5 chips
-        text = re.sub(r"^    precision: .*$", f"    precision: fp16\n    socs: [{', '.join(CHIPS)}]",
-                      spec.read_text(), flags=re.M)
+        text = re.sub(r"^    socs: .*\n", "", spec.read_text(), flags=re.M)  # the model's own chip list
+        text = re.sub(r"^    precision: .*$", f"    precision: fp16\n    socs: [{', '.join(CHIPS)}]", text, flags=re.M)
         spec.write_text(re.sub(r"^    calibration: .*\n", "", text, flags=re.M))
     doit(root, "export", "simplify", "lint", "cpucheck")
     return root

@@ -17,6 +17,7 @@ import ctypes as C
 import functools
 import importlib.util
 import json
+import mmap
 import os
 import struct
 import sys
@@ -549,8 +550,8 @@ def read_binary_info(path: str | Path, system_lib: str | Path | None = None) -> 
     if not path.is_file():
         problem = "is not a regular file" if path.exists() else "no such file"
         raise QnnBinError(f"{path}: {problem}; check the path or rebuild the context binary")
-    data = path.read_bytes()
-    if not data:
+    size = path.stat().st_size
+    if not size:
         raise QnnBinError(f"{path}: file is empty; rebuild the context binary")
     lib_path = Path(system_lib) if system_lib else find_system_library()
     if not lib_path.is_file():
@@ -561,19 +562,23 @@ def read_binary_info(path: str | Path, system_lib: str | Path | None = None) -> 
     err = api.systemContextCreate(C.byref(handle))
     if err:
         raise QnnBinError(f"{path}: QnnSystemContext_create failed ({_error_text(err)}); check {lib_path}")
-    try:
-        buf = (C.c_char * len(data)).from_buffer(bytearray(data))
-        info = C.POINTER(_BinaryInfo)()
-        info_size = C.c_uint64(0)
-        err = api.systemContextGetBinaryInfo(handle, buf, len(data), C.byref(info), C.byref(info_size))
-        if err or not info:
-            raise QnnBinError(
-                f"{path}: not a readable QNN context binary ({_error_text(err)}); "
-                "pass the *_qnn.bin written next to the *_ctx.onnx, or rebuild it"
-            )
-        return _convert(path, info.contents)
-    finally:
-        api.systemContextFree(handle)
+    # A private (copy-on-write) mapping instead of reading the file: binaries run to tens of MB
+    # and only their header is parsed, so only those pages are read.
+    with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
+        buf = (C.c_char * size).from_buffer(mapped)
+        try:
+            info = C.POINTER(_BinaryInfo)()
+            info_size = C.c_uint64(0)
+            err = api.systemContextGetBinaryInfo(handle, buf, size, C.byref(info), C.byref(info_size))
+            if err or not info:
+                raise QnnBinError(
+                    f"{path}: not a readable QNN context binary ({_error_text(err)}); "
+                    "pass the *_qnn.bin written next to the *_ctx.onnx, or rebuild it"
+                )
+            return _convert(path, info.contents)
+        finally:
+            api.systemContextFree(handle)
+            del buf  # the mapping can only close once no ctypes view of it is left
 
 
 def _summary(info: BinaryInfo) -> str:
