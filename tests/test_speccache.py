@@ -36,7 +36,7 @@ def test_an_edited_spec_file_is_read_again(tmp_path):
 def test_a_bad_edit_is_still_a_spec_error_after_a_warm_cache(tmp_path):
     project = copy_project(tmp_path / "project")
     assert project.doit("list").returncode == 0
-    project.edit(VAD_YAML, "frames_per_clip: 40", "frames_per_clip: 40\n    frames: oops")
+    project.edit(VAD_YAML, "    precision: fp16\n", "    precision: fp16\n    frames: oops\n")
     result = project.doit("list")
     assert result.returncode == 2 and "graphs.vad.frames: unknown key" in result.stderr
 

@@ -796,8 +796,8 @@ def best_cpu(runs: list[dict[str, Any] | None]) -> dict[str, Any] | None:
 
 
 def real_time_factor(graph: GraphSpec, per_inference: float | None, verify: dict[str, Any] | None = None) -> dict[str, Any]:
-    """per-inference time / audio seconds per inference. The audio length comes from `verify.audio_seconds`
-    once spec.py accepts that key, else from the graph's free-form `options.audio_seconds_per_sample`."""
+    """per-inference time / audio seconds per inference, where the graph gives its audio length per
+    sample in `options.audio_seconds_per_sample` (the VAD example: 0.032 s)."""
     audio = (verify or {}).get("audio_seconds") or graph.options.get("audio_seconds_per_sample")
     if not isinstance(audio, (int, float)) or isinstance(audio, bool) or audio <= 0:
         return {"value": None, "note": f"graph '{graph.name}' declares no audio length per inference "
