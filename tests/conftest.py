@@ -1,6 +1,7 @@
 """Shared fixtures: real copies of the project in tmp dirs, real doit runs in a subprocess."""
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
@@ -58,6 +59,12 @@ class Project:
 
     def path(self, rel: str) -> Path:
         return self.root / rel
+
+    def one_json(self, pattern: str) -> dict:
+        """The JSON record matching a glob under the project root; exactly one must match."""
+        paths = list(self.root.glob(pattern))
+        assert len(paths) == 1, paths
+        return json.loads(paths[0].read_text())
 
     def edit(self, rel: str, old: str, new: str) -> None:
         path = self.root / rel

@@ -13,9 +13,7 @@ TARGET = "vad-SM8650"
 
 
 def _diagnosis(project) -> dict:
-    paths = list(project.root.glob("build/silero-vad/vad/*/fp16/SM8650/diagnose/diagnose.json"))
-    assert len(paths) == 1, paths
-    return read_json(paths[0])
+    return project.one_json("build/silero-vad/vad/*/fp16/SM8650/diagnose/diagnose.json")
 
 
 @pytest.fixture(scope="module")

@@ -12,9 +12,7 @@ SOC = "SM8650"
 
 
 def record(project, model: str, graph: str, precision: str, stage: str) -> dict:
-    paths = list(project.root.glob(f"build/{model}/{graph}/*/{precision}/{SOC}/{stage}/{stage}.json"))
-    assert len(paths) == 1, paths
-    return read_json(paths[0])
+    return project.one_json(f"build/{model}/{graph}/*/{precision}/{SOC}/{stage}/{stage}.json")
 
 
 @pytest.fixture(scope="module")

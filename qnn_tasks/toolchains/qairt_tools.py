@@ -85,18 +85,18 @@ def reset_command_file(out_dir: Path) -> None:
 
 
 def warnings_in(log: Path) -> list[str]:
-    found: list[str] = []
-    for line in _lines(log):
-        match = WARNING_LINE.search(line)
-        if match and match.group(1).strip() and match.group(1).strip() not in found:
-            found.append(match.group(1).strip())
-    return found[:MAX_WARNINGS]
+    return _distinct_matches(log, WARNING_LINE)[:MAX_WARNINGS]
 
 
 def errors_in(log: Path) -> list[str]:
+    return _distinct_matches(log, ERROR_LINE)
+
+
+def _distinct_matches(log: Path, pattern: re.Pattern) -> list[str]:
+    """The first group of every line matching `pattern`, stripped, each once, in order."""
     found: list[str] = []
     for line in _lines(log):
-        match = ERROR_LINE.search(line)
+        match = pattern.search(line)
         if match and match.group(1).strip() and match.group(1).strip() not in found:
             found.append(match.group(1).strip())
     return found

@@ -1089,18 +1089,17 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"sandbox path {sandbox!r} must not contain spaces or shell metacharacters "
                  "(it is substituted textually into shell commands)")
     os.makedirs(sandbox, exist_ok=True)
-    props = {}
-    for item in args.prop:
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            ap.error(f"--prop wants NAME=VALUE, got {item!r}")
-        props[name] = value
-    extra_env = {}
-    for item in args.env:
-        name, eq, value = item.partition("=")
-        if not eq or not name:
-            ap.error(f"--env wants NAME=VALUE, got {item!r}")
-        extra_env[name] = value
+    def pairs(option: str, items: list[str]) -> dict[str, str]:
+        parsed = {}
+        for item in items:
+            name, eq, value = item.partition("=")
+            if not eq or not name:
+                ap.error(f"{option} wants NAME=VALUE, got {item!r}")
+            parsed[name] = value
+        return parsed
+
+    props = pairs("--prop", args.prop)
+    extra_env = pairs("--env", args.env)
     own_state = args.state_dir is None
     state_dir = tempfile.mkdtemp(prefix="standin-adbd-") if own_state else os.path.realpath(args.state_dir)
     os.makedirs(state_dir, exist_ok=True)
