@@ -64,11 +64,16 @@ class VariantTarget:
     precision: str
     toolchain_id: str
     dir: Path
+    suffix: str = ""  # "@<profile>" for every toolchain but the first of a run
+
+    @property
+    def base_name(self) -> str:
+        graph = self.graph_target.graph
+        return graph.name if self.precision == graph.precision else f"{graph.name}-{self.precision}"
 
     @property
     def name(self) -> str:
-        graph = self.graph_target.graph
-        return graph.name if self.precision == graph.precision else f"{graph.name}-{self.precision}"
+        return self.base_name + self.suffix
 
     @property
     def graph(self) -> GraphSpec:
@@ -89,7 +94,7 @@ class ChipTarget:
 
     @property
     def name(self) -> str:
-        return f"{self.variant.name}-{self.soc.name}"
+        return f"{self.variant.base_name}-{self.soc.name}{self.variant.suffix}"
 
     @property
     def graph(self) -> GraphSpec:
@@ -127,19 +132,22 @@ def graph_targets(project: Project) -> list[GraphTarget]:
     return [GraphTarget(graph=g, dir=Path(BUILD_DIR) / g.model / g.name) for g in project.graphs()]
 
 
-def variant_targets(project: Project, toolchain_id: str) -> list[VariantTarget]:
-    return [VariantTarget(graph_target=gt, precision=p, toolchain_id=toolchain_id, dir=gt.dir / toolchain_id / p)
-            for gt in graph_targets(project) for p in gt.graph.precisions]
+def variant_targets(project: Project, toolchain_id: str, suffix: str = "",
+                    graphs: list[GraphTarget] | None = None) -> list[VariantTarget]:
+    return [VariantTarget(graph_target=gt, precision=p, toolchain_id=toolchain_id, dir=gt.dir / toolchain_id / p,
+                          suffix=suffix)
+            for gt in (graphs if graphs is not None else graph_targets(project)) for p in gt.graph.precisions]
 
 
-def chip_targets(project: Project, toolchain_id: str) -> list[ChipTarget]:
+def chip_targets(project: Project, toolchain_id: str, suffix: str = "",
+                 variants: list[VariantTarget] | None = None) -> list[ChipTarget]:
     """Every (graph variant, chip) pair the graph asks for; chips that can't run it carry a skip reason.
 
     A graph without `socs:` builds for every chip in the table; those that can't run its
     precision are still listed (skipped, with the reason) so nothing disappears silently.
     """
     targets = []
-    for vt in variant_targets(project, toolchain_id):
+    for vt in variants if variants is not None else variant_targets(project, toolchain_id, suffix):
         for soc_name in vt.graph.socs or tuple(project.socs):
             soc = project.socs[soc_name]
             reason = None

@@ -1,22 +1,26 @@
-"""The report a person reads: build/report/{index.html, report.json, report.md} + plots.
+"""The report's content: report.json assembled from stage records, never by rerunning a tool.
 
-It reads only stage records (and the NPU outputs simverify kept for plots); it never reruns a
-tool. report.json has one stable schema for CI gates (README: "report.json").
+A record is believed only while the files it vouches for are there with the size and digest it
+names (records.problems); otherwise its stage shows `stale`, the target is `stale` (counted, and
+failing the report task: the gate). Rendering (report.md, index.html, plots) is report_render.py.
+report.json has one stable schema for CI gates (README: "report.json").
 """
 from __future__ import annotations
 
 import datetime as _dt
-import os
 from pathlib import Path
 from typing import Any
 
-from .fileio import atomic_path, read_json, write_json
+from . import records
 from .matrix import ChipTarget, GraphTarget
 
 SCHEMA = "qnn-npu-compile/report/v1"
 GRAPH_STAGES = ("export", "simplify", "lint", "cpucheck")
-CHIP_STAGES = ("config", "context", "simverify")
-STATUSES = ("passed", "warning", "failed", "skipped", "pending")
+CHIP_STAGES = ("config", "context", "simulate", "simverify")
+STATUSES = ("passed", "warning", "failed", "stale", "skipped", "pending")
+DEVICE_STAGES = ("verify", "power")
+DEVICE_STAMP = Path("build") / "verify" / "records.stamp"  # rewritten by stages/verify.py with every device record
+COMPAT_RECORD = Path("build") / "compat" / "compat.json"
 
 
 def graph_record_paths(gt: GraphTarget) -> dict[str, Path]:
@@ -36,139 +40,147 @@ def variant_record_path(ct: ChipTarget, stage: str) -> str:
     return f"{ct.variant.dir}/{stage}/{stage}.json"
 
 
-def all_record_paths(graphs: list[GraphTarget], chips: list[ChipTarget],
-                     variant_stages: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+def all_record_paths(planner) -> list[str]:
     """Every record the report reads, as strings: the report's up-to-date check stats them on each run."""
-    paths = [f"{gt.dir}/{stage}/{stage}.json" for gt in graphs for stage in GRAPH_STAGES]
-    paths += sorted({variant_record_path(ct, stage) for ct in chips
-                     for stage in (variant_stages or {}).get(ct.variant.name, ())})
-    paths += [f"{ct.dir_str}/{stage}/{stage}.json" for ct in chips for stage in (*CHIP_STAGES, "diagnose")]
-    return paths + [str(DEVICE_STAMP)]  # one file for every device record (not 2 stats per target on each no-op run)
+    paths = [f"{gt.dir}/{stage}/{stage}.json" for gt in planner.graphs for stage in GRAPH_STAGES]
+    paths += sorted({variant_record_path(ct, stage) for ct in planner.chips for stage in _variant_stages(planner, ct)})
+    paths += [f"{ct.dir_str}/{stage}/{stage}.json" for ct in planner.chips for stage in (*CHIP_STAGES, "diagnose")]
+    return paths + [str(DEVICE_STAMP), str(COMPAT_RECORD)]  # one file for all device records (not 2 stats per target)
 
 
-def collect(graphs: list[GraphTarget], chips: list[ChipTarget],
-            variant_stages: dict[str, tuple[str, ...]] | None = None) -> dict[str, Any]:
-    """Assemble report.json's content from the records on disk.
+def _variant_stages(planner, ct: ChipTarget) -> tuple[str, ...]:
+    return tuple(s.name for s in planner.binding(ct).toolchain.graph_stages(ct.precision))
 
-    `variant_stages`: variant name -> the toolchain's stages for it (quantize; convert, modellib).
-    """
+
+def read_checked(path: Path | str) -> dict[str, Any] | None:
+    """A record as the report shows it: `stale` (with why) when its outputs are not what it vouches for."""
+    record = records.read(path)
+    if record is None or record.get("status") not in ("passed", "warning"):
+        return record
+    problems = records.problems(record, path)
+    if problems:
+        record = {**record, "status": "stale", "stale": problems,
+                  "error": f"stale: {'; '.join(problems)} (rerun doit to rebuild it)"}
+    return record
+
+
+def collect(planner) -> dict[str, Any]:
+    """Assemble report.json's content from the records on disk."""
     graph_entries = []
-    for gt in graphs:
-        stages = {stage: _read(path) for stage, path in graph_record_paths(gt).items()}
+    for gt in planner.graphs:
+        stages = {stage: read_checked(path) for stage, path in graph_record_paths(gt).items()}
         export = stages.get("export") or {}
         graph_entries.append({"model": gt.graph.model, "graph": gt.name, "precision": gt.graph.precision,
-                              "source": export.get("source"), "status": _combine(stages.values()),
+                              "source": export.get("source"), "status": combine(stages.values()),
                               "stages": stages})
     graph_status = {g["graph"]: g["status"] for g in graph_entries}
-    graph_errors = {g["graph"]: next((f"graph {g['graph']} failed at {stage}: {r.get('error')}"
-                                      for stage, r in g["stages"].items() if r and r.get("status") == "failed"),
-                                     f"graph {g['graph']} failed") for g in graph_entries}
-    targets = []
-    for ct in chips:
-        stages = {stage: _read(path) for stage, path in chip_record_paths(ct).items()}
-        toolchain_stages = {stage: _read(variant_record_path(ct, stage))
-                            for stage in (variant_stages or {}).get(ct.variant.name, ())}
-        status = "skipped" if ct.skip_reason else _combine([*toolchain_stages.values(), *stages.values(),
-                                                            {"status": graph_status[ct.graph.name]}])
-        graph_failed = graph_status[ct.graph.name] == "failed"
-        reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed
-                                    else _first_error([*toolchain_stages.values(), *stages.values()]))
-        if graph_failed:
-            stages = {stage: None for stage in stages}  # records of an earlier build no longer describe this one
-        targets.append({"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "variant": ct.variant.name,
-                        "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "precision": ct.precision, "status": status,
-                        "reason": reason, "toolchain_stages": toolchain_stages, "stages": stages,
-                        "diagnosis": _read(diagnosis_path(ct)), "device": device_results(ct)})
+    graph_errors = {g["graph"]: next((f"graph {g['graph']} {r.get('status')} at {stage}: {r.get('error')}"
+                                      for stage, r in g["stages"].items()
+                                      if r and r.get("status") in ("failed", "stale")), f"graph {g['graph']} failed")
+                    for g in graph_entries}
+    targets = [_target(planner, ct, graph_status, graph_errors) for ct in planner.chips]
     summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
     variants = []
     for t in targets:
         if not any(v["name"] == t["variant"] for v in variants):
-            variants.append({"name": t["variant"], "model": t["model"], "graph": t["graph"], "precision": t["precision"]})
-    return {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            variants.append({"name": t["variant"], "model": t["model"], "graph": t["graph"], "precision": t["precision"],
+                             "toolchain_id": t["toolchain_id"]})
+    from . import compare
+
+    data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,
-                        "graphs_failed": sum(1 for g in graph_entries if g["status"] == "failed")},
+                        "graphs_failed": sum(1 for g in graph_entries if g["status"] in ("failed", "stale")),
+                        "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache"))},
+            "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
+                            "upgrade": b.profile.upgrade} for b in planner.bindings],
             "graphs": graph_entries, "variants": variants, "targets": targets,
             "precision_comparison": precision_comparison(targets)}
+    data["comparison"] = compare.upgrade_diff(data)
+    data["compatibility"] = records.read(COMPAT_RECORD)
+    return data
+
+
+def _target(planner, ct: ChipTarget, graph_status: dict[str, str], graph_errors: dict[str, str]) -> dict[str, Any]:
+    stages = {stage: read_checked(path) for stage, path in chip_record_paths(ct).items()}
+    toolchain_stages = {stage: read_checked(variant_record_path(ct, stage)) for stage in _variant_stages(planner, ct)}
+    own = [*toolchain_stages.values(), *stages.values()]
+    upstream = graph_status[ct.graph.name]
+    # a graph's lint warnings are shown with the graph; they do not make a cleanly verified target a "warning"
+    status = "skipped" if ct.skip_reason else combine(own + [{"status": upstream if upstream != "warning" else "passed"}])
+    graph_failed = upstream in ("failed", "stale")
+    reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else _first_error(own))
+    if status == "warning" and not reason:
+        reason = "; ".join(w for r in own if r for w in r.get("warnings") or [])
+    if graph_failed:
+        stages = {stage: None for stage in stages}  # records of an earlier build no longer describe this one
+    return {"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "variant": ct.variant.name,
+            "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "toolchain": planner.binding(ct).profile.name,
+            "precision": ct.precision, "status": status, "reason": reason, "toolchain_stages": toolchain_stages,
+            "stages": stages, "provenance": provenance(stages), "diagnosis": diagnosis(ct, stages.get("context")),
+            "device": device_results(ct)}
+
+
+def provenance(stages: dict[str, Any]) -> dict[str, Any]:
+    """Where the heavy stages ran: the cache (restored), a Dask worker, or here."""
+    found: dict[str, Any] = {"from_cache": [], "workers": {}}
+    for stage in ("context", "simulate"):
+        record = stages.get(stage) or {}
+        if record.get("from_cache"):
+            found["from_cache"].append(stage)
+        executor = (record.get("from_cache") or {}).get("executor") or record.get("executor") or {}
+        if executor.get("kind") == "dask":
+            found["workers"][stage] = executor.get("worker")
+    return found
+
+
+def diagnosis(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The diagnose record, marked stale when it diagnosed another binary than the current one."""
+    record = read_checked(diagnosis_path(ct))
+    if not record:
+        return None
+    diagnosed = (record.get("diagnosed") or {}).get("binary_sha256")
+    current = next((f["sha256"] for name, f in ((context or {}).get("files") or {}).items() if name.endswith(".bin")),
+                   None)
+    if diagnosed and current and diagnosed != current:
+        record = {**record, "stale": ["diagnosed an earlier build of this binary"], "status": "stale"}
+    return record
 
 
 def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """fp16 vs w8a16 per graph and chip: binary size, simulator time, accuracy (graphs built at >1 precision)."""
+    """fp16 vs w8a16 per graph, chip and toolchain (graphs built at more than one precision)."""
+    from .compare import target_figures
+
     rows = []
-    by_graph_soc: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for t in targets:
-        by_graph_soc.setdefault((t["graph"], t["soc"]["name"]), []).append(t)
-    for (graph, soc), group in by_graph_soc.items():
+        groups.setdefault((t["graph"], t["soc"]["name"], t["toolchain_id"]), []).append(t)
+    for (graph, soc, _), group in groups.items():
         if len(group) < 2:
             continue
         for t in group:
-            ctx = t["stages"].get("context") or {}
-            sim = t["stages"].get("simverify") or {}
-            cosines = [m.get("cosine") for m in (sim.get("metrics") or {}).values()]
+            figures = target_figures(t)
             rows.append({"graph": graph, "soc": soc, "precision": t["precision"], "status": t["status"],
-                         "bin_size": ctx.get("bin_size"),
-                         "sim_median_s": (sim.get("timing") or {}).get("per_inference_median_s"),
-                         "min_cosine": min(cosines) if cosines else None,
-                         "checks_passed": all(c.get("passed") for c in sim.get("checks") or []) if sim.get("checks") else None})
+                         "bin_size": figures["bin_size"], "sim_median_s": figures["sim_median_s"],
+                         "min_cosine": figures["min_cosine"], "checks_passed": figures["checks_passed"]})
     return rows
 
 
-def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
-    """Write report.json, report.md, index.html and plots; return their paths."""
-    report_dir.mkdir(parents=True, exist_ok=True)
-    plots = {t["name"]: _plot(report_dir / "plots", t) for t in data["targets"]}
-    paths = {"json": report_dir / "report.json", "md": report_dir / "report.md", "html": report_dir / "index.html"}
-    write_json(paths["json"], data)
-    with atomic_path(paths["md"]) as tmp:
-        tmp.write_text(markdown(data))
-    with atomic_path(paths["html"]) as tmp:
-        tmp.write_text(html(data, report_dir, plots))
-    return paths
-
-
-# ------------------------------------------------------------------ renderers
-
-def markdown(data: dict[str, Any]) -> str:
-    socs = _soc_names(data)
-    lines = ["# NPU build report", "", f"Generated {data['generated']}. " + summary_line(data), "",
-             "| graph | " + " | ".join(socs) + " |", "|---|" + "---|" * len(socs)]
-    for variant in data["variants"]:
-        cells = [_cell(data, variant["name"], soc) for soc in socs]
-        lines.append(f"| {variant['model']}/{variant['name']} ({variant['precision']}) | " + " | ".join(cells) + " |")
-    if data["precision_comparison"]:
-        lines += ["", "## fp16 vs w8a16", "", "| graph | chip | precision | status | .bin size | simulator time | min cosine |",
-                  "|---|---|---|---|---|---|---|"]
-        for r in data["precision_comparison"]:
-            lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {_size(r['bin_size'])} | "
-                         f"{_num(r['sim_median_s'])} s | {_num(r['min_cosine'], 6)} |")
-    lines += device_markdown(data)
-    problems = [t for t in data["targets"] if t["status"] in ("failed", "skipped")]
-    if problems:
-        lines += ["", "## Failed and skipped", ""]
-        lines += [f"- **{t['name']}** ({t['status']}): {t['reason']}" for t in problems]
-    return "\n".join(lines) + "\n"
-
-
-def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -> str:
-    import jinja2
-
-    env = jinja2.Environment(loader=jinja2.PackageLoader("qnn_tasks", "templates"),
-                             autoescape=jinja2.select_autoescape(["html", "j2"]))
-    env.filters["rel"] = lambda p: os.path.relpath(p, report_dir) if p else ""
-    env.filters["num"] = _num
-    env.filters["size"] = _size
-    env.filters["duration"] = _duration
-    env.filters["limits"] = _limits
-    return env.get_template("report.html.j2").render(
-        data=data, socs=_soc_names(data), cell=lambda g, s: _target(data, g, s), plots=plots,
-        breaks=_breaks, worst_nodes=_worst_nodes,
-        summary=summary_line(data))
+def gate_problems(data: dict[str, Any]) -> list[str]:
+    """What fails the report task itself: stale targets, and upgrade regressions of a gating toolchain."""
+    problems = []
+    stale = [t["name"] for t in data["targets"] if t["status"] == "stale"]
+    if stale:
+        problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "
+                        f"{', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}); run doit to rebuild them")
+    for block in data.get("comparison") or []:
+        if block.get("gate") and block.get("regressions"):
+            names = ", ".join(r["target"] for r in block["regressions"][:5])
+            problems.append(f"upgrade gate: {len(block['regressions'])} regression(s) from {block['baseline']} to "
+                            f"{block['candidate']}: {names} (see the report's upgrade section)")
+    return problems
 
 
 # ------------------------------------------------------------------ device results (doit verify / doit power)
-
-DEVICE_STAGES = ("verify", "power")
-DEVICE_STAMP = Path("build") / "verify" / "records.stamp"  # rewritten by stages/verify.py with every device record
-
 
 def device_record_paths(ct: ChipTarget) -> dict[str, Path]:
     return {stage: ct.stage_dir(stage) / f"{stage}.json" for stage in DEVICE_STAGES}
@@ -180,179 +192,37 @@ def device_results(ct: ChipTarget) -> dict[str, Any] | None:
     They are reported beside the build, never folded into the target's status: a phone that was not
     attached today says nothing about the binary.
     """
-    records = {stage: _read(path) for stage, path in device_record_paths(ct).items()}
-    return records if any(records.values()) else None
-
-
-def device_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """One row per (target, phone) with the numbers a person compares across phones."""
-    rows = []
-    for t in data["targets"]:
-        record = (t.get("device") or {}).get("verify")
-        for d in (record or {}).get("devices", []):
-            timing, cpu, rtf = d.get("timing") or {}, d.get("cpu") or {}, d.get("rtf") or {}
-            cosines = [m.get("cosine") for m in (d.get("metrics") or {}).values()]
-            rows.append({"target": t["name"], "status": d.get("status"), "serial": d.get("serial"),
-                         "model": d.get("model"), "android": d.get("android"), "chip": d.get("soc_model"),
-                         "min_cosine": min((c for c in cosines if c is not None), default=None),
-                         "median_s": timing.get("per_inference_median_s"), "p90_s": timing.get("per_inference_p90_s"),
-                         "first_s": timing.get("first_output_median_s"), "rtf": rtf.get("value"),
-                         "cpu_cores": cpu.get("cores"), "measured_at": record.get("measured_at"),
-                         "error": d.get("error")})
-    return rows
-
-
-def device_markdown(data: dict[str, Any]) -> list[str]:
-    rows = device_rows(data)
-    if not rows:
-        return []
-    lines = ["", "## On phones (device results, `doit verify`)", "",
-             "| target | phone | Android | chip | status | min cosine | per inference (median / p90) | first output | RTF | CPU cores |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
-    for r in rows:
-        lines.append(f"| {r['target']} | {r['model']} ({r['serial']}) | {r['android']} | {r['chip']} | {r['status']} | "
-                     f"{_num(r['min_cosine'], 6)} | {_duration(r['median_s'])} / {_duration(r['p90_s'])} | "
-                     f"{_duration(r['first_s'])} | {_num(r['rtf'])} | {_num(r['cpu_cores'], 3)} |")
-    return lines
-
-
-# ------------------------------------------------------------------ plots
-
-def _plot(plot_dir: Path, target: dict[str, Any]) -> str | None:
-    """CPU vs NPU per output: a line over samples for scalar outputs, an error histogram otherwise."""
-    sim = target["stages"].get("simverify") or {}
-    outputs_file, reference_file = sim.get("outputs_file"), sim.get("reference_file")
-    if not outputs_file or not reference_file or not Path(outputs_file).is_file() or not Path(reference_file).is_file():
-        return None
-    png = plot_dir / f"{target['name']}.png"
-    if png.is_file() and png.stat().st_mtime >= Path(outputs_file).stat().st_mtime:
-        return str(png)  # plots are cached: redrawn only when the outputs change
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-
-    with np.load(outputs_file) as npu_file, np.load(reference_file) as cpu_file:
-        names = list(npu_file.files)
-        npu = {n: npu_file[n] for n in names}
-        cpu = {n: cpu_file[n][: len(npu[n])] for n in names}
-    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 3.2), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        if npu[name][0].size == 1:
-            ax.plot(cpu[name].reshape(-1), label="CPU", linewidth=1.6)
-            ax.plot(npu[name].reshape(-1), label=f"NPU ({target['soc']['name']})", linewidth=1, linestyle="--")
-            ax.set_xlabel("sample (in order)")
-            ax.set_ylabel(name)
-            ax.legend(loc="best", fontsize=8)
-        else:
-            err = np.abs(npu[name].astype(np.float64) - cpu[name]).reshape(-1)
-            ax.hist(err, bins=60, log=True, color="#4477aa")
-            ax.set_xlabel(f"|NPU - CPU| of '{name}'")
-            ax.set_ylabel("count (log)")
-        ax.set_title(f"{target['name']}: {name}", fontsize=9)
-    fig.tight_layout()
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
-    plt.close(fig)
-    return str(png)
+    found = {stage: records.read(path) for stage, path in device_record_paths(ct).items()}
+    return found if any(found.values()) else None
 
 
 # ------------------------------------------------------------------ helpers
 
-def _read(path: Path) -> dict[str, Any] | None:
-    try:
-        return read_json(path)
-    except (FileNotFoundError, ValueError):
-        return None
-
-
-def _combine(records) -> str:
-    """A target's status from its records: failed > pending > warning > passed."""
-    statuses = [r.get("status") if r else "pending" for r in records]
-    for status in ("failed", "pending", "warning"):
+def combine(stage_records) -> str:
+    """A status from records: failed > stale > pending > warning > passed."""
+    statuses = [r.get("status") if r else "pending" for r in stage_records]
+    for status in ("failed", "stale", "pending", "warning"):
         if status in statuses:
             return status
     return "passed"
 
 
-def _first_error(records) -> str | None:
-    return next((r.get("error") for r in records if r and r.get("status") == "failed"), None)
-
-
-def _soc_names(data: dict[str, Any]) -> list[str]:
-    names: list[str] = []
-    for t in data["targets"]:
-        if t["soc"]["name"] not in names:
-            names.append(t["soc"]["name"])
-    return names
-
-
-def _target(data: dict[str, Any], variant: str, soc: str) -> dict[str, Any] | None:
-    return next((t for t in data["targets"] if t["variant"] == variant and t["soc"]["name"] == soc), None)
-
-
-def _cell(data: dict[str, Any], variant: str, soc: str) -> str:
-    target = _target(data, variant, soc)
-    return target["status"] if target else ""
+def _first_error(stage_records) -> str | None:
+    return next((r.get("error") for r in stage_records if r and r.get("status") in ("failed", "stale")), None)
 
 
 def summary_line(data: dict[str, Any]) -> str:
     s = data["summary"]
-    return (f"{s['targets']} targets: {s['passed']} passed, {s['warning']} with warnings, {s['failed']} failed, "
-            f"{s['skipped']} skipped, {s['pending']} not built yet.")
+    line = (f"{s['targets']} targets: {s['passed']} passed, {s['warning']} with warnings, {s['failed']} failed, "
+            f"{s['skipped']} skipped, {s['pending']} not built yet")
+    if s.get("stale"):
+        line += f", {s['stale']} STALE"
+    if s.get("from_cache"):
+        line += f"; {s['from_cache']} restored from the cache"
+    return line + "."
 
 
-def _num(value: Any, digits: int = 4) -> str:
-    if value is None:
-        return "-"
-    if isinstance(value, float):
-        return f"{value:.{digits}g}"
-    return str(value)
+def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
+    from .report_render import write as render
 
-
-def _breaks(metrics: dict[str, Any], threshold: str) -> str:
-    """'failed' when this metric breaks its threshold (the cell is shown red), else ''."""
-    from .metrics import METRIC_OF
-    from .spec import THRESHOLD_KEYS
-
-    limit = (metrics.get("thresholds") or {}).get(threshold)
-    value = metrics.get(METRIC_OF[threshold])
-    if limit is None:
-        return ""
-    if value is None:  # non-finite (written as null): NaN breaks, an infinite SNR does not
-        return "" if threshold == "min_snr_db" and not metrics.get("non_finite") else "failed"
-    ok = value <= limit if THRESHOLD_KEYS[threshold] == "max" else value >= limit
-    return "" if ok else "failed"
-
-
-def _worst_nodes(diagnosis: dict[str, Any], count: int = 12) -> list[dict[str, Any]]:
-    """The nodes with the largest error, in graph order (the diagnosis table)."""
-    nodes = [n for n in diagnosis.get("nodes") or []]
-    worst = sorted(nodes, key=lambda n: -(n["rel_max_abs"] if n.get("rel_max_abs") is not None else float("inf")))[:count]
-    return sorted(worst, key=lambda n: n["index"])
-
-
-def _duration(seconds: Any) -> str:
-    if not isinstance(seconds, (int, float)):
-        return "-"
-    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.1f} ms"
-
-
-_LIMIT_WORDS = {"max_abs": "max-abs ≤ {}", "mean_abs": "mean-abs ≤ {}", "min_cosine": "cosine ≥ {}",
-                "min_snr_db": "SNR ≥ {} dB"}
-
-
-def _limits(thresholds: dict[str, Any]) -> str:
-    return ", ".join(_LIMIT_WORDS.get(k, k + " {}").format(f"{v:g}") for k, v in (thresholds or {}).items())
-
-
-def _size(value: Any) -> str:
-    if not isinstance(value, (int, float)):
-        return "-"
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024 or unit == "GB":
-            return f"{value:.1f} {unit}" if unit != "B" else f"{value} B"
-        value /= 1024
-    return str(value)
+    return render(report_dir, data)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,7 +42,7 @@ def _yaml_loader():
 PRECISIONS = ("fp16", "w8a16")  # w8a16: 8-bit weights, 16-bit activations, quantized in QNN
 MIN_CALIBRATION_SAMPLES = 8
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
-SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "fp16", "note"}
+SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "fp16", "note", "alias_of"}
 MODEL_KEYS = {"licence", "description", "source", "graphs"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
@@ -51,7 +52,11 @@ SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
 # threshold name -> whether a metric must stay at most ("max") or at least ("min") that value
 THRESHOLD_KEYS = {"max_abs": "max", "mean_abs": "max", "min_cosine": "min", "min_snr_db": "min"}
+THRESHOLD_RANGES = {"max_abs": (0.0, None), "mean_abs": (0.0, None), "min_cosine": (-1.0, 1.0),
+                    "min_snr_db": (-200.0, 400.0)}
 LINT_KEYS = {"allow", "max_fp16_params"}
+PROFILE_KEYS = {"kind", "options", "settings", "packages", "cache", "upgrade"}
+UPGRADE_DEFAULTS = {"gate": False, "cosine_margin": 1.0e-4, "size_growth": 0.05}
 
 
 @dataclass(frozen=True)
@@ -148,6 +153,9 @@ class ToolchainProfile:
     kind: str
     options: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
+    packages: tuple[str, ...] = ()  # a pinned environment of its own (envs.py); empty: this interpreter
+    cache: str | None = None        # shared artifact cache (folder or fsspec URL); $QNN_CACHE wins
+    upgrade: dict[str, Any] = field(default_factory=dict)  # comparison with the run's first toolchain
 
 
 @dataclass(frozen=True)
@@ -155,7 +163,8 @@ class Project:
     root: Path
     socs: dict[str, Soc]
     models: tuple[ModelSpec, ...]
-    toolchain: ToolchainProfile
+    toolchain: ToolchainProfile                 # the first (primary) toolchain of this run
+    toolchains: tuple[ToolchainProfile, ...] = ()  # every toolchain of this run, primary first
 
     def graphs(self) -> list[GraphSpec]:
         return [g for m in self.models for g in m.graphs]
@@ -182,17 +191,33 @@ def load_socs(path: Path) -> dict[str, Soc]:
     data = _mapping(load_yaml(path), path, "")
     table = _mapping(data.get("socs"), path, "socs")
     _check_keys(data, {"socs"}, path, "")
-    socs = {}
+    socs: dict[str, Soc] = {}
+    chips: dict[tuple[int, str], str] = {}  # (soc_id, dsp_arch) -> first row naming it
     for name, row in table.items():
         key = f"socs.{name}"
         row = _mapping(row, path, key)
         _check_keys(row, SOC_KEYS, path, key)
         _require(row, ("soc_id", "dsp_arch", "vtcm_mb", "fp16"), path, key)
-        socs[str(name)] = Soc(name=str(name), soc_id=_int(row["soc_id"], path, f"{key}.soc_id"),
-                              dsp_arch=str(row["dsp_arch"]), vtcm_mb=_int(row["vtcm_mb"], path, f"{key}.vtcm_mb"),
-                              fp16=_bool(row["fp16"], path, f"{key}.fp16"), note=str(row.get("note", "")))
-        if not socs[str(name)].dsp_arch.startswith("v"):
+        soc = Soc(name=str(name), soc_id=_int(row["soc_id"], path, f"{key}.soc_id", 1, 1023),
+                  dsp_arch=str(row["dsp_arch"]), vtcm_mb=_int(row["vtcm_mb"], path, f"{key}.vtcm_mb", 1, 64),
+                  fp16=_bool(row["fp16"], path, f"{key}.fp16"), note=str(row.get("note", "")))
+        if not re.fullmatch(r"v\d+", soc.dsp_arch):
             raise SpecError(path, f"{key}.dsp_arch", f"'{row['dsp_arch']}' is not a Hexagon arch", "write e.g. v75")
+        alias = row.get("alias_of")
+        same = chips.get((soc.soc_id, soc.dsp_arch))
+        if alias is not None:
+            if alias not in socs:
+                raise SpecError(path, f"{key}.alias_of", f"'{alias}' is not a row above this one",
+                                "name the row this chip shares soc_id and dsp_arch with")
+            if (socs[alias].soc_id, socs[alias].dsp_arch) != (soc.soc_id, soc.dsp_arch):
+                raise SpecError(path, f"{key}.alias_of", f"{alias} has soc_id {socs[alias].soc_id}/{socs[alias].dsp_arch}, "
+                                f"this row {soc.soc_id}/{soc.dsp_arch}", "an alias repeats its row's soc_id and dsp_arch")
+        elif same is not None:
+            raise SpecError(path, f"{key}.soc_id", f"soc_id {soc.soc_id} with {soc.dsp_arch} is already row {same}: "
+                            "the same binary would be built twice under two names",
+                            f"fix the soc_id, or add alias_of: {same} if both names are really one chip")
+        chips.setdefault((soc.soc_id, soc.dsp_arch), soc.name)
+        socs[soc.name] = soc
     return socs
 
 
@@ -245,8 +270,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
     simplify = _section(data, "simplify", SIMPLIFY_KEYS, path, key)
     cpucheck = _section(data, "cpucheck", TOLERANCE_KEYS, path, key)
     for metric, limit in cpucheck.items():
-        if not isinstance(limit, (int, float)) or isinstance(limit, bool):
-            raise SpecError(path, f"{key}.cpucheck.{metric}", f"expected a number, got {limit!r}")
+        _number(limit, path, f"{key}.cpucheck.{metric}", *THRESHOLD_RANGES[metric])
     lint = _section(data, "lint", LINT_KEYS, path, key)
     _check_lint(lint, path, f"{key}.lint")
     outputs = _tensors(data["outputs"], path, f"{key}.outputs", need_dtype=False)
@@ -295,11 +319,31 @@ def load_toolchain(root: Path, name: str) -> ToolchainProfile:
         known = sorted(p.stem for p in (root / "toolchain").glob("*.yaml"))
         raise SpecError(path, "", f"no toolchain profile '{name}'", f"use one of: {', '.join(known) or 'none found'}")
     data = _mapping(load_yaml(path), path, "")
-    _check_keys(data, {"kind", "options", "settings"}, path, "")
+    _check_keys(data, PROFILE_KEYS, path, "")
     _require(data, ("kind",), path, "")
+    packages = data.get("packages") or []
+    if not isinstance(packages, list) or not all(isinstance(p, str) and "==" in p for p in packages):
+        raise SpecError(path, "packages", f"must be a list of pinned requirements, got {packages!r}",
+                        "e.g. packages: [onnxruntime-qnn==2.3.0, onnxruntime==1.24.4]")
+    cache = data.get("cache")
+    if cache is not None and not isinstance(cache, str):
+        raise SpecError(path, "cache", f"must be a folder or an fsspec URL, got {cache!r}", "e.g. cache: s3://team/qnn-cache")
     return ToolchainProfile(name=name, file=path, kind=str(data["kind"]),
                             options=_mapping(data.get("options", {}), path, "options"),
-                            settings=_mapping(data.get("settings", {}), path, "settings"))
+                            settings=_mapping(data.get("settings", {}), path, "settings"),
+                            packages=tuple(packages), cache=cache,
+                            upgrade=_upgrade_section(data.get("upgrade"), path))
+
+
+def _upgrade_section(data: Any, path: Path) -> dict[str, Any]:
+    """How this toolchain is compared with the run's first one (the upgrade diff) and whether it gates."""
+    section = _mapping(data, path, "upgrade")
+    _check_keys(section, set(UPGRADE_DEFAULTS), path, "upgrade")
+    merged = {**UPGRADE_DEFAULTS, **section}
+    _bool(merged["gate"], path, "upgrade.gate")
+    _number(merged["cosine_margin"], path, "upgrade.cosine_margin", 0.0, 1.0)
+    _number(merged["size_growth"], path, "upgrade.size_growth", 0.0, None)
+    return merged
 
 
 def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
@@ -322,6 +366,10 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
 
 
 def _load_project(root: Path, toolchain: str) -> Project:
+    names = [n.strip() for n in toolchain.split(",") if n.strip()]
+    if not names or len(set(names)) != len(names):
+        raise SpecError("$QNN_TOOLCHAIN", "", f"'{toolchain}' names no toolchain or one twice",
+                        "e.g. QNN_TOOLCHAIN=ort-qnn or QNN_TOOLCHAIN=ort-qnn,ort-qnn-2.47")
     socs = load_socs(root / "socs" / "socs.yaml")
     model_dirs = sorted(p.parent for p in (root / "models").glob("*/model.yaml"))
     models = tuple(load_model(d, socs) for d in model_dirs)
@@ -333,7 +381,8 @@ def _load_project(root: Path, toolchain: str) -> Project:
                                 f"graph name also used in {seen[graph.name]}; task names would clash",
                                 "rename one graph (graph names are unique in a project)")
             seen[graph.name] = model.file
-    return Project(root=root, socs=socs, models=models, toolchain=load_toolchain(root, toolchain))
+    profiles = tuple(load_toolchain(root, name) for name in names)
+    return Project(root=root, socs=socs, models=models, toolchain=profiles[0], toolchains=profiles)
 
 
 # Defaults per precision: fp16 activations are near-lossless on HTP.
@@ -343,6 +392,9 @@ DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
 VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
 CALIBRATION_KEYS = {"samples", "function", "per_channel"}
 CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"}}
+# option -> (type, lowest, highest): shares are in [0, 1]
+CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0.0, 1.0)},
+                "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)}}
 
 
 LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
@@ -355,9 +407,8 @@ def _check_lint(lint: dict, path: Path, key: str) -> None:
         raise SpecError(path, f"{key}.allow", f"must be a list of lint rules, got {allow!r}",
                         f"use rules from: {', '.join(LINT_RULES)}")
     limit = lint.get("max_fp16_params")
-    if limit is not None and (not isinstance(limit, (int, float)) or isinstance(limit, bool) or limit <= 0):
-        raise SpecError(path, f"{key}.max_fp16_params", f"expected a positive number, got {limit!r}",
-                        "e.g. max_fp16_params: 1.0e9")
+    if limit is not None:
+        _number(limit, path, f"{key}.max_fp16_params", 1.0, None)
 
 
 def _calibration(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:
@@ -402,6 +453,7 @@ def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, k
             if metric not in THRESHOLD_KEYS:
                 raise SpecError(where, f"{key}.{name}.{metric}", "unknown threshold",
                                 f"use one of: {', '.join(THRESHOLD_KEYS)}")
+            _number(limits[metric], where, f"{key}.{name}.{metric}", *THRESHOLD_RANGES[metric])
     for name in per_output:
         if name not in outputs:
             raise SpecError(where, f"{key}.per_output.{name}", "not an output of the graph", f"use one of: {', '.join(outputs)}")
@@ -417,10 +469,14 @@ def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, k
         if unknown or options.get("output") not in outputs:
             raise SpecError(where, f"{key}.checks[{i}].{kind}", f"needs output: one of {sorted(outputs)}"
                             + (f"; unknown keys {sorted(unknown)}" if unknown else ""), "fix the check's options")
+        for option, (kind_of, low, high) in CHECK_RANGES.get(kind, {}).items():
+            if option in options:
+                check_key = f"{key}.checks[{i}].{kind}.{option}"
+                (_int if kind_of is int else _number)(options[option], where, check_key, low, high)
         checks.append({"kind": kind, **options})
     samples = verify.get("samples")
-    if samples is not None and (not isinstance(samples, int) or samples < 1):
-        raise SpecError(where, f"{key}.samples", f"must be a positive integer, got {samples!r}")
+    if samples is not None:
+        _int(samples, where, f"{key}.samples", 1, None)
     return {"samples": samples, "thresholds": thresholds, "per_output": per_output, "checks": checks}
 
 
@@ -468,13 +524,34 @@ def _require(data: dict, required: tuple[str, ...], path: Path, key: str) -> Non
             raise SpecError(path, where, "required key is missing", "add it (see README: file formats)")
 
 
-def _int(value: Any, path: Path, key: str) -> int:
+def _int(value: Any, path: Path, key: str, low: int | None = None, high: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise SpecError(path, key, f"expected an integer, got '{value}'")
+        raise SpecError(path, key, f"expected an integer, got '{value}'", f"write a whole number{_span(low, high, ' ')}")
+    _in_range(value, path, key, low, high)
     return value
+
+
+def _number(value: Any, path: Path, key: str, low: float | None = None, high: float | None = None) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
+        raise SpecError(path, key, f"expected a number, got {value!r}", f"write a number{_span(low, high, ' ')}")
+    _in_range(value, path, key, low, high)
+    return float(value)
+
+
+def _in_range(value: float, path: Path, key: str, low: float | None, high: float | None) -> None:
+    if (low is not None and value < low) or (high is not None and value > high):
+        raise SpecError(path, key, f"{value!r} is out of range", f"use a value{_span(low, high, ' ')}")
+
+
+def _span(low: float | None, high: float | None, lead: str = "") -> str:
+    if low is not None and high is not None:
+        return f"{lead}between {low:g} and {high:g}"
+    if low is not None:
+        return f"{lead}of at least {low:g}"
+    return f"{lead}of at most {high:g}" if high is not None else ""
 
 
 def _bool(value: Any, path: Path, key: str) -> bool:
     if not isinstance(value, bool):
-        raise SpecError(path, key, f"expected true or false, got '{value}'")
+        raise SpecError(path, key, f"expected true or false, got '{value}'", "write true or false")
     return value

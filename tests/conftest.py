@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The suite's own copy of the example project (specs, toolchain profiles, model code): tests never read
+# the working tree's models/ or socs/, so a user editing them cannot break pytest.
+EXAMPLES = Path(__file__).resolve().parent / "examples"
 PROJECT_FILES = ("dodo.py", "socs", "toolchain", "models")
 GRAPH_STAGES = ["export", "simplify", "lint", "cpucheck"]
 
@@ -73,7 +76,7 @@ class Project:
         path.write_text(text.replace(old, new, 1))
 
 
-def copy_project(dest: Path, source: Path = ROOT, with_build: bool = False) -> Project:
+def copy_project(dest: Path, source: Path = EXAMPLES, with_build: bool = False) -> Project:
     """Copy specs + models (and optionally the build tree and doit state) from `source` to `dest`."""
     dest.mkdir(parents=True, exist_ok=True)
     for name in PROJECT_FILES:

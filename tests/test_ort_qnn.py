@@ -32,7 +32,7 @@ from doit.doit_cmd import DoitMain
 
 import qnn_tasks.tasks
 import qnn_tasks.toolchains.ort_qnn as ort_qnn
-from conftest import GRAPH_STAGES, ROOT, DoitResult, Project, copy_project, only_fp16
+from conftest import EXAMPLES, GRAPH_STAGES, DoitResult, Project, copy_project, only_fp16
 from qnn_tasks import toolchains
 from qnn_tasks.spec import load_socs, load_toolchain
 
@@ -107,7 +107,7 @@ def compiled(built_graphs, tmp_path_factory) -> Project:
 def test_toolchain_id_carries_the_installed_versions():
     assert VERSIONS["onnxruntime-qnn"] and VERSIONS["onnxruntime"], VERSIONS
     assert VERSIONS["qnn"].startswith("2.51"), VERSIONS  # the wheel bundles QNN 2.51
-    toolchain = toolchains.from_profile(load_toolchain(ROOT, "ort-qnn"))
+    toolchain = toolchains.from_profile(load_toolchain(EXAMPLES, "ort-qnn"))
     assert toolchain.id() == TOOLCHAIN_ID
     assert toolchain.fingerprint() == {"kind": "ort-qnn", **VERSIONS,
                                        "options": {"htp_graph_finalization_optimization_mode": "3"}}

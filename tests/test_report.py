@@ -28,7 +28,7 @@ CHROMIUM = Path("/usr/bin/chromium")
 STATUSES = ["passed", "warning", "failed", "skipped", "pending"]
 RECORD_STATUSES = ["passed", "warning", "failed", "skipped"]  # what a stage writes ("pending" = no record)
 GRAPH_STAGES = ["export", "simplify", "lint", "cpucheck"]
-CHIP_STAGES = ["config", "context", "simverify"]
+CHIP_STAGES = ["config", "context", "simulate", "simverify"]
 PNG = b"\x89PNG\r\n\x1a\n"
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .. import progress
 from ..errors import StageError
 from ..nativelog import native_output_to
 
@@ -29,14 +30,17 @@ def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str,
             session = ort.InferenceSession(str(ctx_onnx), session_options(provider_options, disable_cpu_fallback=not allow_cpu_fallback))
     except Exception as err:
         message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        raise StageError(f"{ctx_onnx}: failed to load on the HTP simulator: {message} (log: {log})") from None
+        hint = (" (the context binary beside it is damaged or not a QNN context: rebuild it with doit context)"
+                if "binary info" in message or "context cache" in message else "")
+        raise StageError(f"{ctx_onnx}: failed to load on the HTP simulator: {message}{hint} (log: {log})") from None
     names = [o.name for o in session.get_outputs()]
     signature = {o.name: list(o.shape) for o in session.get_outputs()}
     outputs, seconds = [], []
     with native_output_to(log):
-        for sample in inputs:
+        for i, sample in enumerate(inputs):
             start = time.perf_counter()
             values = session.run(None, sample)
             seconds.append(time.perf_counter() - start)
             outputs.append(dict(zip(names, values)))
+            progress.step(i + 1, len(inputs))
     return outputs, seconds, signature

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import fileio, metrics, samples as sample_store, verification
+from .. import fileio, metrics, records, samples as sample_store, verification
 from ..devices import simulator
 from ..spec import GraphSpec, Soc
 from . import cpucheck
@@ -31,7 +31,7 @@ CAVEAT = ("Exposing every intermediate tensor as an output can change how QNN fu
 
 def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplified: Path, provider_options_file: Path, inputs_file: Path,
         reference_file: Path, out_dir: Path, shipped_failed: bool | None = None,
-        threshold: float = DEFAULT_THRESHOLD, limit: int | None = None) -> dict[str, Any]:
+        threshold: float = DEFAULT_THRESHOLD, limit: int | None = None, binary: str | None = None) -> dict[str, Any]:
     """Diagnose `graph` on `soc`; `toolchain` compiles variants with the chip's provider options.
 
     `shipped_failed` is the shipped binary's simverify verdict when known: if it failed and the
@@ -53,7 +53,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     npu, _, _ = simulator.run(compiled, options, inputs, out_dir / "simulator.log", allow_cpu_fallback=True)
 
     nodes = rank_nodes(model, tensors, cpu, npu)
-    _, final_violations = verification.judge(graph, verify, reference, [
+    final, final_violations = verification.judge(graph, verify, reference, [
         {o.name: n[o.name] for o in graph.outputs} for n in npu])
     reproduced = bool(final_violations)
     method = "all-intermediates"
@@ -62,11 +62,16 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
         # The diagnostic graph compiled differently and hides the failure: cut the graph instead.
         method = "bisect"
         first = bisect(model, tensors, inputs, toolchain, options, out_dir, threshold) or first
+    if first and method != "bisect":
+        first = cancellation_source(model, nodes, first, cpu, threshold) or first
     detail = explain(model, first, cpu, npu, inputs) if first else None
     record = {"threshold_rel_max_abs": threshold, "jump_factor": JUMP, "samples": len(inputs), "method": method,
               "shipped_binary_failed": shipped_failed,
               "diagnostic_reproduces_failure": reproduced, "final_output_violations": final_violations,
-              "caveat": CAVEAT, "first_divergence": detail, "nodes": nodes}
+              "caveat": CAVEAT, "first_divergence": detail, "nodes": nodes,
+              "verdict": verdict(detail, nodes, threshold, final, verify),
+              "diagnosed": {"binary": binary, "binary_sha256": records.sha256(binary) if binary and Path(binary).is_file()
+                            else None, "inputs_sha256": records.sha256(inputs_file)}}
     plot = out_dir / "error_along_graph.png"
     plot_errors(nodes, threshold, first, plot, f"{graph.name} on {soc.name}")
     record["plot"] = str(plot)
@@ -74,6 +79,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     with fileio.atomic_path(md) as tmp:
         tmp.write_text(markdown(graph, soc, record))
     record["summary"] = str(md)
+    record["console"] = [record["verdict"]["text"], f"details: {md}"]
     return record
 
 
@@ -185,6 +191,67 @@ def bisect(model, tensors, inputs, toolchain, options: dict[str, str], out_dir: 
     return found
 
 
+# ------------------------------------------------------------------ verdicts
+
+CANCELLATION_RATIO = 1e-2  # a Sub whose output is this much smaller than its inputs cancels
+
+
+def cancellation_source(model, nodes: list[dict[str, Any]], first: dict[str, Any], cpu,
+                        threshold: float) -> dict[str, Any] | None:
+    """An upstream Sub of nearly equal values that already carries error, where the error was born.
+
+    Variance as E[x^2] - E[x]^2 cancels in fp16: the Sub's result is tiny next to its inputs and
+    mostly rounding noise, yet that shows as a jump only at a later Reciprocal or Div.
+    """
+    by_tensor = {n["tensor"]: n for n in nodes}
+    producers = {o: i for i, node in enumerate(model.graph.node) for o in node.output}
+    frontier, seen = [model.graph.node[first["index"]]], set()
+    for _ in range(4):  # a few hops up: Sub -> Add(eps) -> Sqrt -> Reciprocal
+        nxt = []
+        for node in frontier:
+            for name in node.input:
+                index = producers.get(name)
+                if index is None or index in seen:
+                    continue
+                seen.add(index)
+                upstream = model.graph.node[index]
+                row = by_tensor.get(upstream.output[0])
+                if upstream.op_type == "Sub" and row and row["rel_max_abs"] > threshold / JUMP \
+                        and _cancels(upstream, cpu):
+                    return {**row, "cancellation": True}
+                nxt.append(upstream)
+        frontier = nxt
+    return None
+
+
+def _cancels(node, cpu) -> bool:
+    a, b, out = (np.abs(np.stack([c[t] for c in cpu])) if t in cpu[0] else None for t in (*node.input[:2], node.output[0]))
+    if a is None or b is None or out is None:
+        return False
+    scale = np.maximum(a, b) if a.shape == b.shape else np.maximum(a.max(), b.max())
+    return float(np.median(out / np.maximum(scale, 1e-30))) < CANCELLATION_RATIO
+
+
+def verdict(first: dict[str, Any] | None, nodes: list[dict[str, Any]], threshold: float, final: dict[str, Any],
+            verify: dict[str, Any]) -> dict[str, Any]:
+    """What a person should conclude, in words that agree with the table and the plot."""
+    over = [n for n in nodes if n["rel_max_abs"] > threshold]
+    cosines = [m["cosine"] for m in final["metrics"].values() if m.get("cosine") is not None and np.isfinite(m["cosine"])]
+    if first:
+        hazard = "; ".join(f"{h['hazard']}: {h['fix']}" for h in first.get("hazards") or [])
+        return {"kind": "node", "text": f"first divergence at {first['op_type']} node '{first['node']}' (relative error "
+                f"{first['rel_max_abs']:.3g})" + (f" — {hazard}" if hazard else "")}
+    if over:
+        worst = min(cosines) if cosines else None
+        checks = ", ".join(c["kind"] for c in verify.get("checks") or []) or "a task-level check (agreement, ranking, top1, wer)"
+        suggestion = (f"; outputs reach cosine {worst:.4f}: gate on {checks} and set min_cosine to about "
+                      f"{np.floor(worst * 1000) / 1000 - 0.001:.3f}" if worst is not None else "")
+        return {"kind": "gradual", "text": f"{len(over)} of {len(nodes)} nodes are past the {threshold} threshold, but "
+                f"none creates its error (each stays within {JUMP:g}x of its inputs' error): the error accumulates "
+                f"gradually through the graph (typical of recurrent stacks), with no single node to blame{suggestion}"}
+    return {"kind": "clean", "text": f"no node's error passes {threshold} (relative); the NPU follows the CPU closely"}
+
+
 # ------------------------------------------------------------------ explanation
 
 def explain(model, first: dict[str, Any], cpu, npu, inputs) -> dict[str, Any]:
@@ -209,7 +276,8 @@ def explain(model, first: dict[str, Any], cpu, npu, inputs) -> dict[str, Any]:
     attributes = {a.name: _attr(helper.get_attribute_value(a)) for a in node.attribute}
     detail = {"node": first["node"], "op_type": node.op_type, "index": first["index"], "inputs": list(node.input),
               "outputs": list(node.output), "attributes": attributes, "tensor": tensor,
-              "rel_max_abs": first["rel_max_abs"], "cosine": first["cosine"]}
+              "rel_max_abs": first["rel_max_abs"], "cosine": first["cosine"],
+              "cancellation": bool(first.get("cancellation"))}
     if worst is not None:
         detail.update(worst_element={"sample": worst[0], "index": list(worst[1:])},
                       cpu_value=float(ref[worst]), npu_value=float(got[worst]), input_values=input_values)
@@ -220,6 +288,18 @@ def explain(model, first: dict[str, Any], cpu, npu, inputs) -> dict[str, Any]:
 def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -> list[dict[str, str]]:
     """Known fp16/HTP hazards that fit what was observed, each with its export-time fix."""
     found = []
+    cpu_value = detail.get("cpu_value")
+    if cpu_value is not None and abs(cpu_value) > FP16_MAX:
+        found.append({"hazard": "fp16 overflow",
+                      "why": f"the CPU value here is {cpu_value:.3g}, beyond fp16's range (65504): the NPU saturates "
+                             f"(got {detail.get('npu_value', float('nan')):.6g})",
+                      "fix": "scale the input down at export, move the scale before the square/product, or use w8a16 "
+                             "with a calibrated range"})
+    if detail.get("cancellation"):
+        found.append({"hazard": "cancellation in fp16",
+                      "why": "this subtraction of nearly equal values (e.g. variance as E[x^2] - E[x]^2) leaves mostly "
+                             "rounding noise in fp16; the error shows downstream (a Reciprocal, a Div)",
+                      "fix": "compute the centred form E[(x - E[x])^2] (rewrites: [centred-variance])"})
     values = [abs(v) for v in detail.get("input_values", {}).values() if isinstance(v, float)]
     tiny = any(0 < v < FP16_TINY for v in values)
     op = node.op_type
@@ -284,15 +364,19 @@ def plot_errors(nodes: list[dict[str, Any]], threshold: float, first: dict[str, 
     fig, ax = plt.subplots(figsize=(9, 3.2))
     xs = [n["index"] for n in nodes]
     ys = [max(n["rel_max_abs"], 1e-9) if np.isfinite(n["rel_max_abs"]) else 1e3 for n in nodes]
-    ax.semilogy(xs, ys, marker=".", linewidth=0.8)
-    ax.axhline(threshold, color="#aa3333", linestyle="--", linewidth=0.8, label=f"threshold {threshold}")
+    ax.semilogy(xs, ys, marker=".", linewidth=0.8, label="error at each node")
+    ax.axhline(threshold, color="#aa3333", linestyle="--", linewidth=0.8,
+               label=f"threshold {threshold} (a node is named only if it is also {JUMP:g}x its inputs' error)")
+    carried = [(x, y) for x, y, n in zip(xs, ys, nodes) if y > threshold and (not first or n["index"] != first["index"])]
+    if carried:
+        ax.scatter(*zip(*carried), s=12, color="#999999", zorder=3, label="past threshold, carried from its inputs")
     if first:
         ax.annotate(f"{first['op_type']} {first['node']}", (first["index"], max(first["rel_max_abs"], 1e-9)),
                     textcoords="offset points", xytext=(8, 8), fontsize=8, color="#aa3333")
     ax.set_xlabel("node index (graph order)")
     ax.set_ylabel("relative max-abs error")
     ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7)
     fig.tight_layout()
     with fileio.atomic_path(png) as tmp:
         fig.savefig(tmp, format="png", dpi=90)
@@ -303,8 +387,9 @@ def markdown(graph: GraphSpec, soc: Soc, record: dict[str, Any]) -> str:
     first = record["first_divergence"]
     lines = [f"# Where {graph.name} diverges on {soc.name}", ""]
     if not first:
-        lines.append(f"No node creates an error past {record['threshold_rel_max_abs']} (relative, and "
-                     f"{record['jump_factor']:g}x its inputs' error).")
+        lines.append(record["verdict"]["text"][0].upper() + record["verdict"]["text"][1:] + ".")
+        lines.append(f"(A node is named only when its relative error passes {record['threshold_rel_max_abs']} AND is "
+                     f"{record['jump_factor']:g}x its inputs' error: it creates the error rather than carrying it.)")
     else:
         lines += [f"First divergence: **{first['op_type']} node '{first['node']}'** (node #{first['index']}, "
                   f"tensor '{first['tensor']}'), relative max-abs {first['rel_max_abs']:.3g}, cosine {first['cosine']:.5f}.",

@@ -1,56 +1,33 @@
-"""simverify: run the compiled binary on the host HTP simulator and judge it against the CPU.
+"""simverify: judge the simulator's kept outputs against the CPU reference (metrics, thresholds, checks).
 
-Inputs and reference outputs come from the cpucheck stage (real inputs, CPU outputs of the
-same simplified graph). NPU outputs are kept beside the record for the report's plots.
+Inputs and reference outputs come from the cpucheck stage (real inputs, CPU outputs of the same
+simplified graph); the NPU outputs from the simulate stage. Judging is cheap: a threshold edit
+re-runs this stage only.
 """
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from .. import fileio, samples as sample_store, verification
-from ..devices import simulator
+from .. import records, samples as sample_store, verification
 from ..errors import StageError
-from ..spec import GraphSpec, Soc
+from ..spec import GraphSpec
 
 QUANTIZED_HINT = ("; 8-bit weights lose accuracy here: try calibration.per_channel: true, more and more varied "
                   "calibration samples, a finite mask constant (e.g. -1e4) at export, or keep this graph fp16")
-SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
 
 
-def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, ctx_onnx: Path, provider_options_file: Path, inputs_file: Path,
-        reference_file: Path, out_dir: Path, target: str, precision: str) -> dict[str, Any]:
-    inputs = sample_store.load(inputs_file, limit=verify["samples"])
-    reference = sample_store.load(reference_file, limit=verify["samples"])
-    options = fileio.read_json(provider_options_file)
-    outputs, seconds, signature = simulator.run(ctx_onnx, options, inputs, out_dir / "simulator.log")
-    check_signature(graph, signature, ctx_onnx)
-
+def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_file: Path, simulation: Path,
+        target: str, precision: str) -> dict[str, Any]:
+    sim = records.trusted(simulation, f"doit simulate:{target}")
+    outputs = sample_store.load(outputs_file)
+    reference = sample_store.load(reference_file, limit=len(outputs))
     result, violations = verification.judge(graph, verify, reference, outputs)
-    sample_store.save(out_dir / "outputs.npz", outputs)
-    record = {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"},
-              "samples": len(inputs), **result, "timing": timing(seconds), "outputs_file": str(out_dir / "outputs.npz"),
-              "reference_file": str(reference_file),
-              "log": str(out_dir / "simulator.log"), "violations": violations}
+    record = {"device": sim.get("device"), "samples": len(outputs), **result, "timing": sim.get("timing"),
+              "outputs_file": str(outputs_file), "reference_file": str(reference_file), "log": sim.get("log"),
+              "violations": violations}
     if violations:
         raise StageError(f"simverify of {target} failed: " + "; ".join(violations)
                          + (QUANTIZED_HINT if precision == "w8a16" else "")
                          + f" (to find the first diverging node: doit diagnose:{target})", record)
     return record
-
-
-def check_signature(graph: GraphSpec, signature: dict[str, list], ctx_onnx: Path) -> None:
-    """The compiled model must produce exactly the outputs model.yaml declares, with their shapes."""
-    declared = {t.name: list(t.shape) for t in graph.outputs}
-    if signature != declared:
-        raise StageError(f"{ctx_onnx}: outputs {signature} differ from model.yaml's {declared} "
-                         f"(rebuild the context, or fix graphs.{graph.name}.outputs)")
-
-
-def timing(seconds: list[float]) -> dict[str, Any]:
-    values = np.asarray(seconds)
-    return {"label": SIMULATOR_LABEL, "per_inference_median_s": float(np.median(values)),
-            "per_inference_p90_s": float(np.percentile(values, 90)), "runs": len(seconds),
-            "total_s": float(values.sum())}

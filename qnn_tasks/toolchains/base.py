@@ -48,6 +48,7 @@ class Toolchain(Protocol):
     """
 
     kind: str
+    code_modules: tuple[str, ...]  # modules (relative to qnn_tasks/) whose code is in the key of its stages
 
     def id(self) -> str:
         """Directory name for this toolchain's builds; carries its version (DESIGN rule 5)."""

@@ -44,11 +44,13 @@ FALLBACK_HINTS = {
 
 class OrtQnnToolchain:
     kind = "ort-qnn"
+    # the code of this toolchain: part of the key of every stage it runs (codeversion.py)
+    code_modules = ("toolchains/ort_qnn.py", "toolchains/ort_quantize.py", "toolchains/base.py", "qnnbin.py")
 
     def __init__(self, profile: ToolchainProfile) -> None:
         self.profile = profile
         self.options = self._validated_options(profile)
-        self.versions = installed_versions()
+        self.versions = installed_versions(profile)
 
     # ------------------------------------------------------------ identity
     def id(self) -> str:
@@ -161,8 +163,18 @@ def quantized_outputs(graph: GraphSpec, precision: str, out_dir: Path) -> list[P
     return [out_dir / f"{graph.name}_qdq.onnx"]
 
 
-def installed_versions() -> dict[str, str | None]:
-    """onnxruntime, onnxruntime-qnn and the QNN SDK it bundles: from metadata, nothing imported."""
+def installed_versions(profile: ToolchainProfile | None = None) -> dict[str, str | None]:
+    """onnxruntime, onnxruntime-qnn and the QNN SDK it bundles: from metadata, nothing imported.
+
+    For a profile with pinned `packages:`, from its own environment (created on first use).
+    """
+    if profile is not None and profile.packages:
+        from .. import envs
+
+        env = envs.ensure(profile)
+        versions = {package: env.version(package) for package in ("onnxruntime", "onnxruntime-qnn")}
+        versions["qnn"] = _bundled_qnn(env.site_packages / "onnxruntime_qnn") if versions["onnxruntime-qnn"] else None
+        return versions
     versions: dict[str, str | None] = {}
     for package in ("onnxruntime", "onnxruntime-qnn"):
         try:
@@ -172,10 +184,14 @@ def installed_versions() -> dict[str, str | None]:
     versions["qnn"] = None
     spec = importlib.util.find_spec("onnxruntime_qnn") if versions["onnxruntime-qnn"] else None
     if spec and spec.origin:
-        info = Path(spec.origin).with_name("build_and_package_info.py")
-        match = re.search(r"qnn_version\s*=\s*['\"]([^'\"]+)", info.read_text()) if info.is_file() else None
-        versions["qnn"] = match.group(1) if match else "unknown"
+        versions["qnn"] = _bundled_qnn(Path(spec.origin).parent)
     return versions
+
+
+def _bundled_qnn(package_dir: Path) -> str:
+    info = package_dir / "build_and_package_info.py"
+    match = re.search(r"qnn_version\s*=\s*['\"]([^'\"]+)", info.read_text()) if info.is_file() else None
+    return match.group(1) if match else "unknown"
 
 
 _REGISTERED = False

@@ -1,0 +1,380 @@
+"""The stage table: one row per stage, and what each stage needs for one target (a Plan).
+
+A row says the stage's name, scope (graph / variant / chip), doc, the modules whose code is in
+its key, and whether it is heavy (native work: a child process or a Dask worker runs it). Its
+plan function turns one target into files read, files written, a key and lazily built call
+arguments. tasks.py turns rows x targets into doit tasks; executors run the calls. Nothing here
+imports doit, onnx or numpy: planning happens on every `doit` invocation.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from . import codeversion, specjson, toolchains
+from .matrix import ChipTarget, GraphTarget, VariantTarget, chip_targets, graph_targets, variant_targets
+from .spec import GraphSpec, Project, ToolchainProfile
+
+
+@dataclass
+class Plan:
+    name: str                                  # doit subtask name
+    out_dir: str                               # the stage's own folder
+    file_dep: list[str]                        # files it reads
+    outputs: list[str]                         # files it writes (the record vouches for them)
+    key: str                                   # settings + code version (+ toolchain, SoC row), digested
+    doc: str
+    args: Callable[[], dict[str, Any]]         # call arguments, built when the task runs
+    base: Callable[[], dict[str, Any]]         # fields every record of this target starts with
+    binding: "Binding | None" = None           # the toolchain that runs it (toolchain stages)
+    task_dep: list[str] = field(default_factory=list)
+    skip: str | None = None                    # a visible skip (e.g. no fp16 on this chip)
+
+    @property
+    def record(self) -> str:
+        return f"{self.out_dir}/{self.out_dir.rsplit('/', 1)[-1]}.json"
+
+
+@dataclass(frozen=True)
+class StageDef:
+    name: str
+    scope: str                                 # "graph" | "variant" | "chip"
+    doc: str
+    code: tuple[str, ...]                      # modules (relative to qnn_tasks/) in the key
+    plan: Callable[["Planner", Any], Plan | None]
+    heavy: bool = True
+    remote: bool = False                       # may run on a Dask worker (reads only build files)
+    toolchain: bool = False                    # runs with (and is keyed by) a toolchain
+    on_demand: bool = False                    # created only when asked for (not in `doit`)
+
+
+@dataclass
+class Binding:
+    """One toolchain of this run: its profile, implementation, id, fingerprint and targets."""
+    profile: ToolchainProfile
+    toolchain: Any
+    id: str
+    fingerprint: dict[str, Any]
+    fingerprint_json: str
+    suffix: str                                # "" for the first toolchain, "@<profile>" for the others
+    variants: list[VariantTarget] = field(default_factory=list)
+    chips: list[ChipTarget] = field(default_factory=list)
+
+    def profile_dict(self, root: Path) -> dict[str, Any]:
+        return specjson.profile_to_dict(self.profile, root)
+
+
+class Planner:
+    """Everything planning needs for one run, with the pieces keys repeat serialised once."""
+
+    def __init__(self, project: Project) -> None:
+        self.project = project
+        self.root = project.root
+        self.graphs = graph_targets(project)
+        self.bindings: list[Binding] = []
+        for index, profile in enumerate(project.toolchains or (project.toolchain,)):
+            chain = toolchains.from_profile(profile)
+            fingerprint = chain.fingerprint()
+            binding = Binding(profile=profile, toolchain=chain, id=chain.id(), fingerprint=fingerprint,
+                              fingerprint_json=json.dumps(fingerprint, sort_keys=True),
+                              suffix="" if index == 0 else f"@{profile.name}")
+            binding.variants = variant_targets(project, binding.id, binding.suffix, self.graphs)
+            binding.chips = chip_targets(project, binding.id, binding.suffix, binding.variants)
+            self.bindings.append(binding)
+        self.variants = [vt for b in self.bindings for vt in b.variants]
+        self.chips = [ct for b in self.bindings for ct in b.chips]
+        self._by_suffix = {b.suffix: b for b in self.bindings}
+        self._json: dict[tuple, str] = {}
+        self._sources: dict[str, str] = {}
+
+    # ------------------------------------------------------------ shared pieces
+    def binding(self, target: VariantTarget | ChipTarget) -> Binding:
+        variant = target.variant if isinstance(target, ChipTarget) else target
+        return self._by_suffix[variant.suffix]
+
+    def cached_json(self, kind: str, name: str, make: Callable[[], Any]) -> str:
+        key = (kind, name)
+        if key not in self._json:
+            self._json[key] = json.dumps(make(), sort_keys=True)
+        return self._json[key]
+
+    def key(self, stage: StageDef, binding: Binding | None, *parts: str) -> str:
+        code = codeversion.digest(stage.code + (binding.toolchain.code_modules if binding and stage.toolchain else ()))
+        fingerprint = binding.fingerprint_json if binding and stage.toolchain else ""
+        return hashlib.md5("|".join((stage.name, code, fingerprint) + parts).encode()).hexdigest()
+
+    def graph_dict(self, graph: GraphSpec) -> dict[str, Any]:
+        return specjson.graph_to_dict(graph, self.root)
+
+    def model(self, graph: GraphSpec):
+        return next(m for m in self.project.models if m.name == graph.model)
+
+    def source(self, graph: GraphSpec) -> str | None:
+        model = self.model(graph)
+        path = model.source.resolve_file(model.dir)
+        return specjson.relative(path, self.root) if path else None
+
+    def source_key(self, graph: GraphSpec) -> dict[str, Any]:
+        model = self.model(graph)
+        return {"package": model.source.package, "version": model.source.package_version(), "file": model.source.file}
+
+    def code_deps(self, graph: GraphSpec) -> list[str]:
+        """The model's own code and its source file (relative paths keep a moved project up to date)."""
+        source = self.source(graph)
+        return [os.path.relpath(graph.model_code, self.root)] + ([source] if source else [])
+
+    def variant_chain(self, vt: VariantTarget) -> list[tuple[Any, str, list[str]]]:
+        """(stage, out_dir, outputs) of the toolchain's graph stages for this variant, in order."""
+        chain = []
+        for stage in self.binding(vt).toolchain.graph_stages(vt.precision):
+            out = vt.stage_dir(stage.name)
+            chain.append((stage, str(out), [str(p) for p in stage.outputs(vt.graph, vt.precision, out)]))
+        return chain
+
+    def compile_source(self, vt: VariantTarget) -> str:
+        """What `context` compiles: the last graph stage's primary output, else the simplified ONNX."""
+        if vt.name not in self._sources:
+            chain = self.variant_chain(vt)
+            self._sources[vt.name] = chain[-1][2][0] if chain else str(vt.graph_target.simplified)
+        return self._sources[vt.name]
+
+    def chip_key(self, stage: StageDef, ct: ChipTarget, **extra: Any) -> str:
+        soc = self.cached_json("soc", ct.soc.name, ct.soc.row)
+        settings = self.cached_json(f"extra:{stage.name}", ct.variant.name, lambda: extra)
+        return self.key(stage, self.binding(ct), soc, ct.precision, settings)
+
+    def chip_base(self, ct: ChipTarget) -> dict[str, Any]:
+        binding = self.binding(ct)
+        return {"graph": ct.graph.name, "model": ct.graph.model, "precision": ct.precision, "soc": ct.soc.row(),
+                "toolchain": {"id": ct.toolchain_id, "profile": binding.profile.name, **binding.fingerprint}}
+
+    def config_files(self, ct: ChipTarget) -> list[str]:
+        return [f"{ct.dir_str}/config/{f}" for f in self.binding(ct).toolchain.config_files(ct.graph)]
+
+    def context_files(self, ct: ChipTarget) -> list[str]:
+        return [f"{ct.dir_str}/context/{f}" for f in self.binding(ct).toolchain.context_files(ct.graph)]
+
+
+# ------------------------------------------------------------------ graph stages (once per graph)
+
+def _graph_plan(p: Planner, stage: StageDef, gt: GraphTarget, file_dep: list[str], outputs: list[Any],
+                key: dict[str, Any], args: Callable[[], dict[str, Any]], doc: str, base: dict[str, Any] | None = None,
+                task_dep: list[str] | None = None) -> Plan:
+    g = gt.graph
+    return Plan(name=gt.name, out_dir=str(gt.stage_dir(stage.name)), file_dep=file_dep,
+                outputs=[str(o) for o in outputs], key=p.key(stage, None, json.dumps(key, sort_keys=True)),
+                doc=doc, args=args, base=lambda: base or {"graph": g.name}, task_dep=task_dep or [])
+
+
+def plan_export(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+    g = gt.graph
+    source_key = p.source_key(g)
+    return _graph_plan(p, stage, gt, p.code_deps(g), [gt.exported],
+                       {"io": g.io(), "export": g.export, "options": g.options, "source": source_key},
+                       lambda: {"graph": p.graph_dict(g), "source": p.source(g), "out": str(gt.exported)},
+                       f"export {g.model}/{g.name} -> {gt.exported}",
+                       base={"graph": g.name, "model": g.model, "source": source_key})
+
+
+def plan_simplify(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+    g = gt.graph
+    return _graph_plan(p, stage, gt, [str(gt.exported)], [gt.simplified], {"io": g.io(), "simplify": g.simplify},
+                       lambda: {"graph": p.graph_dict(g), "exported": str(gt.exported), "out": str(gt.simplified)},
+                       f"onnxsim {gt.exported} -> {gt.simplified}")
+
+
+def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+    g = gt.graph
+    return _graph_plan(p, stage, gt, [str(gt.simplified)], [], {"lint": g.lint, "precision": g.precision},
+                       lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified)},
+                       f"lint {gt.simplified} -> {gt.lint_record}")
+
+
+def plan_cpucheck(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+    g = gt.graph
+    return _graph_plan(p, stage, gt, [str(gt.simplified)] + p.code_deps(g), [gt.inputs, gt.reference],
+                       {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": p.source_key(g)},
+                       lambda: {"graph": p.graph_dict(g), "source": p.source(g), "simplified": str(gt.simplified),
+                                "inputs": str(gt.inputs), "reference": str(gt.reference)},
+                       f"CPU check of {gt.simplified} against the original model")
+
+
+def plan_calibrate(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
+    g = gt.graph
+    if "w8a16" not in g.precisions:
+        return None
+    return _graph_plan(p, stage, gt, p.code_deps(g), [gt.calibration],
+                       {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": p.source_key(g)},
+                       lambda: {"graph": p.graph_dict(g), "source": p.source(g), "out": str(gt.calibration)},
+                       f"{g.calibration['samples']} real calibration samples for {g.name} "
+                       f"from export.py:{g.calibration['function']}()")
+
+
+# ------------------------------------------------------------------ toolchain graph stages (once per variant)
+
+def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan | None:
+    binding = p.binding(vt)
+    source = str(vt.graph_target.simplified)
+    for graph_stage, out, outputs in p.variant_chain(vt):
+        if graph_stage.name == stage.name:
+            g, gt = vt.graph, vt.graph_target
+            calibration = str(gt.calibration) if graph_stage.needs_calibration else None
+            key = {"precision": vt.precision, "io": g.io(), "calibration": g.calibration if calibration else None}
+            return Plan(name=vt.name, out_dir=out, file_dep=[source] + ([calibration] if calibration else []),
+                        outputs=outputs, key=p.key(stage, binding, json.dumps(key, sort_keys=True)),
+                        doc=f"{stage.name} {g.name} ({vt.precision}) with {vt.toolchain_id}",
+                        args=lambda g=g, vt=vt, source=source, calibration=calibration: {
+                            "graph": p.graph_dict(g), "precision": vt.precision, "source": source,
+                            "calibration": calibration},
+                        base=lambda g=g, vt=vt, binding=binding: {
+                            "graph": g.name, "precision": vt.precision,
+                            "toolchain": {"id": vt.toolchain_id, "profile": binding.profile.name, **binding.fingerprint}},
+                        binding=binding)
+        source = outputs[0]
+    return None
+
+
+# ------------------------------------------------------------------ chip stages (per variant x chip)
+
+def _chip_plan(p: Planner, stage: StageDef, ct: ChipTarget, file_dep: list[str], outputs: list[str], key: str,
+               args: Callable[[], dict[str, Any]], doc: str, task_dep: list[str] | None = None) -> Plan:
+    return Plan(name=ct.name, out_dir=f"{ct.dir_str}/{stage.name}", file_dep=file_dep, outputs=outputs, key=key,
+                doc=doc, args=args, base=lambda: p.chip_base(ct), binding=p.binding(ct), task_dep=task_dep or [],
+                skip=ct.skip_reason)
+
+
+def plan_config(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
+    return _chip_plan(p, stage, ct, [], p.config_files(ct), p.chip_key(stage, ct),
+                      lambda: {"graph": p.graph_dict(ct.graph), "precision": ct.precision,
+                               "soc": specjson.soc_to_dict(ct.soc)},
+                      f"{p.binding(ct).toolchain.kind} HTP settings for {ct.graph.name} on {ct.soc.name} "
+                      f"(soc_id {ct.soc.soc_id}, {ct.soc.dsp_arch})")
+
+
+def plan_context(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
+    source = p.compile_source(ct.variant)
+    return _chip_plan(p, stage, ct, [source] + p.config_files(ct), p.context_files(ct),
+                      p.chip_key(stage, ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
+                      lambda: {"graph": p.graph_dict(ct.graph), "soc": specjson.soc_to_dict(ct.soc), "source": source,
+                               "config_dir": f"{ct.dir_str}/config"},
+                      f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}",
+                      task_dep=[f"lint:{ct.graph.name}"])
+
+
+def plan_simulate(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
+    gt = ct.graph_target
+    ctx_files = p.context_files(ct)
+    config = p.config_files(ct)[0]
+    return _chip_plan(p, stage, ct, ctx_files + [config, str(gt.inputs)], [f"{ct.dir_str}/simulate/outputs.npz"],
+                      p.chip_key(stage, ct, samples=ct.verify["samples"]),
+                      lambda: {"graph": p.graph_dict(ct.graph), "ctx_onnx": ctx_files[0], "provider_options": config,
+                               "inputs": str(gt.inputs), "samples": ct.verify["samples"]},
+                      f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator; keep the outputs")
+
+
+def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
+    gt = ct.graph_target
+    outputs = f"{ct.dir_str}/simulate/outputs.npz"
+    simulation = f"{ct.dir_str}/simulate/simulate.json"
+    settings = p.cached_json("verify", ct.variant.name, lambda: ct.verify)
+    return _chip_plan(p, stage, ct, [outputs, str(gt.reference), simulation], [],
+                      p.key(stage, None, ct.precision, settings),
+                      lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
+                               "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision},
+                      f"judge {ct.graph.name} on {ct.soc.name}: simulator outputs vs CPU (metrics, thresholds, checks)")
+
+
+def plan_diagnose(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
+    if ct.skip_reason:
+        return None
+    gt = ct.graph_target
+    config = p.config_files(ct)[0]
+    source = p.compile_source(ct.variant)  # w8a16: the quantized (QDQ) model the binary was compiled from
+    model = source if source.endswith(".onnx") else str(gt.simplified)
+    binary = next((f for f in p.context_files(ct) if f.endswith(".bin")), None)
+    verdict = f"{ct.dir_str}/simverify/simverify.json"
+    inputs = [model, config, str(gt.inputs), str(gt.reference)] + ([binary] if binary else [])
+    return _chip_plan(p, stage, ct, inputs, [f"{ct.dir_str}/diagnose/diagnose.md"],
+                      p.chip_key(stage, ct, verify=ct.verify),
+                      lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "soc": specjson.soc_to_dict(ct.soc),
+                               "model": model, "provider_options": config, "inputs": str(gt.inputs),
+                               "reference": str(gt.reference), "shipped_failed": _failed(verdict), "binary": binary},
+                      f"find where {ct.graph.name} diverges on {ct.soc.name}: per-node CPU vs NPU error")
+
+
+def _failed(record: str) -> bool | None:
+    """A stage record's verdict: True if it failed, False if it passed, None if there is none."""
+    try:
+        return json.loads(Path(record).read_text()).get("status") == "failed"
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------ the table
+
+GRAPH_STAGES = (
+    StageDef("export", "graph", "Export each graph's NPU-ready ONNX (static shapes, int32 I/O, no If/int8) with the "
+             "model's export.py.", ("stages/export.py", "modelcode.py", "onnxinfo.py", "stages/lint.py"), plan_export),
+    StageDef("simplify", "graph", "Simplify each graph with onnxsim and confirm its I/O shapes are fixed.",
+             ("stages/simplify.py", "onnxinfo.py"), plan_simplify),
+    StageDef("lint", "graph", "Lint each graph for what troubles the NPU (dynamic dims, int64, control flow, fp16 "
+             "hazards, size).", ("stages/lint.py", "onnxinfo.py"), plan_lint, heavy=False),
+    StageDef("cpucheck", "graph", "Run each simplified graph on CPU against the original model on real inputs; keep "
+             "the reference.", ("stages/cpucheck.py", "modelcode.py", "samples.py", "metrics.py"), plan_cpucheck),
+    StageDef("calibrate", "graph", "Make each w8a16 graph's calibration set from real inputs (once per graph).",
+             ("stages/calibrate.py", "modelcode.py", "samples.py"), plan_calibrate),
+)
+CHIP_STAGES = (
+    StageDef("config", "chip", "Write each chip's HTP settings for each graph (toolchain options + SoC row).",
+             (), plan_config, heavy=False, toolchain=True),
+    StageDef("context", "chip", "Compile each graph to a QNN context binary per chip; check CPU fallback and the chip "
+             "it was built for.", (), plan_context, remote=True, toolchain=True),
+    StageDef("simulate", "chip", "Run each binary on the host HTP simulator and keep its outputs (judged by "
+             "simverify).", ("stages/simulate.py", "devices/simulator.py", "samples.py"), plan_simulate,
+             remote=True, toolchain=True),
+    StageDef("simverify", "chip", "Judge each binary's simulator outputs against the CPU reference (metrics, "
+             "thresholds, checks).", ("stages/simverify.py", "verification.py", "metrics.py", "samples.py"),
+             plan_simverify, heavy=False),
+)
+DIAGNOSE = StageDef("diagnose", "chip", "Find the first node where the NPU diverges from the CPU, and why (on demand, "
+                    "not in the default run).", ("stages/diagnose.py", "devices/simulator.py", "metrics.py",
+                                                 "verification.py", "stages/cpucheck.py"),
+                    plan_diagnose, remote=True, toolchain=True, on_demand=True)
+
+
+def variant_stage_defs(planner: Planner) -> list[StageDef]:
+    """Rows for the toolchains' per-variant stages (quantize; convert, modellib), each name once, in order."""
+    seen: dict[str, StageDef] = {}
+    for binding in planner.bindings:
+        for precision in sorted({p for gt in planner.graphs for p in gt.graph.precisions}):
+            for graph_stage in binding.toolchain.graph_stages(precision):
+                seen.setdefault(graph_stage.name, StageDef(graph_stage.name, "variant", graph_stage.doc + ".", (),
+                                                           plan_variant_stage, remote=True, toolchain=True))
+    return list(seen.values())
+
+
+def build_stage_defs(planner: Planner) -> list[StageDef]:
+    """Every stage of the default run, in build order."""
+    rows = list(GRAPH_STAGES)
+    if not any("w8a16" in gt.graph.precisions for gt in planner.graphs):
+        rows = [r for r in rows if r.name != "calibrate"]
+    return rows + variant_stage_defs(planner) + list(CHIP_STAGES)
+
+
+def targets_of(planner: Planner, stage: StageDef) -> list:
+    return {"graph": planner.graphs, "variant": planner.variants, "chip": planner.chips}[stage.scope]
+
+
+def all_outputs(planner: Planner) -> list[str]:
+    """Every file the default run's stages write (what the report vouches for when run alone)."""
+    found = []
+    for row in build_stage_defs(planner):
+        for target in targets_of(planner, row):
+            plan = row.plan(planner, row, target)
+            if plan is not None and not plan.skip:
+                found += plan.outputs
+    return found

@@ -1,0 +1,47 @@
+"""simulate: run the compiled binary on the host HTP simulator and keep its outputs.
+
+The outputs are judged by the next stage (simverify), so a change to thresholds or checks
+re-judges these kept outputs instead of simulating again. Only the binary, the inputs or the
+number of samples make this stage run again.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import fileio, samples as sample_store
+from ..devices import simulator
+from ..errors import StageError
+from ..spec import GraphSpec
+
+SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
+OUTPUTS_FILE = "outputs.npz"
+
+
+def run(graph: GraphSpec, ctx_onnx: Path, provider_options_file: Path, inputs_file: Path, limit: int | None,
+        out_dir: Path) -> dict[str, Any]:
+    inputs = sample_store.load(inputs_file, limit=limit)
+    options = fileio.read_json(provider_options_file)
+    log = out_dir / "simulator.log"
+    outputs, seconds, signature = simulator.run(ctx_onnx, options, inputs, log)
+    check_signature(graph, signature, ctx_onnx)
+    sample_store.save(out_dir / OUTPUTS_FILE, outputs)
+    return {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"}, "samples": len(inputs),
+            "timing": timing(seconds), "outputs_file": str(out_dir / OUTPUTS_FILE), "log": str(log)}
+
+
+def check_signature(graph: GraphSpec, signature: dict[str, list], ctx_onnx: Path) -> None:
+    """The compiled model must produce exactly the outputs model.yaml declares, with their shapes."""
+    declared = {t.name: list(t.shape) for t in graph.outputs}
+    if signature != declared:
+        raise StageError(f"{ctx_onnx}: outputs {signature} differ from model.yaml's {declared} "
+                         f"(rebuild the context, or fix graphs.{graph.name}.outputs)")
+
+
+def timing(seconds: list[float]) -> dict[str, Any]:
+    values = np.asarray(seconds)
+    return {"label": SIMULATOR_LABEL, "per_inference_median_s": float(np.median(values)),
+            "per_inference_p90_s": float(np.percentile(values, 90)), "runs": len(seconds),
+            "total_s": float(values.sum())}

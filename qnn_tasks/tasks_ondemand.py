@@ -1,0 +1,219 @@
+"""On-demand doit tasks (created only when asked for, so `doit` and no-op runs never build them):
+diagnose, socscheck, toolcheck, compat, cache:stats / cache:gc, and the phone stages verify / power.
+"""
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+from doit.exceptions import TaskFailed
+
+from .errors import QnnTasksError
+from .matrix import ChipTarget
+from .plans import DIAGNOSE
+
+DEVICES_RECORD = Path("build") / "verify" / "devices.json"
+
+
+def _stage(name: str):
+    """Stage modules import numpy/onnx: load them when a task runs, not when tasks are listed."""
+    return importlib.import_module(f"{__package__}.stages.{name}")
+
+
+def _device_action(stage: str, name: str, run: Callable[[], Any]) -> Callable[[], TaskFailed | None]:
+    """Device stages write their own records (partial ones too); here errors become one-line task failures."""
+    def action() -> TaskFailed | None:
+        try:
+            run()
+        except QnnTasksError as err:
+            return TaskFailed(f"{stage}:{name}: {err}")
+        return None
+    return action
+
+
+def _asked_by_name(stage: str, name: str) -> bool:
+    """`doit verify:<name>` (or a pattern matching it) on the command line, not just the `verify` group."""
+    return any(arg.startswith(f"{stage}:") and fnmatch.fnmatchcase(f"{stage}:{name}", arg) for arg in sys.argv[1:])
+
+
+class OnDemand:
+    def __init__(self, factory) -> None:
+        self.factory = factory
+        self.planner = factory.planner
+        self.project = factory.project
+
+    def rows(self) -> list[tuple[str, str, Callable[[], Any]]]:
+        return [
+            ("diagnose", DIAGNOSE.doc, self.diagnose_tasks),
+            ("socscheck", "Compile a tiny model for every SoC row and confirm the binary's socModel/arch (on demand).",
+             self.socscheck_tasks),
+            ("toolcheck", "Run each toolchain's dependency checks and say clearly what is missing (on demand).",
+             self.toolcheck_tasks),
+            ("compat", "Load every built binary on every configured runtime's simulator: which QNN runtimes load it, "
+                       "and do outputs still match (on demand).", self.compat_task),
+            ("cache", "The shared artifact cache: cache:stats, cache:gc --keep-days N (on demand).", self.cache_tasks),
+            ("verify", "Run each chip's binaries on the attached phones (adb) and compare with the CPU; latency, CPU use "
+                       "(on demand).", self.verify_tasks),
+            ("power", "Fixed-length run on an attached phone with battery level before/after (on demand, opt-in).",
+             self.power_tasks),
+        ]
+
+    # ---------------------------------------------------------- diagnose, socscheck, toolcheck
+    def diagnose_tasks(self) -> Iterator[dict]:
+        for ct in self.planner.chips:
+            plan = DIAGNOSE.plan(self.planner, DIAGNOSE, ct)
+            if plan is not None:
+                task = self.factory.task(DIAGNOSE, plan)
+                task["verbosity"] = 2
+                yield task
+
+    def socscheck_tasks(self) -> Iterator[dict]:
+        """One subtask per toolchain of the run (`socscheck` for the first)."""
+        rows = [soc.row() for soc in self.project.socs.values()]
+        for binding in self.planner.bindings:
+            name = binding.suffix.lstrip("@") or "table"
+            record = Path("build") / f"socscheck{binding.suffix.replace('@', '-')}.json"
+
+            def check(binding=binding, record=record) -> TaskFailed | None:
+                from .calls import StageCall
+                from .executors import for_call
+                from .fileio import write_json
+
+                call = StageCall(stage="socscheck", target=name, args={"socs": rows}, inputs=[], out_dir="build",
+                                 outputs=[], record=str(record), key="",
+                                 toolchain=binding.profile_dict(self.planner.root))
+                outcome = for_call(call, self.factory.root).run(call, None)
+                if not outcome["ok"]:
+                    return TaskFailed(f"socscheck: {outcome['error']}")
+                results = outcome["record"]["rows"]
+                write_json(record, {"toolchain": {"id": binding.id, **binding.fingerprint}, "rows": results})
+                bad = [r["soc"]["name"] + (f" ({r['error']})" if "error" in r else
+                                           f" (binary says socModel {r['recorded_soc_model']}, {r['recorded_arch']})")
+                       for r in results if not r["ok"]]
+                if bad:
+                    return TaskFailed(f"socscheck: socs/socs.yaml rows that don't match the binaries of {binding.id}: "
+                                      f"{'; '.join(bad)}")
+                print(f"socscheck: all {len(results)} rows match with {binding.id} ({record})")
+                return None
+
+            from .tasks import Fresh, _key
+
+            yield {"name": name, "actions": [check], "targets": [str(record)], "verbosity": 2, "clean": True,
+                   "uptodate": [Fresh(_key({"socs": rows, "toolchain": binding.fingerprint_json}), [str(record)])],
+                   "doc": f"compile a tiny model for every SoC row with {binding.id}; confirm socModel/arch"}
+
+    def toolcheck_tasks(self) -> Iterator[dict]:
+        for binding in self.planner.bindings:
+            name = binding.suffix.lstrip("@") or "toolchain"
+
+            def check(binding=binding) -> TaskFailed | None:
+                from .fileio import write_json
+
+                try:
+                    result = binding.toolchain.check()
+                except QnnTasksError as err:
+                    return TaskFailed(f"toolcheck: {binding.id}: {err}")
+                write_json(Path("build") / f"toolcheck{binding.suffix.replace('@', '-')}.json",
+                           {"toolchain": {"id": binding.id, **binding.fingerprint}, **result})
+                print(f"toolcheck: {binding.id}: ok")
+                return None
+
+            yield {"name": name, "actions": [check], "uptodate": [False], "verbosity": 2,
+                   "doc": f"dependency checks of {binding.id}"}
+
+    # ---------------------------------------------------------- compat
+    def compat_task(self) -> dict[str, Any]:
+        planner = self.planner
+
+        def run() -> TaskFailed | None:
+            from . import compat
+
+            try:
+                table = compat.measure(planner, self.factory.root)
+            except QnnTasksError as err:
+                return TaskFailed(f"compat: {err}")
+            print(compat.summary(table))
+            return None
+
+        return {"actions": [run], "uptodate": [False], "verbosity": 2, "targets": ["build/compat/compat.json"],
+                "doc": "load every built binary on every configured runtime's simulator (build/compat/compat.json)"}
+
+    # ---------------------------------------------------------- cache
+    def cache_tasks(self) -> Iterator[dict]:
+        factory = self.factory
+
+        def store():
+            cache = factory.cache()
+            if cache is None:
+                raise QnnTasksError("no cache store configured (fix: set QNN_CACHE=<folder or fsspec URL>, or `cache:` "
+                                    "in the toolchain profile)")
+            return cache
+
+        def stats() -> TaskFailed | None:
+            try:
+                s = store().stats()
+            except QnnTasksError as err:
+                return TaskFailed(f"cache:stats: {err}")
+            stages = ", ".join(f"{k} {v}" for k, v in s["by_stage"].items()) or "none"
+            print(f"cache {s['store']}: {s['entries']} entries ({stages}), {s['blobs']} blobs, "
+                  f"{s['bytes'] / 2**20:.1f} MiB; built {s['oldest'] or '-'} .. {s['newest'] or '-'}")
+            return None
+
+        def gc(keep_days: float) -> TaskFailed | None:
+            try:
+                result = store().gc(keep_days)
+            except QnnTasksError as err:
+                return TaskFailed(f"cache:gc: {err}")
+            print(f"cache:gc: kept {result['entries_kept']} entries, dropped {result['entries_dropped']} older than "
+                  f"{keep_days:g} days, removed {result['blobs_removed']} unused blobs ({result['bytes_freed'] / 2**20:.1f} MiB)")
+            return None
+
+        yield {"name": "stats", "actions": [stats], "uptodate": [False], "verbosity": 2,
+               "doc": "entries, blobs and size of the shared cache ($QNN_CACHE)"}
+        yield {"name": "gc", "actions": [gc], "uptodate": [False], "verbosity": 2,
+               "params": [{"name": "keep_days", "long": "keep-days", "type": float, "default": 30.0,
+                           "help": "keep entries built within this many days"}],
+               "doc": "drop cache entries older than --keep-days N (default 30) and unused blobs"}
+
+    # ---------------------------------------------------------- on phones (stages/verify.py)
+    def _device_job(self, ct: ChipTarget, stage: str) -> Any:
+        binding = self.planner.binding(ct)
+        names = binding.toolchain.context_files(ct.graph)
+        context_dir = ct.stage_dir("context")
+        manifest = next((context_dir / n for n in names if n.endswith("runtime_libs.json")), None)
+        return _stage("verify").Job(
+            stage=stage, target=ct.name, graph=ct.graph, verify=ct.verify, soc=ct.soc, precision=ct.precision,
+            binary=context_dir / next(n for n in names if n.endswith(".bin")), manifest=manifest,
+            context_record=context_dir / "context.json", inputs=ct.graph_target.inputs,
+            reference=ct.graph_target.reference, out_dir=ct.stage_dir(stage), profile=binding.profile,
+            root=self.project.root, base=self.planner.chip_base(ct), required=_asked_by_name(stage, ct.name))
+
+    def verify_tasks(self) -> Iterator[dict]:
+        yield from self._device_tasks("verify", "run {graph} on attached {soc} phones, compare with the CPU, measure")
+
+    def power_tasks(self) -> Iterator[dict]:
+        yield from self._device_tasks("power", "run {graph} for a fixed time on an attached {soc} phone; battery before/after")
+
+    def _device_tasks(self, stage: str, doc: str) -> Iterator[dict]:
+        # Always rerun (uptodate False, no file_dep): which phones are attached changes between runs, and a
+        # missing binary should say "build it", not make `doit verify` build every chip. The `devices` subtask
+        # comes first: it lists the phones (build/verify/devices.json) and fails when none can run a build;
+        # a target with no phone of its chip is then skipped visibly, unless it was asked for by name.
+        rows = [(ct.name, ct.soc.name, ct.skip_reason) for ct in self.planner.chips]
+        survey = Path("build") / stage / DEVICES_RECORD.name  # build/verify/devices.json, build/power/devices.json
+        yield {"name": "devices", "actions": [_device_action(stage, "devices", lambda: _stage("verify").survey(
+                   self.project.socs, rows, survey))],
+               "targets": [str(survey)], "uptodate": [False], "verbosity": 2, "clean": True,
+               "doc": f"list attached phones and their chips; which targets each runs ({survey})"}
+        for ct in self.planner.chips:
+            if ct.skip_reason:
+                yield {"name": ct.name, "actions": [lambda ct=ct: print(f"{stage}:{ct.name}: skipped: {ct.skip_reason}")],
+                       "uptodate": [False], "verbosity": 2, "doc": f"SKIPPED: {ct.skip_reason}"}
+                continue
+            yield {"name": ct.name, "actions": [_device_action(stage, ct.name, lambda ct=ct: getattr(
+                       _stage("verify"), f"{stage}_target")(self._device_job(ct, stage)))],
+                   "targets": [str(ct.stage_dir(stage) / f"{stage}.json")], "uptodate": [False], "verbosity": 2,
+                   "clean": True, "doc": doc.format(graph=ct.graph.name, soc=ct.soc.name)}
