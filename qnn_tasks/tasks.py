@@ -227,23 +227,31 @@ class TaskFactory:
     # ---------------------------------------------------------- per graph
     def _source(self, graph: GraphSpec) -> Path | None:
         model = next(m for m in self.project.models if m.name == graph.model)
-        return model.source.resolve_file(model.dir)
+        return (graph.source or model.source).resolve_file(model.dir)  # a graph's `source:` overrides the model's
 
     def _source_key(self, graph: GraphSpec) -> dict[str, Any]:
         model = next(m for m in self.project.models if m.name == graph.model)
-        return {"package": model.source.package, "version": model.source.package_version(), "file": model.source.file}
+        source = graph.source or model.source
+        return {"package": source.package, "version": source.package_version(), "file": source.file}
 
     def _code_deps(self, graph: GraphSpec) -> list[str]:
         source = self._source(graph)
         # relative to the project root (doit's cwd), so a moved or copied project stays up to date
-        code = os.path.relpath(graph.model_code, self.project.root)
-        return [code] + ([str(source)] if source else [])
+        code = [os.path.relpath(graph.model_code, self.project.root)] if graph.has_code else []  # export.py is optional
+        if source and Path(source).is_relative_to(self.project.root):  # a source file in the model folder
+            source = Path(os.path.relpath(source, self.project.root))
+        return code + ([str(source)] if source else [])
+
+    def _sample_deps(self, graph: GraphSpec) -> list[str]:
+        """The declared sample files (model.yaml `samples:`), read by cpucheck and calibrate."""
+        return [os.path.relpath(p, self.project.root) for p in graph.sample_files()]
 
     def export_tasks(self) -> Iterator[dict]:
         for gt in self.graphs:
             g = gt.graph
             record = gt.stage_dir("export") / "export.json"
-            key = {"io": g.io(), "export": g.export, "options": g.options, "source": self._source_key(g)}
+            key = {"io": g.io(), "export": g.export, "options": g.options, "source": self._source_key(g),
+                   "rewrites": g.rewrites, "constant_inputs": g.constant_inputs}
             yield self._task(gt.name, "export", record, [gt.exported],
                              lambda g=g, gt=gt: _stage("export").run(g, self._source(g), gt.exported),
                              file_dep=self._code_deps(g), key=key, base={"graph": g.name, "model": g.model,
@@ -271,10 +279,11 @@ class TaskFactory:
         for gt in self.graphs:
             g = gt.graph
             record = gt.stage_dir("cpucheck") / "cpucheck.json"
-            key = {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": self._source_key(g)}
+            key = {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": self._source_key(g),
+                   "constant_inputs": g.constant_inputs, "samples": g.samples}
             yield self._task(gt.name, "cpucheck", record, [gt.inputs, gt.reference],
                              lambda g=g, gt=gt: _stage("cpucheck").run(g, self._source(g), gt.simplified, gt.inputs, gt.reference),
-                             file_dep=[str(gt.simplified)] + self._code_deps(g), key=key,
+                             file_dep=[str(gt.simplified)] + self._code_deps(g) + self._sample_deps(g), key=key,
                              base={"graph": g.name}, doc=f"CPU check of {gt.simplified} against the original model")
 
     def calibrate_tasks(self) -> Iterator[dict]:
@@ -283,10 +292,11 @@ class TaskFactory:
             if "w8a16" not in g.precisions:
                 continue
             record = gt.stage_dir("calibrate") / "calibrate.json"
-            key = {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": self._source_key(g)}
+            key = {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": self._source_key(g),
+                   "samples": g.samples}
             yield self._task(gt.name, "calibrate", record, [gt.calibration],
                              lambda g=g, gt=gt: _stage("calibrate").run(g, self._source(g), gt.calibration),
-                             file_dep=self._code_deps(g), key=key, base={"graph": g.name},
+                             file_dep=self._code_deps(g) + self._sample_deps(g), key=key, base={"graph": g.name},
                              doc=f"{g.calibration['samples']} real calibration samples for {g.name} "
                                  f"from export.py:{g.calibration['function']}()")
 
