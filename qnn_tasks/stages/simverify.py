@@ -36,9 +36,23 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, ctx_onnx: Path, prov
               "log": str(out_dir / "simulator.log"), "violations": violations}
     if violations:
         raise StageError(f"simverify of {target} failed: " + "; ".join(violations)
-                         + (QUANTIZED_HINT if precision == "w8a16" else "")
+                         + (QUANTIZED_HINT if precision == "w8a16" else "") + accuracy_hints(graph)
                          + f" (to find the first diverging node: doit diagnose:{target})", record)
     return record
+
+
+def accuracy_hints(graph: GraphSpec) -> str:
+    """Lint's accuracy warnings that a built-in rewrite fixes: the likely cause of a failed comparison, named."""
+    from ..matrix import BUILD_DIR
+
+    try:
+        lint = fileio.read_json(Path(BUILD_DIR) / graph.model / graph.name / "lint" / "lint.json")
+    except (OSError, ValueError):
+        return ""
+    fixes = sorted({f["fix"] for f in lint.get("findings", [])
+                    if f.get("severity") == "warning" and str(f.get("why", "")).startswith("accuracy")
+                    and "rewrites" in f.get("fix", "")})
+    return f"; lint warned of fp16 accuracy hazards: {'; '.join(fixes)}" if fixes else ""
 
 
 def check_signature(graph: GraphSpec, signature: dict[str, list], ctx_onnx: Path) -> None:
