@@ -17,7 +17,11 @@ INT64, INT32 = TensorProto.INT64, TensorProto.INT32
 
 
 class BoundaryError(ValueError):
-    """The packaged ONNX's I/O can't be made what model.yaml declares."""
+    """The packaged ONNX's I/O can't be made what model.yaml declares: the problem, and a fix (keys under `graphs.<graph>`)."""
+
+    def __init__(self, problem: str, fix: str = "make graphs.<graph>.inputs/outputs match the ONNX") -> None:
+        super().__init__(problem)
+        self.fix = fix
 
 
 def fix_io(model, inputs: Iterable, outputs: Iterable, constant_inputs: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -36,14 +40,15 @@ def fix_io(model, inputs: Iterable, outputs: Iterable, constant_inputs: dict[str
 
     for name in constant_inputs:
         if name not in actual:
-            raise BoundaryError(f"constant input '{name}' is not an input of the ONNX "
-                                f"(its inputs: {', '.join(actual) or 'none'})")
+            raise BoundaryError(f"constant input '{name}' is not an input of the ONNX; its inputs: "
+                                f"{', '.join(actual) or 'none'}", "fix the name in graphs.<graph>.constant_inputs")
     for name, value in list(actual.items()):
         if name in declared:
             continue
         if name not in constant_inputs:
-            raise BoundaryError(f"input '{name}' of the ONNX is not declared in model.yaml (declare it under inputs, "
-                                f"or fix its value under constant_inputs)")
+            raise BoundaryError(f"input '{name}' of the ONNX is not declared in model.yaml",
+                                "declare it under graphs.<graph>.inputs, or fix its value under "
+                                "graphs.<graph>.constant_inputs")
         array = _constant(value, constant_inputs[name])
         graph.initializer.append(numpy_helper.from_array(array, name))
         report["constant_inputs"][name] = array.tolist()
@@ -53,8 +58,8 @@ def fix_io(model, inputs: Iterable, outputs: Iterable, constant_inputs: dict[str
     for spec in inputs:
         value = actual.get(spec.name)
         if value is None:
-            raise BoundaryError(f"input '{spec.name}' declared in model.yaml is not an input of the ONNX "
-                                f"(its inputs: {', '.join(actual) or 'none'})")
+            raise BoundaryError(f"input '{spec.name}' declared in model.yaml is not an input of the ONNX; its inputs: "
+                                f"{', '.join(actual) or 'none'}", "use the ONNX's input names in graphs.<graph>.inputs")
         _fix_dims(value, spec.shape, f"input '{spec.name}'", report)
         elem = value.type.tensor_type.elem_type
         wanted = helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype))
@@ -66,7 +71,8 @@ def fix_io(model, inputs: Iterable, outputs: Iterable, constant_inputs: dict[str
             report["casts"].append(f"input '{spec.name}': int32 -> int64")
         elif elem != wanted:
             raise BoundaryError(f"input '{spec.name}' is {helper.tensor_dtype_to_np_dtype(elem).name} in the ONNX, "
-                                f"model.yaml says {spec.dtype} (only int64 -> int32 is converted)")
+                                f"model.yaml says {spec.dtype}",
+                                "declare the ONNX's dtype (only int64 -> int32 is converted), or convert in export.py")
         new_inputs.append(value)
     del graph.input[:]
     graph.input.extend(new_inputs)
@@ -74,13 +80,14 @@ def fix_io(model, inputs: Iterable, outputs: Iterable, constant_inputs: dict[str
     actual_out = {v.name: v for v in graph.output}
     extra = [name for name in actual_out if name not in {t.name for t in outputs}]
     if extra:
-        raise BoundaryError(f"output '{extra[0]}' of the ONNX is not declared in model.yaml (declare it under outputs)")
+        raise BoundaryError(f"output '{extra[0]}' of the ONNX is not declared in model.yaml",
+                            "declare it under graphs.<graph>.outputs")
     new_outputs = []
     for spec in outputs:
         value = actual_out.get(spec.name)
         if value is None:
-            raise BoundaryError(f"output '{spec.name}' declared in model.yaml is not an output of the ONNX "
-                                f"(its outputs: {', '.join(actual_out) or 'none'})")
+            raise BoundaryError(f"output '{spec.name}' declared in model.yaml is not an output of the ONNX; its outputs: "
+                                f"{', '.join(actual_out) or 'none'}", "use the ONNX's output names in graphs.<graph>.outputs")
         _fix_dims(value, spec.shape, f"output '{spec.name}'", report)
         if value.type.tensor_type.elem_type == INT64:
             inner = names(f"{spec.name}_int64")
@@ -113,11 +120,13 @@ def _fix_dims(value, shape: tuple[int, ...], what: str, report: dict[str, Any]) 
     if tensor.HasField("shape"):
         dims = tensor.shape.dim
         if len(dims) != len(shape):
-            raise BoundaryError(f"{what} has rank {len(dims)} in the ONNX, model.yaml declares {list(shape)}")
+            raise BoundaryError(f"{what} has rank {len(dims)} in the ONNX, model.yaml declares {list(shape)}",
+                                "give it as many dims as the ONNX has")
         before = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
         for old, new in zip(before, shape):
             if isinstance(old, int) and old != new:
-                raise BoundaryError(f"{what} is {before} in the ONNX, model.yaml says {list(shape)}")
+                raise BoundaryError(f"{what} is {before} in the ONNX, model.yaml says {list(shape)}",
+                                    "keep the ONNX's fixed dims; only its dynamic ones can be chosen")
     else:
         before = None
     if before != list(shape):
