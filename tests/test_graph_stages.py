@@ -321,7 +321,9 @@ def test_source_file_removed_after_a_build(tmp_path):
         result = project.doit("export:tiny")
         assert result.returncode != 0
         assert "Traceback" not in result.stdout + result.stderr
-        assert str(source) in result.stdout + result.stderr
+        # doit names the dependency relative to the project root (so a copied project stays up to date)
+        assert str(source) in result.stdout + result.stderr or \
+            "models/tinym/original.onnx" in result.stdout + result.stderr
 
 
 def test_export_with_int64_input(tmp_path):

@@ -155,8 +155,8 @@ def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
     for rule, (name, op, problem) in REWRITE_RULES.items():
         rewrite = rewrites.CATALOGUE[name]
         if name in graph.rewrites:
-            fix = (f"rewrite '{name}' is declared for graphs.{graph.name} but this site is still there: "
-                   f"fix it at export")
+            fix = (f"rewrite '{name}' ({rewrite.summary}) is declared for graphs.{graph.name} but this site is still "
+                   f"there: export.py skipped it, or simplify re-created it; fix it at export")
         else:
             fix = f"{rewrites.yaml_fix(name, graph.name, graph.model, graph.rewrites)}: {rewrite.summary}"
         for site in sites[name]:
