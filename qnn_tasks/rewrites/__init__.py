@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+if TYPE_CHECKING:
+    import onnx
 
 FP16_MAX = 65504.0
 
@@ -104,13 +107,13 @@ def _options(rewrite: Rewrite, options: Any) -> dict[str, Any]:
     return merged
 
 
-def function(name: str):
+def function(name: str) -> Callable[..., list[str]]:
     """The rewrite's function (imports onnx): `(model, dry_run=False, **options) -> list[str]`."""
     rewrite = CATALOGUE[name]
     return getattr(importlib.import_module(f"{__name__}.{rewrite.module}"), rewrite.function)
 
 
-def apply(model, rewrites: Iterable[str] | Mapping[str, Any], skip: Iterable[str] = ()) -> list[dict[str, Any]]:
+def apply(model: onnx.ModelProto, rewrites: Iterable[str] | Mapping[str, Any], skip: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Apply the named rewrites to `model` (an onnx.ModelProto, edited in place), in catalogue order.
 
     Returns one entry per rewrite: {"name", "count", "sites"} (sites: the node or constant names
@@ -130,7 +133,7 @@ def apply(model, rewrites: Iterable[str] | Mapping[str, Any], skip: Iterable[str
     return report
 
 
-def find(model, names: Iterable[str] = NAMES) -> dict[str, list[str]]:
+def find(model: onnx.ModelProto, names: Iterable[str] = NAMES) -> dict[str, list[str]]:
     """Sites each rewrite would change (nothing is edited): what lint reports."""
     return {name: function(name)(model, dry_run=True) for name in names}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 import numpy as np
+import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from .graphtools import Names, infer_shapes, subgraphs
@@ -24,7 +25,8 @@ class BoundaryError(ValueError):
         self.fix = fix
 
 
-def fix_io(model, inputs: Iterable, outputs: Iterable, constant_inputs: dict[str, Any] | None = None) -> dict[str, Any]:
+def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
+           constant_inputs: dict[str, Any] | None = None) -> dict[str, Any]:
     """Make the graph's I/O exactly `inputs`/`outputs` (objects with .name, .shape, .dtype; outputs' dtype unused).
 
     Undeclared inputs must be given a value in `constant_inputs` (they become initializers).

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
 from .graphtools import Evaluator, Names, add_initializer, consumers, label, splice, tensor_elem_type
@@ -9,7 +10,7 @@ from .graphtools import Evaluator, Names, add_initializer, consumers, label, spl
 FP16_LOWEST = -65504.0
 
 
-def pow_square(model, dry_run: bool = False) -> list[str]:
+def pow_square(model: onnx.ModelProto, dry_run: bool = False) -> list[str]:
     """Pow(x, 2) -> Mul(x, x): HTP's fp16 Pow returns -4 when x underflows fp16."""
     graph, evaluator, sites, new = model.graph, Evaluator(model), [], {}
     for index, node in enumerate(graph.node):
@@ -26,7 +27,7 @@ def pow_square(model, dry_run: bool = False) -> list[str]:
     return sites
 
 
-def clip_computed(model, dry_run: bool = False) -> list[str]:
+def clip_computed(model: onnx.ModelProto, dry_run: bool = False) -> list[str]:
     """Clip(x, min, max) with a min or max that is not a constant -> Min(Max(x, min), max)."""
     graph, evaluator, sites, replacements = model.graph, Evaluator(model), [], {}
     names = Names(graph)
@@ -51,7 +52,7 @@ def clip_computed(model, dry_run: bool = False) -> list[str]:
     return sites
 
 
-def neg(model, dry_run: bool = False) -> list[str]:
+def neg(model: onnx.ModelProto, dry_run: bool = False) -> list[str]:
     """Neg(x) -> Sub(0, x), with a zero of x's element type."""
     graph, sites, replacements = model.graph, [], {}
     names = Names(graph)
@@ -72,7 +73,7 @@ def neg(model, dry_run: bool = False) -> list[str]:
     return sites
 
 
-def finite_mask(model, dry_run: bool = False, value: float = -1.0e4) -> list[str]:
+def finite_mask(model: onnx.ModelProto, dry_run: bool = False, value: float = -1.0e4) -> list[str]:
     """Float constants below fp16's lowest (-inf, finfo(float32).min) -> `value`, unless they only seed a Max.
 
     Covers initializers, Constant nodes and ConstantOfShape fill values. A constant whose every

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import onnx
 from onnx import helper
 
 from .graphtools import Evaluator, Names, infer_shapes, label, remove_dead, splice, subgraphs
@@ -21,7 +22,7 @@ class Condition:
     blockers: list[str]  # graph inputs the condition depends on (fix them with constant_inputs)
 
 
-def conditions(model) -> list[Condition]:
+def conditions(model: onnx.ModelProto) -> list[Condition]:
     """Every top-level If, with its condition's value if it is a constant."""
     found = []
     for node in model.graph.node:
@@ -33,7 +34,7 @@ def conditions(model) -> list[Condition]:
     return found
 
 
-def fold_if(model, dry_run: bool = False) -> list[str]:
+def fold_if(model: onnx.ModelProto, dry_run: bool = False) -> list[str]:
     """Inline the taken branch of every If with a constant condition; sites are `<If node> (then|else)`."""
     sites: list[str] = []
     done: set[int] = set()  # dry run: Ifs already reported

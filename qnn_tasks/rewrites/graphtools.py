@@ -6,7 +6,7 @@ bodies) count as users of the outer tensors they read, so nothing they need is r
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import onnx
@@ -15,15 +15,15 @@ from onnx import AttributeProto, helper, numpy_helper
 STANDARD_DOMAINS = ("", "ai.onnx")
 
 
-def opset(model) -> int:
+def opset(model: onnx.ModelProto) -> int:
     return max((o.version for o in model.opset_import if o.domain in STANDARD_DOMAINS), default=1)
 
 
-def label(node) -> str:
+def label(node: onnx.NodeProto) -> str:
     return node.name or node.output[0]
 
 
-def subgraphs(node) -> list:
+def subgraphs(node: onnx.NodeProto) -> list:
     graphs = []
     for attr in node.attribute:
         if attr.type == AttributeProto.GRAPH:
@@ -32,7 +32,7 @@ def subgraphs(node) -> list:
     return graphs
 
 
-def outer_names(graph) -> set[str]:
+def outer_names(graph: onnx.GraphProto) -> set[str]:
     """Names a (sub)graph reads without defining them: the outer-scope tensors it depends on."""
     defined = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     used: set[str] = set()
@@ -45,7 +45,7 @@ def outer_names(graph) -> set[str]:
     return used - defined
 
 
-def node_inputs(node) -> list[str]:
+def node_inputs(node: onnx.NodeProto) -> list[str]:
     """Explicit inputs plus the outer tensors its subgraphs read."""
     names = [i for i in node.input if i]
     for sub in subgraphs(node):
@@ -53,11 +53,11 @@ def node_inputs(node) -> list[str]:
     return names
 
 
-def producers(graph) -> dict[str, Any]:
+def producers(graph: onnx.GraphProto) -> dict[str, Any]:
     return {out: node for node in graph.node for out in node.output if out}
 
 
-def consumers(graph) -> dict[str, list]:
+def consumers(graph: onnx.GraphProto) -> dict[str, list]:
     users: dict[str, list] = {}
     for node in graph.node:
         for name in node_inputs(node):
@@ -65,7 +65,7 @@ def consumers(graph) -> dict[str, list]:
     return users
 
 
-def all_names(graph) -> set[str]:
+def all_names(graph: onnx.GraphProto) -> set[str]:
     """Every tensor and node name in the graph and its subgraphs (for collision-free new names)."""
     names = {i.name for i in graph.input} | {o.name for o in graph.output} | {t.name for t in graph.initializer}
     names |= {v.name for v in graph.value_info}
@@ -94,7 +94,7 @@ class Names:
         return name
 
 
-def constant_tensors(graph) -> dict[str, Any]:
+def constant_tensors(graph: onnx.GraphProto) -> dict[str, Any]:
     """name -> TensorProto for initializers and Constant nodes with a `value` tensor (converted on demand)."""
     found = {t.name: t for t in graph.initializer}
     for node in graph.node:
@@ -105,7 +105,7 @@ def constant_tensors(graph) -> dict[str, Any]:
     return found
 
 
-def splice(graph, replacements: dict[int, list]) -> None:
+def splice(graph: onnx.GraphProto, replacements: dict[int, list]) -> None:
     """Replace the node at each index by its list of new nodes, in one pass (keeps the order topological).
 
     Indices, not node objects: protobuf copies messages on extend, so references go stale after an edit.
@@ -120,18 +120,18 @@ def splice(graph, replacements: dict[int, list]) -> None:
     graph.node.extend(nodes)
 
 
-def _copy(node):
+def _copy(node: onnx.NodeProto):
     copy = type(node)()
     copy.CopyFrom(node)
     return copy
 
 
-def add_initializer(graph, name: str, value: np.ndarray) -> str:
+def add_initializer(graph: onnx.GraphProto, name: str, value: np.ndarray) -> str:
     graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
     return name
 
 
-def tensor_elem_type(model, name: str) -> int | None:
+def tensor_elem_type(model: onnx.ModelProto, name: str) -> int | None:
     """Element type of a tensor from the graph's inputs, outputs, value_info or initializers."""
     graph = model.graph
     for value in itertools.chain(graph.input, graph.output, graph.value_info):
@@ -143,7 +143,7 @@ def tensor_elem_type(model, name: str) -> int | None:
     return None
 
 
-def static_shapes(model) -> dict[str, tuple[int, ...]]:
+def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
     """Fully static shapes known for tensors (inputs, outputs, value_info after shape inference)."""
     graph = model.graph
     shapes = {t.name: tuple(t.dims) for t in graph.initializer}
@@ -155,7 +155,7 @@ def static_shapes(model) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def remove_dead(graph) -> int:
+def remove_dead(graph: onnx.GraphProto) -> int:
     """Drop nodes whose outputs reach no graph output, then unused initializers; returns nodes removed."""
     needed = {o.name for o in graph.output}
     live = []
@@ -175,7 +175,7 @@ def remove_dead(graph) -> int:
     return removed
 
 
-def infer_shapes(model) -> None:
+def infer_shapes(model: onnx.ModelProto) -> None:
     """Re-infer every intermediate shape from scratch (stale value_info would hold old symbolic dims)."""
     del model.graph.value_info[:]
     inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)

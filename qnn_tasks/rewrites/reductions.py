@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import onnx
 from onnx import helper
 
 from .graphtools import Evaluator, Names, add_initializer, label, opset, producers, splice
@@ -10,7 +11,7 @@ from .graphtools import Evaluator, Names, add_initializer, label, opset, produce
 AXES_AS_INPUT = {"ReduceSum": 13, "ReduceSumSquare": 18, "ReduceMean": 18}
 
 
-def reduce_sum_square(model, dry_run: bool = False) -> list[str]:
+def reduce_sum_square(model: onnx.ModelProto, dry_run: bool = False) -> list[str]:
     """ReduceSumSquare(x) -> ReduceSum(Mul(x, x)), same axes/keepdims (attribute or input, per opset)."""
     graph, version, sites, replacements = model.graph, opset(model), [], {}
     names = Names(graph)
@@ -41,7 +42,7 @@ def reduce_sum_square(model, dry_run: bool = False) -> list[str]:
     return sites
 
 
-def centred_variance(model, dry_run: bool = False) -> list[str]:
+def centred_variance(model: onnx.ModelProto, dry_run: bool = False) -> list[str]:
     """Sub(ReduceMean(x*x), mean*mean) with mean = ReduceMean(x) -> ReduceMean((x - mean)^2).
 
     The squares may be Mul(a, a) or Pow(a, 2); both means must reduce the same axes and the mean
