@@ -73,9 +73,16 @@ def check_source_file(source: dict[str, Any], path: Path, file_key: str) -> None
         confined(source["file"], path, file_key, inside)
 
 
-def require_packaged_onnx(source: dict[str, Any], path: Path, key: str, file_key: str, samples: Any) -> None:
-    """Without export.py the graph is the packaged ONNX itself: it needs an .onnx source file and declared samples."""
+def require_packaged_onnx(source: dict[str, Any], path: Path, key: str, file_key: str, samples: Any,
+                          graph: dict[str, Any]) -> None:
+    """Without export.py the graph is the packaged ONNX itself: it needs an .onnx source file and declared samples,
+    and may not name functions of an export.py."""
     no_code = "there is no export.py"
+    calibration = graph.get("calibration") if isinstance(graph.get("calibration"), dict) else {}
+    for name, value in (("export", graph.get("export")), ("calibration.function", calibration.get("function"))):
+        if value is not None and value not in ("export", "samples"):
+            raise SpecError(path, f"{key}.{name}", f"names function '{value}' of an export.py, but {no_code}",
+                            "remove the key (the built-in export and the declared samples are used), or add export.py")
     if not source.get("file"):
         raise SpecError(path, file_key, f"{no_code} and no source file to export",
                         "set source.file (or graphs.<graph>.source.file) to the packaged .onnx, "
