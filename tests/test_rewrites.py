@@ -352,6 +352,25 @@ def test_fold_if_on_a_shape_once_dims_are_fixed_and_nested():
     np.testing.assert_array_equal(run(after, feeds)[0], before[0])
 
 
+def test_fold_if_branch_output_also_read_inside_the_branch():
+    then_g = helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "x"], ["s"])],
+                               "then", [], [tensor("r"), tensor("s")])
+    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["i"]), helper.make_node("Abs", ["i"], ["j"])],
+                               "else", [], [tensor("i"), tensor("j")])
+    model = model_of([helper.make_node("If", ["flag"], ["y", "z"], name="branch", then_branch=then_g, else_branch=else_g)],
+                     [tensor("x")], [tensor("y"), tensor("z")], [numpy_helper.from_array(np.array([True]), "flag")])
+    feeds = x_feeds()
+    sites, after = rewritten(model, "fold-if")
+    assert sites == ["branch (then)"] and ops(after) == ["Relu", "Add"]
+    for a, b in zip(run(after, feeds), run(model, feeds)):
+        np.testing.assert_array_equal(a, b)
+    model.graph.initializer[0].CopyFrom(numpy_helper.from_array(np.array([False]), "flag"))
+    sites, after = rewritten(model, "fold-if")
+    assert sites == ["branch (else)"] and ops(after) == ["Identity", "Abs"]
+    for a, b in zip(run(after, feeds), run(model, feeds)):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_lint_control_flow_names_fold_if_and_constant_inputs():
     model = sample_rate_model()
     [line] = [f.line() for f in find_problems(model, graph_spec()) if f.rule == "control-flow"]

@@ -70,6 +70,8 @@ def _inline(graph, index: int, if_node, branch) -> None:
             renames[local] = names(local + "_inlined")
     results = {out.name: final for out, final in zip(branch.output, if_node.output)}
     produced = {o for n in branch.node for o in n.output}
+    # a tensor the branch makes and returns takes the If output's name, for its readers inside the branch too
+    renames.update({name: final for name, final in results.items() if name in produced})
     new_nodes = []
     for tensor in branch.initializer:
         copy = type(tensor)()
@@ -80,7 +82,7 @@ def _inline(graph, index: int, if_node, branch) -> None:
         copy = type(node)()
         copy.CopyFrom(node)
         copy.input[:] = [renames.get(i, i) for i in copy.input]
-        copy.output[:] = [results.get(o, renames.get(o, o)) for o in copy.output]
+        copy.output[:] = [renames.get(o, o) for o in copy.output]
         if copy.name in outer:
             copy.name = names(copy.name + "_inlined")
         _rename_in_subgraphs(copy, renames)
