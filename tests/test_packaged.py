@@ -21,6 +21,9 @@ import pytest
 
 from conftest import ROOT, Project
 from packaged_fixture import ALL_REWRITES, write_model_folder
+from qnn_tasks.errors import StageError
+from qnn_tasks.samples import read_declared
+from qnn_tasks.spec import GraphSpec, TensorSpec
 
 YAML = "models/hazards/model.yaml"
 GRAPH_DIR = "build/hazards/hazards"
@@ -379,3 +382,39 @@ def test_exporter_chatter_goes_to_export_log(tmp_path):
     assert "exporter chatter 149" in log and "native stderr chatter" in log
     assert "%y" in log or "graph(" in log.lower()  # the verbose IR dump landed here
     assert json.loads(project.path("build/tinym/tiny/export/export.json").read_text())["log"].endswith("export.log")
+
+
+# ================================================================ the sample-file format
+
+def sample_graph(folder: Path, files: list[str]) -> GraphSpec:
+    return GraphSpec(name="g", model="m", model_dir=folder, precisions=("fp16",), socs=None, export="export",
+                     inputs=(TensorSpec("x", (1, 4), "float32"), TensorSpec("ids", (1, 4), "int32")),
+                     outputs=(TensorSpec("y", (1, 4), "float32"),), options={}, simplify={}, cpucheck={}, lint={},
+                     verify={}, allow_cpu_fallback=False, calibration={}, samples={"files": files}, has_code=False)
+
+
+def test_sample_files_a_folder_stacks_singles_and_casts(tmp_path):
+    folder = tmp_path / "samples"
+    folder.mkdir()
+    np.savez(folder / "b.npz", x=np.ones((2, 1, 4), np.float64), ids=np.arange(8).reshape(2, 1, 4))  # a stack of 2
+    np.savez(folder / "a.npz", x=np.zeros((1, 4), np.float32), ids=np.zeros((1, 4), np.int32))     # one sample
+    (folder / "notes.txt").write_text("not a sample")
+    loaded = read_declared(sample_graph(tmp_path, ["samples"]))  # a folder: its .npz/.npy files, by name
+    assert len(loaded) == 3 and loaded[0]["x"].sum() == 0 and loaded[1]["x"].sum() == 4
+    assert all(s["x"].dtype == np.float32 and s["ids"].dtype == np.int32 and s["ids"].shape == (1, 4) for s in loaded)
+
+
+@pytest.mark.parametrize("arrays, problem", [
+    ({"x": np.zeros((1, 5), np.float32), "ids": np.zeros((1, 4), np.int32)}, "'x' has shape [1, 5]; model.yaml declares [1, 4]"),
+    ({"x": np.zeros((1, 4), np.float32)}, "holds arrays ['x'], model.yaml declares inputs ['ids', 'x']"),
+    ({"x": np.zeros((1, 4), np.float32), "ids": np.full((1, 4), 2**40)}, "'ids' has dtype int64, model.yaml declares int32"),
+    ({"x": np.zeros((2, 1, 4), np.float32), "ids": np.zeros((3, 1, 4), np.int32)}, "stack different numbers of samples [2, 3]"),
+    ({"x": np.zeros((1, 4), np.complex64), "ids": np.zeros((1, 4), np.int32)}, "'x' has dtype complex64"),
+])
+def test_sample_files_bad_content_is_one_line(tmp_path, arrays, problem):
+    np.savez(tmp_path / "s.npz", **arrays)
+    with pytest.raises(StageError) as info:
+        read_declared(sample_graph(tmp_path, ["*.npz"]))
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'model.yaml'}: graphs.g.samples: s.npz: ") and problem in message, message
+    assert "(fix: " in message and "\n" not in message
