@@ -139,7 +139,7 @@ def _simverify(call: StageCall) -> dict[str, Any]:
 
     a = call.args
     return simverify.run(graph(a), a["verify"], Path(a["outputs"]), Path(a["reference"]), Path(a["simulation"]),
-                         call.target, a["precision"])
+                         call.target, a["precision"], path(a, "lint"))
 
 
 def _diagnose(call: StageCall) -> dict[str, Any]:

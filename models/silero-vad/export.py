@@ -1,10 +1,12 @@
-"""Silero VAD (package `silero-vad`): NPU-ready export, real audio inputs, original-model reference.
+"""Silero VAD (package `silero-vad`): real audio inputs for the packaged ONNX.
 
 The package ships `silero_vad_op18_ifless.onnx`, whose top level still branches on the
-sample rate with an `If`. Export keeps the 16 kHz branch only, fixes every shape
-(batch 1, 576 samples = 64 context + 512 new, state [2,1,128]) and rewrites
-`Pow(x, 2)` as `Mul(x, x)`: HTP's fp16 Pow returns -4 when x underflows fp16 (quiet
-audio), which made the VAD disagree with the CPU on a third of the frames (SPEC 8).
+sample rate with an `If`. The export is the built-in one (model.yaml): it fixes `sr` to 16000
+and every shape (batch 1, 576 samples = 64 context + 512 new, state [2,1,128]), `fold-if` keeps
+the 16 kHz branch only, and `pow-square` rewrites `Pow(x, 2)` as `Mul(x, x)`: HTP's fp16 Pow
+returns -4 when x underflows fp16 (quiet audio), which made the VAD disagree with the CPU on a
+third of the frames (SPEC 8). The reference is the built-in one too: the original ONNX on CPU,
+`sr` fed as 16000. What stays here is the audio: real clips, chunked, with the recurrent state.
 """
 from __future__ import annotations
 
@@ -26,59 +28,10 @@ SENTENCES = [
 
 
 def export(ctx) -> None:
-    """Write the If-free, static-shape, int32-free 16 kHz VAD graph to ctx.out_path."""
-    import onnx
-    from onnx import helper
-
-    model = onnx.load(str(ctx.source_path))
-    graph = model.graph
-    branch_node = next((n for n in graph.node if n.op_type == "If"), None)
-    if branch_node is None:
-        raise ctx.error("expected the sample-rate If node in the packaged If-less model; "
-                        "the package layout changed, check the silero-vad version")
-    then_branch = next(a.g for a in branch_node.attribute if a.name == "then_branch")
-
-    # Keep only the 16 kHz branch: its nodes become the graph body, its outputs the graph outputs.
-    body = list(then_branch.node)
-    renames = {o.name: final for o, final in zip(then_branch.output, branch_node.output)}
-    for node in body:
-        node.output[:] = [renames.get(o, o) for o in node.output]
-        node.input[:] = [renames.get(i, i) for i in node.input]
-    used = {i for n in body for i in n.input}
-    initializers = [t for t in list(graph.initializer) + list(then_branch.initializer) if t.name in used]
-
-    if not ctx.options.get("keep_pow", False):
-        body = _pow2_to_mul(body, initializers)
-        used = {i for n in body for i in n.input}
-        initializers = [t for t in initializers if t.name in used]
-
-    inputs = [helper.make_tensor_value_info("input", onnx.TensorProto.FLOAT, [1, CONTEXT + CHUNK]),
-              helper.make_tensor_value_info("state", onnx.TensorProto.FLOAT, [2, 1, 128])]
-    outputs = [helper.make_tensor_value_info("output", onnx.TensorProto.FLOAT, [1, 1]),
-               helper.make_tensor_value_info("stateN", onnx.TensorProto.FLOAT, [2, 1, 128])]
-    new_graph = helper.make_graph(body, "silero_vad_16k", inputs, outputs, initializers)
-    new_model = helper.make_model(new_graph, opset_imports=model.opset_import)
-    new_model.ir_version = model.ir_version
-    new_model = onnx.shape_inference.infer_shapes(new_model)
-    onnx.checker.check_model(new_model)
-    onnx.save(new_model, str(ctx.out_path))
-
-
-def _pow2_to_mul(nodes, initializers):
-    """Replace Pow(x, 2) by Mul(x, x) (fp16-safe on HTP)."""
-    import onnx
-    from onnx import helper, numpy_helper
-
-    constants = {t.name: numpy_helper.to_array(t) for t in initializers}
-    rewritten = []
-    for node in nodes:
-        exponent = constants.get(node.input[1]) if node.op_type == "Pow" else None
-        if exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0:
-            rewritten.append(helper.make_node("Mul", [node.input[0], node.input[0]], list(node.output),
-                                              name=(node.name or node.output[0]) + "_as_mul"))
-        else:
-            rewritten.append(node)
-    return rewritten
+    """The built-in export of the packaged ONNX, as model.yaml declares it: shapes fixed, `sr` fixed to
+    16000 (constant_inputs) so `fold-if` keeps the 16 kHz branch, and `pow-square`. Only here to honour
+    options.keep_pow, which keeps Pow(x, 2) to reproduce the fp16 hazard (diagnose's test case)."""
+    ctx.default_export(skip=["pow-square"] if ctx.options.get("keep_pow", False) else [])
 
 
 def samples(ctx) -> list[dict[str, np.ndarray]]:
@@ -101,16 +54,6 @@ def samples(ctx) -> list[dict[str, np.ndarray]]:
     for sample in result:
         sample.pop("_clip")
     return result
-
-
-def reference(ctx, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    """Outputs of the packaged original model (with its If and sr input) on the same frames."""
-    session = _original_session(ctx)
-    outs = []
-    for sample in inputs:
-        prob, state = session.run(None, {**sample, "sr": np.array(SAMPLE_RATE, np.int64)})
-        outs.append({"output": prob, "stateN": state})
-    return outs
 
 
 _SESSIONS: dict = {}

@@ -1,8 +1,9 @@
 """cpucheck: the simplified ONNX on CPU must match the original model on real inputs.
 
-The model's own code makes the inputs (`samples`) and runs the original model (`reference`:
-PyTorch or the packaged ONNX). The simplified graph's CPU outputs on the same inputs become the
-reference every chip is verified against later.
+The inputs are the declared sample files (model.yaml `samples:`) or the model's own `samples()`;
+the original model's outputs come from its `reference()` (PyTorch or the packaged ONNX) or, for a
+packaged ONNX without one, from the original ONNX on CPU (packaged.reference). The simplified
+graph's CPU outputs on the same inputs become the reference every chip is verified against later.
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import metrics, modelcode, samples as sample_store
+from .. import metrics, modelcode, packaged, samples as sample_store
 from ..errors import StageError
 from ..spec import GraphSpec
 
@@ -20,10 +21,12 @@ DEFAULT_TOLERANCE = {"max_abs": 1e-3, "min_cosine": 0.9999}
 
 def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Path, reference_out: Path) -> dict[str, Any]:
     ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
-    where = f"{graph.model_code}:samples() for graph '{graph.name}'"
-    inputs = modelcode.call(graph, "samples", ctx)
+    inputs, where = real_inputs(graph, ctx)
     sample_store.check(inputs, graph.inputs, where)
-    original = modelcode.call(graph, "reference", ctx, inputs)
+    if graph.has_code and modelcode.has_function(graph, "reference") or not (graph.source and graph.source.file):
+        original, by = modelcode.call(graph, "reference", ctx, inputs), f"{graph.model_code}:reference()"
+    else:
+        original, by = packaged.reference(graph, source, inputs), f"the original {source.name} on CPU"
     cpu = run_onnx_cpu(simplified, inputs)
 
     thresholds = {**DEFAULT_TOLERANCE, **graph.cpucheck}
@@ -31,21 +34,32 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
     for spec in graph.outputs:
         missing = [i for i, o in enumerate(original) if spec.name not in o]
         if missing:
-            raise StageError(f"{graph.model_code}:reference() returned no '{spec.name}' for sample {missing[0]}")
+            raise StageError(f"{by} returned no '{spec.name}' for sample {missing[0]}")
         ref = np.stack([np.asarray(o[spec.name]) for o in original])
         got = np.stack([o[spec.name] for o in cpu])
+        if list(got.shape[1:]) != list(spec.shape):
+            raise StageError(f"output '{spec.name}': the simplified ONNX gives shape {list(got.shape[1:])}, model.yaml "
+                             f"says {list(spec.shape)} (fix: graphs.{graph.name}.outputs.{spec.name}.shape)")
         if ref.shape != got.shape:
             raise StageError(f"output '{spec.name}': original model gives shape {list(ref.shape[1:])}, "
                              f"simplified ONNX gives {list(got.shape[1:])}")
         per_output[spec.name] = metrics.compare(ref, got)
         problems += metrics.violations(spec.name, per_output[spec.name], thresholds)
-    record = {"samples": len(inputs), "thresholds": thresholds, "metrics": per_output}
+    record = {"samples": len(inputs), "samples_from": where, "reference_from": by, "thresholds": thresholds,
+              "metrics": per_output}
     if problems:
         raise StageError(f"cpucheck of graph '{graph.name}': simplified ONNX differs from the original model: "
                          + "; ".join(problems) + " (fix the export, or loosen graphs." + graph.name + ".cpucheck)", record)
     sample_store.save(inputs_out, inputs)
     sample_store.save(reference_out, cpu)
     return record
+
+
+def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext) -> tuple[list[dict[str, np.ndarray]], str]:
+    """(samples, where they came from): the declared sample files if any, else export.py's samples()."""
+    if graph.samples:
+        return sample_store.read_declared(graph), f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples"
+    return modelcode.call(graph, "samples", ctx), f"{graph.model_code}:samples() for graph '{graph.name}'"
 
 
 def run_onnx_cpu(model_path: Path, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:

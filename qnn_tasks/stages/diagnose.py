@@ -309,7 +309,7 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -
         found.append({"hazard": "fp16 Pow on tiny inputs",
                       "why": "HTP's fp16 Pow returns garbage (e.g. -4) when its input underflows fp16"
                              + (f" (|x| = {min(values):.2g} here, fp16's normal range starts at 6.1e-5)" if tiny else ""),
-                      "fix": "write Mul(x, x) at export" if square else "avoid Pow at export (Mul chains, or Exp/Log in fp32)"})
+                      "fix": "write Mul(x, x) at export (built in: rewrites: [pow-square] in model.yaml)" if square else "avoid Pow at export (Mul chains, or Exp/Log in fp32)"})
     elif op in ("Sqrt", "Log", "Reciprocal", "Div") and tiny:
         found.append({"hazard": f"{op} of a value in fp16's underflow range",
                       "why": f"an input of {min(values):.2g} is below fp16's normal range (6.1e-5): it flushes to 0 or "
@@ -322,7 +322,7 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -
         if name in node.input and value.dtype.kind == "f" and value.size and float(value.min()) < -FP16_MAX:
             found.append({"hazard": "mask constant overflows fp16",
                           "why": f"constant '{name}' holds {float(value.min()):.3g}, beyond fp16's -65504 (becomes -inf)",
-                          "fix": "use a finite mask constant such as -1e4 at export"})
+                          "fix": "use a finite mask constant such as -1e4 at export (built in: rewrites: [finite-mask])"})
     if not found and tiny:
         found.append({"hazard": "fp16 underflow", "why": f"inputs at the worst element are tiny ({min(values):.2g}) for fp16",
                       "fix": "rescale at export, or keep this part of the graph out of fp16"})

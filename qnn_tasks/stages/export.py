@@ -1,16 +1,25 @@
-"""export: produce the graph's NPU-ready ONNX with the model's own code (models/<model>/export.py).
+"""export: produce the graph's NPU-ready ONNX: the model's export.py, or the built-in export of a packaged ONNX.
 
-Fixes (wrapping, constant folding, fixed lengths, int32 I/O) belong here, never later: the
-result must already have the declared static I/O, no int64, no control flow, no int8.
+Fixes (wrapping, constant folding, fixed lengths, int32 I/O, known HTP rewrites) belong here,
+never later: the result must already have the declared static I/O, no int64, no control flow,
+no int8. Without an export() in export.py, a packaged ONNX (source.file) is exported by the
+built-in one (packaged.py). The graph's declared `rewrites:` apply to either.
+
+Whatever the exporter prints (a torch exporter's IR dumps, native warnings) goes to
+`export.log` beside the ONNX, not the console. The result is run once on CPU, so output shapes
+that differ from model.yaml fail here, not later as a puzzling CPU fallback.
 """
 from __future__ import annotations
 
+import time
+import traceback
 from pathlib import Path
 from typing import Any
 
-from .. import modelcode, onnxinfo
+from .. import modelcode, onnxinfo, packaged
 from ..errors import StageError
 from ..fileio import atomic_path
+from ..nativelog import all_output_to
 from ..spec import GraphSpec
 from .lint import find_problems, io_mismatches
 
@@ -20,18 +29,77 @@ HARD_RULES = {"dynamic-dim", "io-dtype", "control-flow", "int8-in-onnx"}
 def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]:
     """Export `graph` to `out_onnx` (atomically) and check it; return the stage record."""
     if source is not None and not source.is_file():
-        raise StageError(f"{graph.model_dir / 'model.yaml'}: source.file: {source} not found "
+        raise StageError(f"{graph.model_dir / 'model.yaml'}: {graph.source_key}: {source} not found "
                          f"(reinstall the package or fix the path)")
+    custom = graph.has_code and modelcode.has_function(graph, graph.export)
+    if not custom and (graph.export != "export" or not (graph.source and graph.source.file)):
+        custom = True  # no built-in export for this graph: calling export.py says what is missing
+    log = Path(out_onnx).with_name("export.log")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    what = f"{graph.model_code}:{graph.export}()" if custom else f"the built-in export of {source}"
+    log.write_text(f"# export of graph '{graph.name}' by {what}, {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
     with atomic_path(out_onnx) as tmp:
         ctx = modelcode.ModelContext(graph=graph, source_path=source, out_path=tmp, options=dict(graph.options))
-        modelcode.call(graph, graph.export, ctx)
-        model = onnxinfo.load(tmp, f"ONNX written by {graph.model_code}:{graph.export}()", shown_as=out_onnx)
+        try:
+            with all_output_to(log):
+                if custom:
+                    modelcode.call(graph, graph.export, ctx)
+                else:
+                    ctx.default_export()
+        except StageError as err:
+            raise _with_log(err, log) from None
+        if ctx.export_record is None:  # export.py wrote it: the declared rewrites still apply
+            ctx.export_record = {"rewrites": packaged.rewrite_file(graph, tmp)} if graph.rewrites else {}
+        model = onnxinfo.load(tmp, f"ONNX written by {what}", shown_as=out_onnx)
         problems = io_mismatches(model, graph)
         problems += [f.line() for f in find_problems(model, graph) if f.rule in HARD_RULES]
+        if not problems:
+            with all_output_to(log):
+                problems = run_once(tmp, graph)
         if problems:
-            raise StageError(f"export of graph '{graph.name}' by {graph.model_code}:{graph.export}() is not "
-                             f"NPU-ready: " + "; ".join(problems))
+            raise StageError(f"export of graph '{graph.name}' by {what} is not NPU-ready: " + "; ".join(problems))
         record = {"io": onnxinfo.graph_io(model), "nodes": len(model.graph.node),
                   "parameters": onnxinfo.parameter_count(model),
-                  "opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None)}
+                  "opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
+                  "exported_by": "export.py" if custom else "built-in", "log": str(log),
+                  **ctx.export_record}
+        unused = [r["name"] for r in record.get("rewrites", []) if r["count"] == 0]
+        record["warnings"] = [f"rewrite '{name}' found nothing to change in graph '{graph.name}' (fix: remove it "
+                              f"from graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml)" for name in unused]
     return record
+
+
+def run_once(path: Path, graph: GraphSpec) -> list[str]:
+    """Run the exported ONNX on CPU once (zeros of the declared shapes); compare real output shapes with model.yaml.
+
+    Declared output dims can be wrong in a way no static check sees (an exporter writes the dims
+    it was given): the actual run is the ground truth.
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        names = [o.name for o in session.get_outputs()]
+        values = session.run(None, {t.name: np.zeros(t.shape, np.dtype(t.dtype)) for t in graph.inputs})
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        return [f"onnxruntime cannot run it on CPU: {first} (fix the export)"]
+    declared = {t.name: list(t.shape) for t in graph.outputs}
+    return [f"output '{name}' is {list(value.shape)} when run on CPU, model.yaml says {declared[name]} "
+            f"(fix: correct graphs.{graph.name}.outputs.{name}.shape in models/{graph.model}/model.yaml, or the export)"
+            for name, value in zip(names, values) if name in declared and list(np.shape(value)) != declared[name]]
+
+
+def _with_log(err: StageError, log: Path) -> StageError:
+    """The one-line error, plus where the exporter's output and the full traceback are."""
+    cause = err.__cause__
+    if cause is not None:
+        with open(log, "a") as fh:
+            fh.write("\n# FAILED\n" + "".join(traceback.format_exception(cause)))
+    text = log.read_text(errors="replace")
+    if text.count("\n") <= 1:  # nothing but our header: no point sending the user there
+        return err
+    return StageError(f"{err} (exporter output{' and traceback' if cause is not None else ''}: {log})", err.record)

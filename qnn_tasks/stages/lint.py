@@ -1,7 +1,10 @@
 """lint: what will trouble the NPU, found before compiling.
 
 Errors fail the stage (dynamic dims, batch != 1, unsupported I/O dtypes, control flow, int8
-inside the ONNX, too big for one fp16 context); warnings are known HTP hazards with their fix.
+inside the ONNX, too big for one fp16 context); warnings are known HTP hazards with their fix,
+and a `why` saying whether they matter for accuracy, speed or compatibility. A hazard that a
+built-in rewrite fixes is found by that rewrite's own matcher (qnn_tasks.rewrites, dry run), and
+its fix is the model.yaml line that enables it.
 A graph may acknowledge a rule with `lint: {allow: [rule]}`: its findings are then recorded as
 "allowed" and neither fail nor warn.
 """
@@ -20,6 +23,18 @@ FP16_PARAM_LIMIT = 1_000_000_000  # ~1B params in fp16 do not fit one HTP contex
 FP16_MAX = 65504.0
 
 
+# lint rule -> (the rewrite that fixes it, the op it flags (None: a constant), what goes wrong)
+REWRITE_RULES = {
+    "pow-square": ("pow-square", "Pow", "fp16 Pow(x, 2) on HTP returns garbage when x underflows fp16 (|x| < ~6e-8)"),
+    "variance-cancellation": ("centred-variance", "Sub", "variance computed as E[x^2] - E[x]^2 cancels in fp16"),
+    "reduce-sum-square": ("reduce-sum-square", "ReduceSumSquare", "ReduceSumSquare runs on CPU, not on HTP"),
+    "clip-computed": ("clip-computed", "Clip", "a Clip whose min/max is computed (not a constant) runs on CPU"),
+    "neg": ("neg", "Neg", "the QNN converter rejects Neg"),
+    "fp16-overflow-constant": ("finite-mask", None, "overflows fp16 (a mask of -inf/finfo.min breaks fp16 arithmetic "
+                                                    "and quantization)"),
+}
+
+
 @dataclass
 class Finding:
     rule: str
@@ -27,14 +42,17 @@ class Finding:
     where: str
     message: str
     fix: str
+    why: str = ""  # "accuracy: ...", "speed: ..." or "compatibility: ...": what it costs if left
 
     def line(self) -> str:
-        return f"[{self.rule}] {self.where}: {self.message} (fix: {self.fix})"
+        matters = f"; matters for {self.why}" if self.why else ""
+        return f"[{self.rule}] {self.where}: {self.message}{matters} (fix: {self.fix})"
 
 
 def find_problems(model, graph: GraphSpec) -> list[Finding]:
     """Every finding on the model, with its severity before `allow` is applied."""
-    findings = _io_findings(model) + _node_findings(model) + _size_findings(model, graph)
+    findings = _io_findings(model) + _node_findings(model, graph) + _rewrite_findings(model, graph) \
+        + _size_findings(model, graph)
     allowed = set(graph.lint.get("allow", []))
     for f in findings:
         if f.rule in allowed:
@@ -77,45 +95,77 @@ def _io_findings(model) -> list[Finding]:
     return findings
 
 
-def _node_findings(model) -> list[Finding]:
+def _node_findings(model, graph: GraphSpec) -> list[Finding]:
     from onnx import numpy_helper
 
-    constants = {t.name: t for t in model.graph.initializer}
-    for node in model.graph.node:
-        if node.op_type == "Constant" and node.attribute and node.attribute[0].HasField("t"):
-            constants[node.output[0]] = node.attribute[0].t
+    from ..rewrites import foldif, graphtools
+
+    constants = graphtools.constant_tensors(model.graph)
     consumers: dict[str, list] = {}
     for n in model.graph.node:
         for name in n.input:
             consumers.setdefault(name, []).append(n)
+    conditions = {c.node: c for c in foldif.conditions(model)}
     findings = []
     for node in model.graph.node:
         where = onnxinfo.node_label(node)
         if node.op_type in onnxinfo.CONTROL_FLOW_OPS:
             findings.append(Finding("control-flow", "error", where, "control flow does not run on HTP",
-                                    "fix the branch/length at export (constant-fold the condition, unroll the loop)"))
+                                    _control_flow_fix(conditions.get(node.name or node.output[0]), graph),
+                                    "compatibility: the graph does not compile with it"))
         elif node.op_type in onnxinfo.INT8_OPS:
             findings.append(Finding("int8-in-onnx", "error", where, "int8 quantization inside the ONNX",
-                                    "export the float model and quantize in QNN (precision: w8a16)"))
-        elif node.op_type == "Pow" and _scalar(constants.get(node.input[1]), numpy_helper) == 2.0:
-            findings.append(Finding("pow-square", "warning", where,
-                                    "fp16 Pow(x, 2) on HTP returns garbage when x underflows fp16 (|x| < ~6e-8)",
-                                    "write Mul(x, x) at export"))
-        elif node.op_type == "Neg":
-            findings.append(Finding("neg", "warning", where, "the QNN converter rejects Neg", "write (0 - x) or a - b at export"))
+                                    "export the float model and quantize in QNN (precision: w8a16)",
+                                    "compatibility: QNN quantizes itself"))
         elif node.op_type == "Erf" and not _in_gelu(node, consumers, constants, numpy_helper):
             findings.append(Finding("erf", "warning", where,
                                     "Erf outside a whole GELU (x * 0.5 * (1 + erf(x / sqrt 2))) runs on CPU on HTP; "
                                     "onnxsim's fuse_preceding_mul_into_conv folds GELU's x0.5 into the next Conv",
-                                    "simplify: {skip_optimizers: [fuse_preceding_mul_into_conv]}"))
-    for name, tensor in constants.items():
-        value = numpy_helper.to_array(tensor)
-        if value.dtype.kind == "f" and value.size and value.size <= 1_000_000:
-            smallest = float(value.min())
-            if smallest < -FP16_MAX:
-                findings.append(Finding("fp16-overflow-constant", "warning", f"constant '{name}'",
-                                        f"value {smallest:.3g} overflows fp16 (a mask of -inf/finfo.min breaks fp16 and quantization)",
-                                        "use a finite mask constant such as -1e4 at export"))
+                                    "simplify: {skip_optimizers: [fuse_preceding_mul_into_conv]}",
+                                    "speed: the Erf falls back to CPU"))
+    return findings
+
+
+def _control_flow_fix(condition, graph: GraphSpec) -> str:
+    """fold-if when the If's condition is (or can be made) a constant; otherwise fix it at export."""
+    from ..rewrites import yaml_fix
+
+    if condition is not None and condition.value is not None:
+        return f"{yaml_fix('fold-if', graph.name, graph.model, graph.rewrites)} to constant-fold the condition (it is a constant)"
+    if condition is not None and condition.blockers:
+        fixed = ", ".join(f"{b}: <value>" for b in condition.blockers)
+        return (f"if the condition's input(s) {', '.join(condition.blockers)} are fixed in deployment, add "
+                f"\"constant_inputs: {{{fixed}}}\" and \"rewrites: [fold-if]\" to graphs.{graph.name} in "
+                f"models/{graph.model}/model.yaml; else fix the branch at export")
+    return "fix the branch/length at export (constant-fold the condition, unroll the loop)"
+
+
+def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
+    """The sites each built-in rewrite would change, as warnings whose fix enables it."""
+    from onnx import numpy_helper
+
+    from .. import rewrites
+    from ..rewrites import graphtools
+
+    sites = rewrites.find(model, [rewrite for rewrite, _, _ in REWRITE_RULES.values()])
+    constants = graphtools.constant_tensors(model.graph)
+    constants.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "ConstantOfShape"
+                      for a in n.attribute if a.name == "value"})
+    findings = []
+    for rule, (name, op, problem) in REWRITE_RULES.items():
+        rewrite = rewrites.CATALOGUE[name]
+        if name in graph.rewrites:
+            fix = (f"rewrite '{name}' ({rewrite.summary}) is declared for graphs.{graph.name} but this site is still "
+                   f"there: export.py skipped it, or simplify re-created it; fix it at export")
+        else:
+            fix = f"{rewrites.yaml_fix(name, graph.name, graph.model, graph.rewrites)}: {rewrite.summary}"
+        for site in sites[name]:
+            if op is None:
+                lowest = float(numpy_helper.to_array(constants[site]).min())
+                where, message = f"constant '{site}'", f"value {lowest:.3g} {problem}"
+            else:
+                where, message = f"{op} node '{site}'", problem
+            findings.append(Finding(rule, "warning", where, message, fix, rewrite.why))
     return findings
 
 

@@ -18,7 +18,7 @@ QUANTIZED_HINT = ("; 8-bit weights lose accuracy here: try calibration.per_chann
 
 
 def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_file: Path, simulation: Path,
-        target: str, precision: str) -> dict[str, Any]:
+        target: str, precision: str, lint_record: Path | None = None) -> dict[str, Any]:
     sim = records.trusted(simulation, f"doit simulate:{target}")
     outputs = sample_store.load(outputs_file)
     reference = sample_store.load(reference_file, limit=len(outputs))
@@ -28,6 +28,15 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
               "violations": violations}
     if violations:
         raise StageError(f"simverify of {target} failed: " + "; ".join(violations)
-                         + (QUANTIZED_HINT if precision == "w8a16" else "")
+                         + (QUANTIZED_HINT if precision == "w8a16" else "") + (accuracy_hints(lint_record) if lint_record else "")
                          + f" (to find the first diverging node: doit diagnose:{target})", record)
     return record
+
+
+def accuracy_hints(lint_record: Path) -> str:
+    """Lint's accuracy warnings that a built-in rewrite fixes: the likely cause of a failed comparison, named."""
+    lint = records.read(lint_record) or {}
+    fixes = sorted({f["fix"] for f in lint.get("findings", [])
+                    if f.get("severity") == "warning" and str(f.get("why", "")).startswith("accuracy")
+                    and "rewrites" in f.get("fix", "")})
+    return f"; lint warned of fp16 accuracy hazards: {'; '.join(fixes)}" if fixes else ""

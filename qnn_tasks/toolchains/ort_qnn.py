@@ -37,9 +37,17 @@ CONFIG_FILE = "provider_options.json"
 FALLBACK_HINTS = {
     "Erf": "often left on CPU by onnxsim's fuse_preceding_mul_into_conv folding GELU's x0.5 into a Conv: "
            "add simplify: {skip_optimizers: [fuse_preceding_mul_into_conv]}",
-    "Neg": "write (0 - x) or a - b at export",
-    "If": "constant-fold the condition at export", "Loop": "unroll at export", "Scan": "unroll at export",
+    "Neg": 'add "rewrites: [neg]" to the graph in model.yaml (Sub(0, x)), or write a - b at export',
+    "ReduceSumSquare": 'add "rewrites: [reduce-sum-square]" to the graph in model.yaml (ReduceSum(Mul(x, x)) runs on HTP)',
+    "Clip": 'its min/max is computed: add "rewrites: [clip-computed]" to the graph in model.yaml (Max/Min run on HTP)',
+    "Pow": 'for Pow(x, 2) add "rewrites: [pow-square]" to the graph in model.yaml (Mul(x, x))',
+    "If": 'add "rewrites: [fold-if]" to the graph in model.yaml (with constant_inputs for what its condition reads), '
+          "or constant-fold the condition at export",
+    "Loop": "unroll at export", "Scan": "unroll at export",
 }
+# ops whose fallback a built-in rewrite fixes: the message names the graph's own model.yaml line
+FALLBACK_REWRITES = {"Neg": "neg", "ReduceSumSquare": "reduce-sum-square", "Clip": "clip-computed",
+                     "Pow": "pow-square", "If": "fold-if"}
 
 
 class OrtQnnToolchain:
@@ -280,9 +288,21 @@ def check_fallback(graph: GraphSpec, soc: Soc, partition: dict[str, Any], record
     nodes = partition["cpu_nodes"]
     if not nodes:
         return
-    listing = "; ".join(f"{n['op_type']} '{n['name']}'" + (f" ({n['hint']})" if n["hint"] else "") for n in nodes)
+    listing = "; ".join(f"{n['op_type']} '{n['name']}'" + (f" ({_graph_hint(graph, n)})" if n["hint"] else "")
+                        for n in nodes)
     message = f"{len(nodes)} node(s) of graph '{graph.name}' fall back to CPU on {soc.name}: {listing}"
     if graph.allow_cpu_fallback:
         record["warnings"].append(message)
         return
     raise StageError(message + " (fix them at export, or set allow_cpu_fallback: true for this graph)", record)
+
+
+def _graph_hint(graph: GraphSpec, node: dict[str, Any]) -> str:
+    """The node's hint, with "the graph in model.yaml" made this graph's own model.yaml key."""
+    rewrite = FALLBACK_REWRITES.get(node["op_type"])
+    if rewrite is None:
+        return node["hint"]
+    from ..rewrites import yaml_fix
+
+    line = yaml_fix(rewrite, graph.name, graph.model, graph.rewrites)
+    return node["hint"].replace(f'add "rewrites: [{rewrite}]" to the graph in model.yaml', line)
