@@ -113,7 +113,7 @@ def test_no_op_rebuild_and_a_changed_sample_reruns_only_what_reads_it(verified, 
     np.savez(project.path("models/hazards/samples/b_single.npz"),
              x=(20 + 0.3 * rng.standard_normal((1, 16, 64))).astype(np.float32), ids=rng.integers(0, 100, (1, 16)))
     executed = project.doit("simverify:hazards-SM8650", check=True).executed
-    assert executed == {"cpucheck:hazards", "simverify:hazards-SM8650"}
+    assert executed == {"cpucheck:hazards", "simulate:hazards-SM8650", "simverify:hazards-SM8650"}
 
 
 # ================================================================ without the rewrites: each failure names its rewrite
@@ -125,7 +125,7 @@ def test_without_fold_if_export_fails_naming_it(tmp_path):
     assert 'add "rewrites: [fold-if]" to graphs.hazards in models/hazards/model.yaml' in line
     project.edit(YAML, "    constant_inputs: {mode: 1}\n", "")
     line = project.doit("export:hazards").failure_line("export:hazards")
-    assert f"{project.path(YAML)}: source.file: hazards.onnx: input 'mode' of the ONNX is not declared" in line
+    assert f"{YAML}: source.file: hazards.onnx: input 'mode' of the ONNX is not declared" in line
     assert "graphs.hazards.constant_inputs" in line
 
 
@@ -265,7 +265,7 @@ def test_non_onnx_source_file_named_at_export(fresh):
     """An .onnx that is not ONNX: the stage names the file and its model.yaml key (not a bare DecodeError)."""
     fresh.path("models/hazards/hazards.onnx").write_bytes(b"\x08\x07 not protobuf at all \xff\xfe" * 8)
     line = fresh.doit("export:hazards").failure_line("export:hazards")
-    assert f"{fresh.path(YAML)}: source.file: {fresh.path('models/hazards/hazards.onnx')} is not an ONNX model" in line
+    assert f"{YAML}: source.file: models/hazards/hazards.onnx is not an ONNX model" in line
     assert "(fix: point it at an .onnx file" in line
 
 
