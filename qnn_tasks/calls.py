@@ -7,7 +7,6 @@ Nothing here knows doit.
 """
 from __future__ import annotations
 
-import functools
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -55,18 +54,24 @@ def path(args: dict[str, Any], name: str) -> Path | None:
     return None if value is None else Path(value)
 
 
-@functools.lru_cache(maxsize=8)
-def _toolchain(profile_json: str):
-    from . import toolchains
+_TOOLCHAINS: dict[str, Any] = {}  # profile (JSON) -> toolchain object, one per process
 
-    return toolchains.from_profile(specjson.profile_from_dict(json.loads(profile_json)))
+
+def use_toolchain(profile: dict[str, Any], chain: Any) -> None:
+    """Calls run in this process use the planner's own toolchain object for this profile."""
+    _TOOLCHAINS[json.dumps(profile, sort_keys=True)] = chain
 
 
 def toolchain(call: StageCall):
     """The call's toolchain object, built once per process and profile."""
     if call.toolchain is None:
         raise ValueError(f"stage {call.stage} has no toolchain")
-    return _toolchain(json.dumps(call.toolchain, sort_keys=True))
+    key = json.dumps(call.toolchain, sort_keys=True)
+    if key not in _TOOLCHAINS:
+        from . import toolchains
+
+        _TOOLCHAINS[key] = toolchains.from_profile(specjson.profile_from_dict(call.toolchain))
+    return _TOOLCHAINS[key]
 
 
 # ------------------------------------------------------------------ the stages

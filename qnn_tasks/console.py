@@ -4,12 +4,14 @@ line each with their fix.
 """
 from __future__ import annotations
 
+import os
 import sys
 import threading
 import time
 from typing import Any, Callable
 
-PLAIN_EVERY_S = 15.0   # without a terminal: a progress line at most this often
+# without a terminal: a progress line at most this often (QNN_PROGRESS_SECONDS; 0 = every step)
+PLAIN_EVERY_S = float(os.environ.get("QNN_PROGRESS_SECONDS", "15"))
 _lock = threading.Lock()
 
 

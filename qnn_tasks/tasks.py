@@ -68,6 +68,9 @@ def _signature(paths: list[str]) -> str:
     return hashlib.md5("\n".join(parts).encode()).hexdigest()
 
 
+_checked_this_run: list[bool] = []  # set once a build task's outputs were checked in this doit run
+
+
 class Fresh:
     """doit `uptodate`: the stage's key is unchanged and its files are what the last success left.
 
@@ -80,6 +83,7 @@ class Fresh:
         self.paths = paths
 
     def __call__(self, task, values) -> bool:
+        _checked_this_run[:] = [True]
         task.value_savers.append(lambda: {"key": self.key, "files": _signature(self.paths)})
         return values.get("key") == self.key and values.get("files") == _signature(self.paths)
 
@@ -154,10 +158,14 @@ class TaskFactory:
         binding = plan.binding if row.toolchain else None
 
         def call(row: StageDef = row, plan: Plan = plan) -> StageCall:
+            profile = binding.profile_dict(self.planner.root) if binding else None
+            if binding:
+                from .calls import use_toolchain
+
+                use_toolchain(profile, binding.toolchain)  # in this process: the planner's own object
             return StageCall(stage=row.name, target=plan.name, args=plan.args(), inputs=plan.file_dep,
                              out_dir=plan.out_dir, outputs=plan.outputs, record=record, key=plan.key,
-                             toolchain=binding.profile_dict(self.planner.root) if binding else None,
-                             heavy=row.heavy, remote=row.remote)
+                             toolchain=profile, heavy=row.heavy, remote=row.remote)
 
         task = {"name": plan.name, "actions": [stage_action(call, plan.base, self.root, self.cache)],
                 "file_dep": plan.file_dep, "targets": plan.outputs + [record],

@@ -74,10 +74,10 @@ class OnDemand:
         """One subtask per toolchain of the run (`socscheck` for the first)."""
         rows = [soc.row() for soc in self.project.socs.values()]
         for binding in self.planner.bindings:
-            name = binding.suffix.lstrip("@") or "table"
+            name = binding.profile.name
             record = Path("build") / f"socscheck{binding.suffix.replace('@', '-')}.json"
 
-            def check(binding=binding, record=record) -> TaskFailed | None:
+            def check(binding=binding, record=record, name=name) -> TaskFailed | None:
                 from .calls import StageCall
                 from .executors import for_call
                 from .fileio import write_json
@@ -87,16 +87,16 @@ class OnDemand:
                                  toolchain=binding.profile_dict(self.planner.root))
                 outcome = for_call(call, self.factory.root).run(call, None)
                 if not outcome["ok"]:
-                    return TaskFailed(f"socscheck: {outcome['error']}")
+                    return TaskFailed(f"socscheck:{name}: {outcome['error']}")
                 results = outcome["record"]["rows"]
                 write_json(record, {"toolchain": {"id": binding.id, **binding.fingerprint}, "rows": results})
                 bad = [r["soc"]["name"] + (f" ({r['error']})" if "error" in r else
                                            f" (binary says socModel {r['recorded_soc_model']}, {r['recorded_arch']})")
                        for r in results if not r["ok"]]
                 if bad:
-                    return TaskFailed(f"socscheck: socs/socs.yaml rows that don't match the binaries of {binding.id}: "
-                                      f"{'; '.join(bad)}")
-                print(f"socscheck: all {len(results)} rows match with {binding.id} ({record})")
+                    return TaskFailed(f"socscheck:{name}: socs/socs.yaml rows that don't match the binaries of "
+                                      f"{binding.id}: {'; '.join(bad)}")
+                print(f"socscheck:{name}: all {len(results)} rows match with {binding.id} ({record})")
                 return None
 
             from .tasks import Fresh, _key
@@ -107,18 +107,21 @@ class OnDemand:
 
     def toolcheck_tasks(self) -> Iterator[dict]:
         for binding in self.planner.bindings:
-            name = binding.suffix.lstrip("@") or "toolchain"
+            name = binding.profile.name
 
-            def check(binding=binding) -> TaskFailed | None:
+            def check(binding=binding, name=name) -> TaskFailed | None:
                 from .fileio import write_json
 
+                record: dict[str, Any] = {"stage": "toolcheck", "target": name,
+                                          "toolchain": {"id": binding.id, **binding.fingerprint}}
                 try:
-                    result = binding.toolchain.check()
+                    record.update(binding.toolchain.check(), status="passed")
                 except QnnTasksError as err:
-                    return TaskFailed(f"toolcheck: {binding.id}: {err}")
-                write_json(Path("build") / f"toolcheck{binding.suffix.replace('@', '-')}.json",
-                           {"toolchain": {"id": binding.id, **binding.fingerprint}, **result})
-                print(f"toolcheck: {binding.id}: ok")
+                    record.update(getattr(err, "record", {}) or {}, status="failed", error=str(err))
+                write_json(Path("build") / f"toolcheck{binding.suffix.replace('@', '-')}.json", record)
+                if record["status"] == "failed":
+                    return TaskFailed(f"toolcheck:{name}: {binding.id}: {record['error']}")
+                print(f"toolcheck:{name}: {binding.id}: ok")
                 return None
 
             yield {"name": name, "actions": [check], "uptodate": [False], "verbosity": 2,

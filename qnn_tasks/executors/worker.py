@@ -42,8 +42,11 @@ def main() -> None:
         call = StageCall.from_json(message["call"])
         os.chdir(message.get("cwd") or home)  # one call at a time: changing directory is safe here
         # whatever the stage's tools and the model's code print goes to the stage's log, not the console
-        with native_output_to(Path(call.out_dir) / f"{call.stage}.log"):
+        log = Path(call.out_dir) / f"{call.stage}.log"
+        with native_output_to(log):
             outcome = run_here(call, lambda done, total, unit: send({"progress": [done, total, unit]}))
+        if log.is_file() and log.stat().st_size == 0:
+            log.unlink()  # nothing was said: no empty file beside the outputs
         send({"outcome": outcome})
 
 
