@@ -126,6 +126,15 @@ def project_copy(built_graphs, tmp_path) -> Project:
 MINILM_SAMPLES = 2  # each simulated MiniLM run takes ~3 s
 
 
+def matrix_project(dest: Path) -> Project:
+    """A fresh copy with `verified`'s matrix (both graphs, SM8650 + SM8750, fp16, MiniLM on 2 samples), not built."""
+    project = copy_project(dest)
+    restrict_socs(project, ["SM8650", "SM8750"])
+    project.edit("models/minilm/model.yaml", "      samples: 8", f"      samples: {MINILM_SAMPLES}")
+    only_fp16(project)
+    return project
+
+
 @pytest.fixture(scope="session")
 def verified(built_graphs, tmp_path_factory) -> Project:
     """`built_graphs` + `doit simverify report` (both chips, fp16), built once per session.

@@ -210,7 +210,7 @@ def test_sdk_stages_run_once_per_variant_and_per_chip(sdk_built):
     chips = {f"{v}-{s}" for v in VARIANTS for s in SOCS}
     expected = ({f"{stage}:{v}" for stage in ("convert", "modellib") for v in VARIANTS}
                 | {f"{stage}:{c}" for stage in ("config", "context") for c in chips}
-                | {f"simverify:{t}" for t in SIMULATED} | {"calibrate:minilm"})
+                | {f"{stage}:{t}" for stage in ("simulate", "simverify") for t in SIMULATED} | {"calibrate:minilm"})
     assert result.executed == expected
     assert {f"{stage}:{g}" for stage in GRAPH_STAGES for g in GRAPHS} <= result.uptodate
     again = project.doit(*SDK_TASKS, env=doit_env())
@@ -380,8 +380,8 @@ def test_sdk_version_change_reruns_exactly_the_sdk_stages(built_graphs, standin,
     tasks = ["convert", "modellib", "config", "context", "simverify"]
     first = project.doit(*tasks, env=doit_env())
     assert first.returncode == 0, first.stdout + first.stderr
-    sdk_tasks = {"convert:vad", "modellib:vad"} | {f"{s}:vad-{c}" for s in ("config", "context", "simverify")
-                                                   for c in SOCS}
+    sdk_tasks = {"convert:vad", "modellib:vad"} | {f"{s}:vad-{c}" for s in ("config", "context", "simulate",
+                                                                             "simverify") for c in SOCS}
     assert first.executed == sdk_tasks
 
     new_root = tmp_path / "sdk" / "qairt" / NEW_VERSION
