@@ -50,8 +50,8 @@ def read(path: Path | str) -> dict[str, Any] | None:
         return None
 
 
-def problems(record: dict[str, Any], record_path: Path | str) -> list[str]:
-    """Why the record no longer describes its outputs (empty: it does)."""
+def problems(record: dict[str, Any], record_path: Path | str, root: Path | str = ".") -> list[str]:
+    """Why the record no longer describes its outputs (empty: it does); paths are relative to `root`."""
     files = record.get("files")
     if not files:
         return []
@@ -61,14 +61,15 @@ def problems(record: dict[str, Any], record_path: Path | str) -> list[str]:
         written = 0
     found = []
     for name, facts in files.items():
+        path = Path(root) / name
         try:
-            st = os.stat(name)
+            st = os.stat(path)
         except FileNotFoundError:
             found.append(f"{name} is missing")
             continue
         if st.st_size != facts["size"]:
             found.append(f"{name} has {st.st_size} bytes, its record says {facts['size']}")
-        elif st.st_mtime_ns > written and sha256(name) != facts["sha256"]:
+        elif st.st_mtime_ns > written and sha256(path) != facts["sha256"]:
             found.append(f"{name} changed since its record was written")
     return found
 

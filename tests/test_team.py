@@ -92,7 +92,7 @@ def test_fresh_clone_with_a_warm_cache_compiles_and_simulates_nothing(shared, tm
     for task, record in made.items():
         assert record.get("from_cache"), f"{task} ran instead of being restored"
         assert record["from_cache"]["built_by"] == socket.gethostname()
-        assert records.problems(record, record["_path"]) == [], task  # restored byte-identical
+        assert records.problems(record, record["_path"], second.root) == [], task  # restored byte-identical
     built = stage_records(first)
     for task in heavy:  # the same bytes as clone A's outputs
         assert made[task]["files"] == built[task]["files"], task
