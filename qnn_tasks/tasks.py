@@ -141,7 +141,10 @@ class TaskFactory:
         namespace: dict[str, Any] = {"DOIT_CONFIG": config}
         for name, doc, make in stages:
             namespace[f"task_{name}"] = _task_function(name, doc, make)
-        for name, doc, make in OnDemand(self).rows():  # created only when asked for: `doit` and no-op runs skip them
+        on_demand = OnDemand(self)
+        for name, doc, make in on_demand.immediate_rows():
+            namespace[f"task_{name}"] = _task_function(name, doc, make)
+        for name, doc, make in on_demand.rows():  # created only when asked for: `doit` and no-op runs skip them
             namespace[f"task_{name}"] = create_after()(_task_function(name, doc, make))
         return namespace
 

@@ -45,6 +45,11 @@ class OnDemand:
         self.planner = factory.planner
         self.project = factory.project
 
+    def immediate_rows(self) -> list[tuple[str, str, Callable[[], Any]]]:
+        """Not in the default run, but created at load: doit parses a task's options (cache:gc --keep-days)
+        only for tasks that exist then."""
+        return [("cache", "The shared artifact cache: cache:stats, cache:gc --keep-days N (on demand).", self.cache_tasks)]
+
     def rows(self) -> list[tuple[str, str, Callable[[], Any]]]:
         return [
             ("diagnose", DIAGNOSE.doc, self.diagnose_tasks),
@@ -54,7 +59,6 @@ class OnDemand:
              self.toolcheck_tasks),
             ("compat", "Load every built binary on every configured runtime's simulator: which QNN runtimes load it, "
                        "and do outputs still match (on demand).", self.compat_task),
-            ("cache", "The shared artifact cache: cache:stats, cache:gc --keep-days N (on demand).", self.cache_tasks),
             ("verify", "Run each chip's binaries on the attached phones (adb) and compare with the CPU; latency, CPU use "
                        "(on demand).", self.verify_tasks),
             ("power", "Fixed-length run on an attached phone with battery level before/after (on demand, opt-in).",

@@ -18,6 +18,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from .. import console
 from ..calls import StageCall
 from ..errors import SpecError, ToolchainError
 from . import remote
@@ -60,7 +61,7 @@ class DaskExecutor:
                     problem = remote.mismatch(expected, report)
                     (refused if problem else good).append((worker, problem))
                 for worker, problem in refused:
-                    print(f"refusing Dask worker {worker}: {problem}", flush=True)
+                    console.note(f"refusing Dask worker {worker}: {problem}")
                 if not good:
                     raise ToolchainError(f"no Dask worker at {self.address} matches this client "
                                          f"({'; '.join(p for _, p in refused) or 'no workers connected'})")
