@@ -156,6 +156,15 @@ def _diagnose(call: StageCall) -> dict[str, Any]:
                         binary=a.get("binary"))
 
 
+def _pipeline(call: StageCall) -> dict[str, Any]:
+    from .stages import pipeline
+
+    a = call.args
+    return pipeline.run([specjson.graph_from_dict(g) for g in a["graphs"]], [Path(p) for p in a["ctx"]],
+                        [Path(p) for p in a["configs"]], [Path(p) for p in a["simplified"]], Path(a["inputs"]),
+                        a["feed"], a["verify"], call.target, Path(call.out_dir))
+
+
 def _socscheck(call: StageCall) -> dict[str, Any]:
     from .socscheck import check_table
 
@@ -174,7 +183,7 @@ RUNNERS: dict[str, Callable[[StageCall], dict[str, Any]]] = {
     "export": _export, "simplify": _simplify, "lint": _lint, "cpucheck": _cpucheck, "calibrate": _calibrate,
     "quantize": _graph_stage, "convert": _graph_stage, "modellib": _graph_stage,
     "config": _config, "context": _context, "simulate": _simulate, "simverify": _simverify, "diagnose": _diagnose,
-    "socscheck": _socscheck, "compat": _compat,
+    "pipeline": _pipeline, "socscheck": _socscheck, "compat": _compat,
 }
 
 

@@ -157,3 +157,39 @@ def chip_targets(project: Project, toolchain_id: str, suffix: str = "",
             targets.append(ChipTarget(variant=vt, soc=soc, toolchain_id=toolchain_id,
                                       dir=vt.dir / soc.name, skip_reason=reason))
     return targets
+
+
+@dataclass(frozen=True)
+class PipelineTarget:
+    """A model's `pipeline:` on one chip with one toolchain: its graphs' binaries chained on the simulator."""
+    pipeline: object        # specpipeline.PipelineSpec
+    chips: tuple[ChipTarget, ...]  # one per graph of the chain, in order (primary precision)
+    dir: Path
+
+    @property
+    def name(self) -> str:
+        first = self.chips[0]
+        return f"{self.pipeline.model}-{first.soc.name}{first.variant.suffix}"
+
+    @property
+    def soc(self) -> Soc:
+        return self.chips[0].soc
+
+    def stage_dir(self, stage: str) -> Path:
+        return _cached_join(self, stage)
+
+
+def pipeline_targets(project: Project, chips: list[ChipTarget], toolchain_id: str) -> list[PipelineTarget]:
+    """Every chip on which all graphs of a model's pipeline are built (primary precisions, not skipped)."""
+    built = {(ct.graph.name, ct.soc.name): ct for ct in chips
+             if ct.precision == ct.graph.precision and not ct.skip_reason}
+    targets = []
+    for model in project.models:
+        if model.pipeline is None:
+            continue
+        for soc in project.socs:
+            chain = [built.get((name, soc)) for name in model.pipeline.graphs]
+            if all(chain):
+                targets.append(PipelineTarget(pipeline=model.pipeline, chips=tuple(chain),
+                                              dir=Path(BUILD_DIR) / model.name / "pipeline" / toolchain_id / soc))
+    return targets

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from . import codeversion, specjson, toolchains
-from .matrix import ChipTarget, GraphTarget, VariantTarget, chip_targets, graph_targets, variant_targets
+from .matrix import (ChipTarget, GraphTarget, PipelineTarget, VariantTarget, chip_targets, graph_targets,
+                     pipeline_targets, variant_targets)
 from .spec import GraphSpec, Project, ToolchainProfile
 
 
@@ -63,6 +64,7 @@ class Binding:
     suffix: str                                # "" for the first toolchain, "@<profile>" for the others
     variants: list[VariantTarget] = field(default_factory=list)
     chips: list[ChipTarget] = field(default_factory=list)
+    pipelines: list[PipelineTarget] = field(default_factory=list)
 
     def profile_dict(self, root: Path) -> dict[str, Any]:
         return specjson.profile_to_dict(self.profile, root)
@@ -84,15 +86,19 @@ class Planner:
                               suffix="" if index == 0 else f"@{profile.name}")
             binding.variants = variant_targets(project, binding.id, binding.suffix, self.graphs)
             binding.chips = chip_targets(project, binding.id, binding.suffix, binding.variants)
+            binding.pipelines = pipeline_targets(project, binding.chips, binding.id)
             self.bindings.append(binding)
         self.variants = [vt for b in self.bindings for vt in b.variants]
         self.chips = [ct for b in self.bindings for ct in b.chips]
+        self.pipelines = [pt for b in self.bindings for pt in b.pipelines]
         self._by_suffix = {b.suffix: b for b in self.bindings}
         self._json: dict[tuple, str] = {}
         self._sources: dict[str, str] = {}
 
     # ------------------------------------------------------------ shared pieces
-    def binding(self, target: VariantTarget | ChipTarget) -> Binding:
+    def binding(self, target: VariantTarget | ChipTarget | PipelineTarget) -> Binding:
+        if isinstance(target, PipelineTarget):
+            target = target.chips[0]
         variant = target.variant if isinstance(target, ChipTarget) else target
         return self._by_suffix[variant.suffix]
 
@@ -321,6 +327,28 @@ def plan_diagnose(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
                       f"find where {ct.graph.name} diverges on {ct.soc.name}: per-node CPU vs NPU error")
 
 
+def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
+    """The model's graphs chained on the simulator: each fed the NPU outputs of the one before."""
+    spec = pt.pipeline
+    chain = [{"graph": ct.graph, "ctx": p.context_files(ct), "config": p.config_files(ct)[0],
+              "simplified": str(ct.graph_target.simplified)} for ct in pt.chips]
+    first_inputs = str(pt.chips[0].graph_target.inputs)
+    file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]]
+    settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify}, sort_keys=True)
+    soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
+    binding = p.binding(pt)
+    return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep,
+                outputs=[f"{pt.stage_dir(stage.name)}/outputs.npz"], key=p.key(stage, binding, soc, settings),
+                doc=f"chain {' -> '.join(spec.graphs)} on {pt.soc.name}'s simulator; judge the end against the CPU chain",
+                args=lambda: {"graphs": [p.graph_dict(link["graph"]) for link in chain],
+                              "ctx": [link["ctx"][0] for link in chain], "configs": [link["config"] for link in chain],
+                              "simplified": [link["simplified"] for link in chain], "inputs": first_inputs,
+                              "feed": {k: list(v) for k, v in spec.feed.items()}, "verify": spec.verify},
+                base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),
+                              "toolchain": {"id": binding.id, "profile": binding.profile.name, **binding.fingerprint}},
+                binding=binding)
+
+
 def _failed(record: str) -> bool | None:
     """A stage record's verdict: True if it failed, False if it passed, None if there is none."""
     try:
@@ -360,6 +388,10 @@ CHIP_STAGES = (
              "thresholds, checks).", ("stages/simverify.py", "verification.py", "metrics.py", "samples.py"),
              plan_simverify, heavy=False),
 )
+PIPELINE = StageDef("pipeline", "pipeline", "Chain each model's pipeline graphs on the host simulator (each fed the "
+                    "previous one's NPU outputs) and judge the end against the same chain on CPU.",
+                    ("stages/pipeline.py", "devices/simulator.py", "verification.py", "metrics.py", "samples.py",
+                     "stages/cpucheck.py"), plan_pipeline, remote=True, toolchain=True)
 DIAGNOSE = StageDef("diagnose", "chip", "Find the first node where the NPU diverges from the CPU, and why (on demand, "
                     "not in the default run).", ("stages/diagnose.py", "devices/simulator.py", "metrics.py",
                                                  "verification.py", "stages/cpucheck.py"),
@@ -382,11 +414,12 @@ def build_stage_defs(planner: Planner) -> list[StageDef]:
     rows = list(GRAPH_STAGES)
     if not any("w8a16" in gt.graph.precisions for gt in planner.graphs):
         rows = [r for r in rows if r.name != "calibrate"]
-    return rows + variant_stage_defs(planner) + list(CHIP_STAGES)
+    return rows + variant_stage_defs(planner) + list(CHIP_STAGES) + ([PIPELINE] if planner.pipelines else [])
 
 
 def targets_of(planner: Planner, stage: StageDef) -> list:
-    return {"graph": planner.graphs, "variant": planner.variants, "chip": planner.chips}[stage.scope]
+    return {"graph": planner.graphs, "variant": planner.variants, "chip": planner.chips,
+            "pipeline": planner.pipelines}[stage.scope]
 
 
 def all_outputs(planner: Planner) -> list[str]:

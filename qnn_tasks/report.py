@@ -45,6 +45,7 @@ def all_record_paths(planner) -> list[str]:
     paths = [f"{gt.dir}/{stage}/{stage}.json" for gt in planner.graphs for stage in GRAPH_STAGES]
     paths += sorted({variant_record_path(ct, stage) for ct in planner.chips for stage in _variant_stages(planner, ct)})
     paths += [f"{ct.dir_str}/{stage}/{stage}.json" for ct in planner.chips for stage in (*CHIP_STAGES, "diagnose")]
+    paths += [f"{pt.dir}/pipeline/pipeline.json" for pt in planner.pipelines]
     return paths + [str(DEVICE_STAMP), str(COMPAT_RECORD)]  # one file for all device records (not 2 stats per target)
 
 
@@ -87,13 +88,15 @@ def collect(planner) -> dict[str, Any]:
                              "toolchain_id": t["toolchain_id"]})
     from . import compare
 
+    pipelines = [pipeline_entry(pt) for pt in planner.pipelines]
     data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,
                         "graphs_failed": sum(1 for g in graph_entries if g["status"] in ("failed", "stale")),
-                        "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache"))},
+                        "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache")),
+                        "pipelines_failed": sum(1 for p in pipelines if p["status"] in ("failed", "stale"))},
             "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
-            "graphs": graph_entries, "variants": variants, "targets": targets,
+            "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines,
             "precision_comparison": precision_comparison(targets)}
     data["comparison"] = compare.upgrade_diff(data)
     data["compatibility"] = records.read(COMPAT_RECORD)
@@ -118,6 +121,14 @@ def _target(planner, ct: ChipTarget, graph_status: dict[str, str], graph_errors:
             "precision": ct.precision, "status": status, "reason": reason, "toolchain_stages": toolchain_stages,
             "stages": stages, "provenance": provenance(stages), "diagnosis": diagnosis(ct, stages.get("context")),
             "device": device_results(ct)}
+
+
+def pipeline_entry(pt) -> dict[str, Any]:
+    """A pipeline on one chip: its end-to-end record (links' metrics, final metrics and checks)."""
+    record = read_checked(pt.stage_dir("pipeline") / "pipeline.json")
+    return {"name": pt.name, "model": pt.pipeline.model, "graphs": list(pt.pipeline.graphs), "soc": pt.soc.row(),
+            "toolchain_id": pt.chips[0].toolchain_id, "status": combine([record]),
+            "reason": _first_error([record]), "record": record}
 
 
 def provenance(stages: dict[str, Any]) -> dict[str, Any]:
@@ -168,7 +179,7 @@ def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def gate_problems(data: dict[str, Any]) -> list[str]:
     """What fails the report task itself: stale targets, and upgrade regressions of a gating toolchain."""
     problems = []
-    stale = [t["name"] for t in data["targets"] if t["status"] == "stale"]
+    stale = [t["name"] for t in data["targets"] + data.get("pipelines", []) if t["status"] == "stale"]
     if stale:
         problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "
                         f"{', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}); run doit to rebuild them")

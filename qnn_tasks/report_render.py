@@ -45,12 +45,26 @@ def markdown(data: dict[str, Any]) -> str:
         for r in data["precision_comparison"]:
             lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {size(r['bin_size'])} | "
                          f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} |")
-    lines += upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
+    lines += pipeline_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
     problems = [t for t in data["targets"] if t["status"] in ("failed", "stale", "skipped")]
     if problems:
         lines += ["", "## Failed, stale and skipped", ""]
         lines += [f"- **{t['name']}** ({t['status']}): {t['reason']}" for t in problems]
     return "\n".join(lines) + "\n"
+
+
+def pipeline_markdown(data: dict[str, Any]) -> list[str]:
+    if not data.get("pipelines"):
+        return []
+    lines = ["", "## Pipelines (graphs chained on the simulator, judged at the end)", "",
+             "| pipeline | graphs | status | links' min cosine | end: checks |", "|---|---|---|---|---|"]
+    for p in data["pipelines"]:
+        record = p["record"] or {}
+        links = "; ".join(f"{link['graph']} {num(min(m['cosine'] for m in link['metrics'].values()), 6)}"
+                          for link in record.get("links") or [])
+        checks = ", ".join(f"{c['kind']} {num(c['value'])}" for c in record.get("checks") or [])
+        lines.append(f"| {p['name']} | {' -> '.join(p['graphs'])} | {p['status']} | {links or '-'} | {checks or '-'} |")
+    return lines
 
 
 def upgrade_markdown(data: dict[str, Any]) -> list[str]:

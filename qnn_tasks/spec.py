@@ -44,7 +44,7 @@ PRECISIONS = ("fp16", "w8a16")  # w8a16: 8-bit weights, 16-bit activations, quan
 MIN_CALIBRATION_SAMPLES = 8
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
 SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "fp16", "note", "alias_of"}
-MODEL_KEYS = {"licence", "description", "source", "graphs"}
+MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
               "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
@@ -155,6 +155,7 @@ class ModelSpec:
     description: str
     source: Source
     graphs: tuple[GraphSpec, ...]
+    pipeline: Any = None  # specpipeline.PipelineSpec: the graphs chained, verified end to end
 
 
 @dataclass(frozen=True)
@@ -248,8 +249,11 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     if not graphs_data:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
     graphs = tuple(_load_graph(str(name), g, model_dir, path, socs, source_data) for name, g in graphs_data.items())
+    from . import specpipeline
+
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
-                     description=str(data.get("description", "")), source=source, graphs=graphs)
+                     description=str(data.get("description", "")), source=source, graphs=graphs,
+                     pipeline=specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path))
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],
@@ -420,10 +424,12 @@ DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
                       "w8a16": {"min_cosine": 0.99, "min_snr_db": 15.0}}
 VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
 CALIBRATION_KEYS = {"samples", "function", "per_channel"}
-CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"}}
+CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"},
+               "top1": {"output", "min", "axis"}}
 # option -> (type, lowest, highest): shares are in [0, 1]
 CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0.0, 1.0)},
-                "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)}}
+                "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)},
+                "top1": {"min": (float, 0.0, 1.0), "axis": (int, -8, 7)}}
 
 
 LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",

@@ -70,4 +70,19 @@ def ranking(ref: np.ndarray, got: np.ndarray, check: dict[str, Any]) -> dict[str
             "disagreeing_samples": [int(i) for i in np.flatnonzero(~same)][:20]}
 
 
-CHECKS = {"agreement": agreement, "ranking": ranking}
+def top1(ref: np.ndarray, got: np.ndarray, check: dict[str, Any]) -> dict[str, Any]:
+    """Share of predictions (argmax along `axis`, by default the last) that CPU and NPU make the same.
+
+    A [1, classes] output gives one prediction per sample; a [1, frames, classes] output one per frame.
+    """
+    axis = int(check.get("axis", -1))
+    same = np.argmax(ref, axis=axis) == np.argmax(got, axis=axis)
+    value = float(same.mean())
+    required = float(check.get("min", 0.99))
+    per_sample = same.reshape(len(same), -1).all(axis=1)
+    return {"kind": "top1", "output": check["output"], "value": value, "min": required, "passed": value >= required,
+            "meaning": "share of predictions (argmax) the NPU makes the same as the CPU",
+            "disagreeing_samples": [int(i) for i in np.flatnonzero(~per_sample)][:20]}
+
+
+CHECKS = {"agreement": agreement, "ranking": ranking, "top1": top1}

@@ -2,8 +2,9 @@
 # Install everything qnn-npu-compile and its examples/tests need, on Debian/Ubuntu x86-64 (Python >= 3.11).
 #   - Debian packages: real audio for the VAD example (alsa-utils sounds, espeak-ng, sox),
 #     chromium (the report's headless-browser check) and adb (doit verify; its tests).
-#   - Python packages: this project with its example models and test tools. torch is pinned
+#   - Python packages: this project with its example models, Dask and test tools. torch is pinned
 #     first: an unpinned torch would pull a multi-GB CUDA build.
+#   - The pinned environment of toolchain/ort-qnn-2.47.yaml (an older onnxruntime-qnn, made with uv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -17,10 +18,14 @@ command -v adb >/dev/null || need+=(adb)
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
   echo "installing Debian packages: ${need[*]}"
-  $SUDO apt-get update -q
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q "${need[@]}"
+  # wait for another apt/dpkg (unattended upgrades, a second install) instead of failing at once
+  $SUDO apt-get -o DPkg::Lock::Timeout=600 update -q
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get -o DPkg::Lock::Timeout=600 install -y -q "${need[@]}"
 fi
 
 "$PYTHON" -m pip install -q torch==2.13.0
-"$PYTHON" -m pip install -q -e '.[examples,test]'
+"$PYTHON" -m pip install -q -e '.[examples,team,test]'
+# The older QNN side by side (toolchain/ort-qnn-2.47.yaml: onnxruntime-qnn 2.3.0 + onnxruntime 1.24.4) in its own
+# environment, made with uv once; the tests build the examples under both toolchains.
+"$PYTHON" -m qnn_tasks.envs toolchain/ort-qnn-2.47.yaml
 echo "installed: $("$PYTHON" -m doit --version | head -1), onnxruntime-qnn $("$PYTHON" -c 'import importlib.metadata as m; print(m.version("onnxruntime-qnn"))')"

@@ -53,7 +53,8 @@ FALLBACK_REWRITES = {"Neg": "neg", "ReduceSumSquare": "reduce-sum-square", "Clip
 class OrtQnnToolchain:
     kind = "ort-qnn"
     # the code of this toolchain: part of the key of every stage it runs (codeversion.py)
-    code_modules = ("toolchains/ort_qnn.py", "toolchains/ort_quantize.py", "toolchains/base.py", "qnnbin.py")
+    code_modules = ("toolchains/ort_qnn.py", "toolchains/ort_quantize.py", "toolchains/base.py", "qnnbin.py",
+                    "qnnbin_layout.py")
 
     def __init__(self, profile: ToolchainProfile) -> None:
         self.profile = profile

@@ -1,0 +1,154 @@
+"""Pipelines: a model's graphs chained on the simulator and judged end to end (real compiles and runs).
+
+The model is built in code as two packaged ONNX files, ported with YAML only:
+  features:   x [1, 16, 64] (activations around 30) -> a LayerNorm whose variance is E[x^2] - E[x]^2
+  classifier: the normalised features -> mean over time -> 10 logits
+With `rewrites: [centred-variance]` the chain's predictions match the CPU's; without it the first
+graph's fp16 cancellation degrades what the second one sees, and the pipeline's top1 check fails.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import Project, copy_project
+
+TIME, DIM, CLASSES = 16, 64, 10
+YAML = "models/chain/model.yaml"
+MODEL_YAML = """\
+licence: test fixture
+source: {{file: features.onnx}}
+graphs:
+  features:
+    inputs: {{x: {{shape: [1, {t}, {d}], dtype: float32}}}}
+    outputs: {{y: {{shape: [1, {t}, {d}]}}}}
+    rewrites: {rewrites}
+    samples: {{files: samples/features.npz}}
+    socs: [SM8650]
+  classifier:
+    source: {{file: classifier.onnx}}
+    inputs: {{y: {{shape: [1, {t}, {d}], dtype: float32}}}}
+    outputs: {{logits: {{shape: [1, {c}]}}}}
+    samples: {{files: samples/classifier.npz}}
+    socs: [SM8650]
+pipeline:
+  graphs: [features, classifier]
+  verify:
+    checks:
+      - top1: {{output: logits, min: 1.0}}
+"""
+
+
+def features_model() -> onnx.ModelProto:
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mean"], axes=[-1], keepdims=1),
+             helper.make_node("Mul", ["x", "x"], ["x2"]),
+             helper.make_node("ReduceMean", ["x2"], ["mean_x2"], axes=[-1], keepdims=1),
+             helper.make_node("Mul", ["mean", "mean"], ["mean_sq"]),
+             helper.make_node("Sub", ["mean_x2", "mean_sq"], ["var"], name="variance"),
+             helper.make_node("Add", ["var", "eps"], ["var_eps"]),
+             helper.make_node("Sqrt", ["var_eps"], ["std"]),
+             helper.make_node("Sub", ["x", "mean"], ["centred"]),
+             helper.make_node("Div", ["centred", "std"], ["y"])]
+    graph = helper.make_graph(nodes, "features", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "t", DIM])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, "t", DIM])],
+                              [numpy_helper.from_array(np.array(1e-5, np.float32), "eps")])
+    return _model(graph)
+
+
+def classifier_model() -> onnx.ModelProto:
+    weights = np.random.default_rng(3).standard_normal((DIM, CLASSES)).astype(np.float32) * 3
+    nodes = [helper.make_node("ReduceMean", ["y"], ["pooled"], axes=[1], keepdims=0),
+             helper.make_node("MatMul", ["pooled", "w"], ["logits"])]
+    graph = helper.make_graph(nodes, "classifier", [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, TIME, DIM])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, CLASSES])],
+                              [numpy_helper.from_array(weights, "w")])
+    return _model(graph)
+
+
+def _model(graph) -> onnx.ModelProto:
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def chain_project(root: Path, rewrites: str) -> Project:
+    project = copy_project(root)
+    for model in ("silero-vad", "minilm"):  # only the chain: keeps the build short
+        import shutil
+
+        shutil.rmtree(project.path(f"models/{model}"))
+    folder = project.path("models/chain")
+    (folder / "samples").mkdir(parents=True)
+    onnx.save(features_model(), str(folder / "features.onnx"))
+    onnx.save(classifier_model(), str(folder / "classifier.onnx"))
+    rng = np.random.default_rng(4)
+    np.savez(folder / "samples/features.npz",
+             x=(30 + rng.standard_normal((8, 1, TIME, DIM))).astype(np.float32))  # around 30: fp16 cancels
+    np.savez(folder / "samples/classifier.npz", y=rng.standard_normal((8, 1, TIME, DIM)).astype(np.float32))
+    (folder / "model.yaml").write_text(MODEL_YAML.format(t=TIME, d=DIM, c=CLASSES, rewrites=rewrites))
+    return project
+
+
+def record(project: Project) -> dict:
+    return json.loads(next(project.root.glob("build/chain/pipeline/*/SM8650/pipeline/pipeline.json")).read_text())
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory) -> Project:
+    project = chain_project(tmp_path_factory.mktemp("chain-good") / "project", "[centred-variance]")
+    project.result = project.doit()
+    return project
+
+
+def test_chain_is_verified_end_to_end(good):
+    assert good.result.returncode == 0, good.result.stdout + good.result.stderr
+    assert "pipeline:chain-SM8650" in good.result.executed
+    rec = record(good)
+    assert rec["status"] == "passed" and rec["graphs"] == ["features", "classifier"] and rec["samples"] == 8
+    assert [link["graph"] for link in rec["links"]] == ["features", "classifier"]
+    for link in rec["links"]:  # each link's NPU outputs against the same chain on CPU: error carried, measured
+        assert all(m["cosine"] > 0.999 for m in link["metrics"].values()), link
+    top1 = next(c for c in rec["checks"] if c["kind"] == "top1")
+    assert top1["passed"] and top1["value"] == 1.0
+    report = json.loads(good.path("build/report/report.json").read_text())
+    assert [p["name"] for p in report["pipelines"]] == ["chain-SM8650"] and report["pipelines"][0]["status"] == "passed"
+    assert "## Pipelines" in good.path("build/report/report.md").read_text()
+    assert good.doit("pipeline").executed == set()
+
+
+def test_a_degraded_first_graph_fails_the_pipelines_task_check(tmp_path):
+    project = chain_project(tmp_path / "project", "[]")  # no centred-variance: the LayerNorm cancels in fp16
+    result = project.doit("pipeline:chain-SM8650")
+    line = result.failure_line("pipeline:chain-SM8650")
+    assert "pipeline chain-SM8650 failed at its end" in line and "check top1 on 'logits'" in line
+    assert "the weakest link is graph 'features'" in line
+    rec = record(project)
+    assert rec["status"] == "failed"
+    first, second = rec["links"]
+    assert first["metrics"]["y"]["cosine"] < 0.99  # the damage is born in the first graph ...
+    top1 = next(c for c in rec["checks"] if c["kind"] == "top1")
+    assert top1["value"] < 1.0 and top1["disagreeing_samples"]  # ... and changes the second one's predictions
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (("graphs: [features, classifier]", "graphs: [features]"), ["pipeline.graphs", "two or more"]),
+    (("graphs: [features, classifier]", "graphs: [features, decoder]"), ["'decoder' is not a graph of this model"]),
+    (("graphs: [features, classifier]", "graphs: [classifier, features]"), ["input 'x' of graph 'features'"]),
+    (("  verify:\n", "  feed: {features.x: classifier.logits}\n  verify:\n"), ["pipeline.feed.features.x"]),
+    (("top1: {output: logits, min: 1.0}", "top1: {output: logits, min: 2}"), ["pipeline.verify.checks[0].top1.min"]),
+])
+def test_pipeline_spec_errors(tmp_path, edit, fragments):
+    project = chain_project(tmp_path / "project", "[centred-variance]")
+    project.edit(YAML, *edit)
+    result = project.doit("list")
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and str(project.path(YAML)) in line and "(fix: " in line
+    for fragment in fragments:
+        assert fragment in line, line

@@ -1,0 +1,122 @@
+"""Several QNN versions side by side, with real wheels: onnxruntime-qnn 2.7.0 (QNN 2.51, this interpreter) and
+2.3.0 (QNN 2.47, onnxruntime 1.24.4) in the pinned environment toolchain/ort-qnn-2.47.yaml makes with uv
+(scripts/install.sh creates it once; the first use would too).
+
+One run builds both trees; the graph stages run once; the report compares the two builds (and gates on a
+regression when asked); `doit compat` measures which runtime loads which binary.
+"""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import Project, copy_project, only_fp16, restrict_socs
+
+BOTH = "ort-qnn,ort-qnn-2.47"
+GRAPH_TASKS = {f"{s}:{g}" for s in ("export", "simplify", "lint", "cpucheck") for g in ("vad", "minilm")}
+CHIP_STAGES = ("config", "context", "simulate", "simverify")
+
+
+def targets(suffix: str) -> set[str]:
+    return {f"{s}:{g}-SM8650{suffix}" for s in CHIP_STAGES for g in ("vad", "minilm")}
+
+
+def record(project: Project, graph: str, stage: str, tree: str) -> dict:
+    model = "silero-vad" if graph == "vad" else "minilm"
+    path = next(project.root.glob(f"build/{model}/{graph}/{tree}/fp16/SM8650/{stage}/{stage}.json"))
+    return json.loads(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def both(tmp_path_factory) -> Project:
+    """Both examples (fp16, SM8650; the VAD on 40 frames, MiniLM on 2 sentences) under both toolchains."""
+    project = copy_project(tmp_path_factory.mktemp("both") / "project")
+    restrict_socs(project, ["SM8650"])
+    only_fp16(project)
+    project.edit("models/minilm/model.yaml", "      samples: 8", "      samples: 2")
+    project.edit("models/silero-vad/model.yaml", "    verify:\n", "    verify:\n      samples: 40\n")
+    project.result = project.doit(env={"QNN_TOOLCHAIN": BOTH})
+    return project
+
+
+def test_both_trees_build_and_graph_stages_run_once(both):
+    result = both.result
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert GRAPH_TASKS <= result.executed  # export .. cpucheck: once per graph, not per toolchain
+    assert targets("") | targets("@ort-qnn-2.47") <= result.executed
+    new = record(both, "vad", "context", "ort-qnn-2.7.0-qnn2.51.0-ort1.32.0")
+    old = record(both, "vad", "context", "ort-qnn-2.3.0-qnn2.47.0-ort1.24.4")
+    assert new["binary"]["build_id"].startswith("v2.51.") and old["binary"]["build_id"].startswith("v2.47.")
+    assert old["toolchain"]["onnxruntime"] == "1.24.4" and old["toolchain"]["profile"] == "ort-qnn-2.47"
+    assert old["executor"]["python"].endswith("/bin/python") and ".cache/qnn-npu-compile/envs" in old["executor"]["python"]
+    for graph in ("vad", "minilm"):
+        assert record(both, graph, "simverify", "ort-qnn-2.3.0-qnn2.47.0-ort1.24.4")["status"] == "passed"
+    again = both.doit(env={"QNN_TOOLCHAIN": BOTH})
+    assert again.executed == set()
+
+
+def test_report_has_the_upgrade_diff(both):
+    report = json.loads(both.path("build/report/report.json").read_text())
+    assert [t["profile"] for t in report["toolchains"]] == ["ort-qnn", "ort-qnn-2.47"]
+    block, = report["comparison"]
+    assert block["baseline"] == "ort-qnn" and block["candidate"] == "ort-qnn-2.47"
+    assert block["qnn"] == ["2.51.0", "2.47.0"]
+    assert {r["target"] for r in block["rows"]} == {"vad-SM8650", "minilm-SM8650"}
+    for row in block["rows"]:
+        for side in ("a", "b"):
+            figures = row[side]
+            assert figures["status"] == "passed" and 0.99 < figures["min_cosine"] <= 1.0 and figures["bin_size"] > 0
+            assert figures["compile_seconds"] > 0 and figures["sim_median_s"] > 0
+        assert row["a"]["qnn_build"].startswith("v2.51.") and row["b"]["qnn_build"].startswith("v2.47.")
+    assert block["regressions"] == [] and block["gate"] is False
+    assert "## Upgrade diff: ort-qnn (QNN 2.51.0) vs ort-qnn-2.47 (QNN 2.47.0)" in both.path("build/report/report.md").read_text()
+
+
+def test_a_threshold_passing_under_one_version_only_is_a_regression_and_gates(both, tmp_path):
+    project = copy_project(tmp_path / "project", source=both.root, with_build=True)
+    a = record(project, "vad", "simverify", "ort-qnn-2.7.0-qnn2.51.0-ort1.32.0")["metrics"]["output"]["max_abs"]
+    b = record(project, "vad", "simverify", "ort-qnn-2.3.0-qnn2.47.0-ort1.24.4")["metrics"]["output"]["max_abs"]
+    assert a != b
+    order = BOTH if a < b else "ort-qnn-2.47,ort-qnn"  # the baseline is the one that passes
+    project.edit("models/silero-vad/model.yaml", "output: {max_abs: 0.05}", f"output: {{max_abs: {(a + b) / 2!r}}}")
+    result = project.doit(env={"QNN_TOOLCHAIN": order, "QNN_UPGRADE_GATE": "1"})
+    assert result.returncode != 0
+    assert not any(t.startswith(("context", "simulate")) for t in result.executed)  # re-judged, not rebuilt
+    line = next(line for line in (result.stdout + result.stderr).splitlines() if line.startswith("report: upgrade gate:"))
+    assert "1 regression(s)" in line and "vad-SM8650" in line
+    report = json.loads(project.path("build/report/report.json").read_text())
+    block, = report["comparison"]
+    assert block["gate"] is True and [r["target"] for r in block["regressions"]] == ["vad-SM8650"]
+    assert "passes with A (passed), failed with B" in block["regressions"][0]["why"][0]
+
+
+def test_compat_table_measures_which_runtime_loads_which_binary(both):
+    result = both.doit("compat", env={"QNN_TOOLCHAIN": BOTH, "QNN_COMPAT_SAMPLES": "2"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    table = json.loads(both.path("build/compat/compat.json").read_text())
+    assert [r["qnn"] for r in table["runtimes"]] == ["2.51.0", "2.47.0"]
+    by_target = {b["target"]: b for b in table["binaries"]}
+    new, old = by_target["vad-SM8650"], by_target["vad-SM8650@ort-qnn-2.47"]
+    assert new["built_with"].startswith("v2.51.") and old["built_with"].startswith("v2.47.")
+    assert new["runs"]["ort-qnn"]["loads"] and new["runs"]["ort-qnn"]["matches"]
+    refused = new["runs"]["ort-qnn-2.47"]
+    assert refused["loads"] is False and ("5000" in refused["error"] or "INVALID_ARGUMENT" in refused["error"])
+    assert old["runs"]["ort-qnn"]["loads"] and old["runs"]["ort-qnn"]["matches"]  # newer runtime, older binary
+    assert old["runs"]["ort-qnn-2.47"]["loads"] and old["runs"]["ort-qnn-2.47"]["matches"]
+    assert new["minimum_runtime"] == "2.51.0" and old["minimum_runtime"] == "2.47.0"
+    both.doit("report", env={"QNN_TOOLCHAIN": BOTH})
+    assert "## Runtime compatibility" in both.path("build/report/report.md").read_text()
+
+
+def test_a_pinned_environment_that_cannot_be_made_fails_in_one_line(tmp_path):
+    project = copy_project(tmp_path / "project")
+    project.path("toolchain/ort-qnn-9.yaml").write_text(
+        "kind: ort-qnn\npackages: [onnxruntime-qnn==9.9.9, onnxruntime==1.24.4]\n")
+    result = project.doit("list", env={"QNN_TOOLCHAIN": "ort-qnn-9", "QNN_ENVS_DIR": str(tmp_path / "envs")})
+    assert result.returncode == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("creating ")]
+    assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
+    assert "toolchain/ort-qnn-9.yaml: packages: cannot create the pinned environment (onnxruntime-qnn==9.9.9)" in lines[0]
+    assert "(fix: " in lines[0]
+    assert not list((tmp_path / "envs").glob("*/bin/python"))  # nothing half-made kept
