@@ -75,19 +75,21 @@ def test_report_has_the_upgrade_diff(both):
 
 def test_a_threshold_passing_under_one_version_only_is_a_regression_and_gates(both, tmp_path):
     project = copy_project(tmp_path / "project", source=both.root, with_build=True)
-    a = record(project, "vad", "simverify", "ort-qnn-2.7.0-qnn2.51.0-ort1.32.0")["metrics"]["output"]["max_abs"]
-    b = record(project, "vad", "simverify", "ort-qnn-2.3.0-qnn2.47.0-ort1.24.4")["metrics"]["output"]["max_abs"]
+    # measured: the two QNN versions give MiniLM embeddings a slightly different max-abs error
+    a = record(project, "minilm", "simverify", "ort-qnn-2.7.0-qnn2.51.0-ort1.32.0")["metrics"]["embedding"]["max_abs"]
+    b = record(project, "minilm", "simverify", "ort-qnn-2.3.0-qnn2.47.0-ort1.24.4")["metrics"]["embedding"]["max_abs"]
     assert a != b
     order = BOTH if a < b else "ort-qnn-2.47,ort-qnn"  # the baseline is the one that passes
-    project.edit("models/silero-vad/model.yaml", "output: {max_abs: 0.05}", f"output: {{max_abs: {(a + b) / 2!r}}}")
+    project.edit("models/minilm/model.yaml", "    verify:\n",
+                 f"    verify:\n      per_output: {{embedding: {{max_abs: {(a + b) / 2!r}}}}}\n")
     result = project.doit(env={"QNN_TOOLCHAIN": order, "QNN_UPGRADE_GATE": "1"})
     assert result.returncode != 0
     assert not any(t.startswith(("context", "simulate")) for t in result.executed)  # re-judged, not rebuilt
     line = next(line for line in (result.stdout + result.stderr).splitlines() if line.startswith("report: upgrade gate:"))
-    assert "1 regression(s)" in line and "vad-SM8650" in line
+    assert "1 regression(s)" in line and "minilm-SM8650" in line
     report = json.loads(project.path("build/report/report.json").read_text())
     block, = report["comparison"]
-    assert block["gate"] is True and [r["target"] for r in block["regressions"]] == ["vad-SM8650"]
+    assert block["gate"] is True and [r["target"].split("@")[0] for r in block["regressions"]] == ["minilm-SM8650"]
     assert "passes with A (passed), failed with B" in block["regressions"][0]["why"][0]
 
 
