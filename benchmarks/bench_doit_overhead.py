@@ -148,14 +148,16 @@ def make_bare_project(root: Path, stages: Stages, default_tasks: list[str], dela
 
 def load_graph(dodo: Path) -> tuple[Stages, list[str], list[str]]:
     """Every task the dodo yields, per stage, its default tasks and its delayed (on-demand) stages."""
-    cwd = os.getcwd()
+    cwd, argv = os.getcwd(), sys.argv
     os.chdir(dodo.parent)  # task paths are relative to the project root
+    sys.argv = ["doit", "list"]  # loading the tasks to look at them is read-only: no tree lock taken here
     try:
         ns = runpy.run_path(str(dodo), run_name="dodo")
         made = {k.removeprefix("task_"): fn() for k, fn in ns.items() if k.startswith("task_")}
         stages = {k: [m] if isinstance(m, dict) else list(m) for k, m in made.items()}  # one task or a generator
     finally:
         os.chdir(cwd)
+        sys.argv = argv
     delayed = [k.removeprefix("task_") for k, fn in ns.items() if k.startswith("task_") and hasattr(fn, "doit_create_after")]
     return stages, ns["DOIT_CONFIG"]["default_tasks"], delayed
 

@@ -20,7 +20,7 @@ from typing import Any
 from . import records, runtimelibs
 from .errors import QnnTasksError, StageError
 from .fileio import write_json
-from .report import COMPAT_RECORD
+from .plans import COMPAT_RECORD
 
 SAMPLES_ENV = "QNN_COMPAT_SAMPLES"
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer

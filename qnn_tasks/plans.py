@@ -431,3 +431,17 @@ def all_outputs(planner: Planner) -> list[str]:
             if plan is not None and not plan.skip:
                 found += plan.outputs
     return found
+
+
+DEVICE_STAMP = "build/verify/records.stamp"  # rewritten by stages/verify with every device record
+COMPAT_RECORD = "build/compat/compat.json"
+
+
+def record_paths(planner: Planner) -> list[str]:
+    """Every record the report reads, as strings: the report's up-to-date check stats them on each run."""
+    paths = [f"{gt.dir}/{stage}/{stage}.json" for gt in planner.graphs for stage in ("export", "simplify", "lint", "cpucheck")]
+    paths += sorted({f"{ct.variant.dir}/{s.name}/{s.name}.json" for ct in planner.chips
+                     for s in planner.binding(ct).toolchain.graph_stages(ct.precision)})
+    paths += [f"{ct.dir_str}/{stage.name}/{stage.name}.json" for ct in planner.chips for stage in CHIP_STAGES + (DIAGNOSE,)]
+    paths += [f"{pt.dir}/pipeline/pipeline.json" for pt in planner.pipelines]
+    return paths + [DEVICE_STAMP, COMPAT_RECORD]  # one file for all device records (not 2 stats per target)

@@ -13,14 +13,13 @@ from typing import Any
 
 from . import records
 from .matrix import ChipTarget, GraphTarget
+from .plans import COMPAT_RECORD
 
 SCHEMA = "qnn-npu-compile/report/v1"
 GRAPH_STAGES = ("export", "simplify", "lint", "cpucheck")
 CHIP_STAGES = ("config", "context", "simulate", "simverify")
 STATUSES = ("passed", "warning", "failed", "stale", "skipped", "pending")
 DEVICE_STAGES = ("verify", "power")
-DEVICE_STAMP = Path("build") / "verify" / "records.stamp"  # rewritten by stages/verify.py with every device record
-COMPAT_RECORD = Path("build") / "compat" / "compat.json"
 
 
 def graph_record_paths(gt: GraphTarget) -> dict[str, Path]:
@@ -38,15 +37,6 @@ def diagnosis_path(ct: ChipTarget) -> Path:
 def variant_record_path(ct: ChipTarget, stage: str) -> str:
     """Record of a toolchain graph stage (quantize, convert, modellib) of the target's variant."""
     return f"{ct.variant.dir}/{stage}/{stage}.json"
-
-
-def all_record_paths(planner) -> list[str]:
-    """Every record the report reads, as strings: the report's up-to-date check stats them on each run."""
-    paths = [f"{gt.dir}/{stage}/{stage}.json" for gt in planner.graphs for stage in GRAPH_STAGES]
-    paths += sorted({variant_record_path(ct, stage) for ct in planner.chips for stage in _variant_stages(planner, ct)})
-    paths += [f"{ct.dir_str}/{stage}/{stage}.json" for ct in planner.chips for stage in (*CHIP_STAGES, "diagnose")]
-    paths += [f"{pt.dir}/pipeline/pipeline.json" for pt in planner.pipelines]
-    return paths + [str(DEVICE_STAMP), str(COMPAT_RECORD)]  # one file for all device records (not 2 stats per target)
 
 
 def _variant_stages(planner, ct: ChipTarget) -> tuple[str, ...]:

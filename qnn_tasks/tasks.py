@@ -22,7 +22,7 @@ from doit.loader import create_after
 from . import interrupts, treelock
 from .calls import StageCall
 from .errors import QnnTasksError
-from .plans import Plan, Planner, StageDef, all_outputs, build_stage_defs, targets_of
+from .plans import Plan, Planner, StageDef, all_outputs, build_stage_defs, record_paths, targets_of
 from .spec import load_project
 
 TOOLCHAIN_ENV = "QNN_TOOLCHAIN"
@@ -131,8 +131,6 @@ class TaskFactory:
 
     def namespace(self) -> dict[str, Any]:
         """DOIT_CONFIG and one `task_<stage>` function per stage, in build order."""
-        from .tasks_ondemand import OnDemand
-
         stages = [(row.name, row.doc, lambda row=row: self.stage_tasks(row)) for row in build_stage_defs(self.planner)]
         stages.append(("report", "Write build/report/index.html, report.json and report.md from the stage records.",
                        self.report_task))
@@ -141,11 +139,12 @@ class TaskFactory:
         namespace: dict[str, Any] = {"DOIT_CONFIG": config}
         for name, doc, make in stages:
             namespace[f"task_{name}"] = _task_function(name, doc, make)
-        on_demand = OnDemand(self)
-        for name, doc, make in on_demand.immediate_rows():
-            namespace[f"task_{name}"] = _task_function(name, doc, make)
-        for name, doc, make in on_demand.rows():  # created only when asked for: `doit` and no-op runs skip them
-            namespace[f"task_{name}"] = create_after()(_task_function(name, doc, make))
+        # not in the default run, but created at load: doit parses options (cache:gc --keep-days) only of tasks
+        # that exist then
+        namespace["task_cache"] = _task_function("cache", "The shared artifact cache: cache:stats, cache:gc "
+                                                 "--keep-days N (on demand).", self.cache_tasks)
+        for name, doc in ON_DEMAND:  # created only when asked for: `doit` and no-op runs skip them
+            namespace[f"task_{name}"] = create_after()(_task_function(name, doc, lambda name=name: _on_demand(self, name)))
         return namespace
 
     def stage_tasks(self, row: StageDef) -> Iterator[dict]:
@@ -190,6 +189,42 @@ class TaskFactory:
                 "uptodate": [Fresh(_key({"skip": plan.skip}), [plan.record])],
                 "doc": f"SKIPPED: {plan.skip}", "clean": True}
 
+    # ---------------------------------------------------------- the shared cache (doit cache:stats / cache:gc)
+    def cache_tasks(self) -> Iterator[dict]:
+        def store():
+            cache = self.cache()
+            if cache is None:
+                raise QnnTasksError("no cache store configured (fix: set QNN_CACHE=<folder or fsspec URL>, or `cache:` "
+                                    "in the toolchain profile)")
+            return cache
+
+        def stats() -> TaskFailed | None:
+            try:
+                s = store().stats()
+            except QnnTasksError as err:
+                return TaskFailed(f"cache:stats: {err}")
+            stages = ", ".join(f"{k} {v}" for k, v in s["by_stage"].items()) or "none"
+            print(f"cache {s['store']}: {s['entries']} entries ({stages}), {s['blobs']} blobs, "
+                  f"{s['bytes'] / 2**20:.1f} MiB; built {s['oldest'] or '-'} .. {s['newest'] or '-'}")
+            return None
+
+        def gc(keep_days: float) -> TaskFailed | None:
+            try:
+                result = store().gc(keep_days)
+            except QnnTasksError as err:
+                return TaskFailed(f"cache:gc: {err}")
+            print(f"cache:gc: kept {result['entries_kept']} entries, dropped {result['entries_dropped']} older than "
+                  f"{keep_days:g} days, removed {result['blobs_removed']} unused blobs "
+                  f"({result['bytes_freed'] / 2**20:.1f} MiB)")
+            return None
+
+        yield {"name": "stats", "actions": [stats], "uptodate": [False], "verbosity": 2,
+               "doc": "entries, blobs and size of the shared cache ($QNN_CACHE)"}
+        yield {"name": "gc", "actions": [gc], "uptodate": [False], "verbosity": 2,
+               "params": [{"name": "keep_days", "long": "keep-days", "type": float, "default": 30.0,
+                           "help": "keep entries built within this many days"}],
+               "doc": "drop cache entries older than --keep-days N (default 30) and unused blobs"}
+
     # ---------------------------------------------------------- report
     def report_task(self) -> dict[str, Any]:
         planner = self.planner
@@ -210,10 +245,8 @@ class TaskFactory:
             # No file_dep on the records: a failed stage must not block the report of it. A damaged output
             # re-renders it too (to show `stale`): in a build, the stage tasks' own checks have caught it
             # already; for `doit report` alone the outputs are checked here.
-            from .report import all_record_paths
-
             targets = "\n".join(f"{ct.name}:{ct.skip_reason}" for ct in planner.chips)  # added/removed targets too
-            signature = (_signature(all_record_paths(planner) + _renderer_files()) + _key({"targets": targets}))
+            signature = (_signature(record_paths(planner) + _renderer_files()) + _key({"targets": targets}))
             task.value_savers.append(lambda: {"records": signature, "outputs": outputs_signature()})
             if values.get("records") != signature or not (REPORT_DIR / "report.json").is_file():
                 return False
@@ -222,6 +255,25 @@ class TaskFactory:
         return {"actions": [render], "uptodate": [records_unchanged], "verbosity": 2,
                 "targets": [str(REPORT_DIR / n) for n in ("index.html", "report.json", "report.md")],
                 "doc": "Write build/report/index.html, report.json and report.md from the stage records", "clean": True}
+
+
+ON_DEMAND = [
+    ("diagnose", "Find the first node where the NPU diverges from the CPU, and why (on demand, not in the default run)."),
+    ("socscheck", "Compile a tiny model for every SoC row and confirm the binary's socModel/arch (on demand)."),
+    ("toolcheck", "Run each toolchain's dependency checks and say clearly what is missing (on demand)."),
+    ("compat", "Load every built binary on every configured runtime's simulator: which QNN runtimes load it, and do "
+               "outputs still match (on demand)."),
+    ("verify", "Run each chip's binaries on the attached phones (adb) and compare with the CPU; latency, CPU use "
+               "(on demand)."),
+    ("power", "Fixed-length run on an attached phone with battery level before/after (on demand, opt-in)."),
+]
+
+
+def _on_demand(factory: TaskFactory, name: str) -> Any:
+    """The tasks of an on-demand group, from tasks_ondemand.py (imported only when one is asked for)."""
+    from .tasks_ondemand import OnDemand
+
+    return getattr(OnDemand(factory), f"{name}_tasks" if name != "compat" else "compat_task")()
 
 
 def _renderer_files() -> list[str]:

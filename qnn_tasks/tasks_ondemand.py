@@ -1,5 +1,6 @@
 """On-demand doit tasks (created only when asked for, so `doit` and no-op runs never build them):
-diagnose, socscheck, toolcheck, compat, cache:stats / cache:gc, and the phone stages verify / power.
+diagnose, socscheck, toolcheck, compat, and the phone stages verify / power. (cache:stats / cache:gc
+are in tasks.py: doit parses a task's options only for tasks that exist at load.)
 """
 from __future__ import annotations
 
@@ -44,26 +45,6 @@ class OnDemand:
         self.factory = factory
         self.planner = factory.planner
         self.project = factory.project
-
-    def immediate_rows(self) -> list[tuple[str, str, Callable[[], Any]]]:
-        """Not in the default run, but created at load: doit parses a task's options (cache:gc --keep-days)
-        only for tasks that exist then."""
-        return [("cache", "The shared artifact cache: cache:stats, cache:gc --keep-days N (on demand).", self.cache_tasks)]
-
-    def rows(self) -> list[tuple[str, str, Callable[[], Any]]]:
-        return [
-            ("diagnose", DIAGNOSE.doc, self.diagnose_tasks),
-            ("socscheck", "Compile a tiny model for every SoC row and confirm the binary's socModel/arch (on demand).",
-             self.socscheck_tasks),
-            ("toolcheck", "Run each toolchain's dependency checks and say clearly what is missing (on demand).",
-             self.toolcheck_tasks),
-            ("compat", "Load every built binary on every configured runtime's simulator: which QNN runtimes load it, "
-                       "and do outputs still match (on demand).", self.compat_task),
-            ("verify", "Run each chip's binaries on the attached phones (adb) and compare with the CPU; latency, CPU use "
-                       "(on demand).", self.verify_tasks),
-            ("power", "Fixed-length run on an attached phone with battery level before/after (on demand, opt-in).",
-             self.power_tasks),
-        ]
 
     # ---------------------------------------------------------- diagnose, socscheck, toolcheck
     def diagnose_tasks(self) -> Iterator[dict]:
@@ -147,43 +128,6 @@ class OnDemand:
 
         return {"actions": [run], "uptodate": [False], "verbosity": 2, "targets": ["build/compat/compat.json"],
                 "doc": "load every built binary on every configured runtime's simulator (build/compat/compat.json)"}
-
-    # ---------------------------------------------------------- cache
-    def cache_tasks(self) -> Iterator[dict]:
-        factory = self.factory
-
-        def store():
-            cache = factory.cache()
-            if cache is None:
-                raise QnnTasksError("no cache store configured (fix: set QNN_CACHE=<folder or fsspec URL>, or `cache:` "
-                                    "in the toolchain profile)")
-            return cache
-
-        def stats() -> TaskFailed | None:
-            try:
-                s = store().stats()
-            except QnnTasksError as err:
-                return TaskFailed(f"cache:stats: {err}")
-            stages = ", ".join(f"{k} {v}" for k, v in s["by_stage"].items()) or "none"
-            print(f"cache {s['store']}: {s['entries']} entries ({stages}), {s['blobs']} blobs, "
-                  f"{s['bytes'] / 2**20:.1f} MiB; built {s['oldest'] or '-'} .. {s['newest'] or '-'}")
-            return None
-
-        def gc(keep_days: float) -> TaskFailed | None:
-            try:
-                result = store().gc(keep_days)
-            except QnnTasksError as err:
-                return TaskFailed(f"cache:gc: {err}")
-            print(f"cache:gc: kept {result['entries_kept']} entries, dropped {result['entries_dropped']} older than "
-                  f"{keep_days:g} days, removed {result['blobs_removed']} unused blobs ({result['bytes_freed'] / 2**20:.1f} MiB)")
-            return None
-
-        yield {"name": "stats", "actions": [stats], "uptodate": [False], "verbosity": 2,
-               "doc": "entries, blobs and size of the shared cache ($QNN_CACHE)"}
-        yield {"name": "gc", "actions": [gc], "uptodate": [False], "verbosity": 2,
-               "params": [{"name": "keep_days", "long": "keep-days", "type": float, "default": 30.0,
-                           "help": "keep entries built within this many days"}],
-               "doc": "drop cache entries older than --keep-days N (default 30) and unused blobs"}
 
     # ---------------------------------------------------------- on phones (stages/verify.py)
     def _device_job(self, ct: ChipTarget, stage: str) -> Any:
