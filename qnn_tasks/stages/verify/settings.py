@@ -13,7 +13,7 @@ import os
 import re
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -113,6 +113,7 @@ class Job:
     base: dict[str, Any]
     required: bool                  # asked for by name: no device of the chip is a failure
     cache_dir: Path = Path("build") / "verify" / "runtime-libs"
+    toolchains: list[tuple[str, str | None]] = field(default_factory=list)  # this run's (profile, QNN version)
 
     @property
     def record_path(self) -> Path:
