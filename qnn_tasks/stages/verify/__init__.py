@@ -5,8 +5,9 @@
                 "CPU fallback: no build for <chip>". No phone at all, or none that can run a build: fails.
 `verify_target` for one chip target, on each attached device of that chip:
                 1. refuse before pushing anything: a binary whose socModel/arch is not the device's chip,
-                   or whose QNN build is newer than the runtime libs to ship (err 5000/5005 on the phone);
-                   missing runtime libs for the arch (named);
+                   or runtime libs to ship older than the binary's minimum runtime: the one `doit compat`
+                   measured for this exact binary (build/compat/compat.json), else its QNN build (err
+                   5000/5005 on the phone); missing runtime libs for the arch (named);
                 2. push (skipping files already there with the same size and md5) into
                    /data/local/tmp/<project>/<target>/: lib/ (libQnnHtp, libQnnSystem, V<NN>Stub, V<NN>Skel),
                    qnn-net-run, the context binary, the verification inputs as raw files + input_list.txt;
