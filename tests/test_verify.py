@@ -259,6 +259,90 @@ def test_runtime_older_than_the_binary_is_refused(project, server, tmp_path):
     assert unpacked
 
 
+BOTH = "ort-qnn,ort-qnn-2.47"  # QNN 2.51 (builds vad-SM8650) and the pinned QNN 2.47 environment
+
+
+def write_compat_entry(project: Project, soc: str, minimum: str | None, runs: dict[str, tuple[str, bool, bool]]) -> None:
+    """A build/compat/compat.json entry for the built binary of `soc`, keyed by its SHA-256 as `doit compat`
+    writes it; `runs` = profile -> (runtime QNN, loads, matches). Written here, not measured."""
+    import hashlib
+
+    binary = next(chip_dir(project, soc).glob("context/*.bin"))
+    entry = {"target": f"vad-{soc}", "toolchain": "ort-qnn", "built_with": qnnbin.read_binary_info(binary).build_id,
+             "binary_sha256": hashlib.sha256(binary.read_bytes()).hexdigest(),
+             "runs": {name: {"loads": loads, "matches": matches, "runtime_qnn": qnn}
+                      for name, (qnn, loads, matches) in runs.items()},
+             "minimum_runtime": minimum}
+    table = {"measured_at": "2026-01-01T00:00:00+00:00", "samples": 2, "binaries": [entry],
+             "runtimes": [{"profile": name, "qnn": qnn} for name, (qnn, _, _) in runs.items()]}
+    path = project.root / "build/compat/compat.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(table))
+
+
+def test_runtime_older_than_the_measured_minimum_is_refused(project, server, libs, tmp_path):
+    """The table knows this exact binary: libs of its own QNN version (2.51) are refused when the measured
+    minimum is 2.52, and the fix names the newest toolchain of the run that is old enough."""
+    measured = copy_project(tmp_path / "project", source=project.root, with_build=True)
+    write_compat_entry(measured, "SM8650", "2.52.0", {"ort-qnn-2.52": ("2.52.0", True, True),
+                                                     "ort-qnn": ("2.51.0", True, False)})
+    with phone(tmp_path, "a", server, "SM8650") as a:
+        result = doit(measured, server, "verify:vad-SM8650", libs=libs, QNN_TOOLCHAIN=BOTH)
+        out = result.stdout + result.stderr
+        assert result.returncode != 0 and "Traceback" not in out
+        (line,) = [x for x in out.splitlines() if "needs a QNN runtime" in x and "(fix: " in x]  # doit's failure line
+        assert line.startswith("verify:vad-SM8650: ") and "refused before pushing anything" in line
+        assert "needs a QNN runtime of 2.52.0 or newer" in line
+        assert "build/compat/compat.json, measured by doit compat" in line and "libs to ship are QNN 2.51.0" in line
+        assert "rebuild with QNN_TOOLCHAIN=ort-qnn-2.47 (QNN 2.47.0)" in line
+        assert "ship runtime libs of QNN 2.52.0 or newer" in line
+        assert not (a.sandbox / "project").exists()
+        (dev,) = record(measured, "SM8650")["devices"]
+        assert dev["status"] == "failed" and "push" not in dev
+        assert dev["compat"] == {"minimum_runtime": "2.52.0", "source": "build/compat/compat.json, measured by doit compat"}
+
+        alone = doit(measured, server, "verify:vad-SM8650", libs=libs, QNN_TOOLCHAIN="ort-qnn")  # only the builder
+        assert alone.returncode != 0
+        assert "none of this run's other toolchains is old enough (ort-qnn, QNN 2.51.0, built this very binary" \
+            in alone.stdout + alone.stderr
+        old = make_qnn_libs(tmp_path / "qnn-libs-2.40.0", "2.40.0")  # older than every toolchain of the run
+        oldest = doit(measured, server, "verify:vad-SM8650", libs=old, QNN_TOOLCHAIN=BOTH)
+        assert oldest.returncode != 0
+        assert "none of this run's toolchains is old enough; ship runtime libs of QNN 2.52.0 or newer" \
+            in oldest.stdout + oldest.stderr
+        assert not (a.sandbox / "project").exists()
+
+
+def test_measured_minimum_below_the_build_wins_over_the_version_check(project, server, tmp_path):
+    """Measured to load on QNN 2.47 though built with 2.51: libs of 2.49 are not refused, with a warning.
+    (The stand-in qnn-net-run then fails with err 5005, as it knows only the usual rule: the push is the point.)"""
+    measured = copy_project(tmp_path / "project", source=project.root, with_build=True)
+    write_compat_entry(measured, "SM8650", "2.47.0", {"ort-qnn": ("2.51.0", True, True),
+                                                     "ort-qnn-2.47": ("2.47.0", True, True)})
+    between = make_qnn_libs(tmp_path / "qnn-libs-2.49.0", "2.49.0")
+    with phone(tmp_path, "a", server, "SM8650"):
+        result = doit(measured, server, "verify:vad-SM8650", libs=between)
+    out = result.stdout + result.stderr
+    assert "refused" not in out
+    (dev,) = record(measured, "SM8650")["devices"]
+    assert dev["compat"] == {"minimum_runtime": "2.47.0", "source": "build/compat/compat.json, measured by doit compat"}
+    (warning,) = dev["warnings"]
+    assert "QNN 2.49.0 are older than the binary's QNN build 2.51.0" in warning and "the measurement wins" in warning
+    assert "doit compat measured this exact binary loading with matching outputs on QNN 2.47.0" in warning
+    assert dev["push"]["pushed"] == 7  # it went to the phone
+    assert result.returncode != 0 and "err 5005" in dev["error"]  # the stand-in runner's own check
+
+    # an entry that measured no working runtime decides nothing: the version comparison refuses, with a warning
+    write_compat_entry(measured, "SM8650", None, {"ort-qnn": ("2.51.0", True, False)})
+    with phone(tmp_path, "b", server, "SM8650") as b:
+        result = doit(measured, server, "verify:vad-SM8650", libs=between)
+        assert result.returncode != 0 and "built with QNN 2.51.0" in result.stdout + result.stderr
+        assert not (b.sandbox / "project").exists()
+    (dev,) = record(measured, "SM8650")["devices"]
+    assert dev["compat"]["minimum_runtime"] == "2.51.0" and dev["compat"]["source"].startswith("the binary's QNN build")
+    assert "doit compat measured no runtime that loads this exact binary" in dev["warnings"][0]
+
+
 def test_unsafe_runtime_archives_are_refused(tmp_path):
     for name, member in (("dotdot", "../evil.so"), ("absolute", "/tmp/evil.so")):
         archive = tmp_path / f"{name}.tar.bz2"

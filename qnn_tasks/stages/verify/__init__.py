@@ -1,0 +1,61 @@
+"""verify / power: run a chip target's context binary on attached phones over adb (SPEC 4 and 5).
+
+`survey`        build/verify/devices.json: every attached device, its chip (ro.soc.model matched to
+                socs/socs.yaml) and which targets it runs; a phone whose chip has no build is listed as
+                "CPU fallback: no build for <chip>". No phone at all, or none that can run a build: fails.
+`verify_target` for one chip target, on each attached device of that chip:
+                1. refuse before pushing anything: a binary whose socModel/arch is not the device's chip,
+                   or runtime libs to ship older than the binary's minimum runtime: the one `doit compat`
+                   measured for this exact binary (build/compat/compat.json), else its QNN build (err
+                   5000/5005 on the phone); missing runtime libs for the arch (named);
+                2. push (skipping files already there with the same size and md5) into
+                   /data/local/tmp/<project>/<target>/: lib/ (libQnnHtp, libQnnSystem, V<NN>Stub, V<NN>Skel),
+                   qnn-net-run, the context binary, the verification inputs as raw files + input_list.txt;
+                3. `qnn-net-run --retrieve_context <bin> --backend lib/libQnnHtp.so --input_list input_list.txt
+                   --output_dir out` with LD_LIBRARY_PATH and ADSP_LIBRARY_PATH (';'-separated, lib/ first);
+                   its process's /proc/<pid>/stat is sampled every 2 s (CPU use);
+                4. pull Result_<i>/<output>.raw (float32) and judge them against cpucheck's CPU reference with
+                   the same metrics, thresholds and checks as simverify (verification.judge);
+                5. latency: wall time on the device of runs with 1 inference (first output: load + 1) and with
+                   N inferences (--num_inferences), per round; per inference = (T_N - T_1) / (N - 1); median
+                   and p90 over the rounds; real-time factor where the graph gives options.audio_seconds_per_sample;
+                6. remove the device folder unless asked to keep it.
+                The record (<chip dir>/verify/verify.json) is rewritten after every step, so a phone that is
+                unplugged mid-run leaves what was measured, and the other phones still run.
+`power_target`  the opt-in fixed-length run: inference repeated for N seconds, battery level/charge from
+                `dumpsys battery` before and after, CPU use; <chip dir>/power/power.json.
+
+Plain functions, no doit: tasks.py turns the exceptions (QnnTasksError) into task failures.
+
+The package, one module per job (each imports only the ones above it):
+    settings.py    DeviceSettings / device_settings, the Job, device folder names, the report's stamp
+    survey.py      build/verify/devices.json: survey, classify
+    refusal.py     checks before pushing: binary_facts, refuse_incompatible
+    payload.py     what goes to the phone and comes back: build_payload, read_outputs
+    device_run.py  one qnn-net-run on the phone: run_script, run_on_device, parse_run, cpu_use, push, cleanup
+    measure.py     latency, CPU use, real-time factor: measure_latency, best_cpu, real_time_factor
+    power.py       the `doit power` run on one phone: battery, battery_drop
+    flow.py        verify_target / power_target over the attached phones of the target's chip
+"""
+from __future__ import annotations
+
+from .device_run import RunResult, cpu_use, parse_run, proc_ticks, run_on_device, run_script
+from .flow import power_target, verify_target
+from .measure import best_cpu, measure_latency, real_time_factor
+from .payload import FIXED, NATIVE, Payload, build_payload, read_outputs
+from .power import battery, battery_drop
+from .refusal import binary_facts, refuse_incompatible
+from .settings import (DEFAULT_ADSP_PATH, DEVICE_LABEL, DEVICE_SETTINGS, ENV_INFERENCES, ENV_KEEP, ENV_POWER_SECONDS,
+                       ENV_ROUNDS, POWER_CONDITIONS, RECORDS_STAMP, RUNNER, SCRIPT_MARK, DeviceSettings, Job,
+                       device_folder, device_settings, touch_stamp)
+from .survey import classify, survey
+
+__all__ = [
+    "DEFAULT_ADSP_PATH", "DEVICE_LABEL", "DEVICE_SETTINGS", "ENV_INFERENCES", "ENV_KEEP", "ENV_POWER_SECONDS",
+    "ENV_ROUNDS", "FIXED", "NATIVE", "POWER_CONDITIONS", "RECORDS_STAMP", "RUNNER", "SCRIPT_MARK",
+    "DeviceSettings", "Job", "Payload", "RunResult",
+    "battery", "battery_drop", "best_cpu", "binary_facts", "build_payload", "classify", "cpu_use", "device_folder",
+    "device_settings", "measure_latency", "parse_run", "power_target", "proc_ticks", "read_outputs",
+    "real_time_factor", "refuse_incompatible", "run_on_device", "run_script", "survey", "touch_stamp",
+    "verify_target",
+]

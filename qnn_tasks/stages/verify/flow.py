@@ -1,0 +1,163 @@
+"""The device stages' flow: `verify_target` and `power_target` for one chip target.
+
+On each attached phone of the target's chip: refuse what it cannot load (refusal), then verify
+(push, run, pull, judge against the CPU reference, measure) or the power run. The record
+(<chip dir>/<stage>/<stage>.json) is rewritten after every step, so a phone unplugged mid-run leaves
+what was measured, and the other phones still run.
+"""
+from __future__ import annotations
+
+import shutil
+import time
+import traceback
+from typing import Any, Callable
+
+from ... import fileio, runtimelibs
+from ...devices import adb
+from ...errors import QnnTasksError, StageError
+from .device_run import _cleanup, _push, _require_ok, _runner_args, run_on_device
+from .measure import _cpu_text, _ms, _num, best_cpu, measure_latency, real_time_factor
+from .payload import build_payload, read_outputs
+from .power import _power_on
+from .refusal import binary_facts, refuse_incompatible
+from .settings import (DEVICE_LABEL, POWER_CONDITIONS, DeviceSettings, Job, _now, _safe, _unexpected, device_folder,
+                       device_settings, touch_stamp)
+
+
+def verify_target(job: Job) -> dict[str, Any]:
+    return _on_devices(job, _verify_on)
+
+
+def power_target(job: Job) -> dict[str, Any]:
+    return _on_devices(job, _power_on)
+
+
+def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
+    start = time.perf_counter()
+    record: dict[str, Any] = {"stage": job.stage, "target": job.target, **job.base, "kind": "device",
+                              "label": DEVICE_LABEL, "measured_at": _now(), "status": "running", "devices": []}
+    if job.stage == "power":
+        record["conditions"] = POWER_CONDITIONS
+
+    def save() -> None:
+        record["seconds"] = round(time.perf_counter() - start, 3)
+        fileio.write_json(job.record_path, record)
+        touch_stamp()
+
+    try:
+        settings = device_settings(job.profile)
+        server = adb.server_from_env()
+        try:
+            adb.probe(server)
+        except adb.DeviceError:
+            if job.required:
+                raise
+            print(f"{job.stage}:{job.target}: skipped: no usable adb server at {server.address} (the "
+                  f"{job.stage}:devices line says how to start one)", flush=True)
+            return {"status": "skipped", "reason": "no adb server"}
+        serials = adb.serial_filter()
+        attached = adb.list_devices(server)
+        mine = [d for d in attached if d.usable and d.soc_model == job.soc.name
+                and (serials is None or d.serial in serials)]
+        if not mine:
+            others = ", ".join(d.label() for d in attached) or "none"
+            reason = f"no {job.soc.name} phone attached (attached: {others})"
+            if job.required:
+                raise StageError(f"{reason}: {adb.ATTACH_HINT}")
+            print(f"{job.stage}:{job.target}: skipped: {reason}", flush=True)
+            return {"status": "skipped", "reason": reason}  # an earlier record with results is left as it was
+        binary = binary_facts(job)
+        libs = runtimelibs.resolve(job.profile.settings, job.profile.file, job.root, job.manifest, job.soc.dsp_arch,
+                                   job.cache_dir)
+        record.update(binary=binary, runtime=libs.as_dict(), settings=settings.__dict__)
+        save()
+        for info in mine:
+            entry: dict[str, Any] = {"serial": info.serial, "model": info.model, "android": info.android,
+                                     "abi": info.abi, "soc_model": info.soc_model, "manufacturer": info.manufacturer,
+                                     "chip": job.soc.row(), "status": "running", "phase": "checks", "warnings": []}
+            record["devices"].append(entry)
+            save()
+            try:
+                refuse_incompatible(job, binary, libs, info, entry)
+                phone = adb.Phone(server, info)
+                run_one(job, phone, binary, libs, settings, entry, save)
+                entry["status"] = "warning" if entry["warnings"] else "passed"
+            except QnnTasksError as err:
+                entry.update(status="failed", error=str(err))
+            except Exception as err:  # a bug or a tool crash on this phone: keep the traceback, go on with the others
+                log = job.record_path.with_name(f"{job.stage}-{_safe(info.serial)}-error.log")
+                log.write_text(traceback.format_exc())
+                entry.update(status="failed", error=f"unexpected {type(err).__name__}: {err} (traceback: {log})")
+            if entry["status"] == "failed":
+                short = entry["error"] if len(entry["error"]) < 200 else entry["error"][:200] + " ..."
+                print(f"{job.stage}:{job.target}: {info.label()}: FAILED: {short}", flush=True)
+            save()
+        failed = [e for e in record["devices"] if e["status"] == "failed"]
+        if failed:
+            record.update(status="failed", error="; ".join(f"{e['serial']}: {e['error']}" for e in failed))
+            save()
+            raise _Recorded(record["error"])
+        record["status"] = "warning" if any(e["status"] == "warning" for e in record["devices"]) else "passed"
+        save()
+        return record
+    except _Recorded:
+        raise
+    except QnnTasksError as err:
+        record.update(status="failed", error=str(err))
+        save()
+        raise
+    except Exception as err:
+        raise _unexpected(record, job.record_path, err, start) from None
+
+
+class _Recorded(StageError):
+    """A failure whose record is already written."""
+
+
+def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs,
+               settings: DeviceSettings, entry: dict[str, Any], save: Callable[[], None]) -> None:
+    from ... import samples as sample_store, verification
+
+    workdir = device_folder(job.root, job.target)
+    local = job.out_dir / _safe(phone.info.serial)
+    payload = build_payload(job, binary, libs, job.verify["samples"])
+    label = phone.info.label()
+    try:
+        _push(job, phone, payload, workdir, entry, save)
+        entry.update(phase="run", samples=payload.samples)
+        save()
+        timeout = 600 + 60 * payload.samples
+        run = run_on_device(phone, workdir, _runner_args(payload.bin_name, payload.input_list, "out", payload.native_inputs),
+                            "run.log", "the verification run", settings.cpu_sample_seconds, timeout)
+        _require_ok(run, phone, "the verification run", local / "qnn-net-run.log")
+        entry.update(runner_log=str(local / "qnn-net-run.log"), accuracy_run={"seconds": run.seconds, "cpu": run.cpu})
+        entry["phase"] = "pull"
+        save()
+        shutil.rmtree(local / "out", ignore_errors=True)  # never read a stale Result_<i> of an earlier run
+        out_dir = phone.pull_dir_as_tar(workdir, "out", local, "pulling outputs")
+        outputs = read_outputs(out_dir, payload, job.binary)
+        shutil.rmtree(out_dir, ignore_errors=True)  # kept as outputs.npz
+        reference = sample_store.load(job.reference, limit=payload.samples)
+        result, violations = verification.judge(job.graph, job.verify, reference, outputs)
+        sample_store.save(local / "outputs.npz", outputs)
+        entry.update(result, violations=violations, outputs_file=str(local / "outputs.npz"),
+                     reference_file=str(job.reference), phase="timing")
+        save()
+        timing = measure_latency(job, phone, payload, workdir, settings, run, local)
+        entry["timing"] = timing
+        entry["cpu"] = best_cpu([run.cpu] + timing.pop("_cpu", []))
+        entry["rtf"] = real_time_factor(job.graph, timing.get("per_inference_median_s"), job.verify)
+        entry["phase"] = "done"
+        save()
+        line = (f"{job.stage}:{job.target}: {label}: {payload.samples} samples "
+                f"{'FAILED: ' + '; '.join(violations) if violations else 'match the CPU'}; "
+                f"{_ms(timing.get('per_inference_median_s'))}/inference (p90 {_ms(timing.get('per_inference_p90_s'))}), "
+                f"first output {_ms(timing.get('first_output_median_s'))}, RTF {_num(entry['rtf'].get('value'))}, "
+                + _cpu_text(entry["cpu"]))
+        print(line, flush=True)
+        if violations:
+            raise StageError(f"device outputs of {job.target} on {label} differ from the CPU: " + "; ".join(violations)
+                             + f" (the simulator's verdict: doit simverify:{job.target}; to find the first diverging "
+                               f"node: doit diagnose:{job.target})")
+    finally:
+        _cleanup(job, phone, workdir, settings, entry)
