@@ -129,7 +129,7 @@ class OnDemand:
         return {"actions": [run], "uptodate": [False], "verbosity": 2, "targets": ["build/compat/compat.json"],
                 "doc": "load every built binary on every configured runtime's simulator (build/compat/compat.json)"}
 
-    # ---------------------------------------------------------- on phones (stages/verify.py)
+    # ---------------------------------------------------------- on phones (stages/verify/)
     def _device_job(self, ct: ChipTarget, stage: str) -> Any:
         binding = self.planner.binding(ct)
         names = binding.toolchain.context_files(ct.graph)

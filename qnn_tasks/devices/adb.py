@@ -14,7 +14,7 @@ when the server no longer lists the device as `device`, else `DeviceError`.
 
 Files go up with the sync protocol (skipped when the device already has the same size and md5);
 a folder of outputs comes back as one tar made on the device (toybox tar), unpacked here refusing
-absolute paths, '..' and escaping links. No doit and no numpy here: stages/verify.py decides what to
+absolute paths, '..' and escaping links. No doit and no numpy here: stages/verify/ decides what to
 push and run.
 """
 from __future__ import annotations
