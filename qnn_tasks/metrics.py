@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from .spec import THRESHOLD_KEYS
+from .specverify import THRESHOLD_KEYS
 
 
 def compare(reference: np.ndarray, actual: np.ndarray) -> dict[str, Any]:

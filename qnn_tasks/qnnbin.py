@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from .qnnbin_layout import (_DTYPES, _ENCODINGS, _QNN_DEFINITION_DEFINED, _SYSTEM_API_MAJOR, _BinaryInfo, _ErrorHandle,
+                            _error_text,
                             _GraphInfo, _QuantizeParams, _SystemApi, _SystemInterface, _Tensor)
 
 __all__ = [

@@ -252,7 +252,7 @@ def num(value: Any, digits: int = 4) -> str:
 def breaks(metrics: dict[str, Any], threshold: str) -> str:
     """'failed' when this metric breaks its threshold (the cell is shown red), else ''."""
     from .metrics import METRIC_OF
-    from .spec import THRESHOLD_KEYS
+    from .specverify import THRESHOLD_KEYS
 
     limit = (metrics.get("thresholds") or {}).get(threshold)
     value = metrics.get(METRIC_OF[threshold])

@@ -5,7 +5,6 @@ stays instant. Every error names the file and the key, and says how to fix it.
 """
 from __future__ import annotations
 
-import functools
 import importlib.metadata
 import re
 from dataclasses import dataclass, field
@@ -14,34 +13,12 @@ from typing import Any
 
 from . import specport
 from .errors import SpecError
+from .specverify import (PRECISIONS, THRESHOLD_RANGES,
+                         _calibration, _check_lint, _verify_section)
+from .specyaml import (_bool, _check_keys, _int, _mapping, _number, _package_version, _require, _section,
+                       load_yaml)
 
 
-@functools.lru_cache(maxsize=1)
-def _yaml_loader():
-    """PyYAML's safe loader (the C one where libyaml exists) that rejects duplicate keys.
-
-    Built on first use: with the spec cache warm (speccache.py), a no-op `doit` never imports yaml.
-    """
-    import yaml
-
-    base = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-    class Loader(base):
-        def construct_mapping(self, node, deep=False):
-            seen = set()
-            for key_node, _ in node.value:
-                key = self.construct_object(key_node, deep=deep)
-                if key in seen:  # PyYAML would silently keep the last one
-                    raise yaml.constructor.ConstructorError(None, None, f"duplicate key '{key}'", key_node.start_mark)
-                seen.add(key)
-            return super().construct_mapping(node, deep=deep)
-
-    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, Loader.construct_mapping)
-    return yaml, Loader
-
-
-PRECISIONS = ("fp16", "w8a16")  # w8a16: 8-bit weights, 16-bit activations, quantized in QNN
-MIN_CALIBRATION_SAMPLES = 8
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
 SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "fp16", "note", "alias_of"}
 MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline"}
@@ -51,10 +28,6 @@ GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "si
 TENSOR_KEYS = {"shape", "dtype"}
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
-# threshold name -> whether a metric must stay at most ("max") or at least ("min") that value
-THRESHOLD_KEYS = {"max_abs": "max", "mean_abs": "max", "min_cosine": "min", "min_snr_db": "min"}
-THRESHOLD_RANGES = {"max_abs": (0.0, None), "mean_abs": (0.0, None), "min_cosine": (-1.0, 1.0),
-                    "min_snr_db": (-200.0, 400.0)}
 LINT_KEYS = {"allow", "max_fp16_params"}
 PROFILE_KEYS = {"kind", "options", "settings", "packages", "cache", "upgrade"}
 UPGRADE_DEFAULTS = {"gate": False, "cosine_margin": 1.0e-4, "size_growth": 0.05}
@@ -183,21 +156,6 @@ class Project:
 
 
 # ---------------------------------------------------------------- loading
-
-def load_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(path, "", "file not found", "create it (see README: file formats)") from None
-    try:
-        yaml, loader = _yaml_loader()
-        return yaml.load(text, Loader=loader)
-    except _yaml_loader()[0].YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(path, where, f"malformed YAML: {problem}", "fix the YAML syntax there") from None
-
 
 def load_socs(path: Path) -> dict[str, Soc]:
     data = _mapping(load_yaml(path), path, "")
@@ -416,177 +374,3 @@ def _load_project(root: Path, toolchain: str) -> Project:
             seen[graph.name] = model.file
     profiles = tuple(load_toolchain(root, name) for name in names)
     return Project(root=root, socs=socs, models=models, toolchain=profiles[0], toolchains=profiles)
-
-
-# Defaults per precision: fp16 activations are near-lossless on HTP.
-# 8-bit weights lose more: looser defaults, and the task-level checks matter most.
-DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
-                      "w8a16": {"min_cosine": 0.99, "min_snr_db": 15.0}}
-VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
-CALIBRATION_KEYS = {"samples", "function", "per_channel"}
-CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"},
-               "top1": {"output", "min", "axis"}}
-# option -> (type, lowest, highest): shares are in [0, 1]
-CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0.0, 1.0)},
-                "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)},
-                "top1": {"min": (float, 0.0, 1.0), "axis": (int, -8, 7)}}
-
-
-LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
-              "erf", "fp16-overflow-constant", "reduce-sum-square", "clip-computed", "variance-cancellation")
-
-
-def _check_lint(lint: dict, path: Path, key: str) -> None:
-    allow = lint.get("allow", [])
-    if not isinstance(allow, list) or any(rule not in LINT_RULES for rule in allow):
-        raise SpecError(path, f"{key}.allow", f"must be a list of lint rules, got {allow!r}",
-                        f"use rules from: {', '.join(LINT_RULES)}")
-    limit = lint.get("max_fp16_params")
-    if limit is not None:
-        _number(limit, path, f"{key}.max_fp16_params", 1.0, None)
-
-
-def _calibration(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:
-    """How w8a16 graphs are calibrated: N real samples from a function of the model's export.py."""
-    section = _mapping(data, path, key)
-    _check_keys(section, CALIBRATION_KEYS, path, key)
-    samples = section.get("samples", 32)
-    if not isinstance(samples, int) or isinstance(samples, bool) or samples < MIN_CALIBRATION_SAMPLES:
-        raise SpecError(path, f"{key}.samples", f"{samples!r} is too few calibration samples",
-                        f"use at least {MIN_CALIBRATION_SAMPLES} real samples (32 or more is better)")
-    function = section.get("function", "samples")
-    if not isinstance(function, str) or not function.isidentifier():
-        raise SpecError(path, f"{key}.function", f"'{function}' is not a function name", "name a function in export.py")
-    if section and "w8a16" not in precisions:
-        raise SpecError(path, key, "calibration is only used by w8a16 graphs", "add w8a16 to precision or remove it")
-    return {"samples": samples, "function": function, "per_channel": _bool(section.get("per_channel", True), path,
-                                                                             f"{key}.per_channel")}
-
-
-def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, key: str) -> dict[str, Any]:
-    """The graph's `verify:` settings for one precision, validated, with defaults filled in.
-
-    A `w8a16:` subsection overrides the base settings for w8a16 targets only.
-    """
-    verify = dict(_mapping(data, where, key))
-    for p in PRECISIONS:
-        if p != "fp16" and p in verify:
-            override = _mapping(verify.pop(p), where, f"{key}.{p}")
-            if precision == p:
-                bad = set(override) - {"samples", "thresholds", "per_output", "checks"}
-                if bad:
-                    raise SpecError(where, f"{key}.{p}.{sorted(bad)[0]}", "unknown key", "use samples, thresholds, per_output, checks")
-                verify.update(override)
-                key = f"{key}.{p}"
-    for k in verify:
-        if k not in VERIFY_KEYS:
-            raise SpecError(where, f"{key}.{k}", "unknown key", f"use one of: {', '.join(sorted(VERIFY_KEYS))}")
-    thresholds = {**DEFAULT_THRESHOLDS[precision], **(verify.get("thresholds") or {})}
-    per_output = verify.get("per_output") or {}
-    for name, limits in [("thresholds", thresholds)] + [(f"per_output.{o}", v) for o, v in per_output.items()]:
-        for metric in limits:
-            if metric not in THRESHOLD_KEYS:
-                raise SpecError(where, f"{key}.{name}.{metric}", "unknown threshold",
-                                f"use one of: {', '.join(THRESHOLD_KEYS)}")
-            _number(limits[metric], where, f"{key}.{name}.{metric}", *THRESHOLD_RANGES[metric])
-    for name in per_output:
-        if name not in outputs:
-            raise SpecError(where, f"{key}.per_output.{name}", "not an output of the graph", f"use one of: {', '.join(outputs)}")
-    checks = []
-    for i, check in enumerate(verify.get("checks") or []):
-        if not isinstance(check, dict) or len(check) != 1:
-            raise SpecError(where, f"{key}.checks[{i}]", "each check is one `kind: {options}` mapping",
-                            "e.g. - agreement: {output: output, threshold: 0.5, min: 0.99}")
-        kind, options = next(iter(check.items()))
-        if kind not in CHECK_KINDS:
-            raise SpecError(where, f"{key}.checks[{i}]", f"unknown check '{kind}'", f"use one of: {', '.join(CHECK_KINDS)}")
-        unknown = set(options) - CHECK_KINDS[kind]
-        if unknown or options.get("output") not in outputs:
-            raise SpecError(where, f"{key}.checks[{i}].{kind}", f"needs output: one of {sorted(outputs)}"
-                            + (f"; unknown keys {sorted(unknown)}" if unknown else ""), "fix the check's options")
-        for option, (kind_of, low, high) in CHECK_RANGES.get(kind, {}).items():
-            if option in options:
-                check_key = f"{key}.checks[{i}].{kind}.{option}"
-                (_int if kind_of is int else _number)(options[option], where, check_key, low, high)
-        checks.append({"kind": kind, **options})
-    samples = verify.get("samples")
-    if samples is not None:
-        _int(samples, where, f"{key}.samples", 1, None)
-    return {"samples": samples, "thresholds": thresholds, "per_output": per_output, "checks": checks}
-
-
-
-# ---------------------------------------------------------------- helpers
-
-_VERSIONS: dict[str, str | None] = {}
-
-
-def _package_version(package: str) -> str | None:
-    if package not in _VERSIONS:
-        try:
-            _VERSIONS[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            _VERSIONS[package] = None
-    return _VERSIONS[package]
-
-
-def _mapping(value: Any, path: Path, key: str) -> dict:
-    if value is None and key:
-        return {}
-    if not isinstance(value, dict):
-        raise SpecError(path, key or "top level", f"expected a mapping, got {type(value).__name__}",
-                        "write `key: value` pairs there")
-    return value
-
-
-def _section(data: dict, name: str, allowed: set[str], path: Path, key: str) -> dict:
-    section = _mapping(data.get(name, {}), path, f"{key}.{name}")
-    _check_keys(section, allowed, path, f"{key}.{name}")
-    return section
-
-
-def _check_keys(data: dict, allowed: set[str], path: Path, key: str) -> None:
-    for k in data:
-        if k not in allowed:
-            where = f"{key}.{k}" if key else str(k)
-            raise SpecError(path, where, "unknown key", f"remove it or use one of: {', '.join(sorted(allowed))}")
-
-
-def _require(data: dict, required: tuple[str, ...], path: Path, key: str) -> None:
-    for k in required:
-        if k not in data:
-            where = f"{key}.{k}" if key else k
-            raise SpecError(path, where, "required key is missing", "add it (see README: file formats)")
-
-
-def _int(value: Any, path: Path, key: str, low: int | None = None, high: int | None = None) -> int:
-    if not isinstance(value, int) or isinstance(value, bool):
-        raise SpecError(path, key, f"expected an integer, got '{value}'", f"write a whole number{_span(low, high, ' ')}")
-    _in_range(value, path, key, low, high)
-    return value
-
-
-def _number(value: Any, path: Path, key: str, low: float | None = None, high: float | None = None) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-        raise SpecError(path, key, f"expected a number, got {value!r}", f"write a number{_span(low, high, ' ')}")
-    _in_range(value, path, key, low, high)
-    return float(value)
-
-
-def _in_range(value: float, path: Path, key: str, low: float | None, high: float | None) -> None:
-    if (low is not None and value < low) or (high is not None and value > high):
-        raise SpecError(path, key, f"{value!r} is out of range", f"use a value{_span(low, high, ' ')}")
-
-
-def _span(low: float | None, high: float | None, lead: str = "") -> str:
-    if low is not None and high is not None:
-        return f"{lead}between {low:g} and {high:g}"
-    if low is not None:
-        return f"{lead}of at least {low:g}"
-    return f"{lead}of at most {high:g}" if high is not None else ""
-
-
-def _bool(value: Any, path: Path, key: str) -> bool:
-    if not isinstance(value, bool):
-        raise SpecError(path, key, f"expected true or false, got '{value}'", "write true or false")
-    return value

@@ -30,7 +30,8 @@ class PipelineSpec:
 
 def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | None:
     from .errors import SpecError
-    from .spec import _check_keys, _mapping, _verify_section
+    from .specverify import _verify_section
+    from .specyaml import _check_keys, _mapping
 
     if data is None:
         return None
