@@ -27,6 +27,9 @@ def pow_project(built_graphs, tmp_path_factory):
 def test_diagnose_names_the_pow_node_as_first_divergence(pow_project):
     result = pow_project.doit(f"diagnose:{TARGET}")
     assert result.returncode == 0, result.stdout + result.stderr
+    # the verdict and where to read more reach the console
+    assert "first divergence at Pow node" in result.stderr and "Mul(x, x)" in result.stderr
+    assert "details: build/silero-vad/vad/" in result.stderr and "diagnose.md" in result.stderr
     first = _diagnosis(pow_project)["first_divergence"]
     assert first["op_type"] == "Pow"
     assert first["tensor"].startswith("pow")
@@ -81,6 +84,50 @@ def test_bisection_by_cutting_finds_the_same_node(pow_project):
     options = json.loads(next(root.glob("build/silero-vad/vad/*/fp16/SM8650/config/provider_options.json")).read_text())
     found = bisect(model, tensors, inputs, toolchain, options, root / "build" / "bisect-test", threshold=0.05)
     assert found is not None and found["op_type"] == "Pow"
+
+
+def test_each_target_diagnoses_its_own_chip(pow_project):
+    """Two targets in one run: each record names its own graph, model and chip (a loop variable bound late once
+    gave every diagnose.json the last target's)."""
+    result = pow_project.doit(f"diagnose:{TARGET}", "diagnose:vad-SM8750")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for soc in ("SM8650", "SM8750"):
+        record = pow_project.one_json(f"build/silero-vad/vad/*/fp16/{soc}/diagnose/diagnose.json")
+        assert record["target"] == f"vad-{soc}" and record["soc"]["name"] == soc
+        assert record["graph"] == "vad" and record["model"] == "silero-vad"
+
+
+def test_a_diagnosis_of_another_binary_is_marked_stale(pow_project, tmp_path):
+    project = copy_project(tmp_path / "project", source=pow_project.root, with_build=True)
+    path = next(project.root.glob("build/silero-vad/vad/*/fp16/SM8650/diagnose/diagnose.json"))
+    record = json.loads(path.read_text())
+    assert record["diagnosed"]["binary_sha256"] and record["diagnosed"]["inputs_sha256"]
+    record["diagnosed"]["binary_sha256"] = "0" * 64  # what a diagnosis of an earlier build of the binary holds
+    path.write_text(json.dumps(record))
+    project.doit("report")
+    report = json.loads(project.path("build/report/report.json").read_text())
+    diagnosis = next(t for t in report["targets"] if t["name"] == TARGET)["diagnosis"]
+    assert diagnosis["status"] == "stale" and diagnosis["stale"] == ["diagnosed an earlier build of this binary"]
+    assert "This diagnosis is stale" in project.path("build/report/index.html").read_text()
+
+
+def test_verdicts_say_what_the_table_and_plot_show():
+    """The words agree with the numbers: a node that creates error, error carried gradually, or none."""
+    from qnn_tasks.stages.diagnose import verdict
+
+    final = {"metrics": {"logits": {"cosine": 0.9954}}}
+    verify = {"checks": [{"kind": "ranking", "output": "logits"}]}
+    gradual = [{"index": i, "node": f"n{i}", "op_type": "MatMul", "tensor": f"t{i}", "rel_max_abs": 0.01 * 1.5 ** i}
+               for i in range(10)]  # grows by 1.5x a node: past 0.05 from node 4 on, never a 10x jump
+    said = verdict(None, gradual, 0.05, final, verify)
+    assert said["kind"] == "gradual"
+    assert "6 of 10 nodes are past the 0.05 threshold, but none creates its error" in said["text"]
+    assert "gate on ranking" in said["text"] and "min_cosine to about 0.994" in said["text"]
+    clean = verdict(None, gradual[:3], 0.05, final, verify)
+    assert clean["kind"] == "clean" and "no node's error passes 0.05" in clean["text"]
+    first = {"op_type": "Pow", "node": "p", "rel_max_abs": 7.0, "hazards": [{"hazard": "fp16 Pow", "fix": "write Mul(x, x)"}]}
+    named = verdict(first, gradual, 0.05, final, verify)
+    assert named["kind"] == "node" and "Pow node 'p'" in named["text"] and "write Mul(x, x)" in named["text"]
 
 
 def test_shipped_export_passes_and_shows_no_divergence(built_graphs, tmp_path):

@@ -152,3 +152,50 @@ def test_pipeline_spec_errors(tmp_path, edit, fragments):
     assert "\n" not in line and str(project.path(YAML)) in line and "(fix: " in line
     for fragment in fragments:
         assert fragment in line, line
+
+
+def test_diagnose_names_the_cancelling_subtraction_not_its_victim(tmp_path):
+    """The error is born in E[x^2] - E[x]^2 (a Sub of nearly equal values), not at the Div where it shows."""
+    project = chain_project(tmp_path / "project", "[]")
+    result = project.doit("diagnose:features-SM8650")
+    assert result.returncode == 0, result.stdout + result.stderr
+    first = project.one_json("build/chain/features/*/fp16/SM8650/diagnose/diagnose.json")["first_divergence"]
+    assert first["op_type"] == "Sub" and first["node"] == "variance"
+    hazard = next(h for h in first["hazards"] if h["hazard"] == "cancellation in fp16")
+    assert "centred-variance" in hazard["fix"]
+    assert "first divergence at Sub node 'variance'" in result.stderr
+
+
+OVERFLOW_YAML = """\
+licence: test fixture
+source: {file: power.onnx}
+graphs:
+  power:
+    inputs: {pcm: {shape: [1, 512], dtype: float32}}
+    outputs: {energy: {shape: [1, 1]}}
+    samples: {files: samples.npz}
+    socs: [SM8650]
+    verify: {samples: 4}
+"""
+
+
+def test_diagnose_says_fp16_overflow_for_squared_int16_scale_audio(tmp_path):
+    """Squaring int16-scale audio (values to 3e4) leaves fp16's range: the CPU has ~1e9, the NPU saturates."""
+    project = chain_project(tmp_path / "project", "[centred-variance]")
+    folder = project.path("models/power")
+    folder.mkdir()
+    nodes = [helper.make_node("Mul", ["pcm", "pcm"], ["squared"], name="square"),
+             helper.make_node("ReduceMean", ["squared"], ["energy"], axes=[1], keepdims=1)]
+    graph = helper.make_graph(nodes, "power", [helper.make_tensor_value_info("pcm", TensorProto.FLOAT, [1, 512])],
+                              [helper.make_tensor_value_info("energy", TensorProto.FLOAT, [1, 1])])
+    onnx.save(_model(graph), str(folder / "power.onnx"))
+    rng = np.random.default_rng(6)
+    np.savez(folder / "samples.npz", pcm=(rng.standard_normal((4, 1, 512)) * 12000).clip(-32768, 32767).astype(np.float32))
+    (folder / "model.yaml").write_text(OVERFLOW_YAML)
+    result = project.doit("diagnose:power-SM8650")
+    assert result.returncode == 0, result.stdout + result.stderr
+    first = project.one_json("build/power/power/*/fp16/SM8650/diagnose/diagnose.json")["first_divergence"]
+    assert first["op_type"] == "Mul" and first["node"] == "square"
+    assert abs(first["cpu_value"]) > 65504
+    hazard = next(h for h in first["hazards"] if h["hazard"] == "fp16 overflow")
+    assert "scale the input down" in hazard["fix"]

@@ -288,6 +288,8 @@ def explain(model, first: dict[str, Any], cpu, npu, inputs) -> dict[str, Any]:
 def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -> list[dict[str, str]]:
     """Known fp16/HTP hazards that fit what was observed, each with its export-time fix."""
     found = []
+    op = node.op_type
+    values = [abs(v) for v in detail.get("input_values", {}).values() if isinstance(v, float)]
     cpu_value = detail.get("cpu_value")
     if cpu_value is not None and abs(cpu_value) > FP16_MAX:
         found.append({"hazard": "fp16 overflow",
@@ -295,14 +297,13 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -
                              f"(got {detail.get('npu_value', float('nan')):.6g})",
                       "fix": "scale the input down at export, move the scale before the square/product, or use w8a16 "
                              "with a calibrated range"})
-    if detail.get("cancellation"):
+    if detail.get("cancellation") or (op == "Sub" and cpu_value is not None and values
+                                      and abs(cpu_value) < CANCELLATION_RATIO * max(values)):
         found.append({"hazard": "cancellation in fp16",
                       "why": "this subtraction of nearly equal values (e.g. variance as E[x^2] - E[x]^2) leaves mostly "
                              "rounding noise in fp16; the error shows downstream (a Reciprocal, a Div)",
                       "fix": "compute the centred form E[(x - E[x])^2] (rewrites: [centred-variance])"})
-    values = [abs(v) for v in detail.get("input_values", {}).values() if isinstance(v, float)]
     tiny = any(0 < v < FP16_TINY for v in values)
-    op = node.op_type
     exponent = initializers.get(node.input[1]) if op == "Pow" and len(node.input) > 1 else None
     if op == "Pow":
         square = exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0
