@@ -8,6 +8,7 @@ damaged, and that the next `doit` repairs the tree with the minimal set of tasks
 from __future__ import annotations
 
 import json
+import re
 import os
 import signal
 import subprocess
@@ -277,3 +278,15 @@ def test_threshold_edit_rejudges_without_simulating(built):
     vad = json.loads(next(built.root.glob("build/silero-vad/vad/*/fp16/SM8650/simverify/simverify.json")).read_text())
     assert vad["metrics"]["output"]["thresholds"]["max_abs"] == 0.06
     assert took < 30, took  # no simulator run: judging kept outputs is quick (the benchmark measures it)
+
+
+# ------------------------------------------------------------------ a console a person can follow
+
+def test_console_shows_progress_and_durations(built):
+    built.doit("forget", "simulate:vad-SM8650", check=True)
+    result = built.doit("simulate:vad-SM8650", env={"QNN_PROGRESS_SECONDS": "0"})  # every step, not every 15 s
+    assert result.returncode == 0, result.stderr
+    progress = [line for line in result.stderr.splitlines() if line.startswith("simulate:vad-SM8650: sample ")]
+    assert progress[0].startswith("simulate:vad-SM8650: sample 1/231, ") and "elapsed, ~" in progress[0]
+    assert re.search(r"^simulate:vad-SM8650: passed in \d+\.\d s$", result.stderr, re.M), result.stderr
+    assert "Traceback" not in result.stderr and "[W:onnxruntime" not in result.stderr  # tool chatter is in the log

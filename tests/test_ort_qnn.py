@@ -313,6 +313,10 @@ def test_lint_warned_about_the_erf_before_the_compile(gelu_failed):
     assert "fuse_preceding_mul_into_conv" in erf[0]["fix"]
     assert lint["status"] == "warning"
     assert lint["op_counts"]["Mul"] == 1  # onnxsim folded GELU's x0.5 Mul into the second Conv
+    # on the console: the stage's line, then each warning on one line with its fix
+    lines = gelu_failed.result.stderr.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(f"lint:{GELU}: warning in "))
+    assert lines[at + 1].startswith("  warning: [erf] Erf node '/Erf': ") and "(fix: " in lines[at + 1]
 
 
 def test_failed_context_record_names_no_removed_file(gelu_failed):
