@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from .errors import StageError
-from .spec import GraphSpec
+from .spec import GraphSpec, Source, load_yaml
 
 
 @dataclass
@@ -23,6 +23,18 @@ class ModelContext:
     def error(self, message: str) -> StageError:
         """An error to raise from model code: it reaches the user as one line naming the graph."""
         return StageError(f"{self.graph.model_code}: graph '{self.graph.name}': {message}")
+
+
+def context_for(graph: GraphSpec, out_path: Path | None = None) -> ModelContext:
+    """The context the stages give the model's functions: its model.yaml source file and the graph's options.
+
+    For callers that get only the graph (verification checks): model.yaml was validated when the
+    project loaded, so its `source:` is read back here as is.
+    """
+    data = load_yaml(graph.model_dir / "model.yaml") or {}
+    source = data.get("source") or {}
+    path = Source(package=source.get("package"), file=source.get("file"), url=source.get("url")).resolve_file(graph.model_dir)
+    return ModelContext(graph=graph, source_path=path, out_path=out_path, options=dict(graph.options))
 
 
 def load_module(graph: GraphSpec):

@@ -342,7 +342,14 @@ DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
                       "w8a16": {"min_cosine": 0.99, "min_snr_db": 15.0}}
 VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
 CALIBRATION_KEYS = {"samples", "function", "per_channel"}
-CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"}}
+CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"},
+               "wer": {"output", "max_wer_increase", "min_identical", "show"}}
+# option -> (integer only, lowest, highest allowed); every check option but `output` is a number
+CHECK_OPTION_RANGES = {"threshold": (False, None, None), "min": (False, 0.0, 1.0), "top": (True, 1, None),
+                       "max_wer_increase": (False, 0.0, None), "min_identical": (False, 0.0, 1.0), "show": (True, 0, None)}
+# wer: fp16 must not lose a word; 8-bit weights may lose one word in a hundred, with different wording allowed
+CHECK_DEFAULTS = {"wer": {"fp16": {"max_wer_increase": 0.0, "min_identical": 1.0, "show": 5},
+                          "w8a16": {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5}}}
 
 
 LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
@@ -411,18 +418,32 @@ def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, k
             raise SpecError(where, f"{key}.checks[{i}]", "each check is one `kind: {options}` mapping",
                             "e.g. - agreement: {output: output, threshold: 0.5, min: 0.99}")
         kind, options = next(iter(check.items()))
+        options = _mapping(options, where, f"{key}.checks[{i}].{kind}")
         if kind not in CHECK_KINDS:
             raise SpecError(where, f"{key}.checks[{i}]", f"unknown check '{kind}'", f"use one of: {', '.join(CHECK_KINDS)}")
         unknown = set(options) - CHECK_KINDS[kind]
         if unknown or options.get("output") not in outputs:
             raise SpecError(where, f"{key}.checks[{i}].{kind}", f"needs output: one of {sorted(outputs)}"
                             + (f"; unknown keys {sorted(unknown)}" if unknown else ""), "fix the check's options")
-        checks.append({"kind": kind, **options})
+        for option, value in options.items():
+            if option != "output":
+                _check_option(value, CHECK_OPTION_RANGES[option], where, f"{key}.checks[{i}].{kind}.{option}")
+        checks.append({"kind": kind, **CHECK_DEFAULTS.get(kind, {}).get(precision, {}), **options})
     samples = verify.get("samples")
     if samples is not None and (not isinstance(samples, int) or samples < 1):
         raise SpecError(where, f"{key}.samples", f"must be a positive integer, got {samples!r}")
     return {"samples": samples, "thresholds": thresholds, "per_output": per_output, "checks": checks}
 
+
+
+def _check_option(value: Any, allowed: tuple[bool, float | None, float | None], where: Path, key: str) -> None:
+    integer, low, high = allowed
+    kind = "an integer" if integer else "a number"
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise SpecError(where, key, f"expected {kind}, got {value!r}", f"write {kind} there")
+    if (low is not None and value < low) or (high is not None and value > high):
+        span = f"{low:g}..{high:g}" if high is not None else f">= {low:g}"
+        raise SpecError(where, key, f"{value!r} is out of range", f"use a value {span}")
 
 
 # ---------------------------------------------------------------- helpers
