@@ -32,8 +32,9 @@ def context_for(graph: GraphSpec, out_path: Path | None = None) -> ModelContext:
     project loaded, so its `source:` is read back here as is.
     """
     data = load_yaml(graph.model_dir / "model.yaml") or {}
-    source = data.get("source") or {}
-    path = Source(package=source.get("package"), file=source.get("file"), url=source.get("url")).resolve_file(graph.model_dir)
+    declared = data.get("source") or {}
+    source = Source(package=declared.get("package"), file=declared.get("file"), url=declared.get("url"))
+    path = source.resolve_file(graph.model_dir)
     return ModelContext(graph=graph, source_path=path, out_path=out_path, options=dict(graph.options))
 
 
