@@ -245,7 +245,7 @@ def test_doit_builds_and_verifies_the_encoder_by_words(tmp_path):
     shutil.copytree(MODEL_DIR, project.root / "models" / MODEL_DIR.name, ignore=shutil.ignore_patterns("__pycache__"))
     yaml = "models/whisper-tiny-en/model.yaml"
     project.edit(yaml, "    precision: [fp16, w8a16]\n", "    precision: fp16\n")
-    project.edit(yaml, "    calibration: {samples: 14, function: calibration}", "    #")
+    project.edit(yaml, "    calibration: {samples: 14, function: calibration}", "")
     project.edit(yaml, "      clips: 10", "      clips: 2")
 
     result = project.doit(f"simverify:encoder-{SOC}")
