@@ -37,6 +37,13 @@ class ModelContext:
         self.export_record = packaged.export(self.graph, self.source_path, self.out_path, skip=skip)
 
 
+def context_for(graph: GraphSpec, out_path: Path | None = None) -> ModelContext:
+    """The context the stages give the model's functions: the graph's source file and options (for callers
+    that get only the graph, such as verification checks)."""
+    path = graph.source.resolve_file(graph.model_dir) if graph.source else None
+    return ModelContext(graph=graph, source_path=path, out_path=out_path, options=dict(graph.options))
+
+
 def load_module(graph: GraphSpec):
     path = graph.model_code
     name = f"qnn_model_{graph.model.replace('-', '_')}"

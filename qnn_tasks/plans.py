@@ -19,6 +19,7 @@ from . import codeversion, specjson, toolchains
 from .matrix import (ChipTarget, GraphTarget, PipelineTarget, VariantTarget, chip_targets, graph_targets,
                      pipeline_targets, variant_targets)
 from .spec import GraphSpec, Project, ToolchainProfile
+from .specverify import MODEL_CHECKS
 
 
 @dataclass
@@ -34,6 +35,7 @@ class Plan:
     binding: "Binding | None" = None           # the toolchain that runs it (toolchain stages)
     task_dep: list[str] = field(default_factory=list)
     skip: str | None = None                    # a visible skip (e.g. no fp16 on this chip)
+    heavy: bool | None = None                  # overrides the row's (a judgement that runs model code)
 
     @property
     def record(self) -> str:
@@ -300,13 +302,16 @@ def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     settings = p.cached_json("verify", ct.variant.name, lambda: ct.verify)
     # Records are not dependencies: their volatile parts (seconds, where it ran) would change the cache key
     # of an identical judgement. The outputs are; the simulate record only lends its timing, and lint's
-    # only adds hints to a failure message.
-    return _chip_plan(p, stage, ct, [outputs, str(gt.reference)], [],
+    # only adds hints to a failure message. A check that runs the model's code (wer) depends on that code.
+    runs_code = any(check["kind"] in MODEL_CHECKS for check in ct.verify["checks"])
+    plan = _chip_plan(p, stage, ct, [outputs, str(gt.reference)] + (p.code_deps(ct.graph) if runs_code else []), [],
                       p.key(stage, None, ct.precision, settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
                                "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision,
                                "lint": str(gt.lint_record)},
                       f"judge {ct.graph.name} on {ct.soc.name}: simulator outputs vs CPU (metrics, thresholds, checks)")
+    plan.heavy = True if runs_code else None  # decoding speech is work for a child process
+    return plan
 
 
 def plan_diagnose(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
@@ -385,7 +390,8 @@ CHIP_STAGES = (
              "simverify).", ("stages/simulate.py", "devices/simulator.py", "samples.py"), plan_simulate,
              remote=True, toolchain=True),
     StageDef("simverify", "chip", "Judge each binary's simulator outputs against the CPU reference (metrics, "
-             "thresholds, checks).", ("stages/simverify.py", "verification.py", "metrics.py", "samples.py"),
+             "thresholds, checks).", ("stages/simverify.py", "verification.py", "metrics.py", "samples.py",
+                                     "speech.py", "modelcode.py"),
              plan_simverify, heavy=False),
 )
 PIPELINE = StageDef("pipeline", "pipeline", "Chain each model's pipeline graphs on the host simulator (each fed the "

@@ -22,11 +22,17 @@ DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
 VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
 CALIBRATION_KEYS = {"samples", "function", "per_channel"}
 CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"},
-               "top1": {"output", "min", "axis"}}
+               "top1": {"output", "min", "axis"}, "wer": {"output", "max_wer_increase", "min_identical", "show"}}
 # option -> (type, lowest, highest): shares are in [0, 1]
 CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0.0, 1.0)},
                 "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)},
-                "top1": {"min": (float, 0.0, 1.0), "axis": (int, -8, 7)}}
+                "top1": {"min": (float, 0.0, 1.0), "axis": (int, -8, 7)},
+                "wer": {"max_wer_increase": (float, 0.0, None), "min_identical": (float, 0.0, 1.0),
+                        "show": (int, 0, None)}}
+MODEL_CHECKS = ("wer",)  # checks that call the model's own code (transcribe, texts)
+# wer: fp16 must not lose a word; 8-bit weights may lose one word in a hundred, with different wording allowed
+CHECK_DEFAULTS = {"wer": {"fp16": {"max_wer_increase": 0.0, "min_identical": 1.0, "show": 5},
+                          "w8a16": {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5}}}
 
 
 LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
@@ -95,6 +101,7 @@ def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, k
             raise SpecError(where, f"{key}.checks[{i}]", "each check is one `kind: {options}` mapping",
                             "e.g. - agreement: {output: output, threshold: 0.5, min: 0.99}")
         kind, options = next(iter(check.items()))
+        options = _mapping(options, where, f"{key}.checks[{i}].{kind}")
         if kind not in CHECK_KINDS:
             raise SpecError(where, f"{key}.checks[{i}]", f"unknown check '{kind}'", f"use one of: {', '.join(CHECK_KINDS)}")
         unknown = set(options) - CHECK_KINDS[kind]
@@ -105,7 +112,7 @@ def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, k
             if option in options:
                 check_key = f"{key}.checks[{i}].{kind}.{option}"
                 (_int if kind_of is int else _number)(options[option], where, check_key, low, high)
-        checks.append({"kind": kind, **options})
+        checks.append({"kind": kind, **CHECK_DEFAULTS.get(kind, {}).get(precision, {}), **options})
     samples = verify.get("samples")
     if samples is not None:
         _int(samples, where, f"{key}.samples", 1, None)

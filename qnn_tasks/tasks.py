@@ -167,7 +167,8 @@ class TaskFactory:
                 use_toolchain(profile, binding.toolchain)  # in this process: the planner's own object
             return StageCall(stage=row.name, target=plan.name, args=plan.args(), inputs=plan.file_dep,
                              out_dir=plan.out_dir, outputs=plan.outputs, record=record, key=plan.key,
-                             toolchain=profile, heavy=row.heavy, remote=row.remote)
+                             toolchain=profile, heavy=row.heavy if plan.heavy is None else plan.heavy,
+                             remote=row.remote)
 
         task = {"name": plan.name, "actions": [stage_action(call, plan.base, self.root, self.cache)],
                 "file_dep": plan.file_dep, "targets": plan.outputs + [record],
