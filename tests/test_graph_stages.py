@@ -230,6 +230,10 @@ def export(ctx):
 def export(ctx):
     raise RuntimeError("weights not found")
 ''',
+    "nothing": '''
+def export(ctx):
+    model = helper.make_model(helper.make_graph([], "forgot", [], []))  # built, never saved
+''',
 }
 
 
@@ -265,6 +269,14 @@ def test_synthetic_project_builds(tmp_path):
     for stage, name in (("export", "export.json"), ("simplify", "simplify.json"), ("lint", "lint.json"),
                         ("cpucheck", "cpucheck.json")):
         assert json.loads(project.path(f"build/tinym/tiny/{stage}/{name}").read_text())["status"] == "passed"
+
+
+def test_export_that_writes_nothing_says_so(tmp_path):
+    project = tiny_project(tmp_path / "p", "nothing")
+    line = project.doit("export:tiny").failure_line("export:tiny")
+    assert "models/tinym/export.py:export() wrote nothing to ctx.out_path for graph 'tiny'" in line
+    assert "onnx.save(model, str(ctx.out_path))" in line and "ir_version" not in line
+    assert_no_export_left(project)
 
 
 def test_export_writing_garbage(tmp_path):

@@ -48,6 +48,9 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
                     ctx.default_export()
         except StageError as err:
             raise _with_log(err, log) from None
+        if tmp.stat().st_size == 0:
+            raise StageError(f"{what} wrote nothing to ctx.out_path for graph '{graph.name}' (fix: save the "
+                             f"NPU-ready model there, e.g. onnx.save(model, str(ctx.out_path)))")
         if ctx.export_record is None:  # export.py wrote it: the declared rewrites still apply
             ctx.export_record = {"rewrites": packaged.rewrite_file(graph, tmp)} if graph.rewrites else {}
         model = onnxinfo.load(tmp, f"ONNX written by {what}", shown_as=out_onnx)
