@@ -39,6 +39,21 @@ def graph_spec(model_dir: Path = MODEL_DIR, **options):
     return dataclasses.replace(graph, options={**graph.options, **options}) if options else graph
 
 
+W8A16_LINES = ("precision: [fp16, w8a16]", "calibration: {samples: 14, function: calibration}")
+
+
+def model_copy(tmp_path: Path, w8a16: bool = False) -> Path:
+    """A private copy of the model folder; `w8a16` applies the switch model.yaml documents in a comment."""
+    model_dir = tmp_path / MODEL_DIR.name
+    shutil.copytree(MODEL_DIR, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    if w8a16:
+        yaml = model_dir / "model.yaml"
+        text = yaml.read_text()
+        assert "    precision: fp16\n" in text and all(f"    #   {line}" in text for line in W8A16_LINES)
+        yaml.write_text(text.replace("    precision: fp16\n", "".join(f"    {line}\n" for line in W8A16_LINES)))
+    return model_dir
+
+
 def sibling(graph, name: str):
     return modelcode.load_module(graph)._sibling(name)
 
@@ -147,11 +162,9 @@ def test_w8a16_calibration_covers_the_quiet_clips_range(two_clips):
     graph, ctx, _, _ = two_clips
     module = modelcode.load_module(graph)
     calibration = module.calibration(ctx)
-    verification_samples = module.samples(ctx)
-    assert len(calibration) == graph.calibration["samples"] == 14
-    assert graph.calibration["function"] == "calibration"
+    assert len(calibration) == 14
     low = min(float(s["mel"].min()) for s in calibration)
-    assert low <= min(float(s["mel"].min()) for s in verification_samples) < -1.0  # the quiet copies reach -1.5
+    assert low <= min(float(s["mel"].min()) for s in module.samples(ctx)) < -1.0  # the quiet copies reach -1.5
     spoken = {module.VERIFY_SENTENCES[i] for i, _ in module._plan(ctx)}
     assert spoken.isdisjoint(module.HARVARD_2)  # judged on other sentences than it was calibrated on
 
@@ -185,8 +198,7 @@ def test_wer_check_passes_identical_outputs_and_fails_a_damaged_encoder(two_clip
 
 def test_wer_check_needs_one_text_per_sample(two_clips, tmp_path):
     graph, _, _, reference = two_clips
-    model_dir = tmp_path / "whisper-tiny-en"
-    shutil.copytree(MODEL_DIR, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
+    model_dir = model_copy(tmp_path)
     code = model_dir / "export.py"
     code.write_text(code.read_text() + "\n\ndef texts(ctx):\n    return ['only one']\n")
     broken = graph_spec(model_dir)
@@ -206,47 +218,50 @@ def test_wer_check_needs_one_text_per_sample(two_clips, tmp_path):
     pytest.param("{output: mel}", ["checks[0].wer: needs output: one of ['features']"], id="not-an-output"),
 ])
 def test_bad_wer_options_are_one_line_spec_errors(tmp_path, options, fragments):
-    model_dir = tmp_path / "whisper-tiny-en"
-    shutil.copytree(MODEL_DIR, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
-    yaml = model_dir / "model.yaml"
+    yaml = model_copy(tmp_path) / "model.yaml"
     text = yaml.read_text()
     declared = "{output: features, max_wer_increase: 0.0, min_identical: 1.0, show: 5}"
     assert declared in text
     yaml.write_text(text.replace(declared, options))
     with pytest.raises(SpecError) as info:
-        graph_spec(model_dir)
+        graph_spec(yaml.parent)
     message = str(info.value)
     assert message.startswith(f"{yaml}: graphs.encoder.verify.") and "\n" not in message and "(fix: " in message
     for fragment in fragments:
         assert fragment in message, message
 
 
+def test_w8a16_switch_declares_a_calibrated_variant_judged_on_every_clip(tmp_path):
+    graph = graph_spec(model_copy(tmp_path, w8a16=True))
+    assert graph.precisions == ("fp16", "w8a16")
+    assert graph.calibration == {"samples": 14, "function": "calibration", "per_channel": True}
+    assert graph.verify["fp16"]["samples"] == 2 and graph.verify["w8a16"]["samples"] == 12
+    assert graph.verify["w8a16"]["checks"] == [{"kind": "wer", "output": "features", "max_wer_increase": 0.0,
+                                                "min_identical": 0.0, "show": 5}]
+
+
 def test_wer_defaults_depend_on_precision(tmp_path):
-    model_dir = tmp_path / "whisper-tiny-en"
-    shutil.copytree(MODEL_DIR, model_dir, ignore=shutil.ignore_patterns("__pycache__"))
-    yaml = model_dir / "model.yaml"
-    yaml.write_text(yaml.read_text().replace("{output: features, max_wer_increase: 0.0, min_identical: 1.0, show: 5}",
-                                             "{output: features}"))
-    verify = graph_spec(model_dir).verify
+    yaml = model_copy(tmp_path, w8a16=True) / "model.yaml"
+    text = re.sub(r"\{output: features, max_wer_increase: [^}]*\}", "{output: features}", yaml.read_text())
+    yaml.write_text(text)
+    verify = graph_spec(yaml.parent).verify
     assert verify["fp16"]["checks"] == [{"kind": "wer", "output": "features", "max_wer_increase": 0.0,
                                          "min_identical": 1.0, "show": 5}]
-    assert verify["w8a16"]["checks"][0]["max_wer_increase"] == 0.01
+    assert verify["w8a16"]["checks"] == [{"kind": "wer", "output": "features", "max_wer_increase": 0.01,
+                                          "min_identical": 0.0, "show": 5}]
 
 
 # ------------------------------------------------------------------ end to end through doit
 
 def test_doit_builds_and_verifies_the_encoder_by_words(tmp_path):
-    """One chip, fp16 only, 2 clips: export .. simverify on the simulator, transcripts in the record."""
+    """The model's defaults (one chip, fp16) with 2 clips: export .. simverify on the simulator, transcripts in the record."""
     project = Project(tmp_path / "project")
     project.root.mkdir()
     for name in ("dodo.py", "socs", "toolchain"):
         src = ROOT / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, project.root / name)
     shutil.copytree(MODEL_DIR, project.root / "models" / MODEL_DIR.name, ignore=shutil.ignore_patterns("__pycache__"))
-    yaml = "models/whisper-tiny-en/model.yaml"
-    project.edit(yaml, "    precision: [fp16, w8a16]\n", "    precision: fp16\n")
-    project.edit(yaml, "    calibration: {samples: 14, function: calibration}", "")
-    project.edit(yaml, "      clips: 10", "      clips: 2")
+    project.edit("models/whisper-tiny-en/model.yaml", "      clips: 10", "      clips: 2")
 
     result = project.doit(f"simverify:encoder-{SOC}")
     assert result.returncode == 0, result.stdout + result.stderr
