@@ -23,19 +23,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import Project
+from conftest import EXAMPLES, Project
 
 from qnn_tasks import modelcode, speech, verification
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.spec import load_model, load_socs
 
-ROOT = Path(__file__).resolve().parent.parent
-MODEL_DIR = ROOT / "models" / "whisper-tiny-en"
+MODEL_DIR = EXAMPLES / "speech" / "whisper-tiny-en"  # the tests' own copy of models/whisper-tiny-en
 SOC = "SM8650"
 
 
 def graph_spec(model_dir: Path = MODEL_DIR, **options):
-    graph = load_model(model_dir, load_socs(ROOT / "socs" / "socs.yaml")).graphs[0]
+    graph = load_model(model_dir, load_socs(EXAMPLES / "socs" / "socs.yaml")).graphs[0]
     return dataclasses.replace(graph, options={**graph.options, **options}) if options else graph
 
 
@@ -258,7 +257,7 @@ def test_doit_builds_and_verifies_the_encoder_by_words(tmp_path):
     project = Project(tmp_path / "project")
     project.root.mkdir()
     for name in ("dodo.py", "socs", "toolchain"):
-        src = ROOT / name
+        src = EXAMPLES / name
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, project.root / name)
     shutil.copytree(MODEL_DIR, project.root / "models" / MODEL_DIR.name, ignore=shutil.ignore_patterns("__pycache__"))
     project.edit("models/whisper-tiny-en/model.yaml", "      clips: 10", "      clips: 2")
