@@ -16,8 +16,9 @@ from .errors import SpecError
 GRAPH_SOURCE_KEYS = {"package", "file"}
 SAMPLES_KEYS = {"files"}
 SAMPLE_SUFFIXES = (".npz", ".npy")
-# onnxsim 0.8.1's default optimizer passes (onnxoptimizer's fuse/eliminate passes plus onnxsim's own):
-# the names `simplify.skip_optimizers` may skip. tests/test_rewrites.py checks this against the installed onnxsim.
+# onnxsim 0.8.1's default optimizer passes (onnxoptimizer's fuse/eliminate passes plus onnxsim's own, and the
+# batched MatMul+Add -> Gemm rewrite it names explicitly): the names `simplify.skip_optimizers` may skip.
+# tests/test_rewrites.py checks this against the installed onnxsim.
 ONNXSIM_OPTIMIZERS = (
     "eliminate_common_subexpression", "eliminate_consecutive_idempotent_ops", "eliminate_deadend",
     "eliminate_duplicate_initializer", "eliminate_identity", "eliminate_if_with_const_cond",
@@ -34,7 +35,7 @@ ONNXSIM_OPTIMIZERS = (
     "fuse_consecutive_reduce_unsqueeze", "fuse_consecutive_reshapes", "fuse_consecutive_slices",
     "fuse_consecutive_squeeze_unsqueeze", "fuse_consecutive_squeezes", "fuse_consecutive_transposes",
     "fuse_consecutive_unsqueezes", "fuse_gelu", "fuse_gqa", "fuse_layer_norm", "fuse_lp_normalization",
-    "fuse_matmul_add_bias_into_gemm", "fuse_mul_into_conv", "fuse_pad_into_conv", "fuse_pad_into_pool",
+    "fuse_matmul_add_bias_into_gemm", "fuse_matmul_add_bias_into_gemm_batched", "fuse_mul_into_conv", "fuse_pad_into_conv", "fuse_pad_into_pool",
     "fuse_preceding_mul_into_conv", "fuse_qkv", "fuse_reshape_family", "fuse_rms_norm", "fuse_rope",
     "fuse_split_gather_concat", "fuse_transpose_into_gemm", "nop", "rewrite_arg_reduce_select_last_index",
     "rewrite_bool_where", "rewrite_where",

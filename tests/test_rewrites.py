@@ -460,9 +460,26 @@ def test_onnxsim_optimizer_list_matches_the_installed_onnxsim():
     model = model_of([helper.make_node("Relu", ["x"], ["y"])], [tensor("x")], [tensor("y")])
     onnxsim.simplify(model)  # registers onnxsim's own passes in onnxoptimizer's registry
     installed = set(C._list_optimizers())
-    assert set(specport.ONNXSIM_OPTIMIZERS) == installed
+    # onnxsim adds the batched MatMul+Add -> Gemm rewrite to that registry's default set by name
+    assert set(specport.ONNXSIM_OPTIMIZERS) == installed | {BATCHED_GEMM}
     try:
         import onnxoptimizer
     except ImportError:  # onnxsim vendors onnxoptimizer; the standalone package is optional
         return
     assert set(onnxoptimizer.get_fuse_and_elimination_passes()) <= installed
+
+
+BATCHED_GEMM = "fuse_matmul_add_bias_into_gemm_batched"
+
+
+def test_skipping_the_batched_gemm_fusion_keeps_matmul_add():
+    """The one default pass not in onnxoptimizer's list is real: skipping it keeps a rank-3 MatMul + Add."""
+    import onnxsim
+
+    weight, bias = const("w", np.ones((16, 16))), const("b", np.ones(16))
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), helper.make_node("Add", ["m", "b"], ["y"])]
+    model = model_of(nodes, [tensor("x")], [tensor("y")], [weight, bias])
+    fused, _ = onnxsim.simplify(model)
+    kept, _ = onnxsim.simplify(model, skipped_optimizers=[BATCHED_GEMM])
+    assert "Gemm" in {n.op_type for n in fused.graph.node}
+    assert [n.op_type for n in kept.graph.node] == ["MatMul", "Add"]
