@@ -208,10 +208,11 @@ def test_wer_check_needs_one_text_per_sample(two_clips, tmp_path):
 
 @pytest.mark.parametrize("options, fragments", [
     pytest.param("{output: features, min_identical: 1.5}", ["checks[0].wer.min_identical: 1.5 is out of range",
-                                                            "(fix: use a value 0..1)"], id="min_identical-range"),
+                                                            "(fix: use a value between 0 and 1)"], id="min_identical-range"),
     pytest.param("{output: features, max_wer_increase: -0.1}", ["wer.max_wer_increase: -0.1 is out of range",
-                                                                "(fix: use a value >= 0)"], id="negative-increase"),
-    pytest.param("{output: features, show: 2.5}", ["wer.show: expected an integer, got 2.5"], id="show-integer"),
+                                                                "(fix: use a value of at least 0)"], id="negative-increase"),
+    pytest.param("{output: features, show: 2.5}", ["wer.show: expected an integer, got '2.5'", "(fix: write a whole number"],
+                 id="show-integer"),
     pytest.param("{output: features, max_wer: 0}", ["checks[0].wer: needs output", "unknown keys ['max_wer']"],
                  id="unknown-key"),
     pytest.param("{output: mel}", ["checks[0].wer: needs output: one of ['features']"], id="not-an-output"),
