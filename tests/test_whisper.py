@@ -262,6 +262,9 @@ def test_doit_builds_and_verifies_the_encoder_by_words(tmp_path):
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, project.root / name)
     shutil.copytree(MODEL_DIR, project.root / "models" / MODEL_DIR.name, ignore=shutil.ignore_patterns("__pycache__"))
     project.edit("models/whisper-tiny-en/model.yaml", "      clips: 10", "      clips: 2")
+    # onnxsim's batched Gemm fusion halves the simulator's ~3 min per window; it changed one transcript of 12
+    # (not these two), which is why the example skips it (the full run: benchmarks/bench_matrix.py speech)
+    project.edit("models/whisper-tiny-en/model.yaml", ", fuse_matmul_add_bias_into_gemm_batched]}", "]}")
 
     result = project.doit(f"simverify:encoder-{SOC}")
     assert result.returncode == 0, result.stdout + result.stderr
