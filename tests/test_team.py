@@ -81,6 +81,7 @@ def shared(tmp_path_factory):
     return first, store
 
 
+@pytest.mark.slow
 def test_fresh_clone_with_a_warm_cache_compiles_and_simulates_nothing(shared, tmp_path):
     first, store = shared
     second = matrix_project(tmp_path / "clone-b")
@@ -107,6 +108,7 @@ def test_fresh_clone_with_a_warm_cache_compiles_and_simulates_nothing(shared, tm
     assert wall < first.wall * 0.5, (wall, first.wall)  # the benchmark measures the real ratio
 
 
+@pytest.mark.slow
 def test_cache_stats_and_gc(shared):
     first, store = shared
     stats = first.doit("cache:stats", env={"QNN_CACHE": str(store)})
@@ -116,6 +118,7 @@ def test_cache_stats_and_gc(shared):
     assert kept.returncode == 0 and "dropped 0 older than 30 days" in kept.stdout, kept.stdout
 
 
+@pytest.mark.slow
 def test_corrupted_blob_is_detected_rebuilt_and_never_restored(shared, tmp_path):
     first, store = shared
     third_store = tmp_path / "store"
@@ -139,6 +142,7 @@ def test_corrupted_blob_is_detected_rebuilt_and_never_restored(shared, tmp_path)
     assert records.sha256(third_store / "cas" / sha[:2] / sha) == sha  # and the good build was put in its place
 
 
+@pytest.mark.slow
 def test_toolchain_fingerprint_or_code_change_misses_the_cache(shared, tmp_path):
     first, store = shared
     clone = matrix_project(tmp_path / "clone-d")
@@ -208,6 +212,7 @@ def cluster(tmp_path):
         stop(proc)
 
 
+@pytest.mark.slow
 def test_matrix_on_a_dask_cluster_matches_a_local_build_and_survives_a_lost_worker(verified, cluster, tmp_path):
     project = matrix_project(tmp_path / "project")
     env = {"QNN_EXECUTOR": f"dask://{cluster['address'].split('://')[1]}", "QNN_CACHE": str(tmp_path / "store")}

@@ -16,6 +16,7 @@ from conftest import Project, copy_project, only_fp16, restrict_socs
 BOTH = "ort-qnn,ort-qnn-2.47"
 GRAPH_TASKS = {f"{s}:{g}" for s in ("export", "simplify", "lint", "cpucheck") for g in ("vad", "minilm")}
 CHIP_STAGES = ("config", "context", "simulate", "simverify")
+pytestmark = pytest.mark.slow
 
 
 def targets(suffix: str) -> set[str]:

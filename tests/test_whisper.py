@@ -253,6 +253,7 @@ def test_wer_defaults_depend_on_precision(tmp_path):
 
 # ------------------------------------------------------------------ end to end through doit
 
+@pytest.mark.slow
 def test_doit_builds_and_verifies_the_encoder_by_words(tmp_path):
     """The model's defaults (one chip, fp16) with 2 clips: export .. simverify on the simulator, transcripts in the record."""
     project = Project(tmp_path / "project")
