@@ -136,7 +136,7 @@ def _simulate(call: StageCall) -> dict[str, Any]:
 
     a = call.args
     return simulate.run(graph(a), Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["inputs"]),
-                        a["samples"], Path(call.out_dir))
+                        a["samples"], Path(call.out_dir), Path(a["reference"]), a["title"], a["soc_name"])
 
 
 def _simverify(call: StageCall) -> dict[str, Any]:

@@ -288,10 +288,12 @@ def plan_simulate(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     gt = ct.graph_target
     ctx_files = p.context_files(ct)
     config = p.config_files(ct)[0]
-    return _chip_plan(p, stage, ct, ctx_files + [config, str(gt.inputs)], [f"{ct.dir_str}/simulate/outputs.npz"],
+    return _chip_plan(p, stage, ct, ctx_files + [config, str(gt.inputs), str(gt.reference)],
+                      [f"{ct.dir_str}/simulate/outputs.npz", f"{ct.dir_str}/simulate/cpu_vs_npu.png"],
                       p.chip_key(stage, ct, samples=ct.verify["samples"]),
                       lambda: {"graph": p.graph_dict(ct.graph), "ctx_onnx": ctx_files[0], "provider_options": config,
-                               "inputs": str(gt.inputs), "samples": ct.verify["samples"]},
+                               "inputs": str(gt.inputs), "samples": ct.verify["samples"], "reference": str(gt.reference),
+                               "title": ct.name, "soc_name": ct.soc.name},
                       f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator; keep the outputs")
 
 
@@ -387,7 +389,7 @@ CHIP_STAGES = (
     StageDef("context", "chip", "Compile each graph to a QNN context binary per chip; check CPU fallback and the chip "
              "it was built for.", (), plan_context, remote=True, toolchain=True),
     StageDef("simulate", "chip", "Run each binary on the host HTP simulator and keep its outputs (judged by "
-             "simverify).", ("stages/simulate.py", "devices/simulator.py", "samples.py"), plan_simulate,
+             "simverify).", ("stages/simulate.py", "devices/simulator.py", "samples.py", "plots.py"), plan_simulate,
              remote=True, toolchain=True),
     StageDef("simverify", "chip", "Judge each binary's simulator outputs against the CPU reference (metrics, "
              "thresholds, checks).", ("stages/simverify.py", "verification.py", "metrics.py", "samples.py",

@@ -1,4 +1,4 @@
-"""Render report.json's content for people: report.md, index.html (+ plots), in build/report/.
+"""Render report.json's content for people: report.md and index.html, in build/report/.
 
 The folder is self-contained: every log, plot or summary a page links to is copied under
 build/report/files/, so publishing build/report/ alone (a CI artifact) keeps every link working.
@@ -16,9 +16,10 @@ NOT_IN_SOCS = "not in socs"
 
 
 def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
-    """Write report.json, report.md, index.html and plots; return their paths."""
+    """Write report.json, report.md and index.html; return their paths."""
     report_dir.mkdir(parents=True, exist_ok=True)
-    plots = {t["name"]: _plot(report_dir / "plots", t) for t in data["targets"]}
+    # plots are drawn by the simulate stage (cached with it); the page links a copy under files/
+    plots = {t["name"]: (t["stages"].get("simulate") or {}).get("plot") for t in data["targets"]}
     paths = {"json": report_dir / "report.json", "md": report_dir / "report.md", "html": report_dir / "index.html"}
     write_json(paths["json"], data)
     with atomic_path(paths["md"]) as tmp:
@@ -175,55 +176,6 @@ def linked(path: str | None, report_dir: Path) -> str:
         copy.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(source, copy)
     return str(copy.relative_to(report_dir))
-
-
-# ------------------------------------------------------------------ plots
-
-def _plot(plot_dir: Path, target: dict[str, Any]) -> str | None:
-    """CPU vs NPU per output: a line over samples for scalar outputs, an error histogram otherwise."""
-    sim = target["stages"].get("simverify") or {}
-    outputs_file, reference_file = sim.get("outputs_file"), sim.get("reference_file")
-    if not outputs_file or not reference_file or not Path(outputs_file).is_file() or not Path(reference_file).is_file():
-        return None
-    png = plot_dir / f"{target['name']}.png"
-    if png.is_file() and png.stat().st_mtime >= Path(outputs_file).stat().st_mtime:
-        return str(png)  # plots are cached: redrawn only when the outputs change
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import numpy as np
-    from matplotlib.ticker import FuncFormatter, NullFormatter
-
-    with np.load(outputs_file) as npu_file, np.load(reference_file) as cpu_file:
-        names = list(npu_file.files)
-        npu = {n: npu_file[n] for n in names}
-        cpu = {n: cpu_file[n][: len(npu[n])] for n in names}
-    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 3.2), squeeze=False)
-    for ax, name in zip(axes[0], names):
-        if npu[name][0].size == 1:
-            ax.plot(cpu[name].reshape(-1), label="CPU", linewidth=1.6)
-            ax.plot(npu[name].reshape(-1), label=f"NPU ({target['soc']['name']})", linewidth=1, linestyle="--")
-            ax.set_xlabel("sample (in order)")
-            ax.set_ylabel(name)
-            ax.legend(loc="best", fontsize=8)
-        else:
-            err = np.abs(npu[name].astype(np.float64) - cpu[name]).reshape(-1)
-            ax.hist(err, bins=60, log=True, color="#4477aa")
-            # plain tick labels: the default log labels go through mathtext, most of a plot's drawing time
-            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
-            ax.yaxis.set_minor_formatter(NullFormatter())
-            ax.set_xlabel(f"|NPU - CPU| of '{name}'")
-            ax.set_ylabel("count (log)")
-        ax.set_title(f"{target['name']}: {name}", fontsize=9)
-    # fixed margins (the labels are short and known): tight_layout measured every text, ~0.3 s a plot
-    fig.subplots_adjust(left=0.6 / fig.get_figwidth(), right=1 - 0.15 / fig.get_figwidth(), bottom=0.17, top=0.9,
-                        wspace=0.3)
-    plot_dir.mkdir(parents=True, exist_ok=True)
-    with atomic_path(png) as tmp:
-        fig.savefig(tmp, format="png", dpi=90)
-    plt.close(fig)
-    return str(png)
 
 
 # ------------------------------------------------------------------ helpers

@@ -434,6 +434,8 @@ def test_index_html_has_targets_metrics_logs_and_plots(verified):
         pixels = matplotlib.image.imread(png)
         assert pixels.shape[0] > 150 and pixels.shape[1] > 300
         assert len(np.unique(pixels.reshape(-1, pixels.shape[-1]), axis=0)) > 20  # a drawing, not a blank
+        # drawn once by the simulate stage (cached with its outputs); the page shows a copy
+        assert png.read_bytes() == (verified.root / t["stages"]["simulate"]["plot"]).read_bytes()
 
     anchors = [l["href"] for l in page.links if l["href"].startswith("#")]
     assert sorted(a[1:] for a in anchors) == sorted(t["name"] for t in data["targets"])  # matrix cells link

@@ -1,8 +1,9 @@
 """simulate: run the compiled binary on the host HTP simulator and keep its outputs.
 
 The outputs are judged by the next stage (simverify), so a change to thresholds or checks
-re-judges these kept outputs instead of simulating again. Only the binary, the inputs or the
-number of samples make this stage run again.
+re-judges these kept outputs instead of simulating again. Only the binary, the inputs, the CPU
+reference or the number of samples make this stage run again. The CPU vs NPU plot is drawn here,
+once per simulation, so it is cached with the outputs it shows.
 """
 from __future__ import annotations
 
@@ -11,25 +12,31 @@ from typing import Any
 
 import numpy as np
 
-from .. import fileio, samples as sample_store
+from .. import fileio, plots, samples as sample_store
 from ..devices import simulator
 from ..errors import StageError
 from ..spec import GraphSpec
 
 SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
 OUTPUTS_FILE = "outputs.npz"
+PLOT_FILE = "cpu_vs_npu.png"
 
 
 def run(graph: GraphSpec, ctx_onnx: Path, provider_options_file: Path, inputs_file: Path, limit: int | None,
-        out_dir: Path) -> dict[str, Any]:
+        out_dir: Path, reference_file: Path, title: str, soc_name: str) -> dict[str, Any]:
     inputs = sample_store.load(inputs_file, limit=limit)
     options = fileio.read_json(provider_options_file)
     log = out_dir / "simulator.log"
     outputs, seconds, signature = simulator.run(ctx_onnx, options, inputs, log)
     check_signature(graph, signature, ctx_onnx)
     sample_store.save(out_dir / OUTPUTS_FILE, outputs)
+    with np.load(reference_file) as reference:
+        cpu = {name: reference[name][: len(outputs)] for name in reference.files}
+    npu = {name: np.stack([o[name] for o in outputs]) for name in outputs[0]}
+    plot = plots.outputs_plot(out_dir / PLOT_FILE, title, f"NPU ({soc_name})", npu, cpu)
     return {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"}, "samples": len(inputs),
-            "timing": timing(seconds), "outputs_file": str(out_dir / OUTPUTS_FILE), "log": str(log)}
+            "timing": timing(seconds), "outputs_file": str(out_dir / OUTPUTS_FILE), "log": str(log),
+            "plot": str(plot)}
 
 
 def check_signature(graph: GraphSpec, signature: dict[str, list], ctx_onnx: Path) -> None:
