@@ -96,6 +96,7 @@ class Planner:
         self._by_suffix = {b.suffix: b for b in self.bindings}
         self._json: dict[tuple, str] = {}
         self._sources: dict[str, str] = {}
+        self._key_prefixes: dict[tuple[str, int], str] = {}
 
     # ------------------------------------------------------------ shared pieces
     def binding(self, target: VariantTarget | ChipTarget | PipelineTarget) -> Binding:
@@ -111,9 +112,13 @@ class Planner:
         return self._json[key]
 
     def key(self, stage: StageDef, binding: Binding | None, *parts: str) -> str:
-        code = codeversion.digest(stage.code + (binding.toolchain.code_modules if binding and stage.toolchain else ()))
-        fingerprint = binding.fingerprint_json if binding and stage.toolchain else ""
-        return hashlib.md5("|".join((stage.name, code, fingerprint) + parts).encode()).hexdigest()
+        keyed_binding = binding if binding and stage.toolchain else None
+        prefix = self._key_prefixes.get((stage.name, id(keyed_binding)))
+        if prefix is None:  # once per (stage, toolchain): the same for its thousands of targets
+            code = codeversion.digest(stage.code + (keyed_binding.toolchain.code_modules if keyed_binding else ()))
+            prefix = "|".join((stage.name, code, keyed_binding.fingerprint_json if keyed_binding else ""))
+            self._key_prefixes[(stage.name, id(keyed_binding))] = prefix
+        return hashlib.md5("|".join((prefix,) + parts).encode()).hexdigest()
 
     def graph_dict(self, graph: GraphSpec) -> dict[str, Any]:
         return specjson.graph_to_dict(graph, self.root)

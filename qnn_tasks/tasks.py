@@ -14,16 +14,18 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from doit.exceptions import TaskFailed
 from doit.loader import create_after
 
 from . import interrupts, treelock
-from .calls import StageCall
 from .errors import QnnTasksError
 from .plans import Plan, Planner, StageDef, all_outputs, build_stage_defs, record_paths, targets_of
 from .spec import load_project
+
+if TYPE_CHECKING:
+    from .calls import StageCall
 
 TOOLCHAIN_ENV = "QNN_TOOLCHAIN"
 DEFAULT_TOOLCHAIN = "ort-qnn"
@@ -56,16 +58,23 @@ def project_tasks(root: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ checkers and actions
 
-def _signature(paths: list[str]) -> str:
-    """Cheap change detector for files: (path, mtime, size) of those that exist."""
-    parts = []
+def _signature(paths: list[str]) -> int:
+    """Cheap change detector for files: their (mtime, size), -1 for a missing one.
+
+    Python's hash of a tuple of ints is the same in every process (only str/bytes hashing is
+    salted), so it can be stored in .doit.db and compared by the next run; no digest, no formatting:
+    this runs for every task of every no-op `doit`.
+    """
+    stamps = []
     for path in paths:
         try:
             st = os.stat(path)
         except FileNotFoundError:
+            stamps.append(-1)
             continue
-        parts.append(f"{path}:{st.st_mtime_ns}:{st.st_size}")
-    return hashlib.md5("\n".join(parts).encode()).hexdigest()
+        stamps.append(st.st_mtime_ns)
+        stamps.append(st.st_size)
+    return hash(tuple(stamps))
 
 
 _checked_this_run: list[bool] = []  # set once a build task's outputs were checked in this doit run
@@ -160,10 +169,10 @@ class TaskFactory:
         binding = plan.binding if row.toolchain else None
 
         def call(row: StageDef = row, plan: Plan = plan) -> StageCall:
+            from .calls import StageCall, use_toolchain  # only when a task runs: not on a no-op `doit`
+
             profile = binding.profile_dict(self.planner.root) if binding else None
             if binding:
-                from .calls import use_toolchain
-
                 use_toolchain(profile, binding.toolchain)  # in this process: the planner's own object
             return StageCall(stage=row.name, target=plan.name, args=plan.args(), inputs=plan.file_dep,
                              out_dir=plan.out_dir, outputs=plan.outputs, record=record, key=plan.key,
@@ -247,7 +256,7 @@ class TaskFactory:
             # re-renders it too (to show `stale`): in a build, the stage tasks' own checks have caught it
             # already; for `doit report` alone the outputs are checked here.
             targets = "\n".join(f"{ct.name}:{ct.skip_reason}" for ct in planner.chips)  # added/removed targets too
-            signature = (_signature(record_paths(planner) + _renderer_files()) + _key({"targets": targets}))
+            signature = f"{_signature(record_paths(planner) + _renderer_files())}:{_key({'targets': targets})}"
             task.value_savers.append(lambda: {"records": signature, "outputs": outputs_signature()})
             if values.get("records") != signature or not (REPORT_DIR / "report.json").is_file():
                 return False
