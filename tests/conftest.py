@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -109,11 +110,22 @@ def only_fp16(project: Project) -> None:
 
 
 @pytest.fixture(scope="session")
-def built_graphs(tmp_path_factory) -> Project:
+def session_store(tmp_path_factory) -> Path:
+    """The shared cache store the session's base builds (built_graphs, verified) put their results in.
+
+    So the shared-cache tests clone `verified`'s matrix from it instead of building the matrix again.
+    """
+    return tmp_path_factory.mktemp("session-cache") / "store"
+
+
+@pytest.fixture(scope="session")
+def built_graphs(tmp_path_factory, session_store) -> Project:
     """The real example project with every graph stage built once (export..cpucheck)."""
     project = copy_project(tmp_path_factory.mktemp("built") / "project")
     restrict_socs(project, ["SM8650", "SM8750"])
-    project.doit(*GRAPH_STAGES, check=True)
+    start = time.monotonic()
+    project.doit(*GRAPH_STAGES, env={"QNN_CACHE": str(session_store)}, check=True)
+    project.wall = time.monotonic() - start
     return project
 
 
@@ -136,17 +148,21 @@ def matrix_project(dest: Path) -> Project:
 
 
 @pytest.fixture(scope="session")
-def verified(built_graphs, tmp_path_factory) -> Project:
+def verified(built_graphs, session_store, tmp_path_factory) -> Project:
     """`built_graphs` + `doit simverify report` (both chips, fp16), built once per session.
 
     MiniLM's `verify: samples:` is cut to 2; the VAD keeps its 231 real audio frames. Never edit
-    it: copy it (`own_copy`) to change something.
+    it: copy it (`own_copy`) to change something. Its results are in `session_store` too
+    (`project.store`); `project.wall` is the time both builds took.
     """
     project = copy_project(tmp_path_factory.mktemp("verified") / "project", source=built_graphs.root, with_build=True)
     project.edit("models/minilm/model.yaml", "      samples: 8", f"      samples: {MINILM_SAMPLES}")
     only_fp16(project)
-    result = project.doit("simverify", "report")
+    start = time.monotonic()
+    result = project.doit("simverify", "report", env={"QNN_CACHE": str(session_store)})
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+    project.wall = built_graphs.wall + time.monotonic() - start
+    project.store = session_store
     project.build_run = result
     return project
 

@@ -178,7 +178,7 @@ def test_wer_check_passes_identical_outputs_and_fails_a_damaged_encoder(two_clip
     same = speech.wer_check(graph, check, reference, reference)
     assert same["passed"] and same["value"] == 0.0 and same["identical_share"] == 1.0 and same["differing"] == []
     texts = [t["reference_text"] for t in same["transcripts"]]
-    assert texts == ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background."]
+    assert texts == ["The birch canoe slid on the smooth planks."]
     cpu = [t["cpu"] for t in same["transcripts"]]
     # real transcripts: they share words with what was said (espeak-ng is hard for tiny.en, so not all)
     assert all(len(set(speech.words(c)) & set(speech.words(t))) >= 3 for c, t in zip(cpu, texts)), cpu
@@ -255,7 +255,7 @@ def test_wer_defaults_depend_on_precision(tmp_path):
 
 @pytest.mark.slow
 def test_doit_builds_and_verifies_the_encoder_by_words(tmp_path):
-    """The model's defaults (one chip, fp16) with 2 clips: export .. simverify on the simulator, transcripts in the record."""
+    """The model's defaults (one chip, fp16), one window: export .. simverify on the simulator, transcripts in the record."""
     project = Project(tmp_path / "project")
     project.root.mkdir()
     for name in ("dodo.py", "socs", "toolchain"):
@@ -263,6 +263,8 @@ def test_doit_builds_and_verifies_the_encoder_by_words(tmp_path):
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, project.root / name)
     shutil.copytree(MODEL_DIR, project.root / "models" / MODEL_DIR.name, ignore=shutil.ignore_patterns("__pycache__"))
     project.edit("models/whisper-tiny-en/model.yaml", "      clips: 10", "      clips: 2")
+    # one 30 s window (the simulator's ~70 s per window is most of this test); all 12: the speech benchmark
+    project.edit("models/whisper-tiny-en/model.yaml", "      samples: 2               #", "      samples: 1               #")
     # onnxsim's batched Gemm fusion halves the simulator's ~3 min per window; it changed one transcript of 12
     # (not these two), which is why the example skips it (the full run: benchmarks/bench_matrix.py speech)
     project.edit("models/whisper-tiny-en/model.yaml", ", fuse_matmul_add_bias_into_gemm_batched]}", "]}")
@@ -274,15 +276,15 @@ def test_doit_builds_and_verifies_the_encoder_by_words(tmp_path):
     context = project.one_json(f"build/whisper-tiny-en/encoder/*/fp16/{SOC}/context/context.json")
     assert context["partition"]["cpu_nodes"] == [] and context["partition"]["npu_partitions"] == 1
     record = project.one_json(f"build/whisper-tiny-en/encoder/*/fp16/{SOC}/simverify/simverify.json")
-    assert record["status"] == "passed" and record["samples"] == 2 and record["violations"] == []
+    assert record["status"] == "passed" and record["samples"] == 1 and record["violations"] == []
     assert record["metrics"]["features"]["cosine"] > 0.9999
     wer = record["checks"][0]
-    assert wer["kind"] == "wer" and wer["passed"] and wer["samples"] == 2
+    assert wer["kind"] == "wer" and wer["passed"] and wer["samples"] == 1
     texts = [t["reference_text"] for t in wer["transcripts"]]
     npu = [t["npu"] for t in wer["transcripts"]]
-    assert texts == ["The birch canoe slid on the smooth planks.", "Glue the sheet to the dark blue background."]
+    assert texts == ["The birch canoe slid on the smooth planks."]
     assert all(len(set(speech.words(n)) & set(speech.words(t))) >= 3 for n, t in zip(npu, texts)), npu
-    assert wer["wer_npu"] == pytest.approx(speech.word_error_rate(texts, npu)) and 0 < wer["wer_npu"] < 1
+    assert wer["wer_npu"] == pytest.approx(speech.word_error_rate(texts, npu)) and 0 <= wer["wer_npu"] < 1
     assert wer["value"] == wer["wer_npu"] - wer["wer_cpu"] == 0.0 and wer["identical_share"] == 1.0
     print(f"whisper e2e: context {context['compile_seconds']} s, simulator "
           f"{record['timing']['per_inference_median_s']:.1f} s per 30 s window, WER CPU {wer['wer_cpu']:.4f} "
