@@ -2,7 +2,7 @@
 
     python benchmarks/bench_matrix.py rejudge      # threshold edit: re-judge vs the simulation it used to cost
     python benchmarks/bench_matrix.py cache        # fresh clone with a warm shared cache vs a cold build
-    python benchmarks/bench_matrix.py dask         # 2-worker local Dask cluster vs local `doit -n 2`
+    python benchmarks/bench_matrix.py dask         # 2-worker local Dask cluster (cluster/dask.yaml) vs local `doit -n 2`
     python benchmarks/bench_matrix.py toolchains   # a second toolchain added to a built tree vs both from scratch
     python benchmarks/bench_matrix.py all
     python benchmarks/bench_matrix.py speech       # Whisper's full WER run (12 windows, SM8650), then again via the cache
@@ -89,7 +89,8 @@ def _port() -> int:
 def dask(tmp: Path, socs: list[str]) -> None:
     local = doit(project(tmp / "local", socs), "-n", "2", "-P", "thread", env={"QNN_CACHE": str(tmp / "store-local")})
     port = _port()
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    # cluster/dask.yaml: the settings the README tells a team to start scheduler, workers and doit with
+    env = {**os.environ, "PYTHONPATH": str(REPO), "DASK_CONFIG": str(REPO / "cluster")}
     procs = [subprocess.Popen(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"],
                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)]
     procs += [subprocess.Popen(["dask", "worker", f"tcp://127.0.0.1:{port}", "--nthreads", "1", "--host", "127.0.0.1",
@@ -101,7 +102,8 @@ def dask(tmp: Path, socs: list[str]) -> None:
         with Client(f"tcp://127.0.0.1:{port}", timeout=60) as client:
             client.wait_for_workers(2, timeout=120)
         remote = doit(project(tmp / "dask", socs), "-n", "2", "-P", "thread",
-                      env={"QNN_EXECUTOR": f"dask://127.0.0.1:{port}", "QNN_CACHE": str(tmp / "store-dask")})
+                      env={"QNN_EXECUTOR": f"dask://127.0.0.1:{port}", "QNN_CACHE": str(tmp / "store-dask"),
+                           "DASK_CONFIG": str(REPO / "cluster")})
     finally:
         for proc in procs:
             os.killpg(proc.pid, signal.SIGTERM)

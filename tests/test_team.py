@@ -186,7 +186,8 @@ def cluster(tmp_path):
     """`dask scheduler` + two matching `dask worker`s + one running other code, all on 127.0.0.1."""
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "QNN_EXECUTOR": "", "DASK_DISTRIBUTED__WORKER__DAEMON": "False"}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "QNN_EXECUTOR": "", "DASK_DISTRIBUTED__WORKER__DAEMON": "False",
+           "DASK_CONFIG": str(ROOT / "cluster")}  # the settings the README tells a team to start its cluster with
     procs = [start(["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port), "--no-dashboard"], env,
                    tmp_path / "scheduler.log")]
     other = patched_package(tmp_path / "other-code", "stages/simulate.py")
@@ -210,7 +211,8 @@ def cluster(tmp_path):
 @pytest.mark.slow
 def test_matrix_on_a_dask_cluster_matches_a_local_build_and_survives_a_lost_worker(verified, cluster, tmp_path):
     project = matrix_project(tmp_path / "project")
-    env = {"QNN_EXECUTOR": f"dask://{cluster['address'].split('://')[1]}", "QNN_CACHE": str(tmp_path / "store")}
+    env = {"QNN_EXECUTOR": f"dask://{cluster['address'].split('://')[1]}", "QNN_CACHE": str(tmp_path / "store"),
+           "DASK_CONFIG": str(ROOT / "cluster")}
     proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2", "-P", "thread"], cwd=project.root, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, **env})
     w1 = cluster["workers"]["w1"]
