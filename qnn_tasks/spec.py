@@ -5,7 +5,6 @@ stays instant. Every error names the file and the key, and says how to fix it.
 """
 from __future__ import annotations
 
-import importlib.metadata
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,7 +73,10 @@ class Source:
         if not self.file:
             return None
         if self.package:
-            return Path(importlib.metadata.distribution(self.package).locate_file(self.file))
+            from .installed import location
+
+            base = location(self.package)
+            return base / self.file if base else None
         return model_dir / self.file
 
 

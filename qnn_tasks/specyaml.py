@@ -6,7 +6,6 @@ A safe YAML loader that rejects duplicate keys, and small checks that turn a wro
 from __future__ import annotations
 
 import functools
-import importlib.metadata
 from pathlib import Path
 from typing import Any
 
@@ -52,16 +51,10 @@ def load_yaml(path: Path) -> Any:
         raise SpecError(path, where, f"malformed YAML: {problem}", "fix the YAML syntax there") from None
 
 
-_VERSIONS: dict[str, str | None] = {}
-
-
 def _package_version(package: str) -> str | None:
-    if package not in _VERSIONS:
-        try:
-            _VERSIONS[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            _VERSIONS[package] = None
-    return _VERSIONS[package]
+    from .installed import version
+
+    return version(package)
 
 
 def _mapping(value: Any, path: Path, key: str) -> dict:

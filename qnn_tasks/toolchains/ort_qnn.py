@@ -5,7 +5,6 @@ backend; the same wheel's x86 HTP simulator runs it for verification (SPEC 2b).
 """
 from __future__ import annotations
 
-import importlib.metadata
 import importlib.util
 import re
 import shutil
@@ -184,16 +183,14 @@ def installed_versions(profile: ToolchainProfile | None = None) -> dict[str, str
         versions = {package: env.version(package) for package in ("onnxruntime", "onnxruntime-qnn")}
         versions["qnn"] = _bundled_qnn(env.site_packages / "onnxruntime_qnn") if versions["onnxruntime-qnn"] else None
         return versions
-    versions: dict[str, str | None] = {}
-    for package in ("onnxruntime", "onnxruntime-qnn"):
-        try:
-            versions[package] = importlib.metadata.version(package)
-        except importlib.metadata.PackageNotFoundError:
-            versions[package] = None
-    versions["qnn"] = None
-    spec = importlib.util.find_spec("onnxruntime_qnn") if versions["onnxruntime-qnn"] else None
-    if spec and spec.origin:
-        versions["qnn"] = _bundled_qnn(Path(spec.origin).parent)
+    from .. import installed
+
+    versions = {package: installed.version(package) for package in ("onnxruntime", "onnxruntime-qnn")}
+
+    def bundled() -> str | None:
+        spec = importlib.util.find_spec("onnxruntime_qnn")
+        return _bundled_qnn(Path(spec.origin).parent) if spec and spec.origin else None
+    versions["qnn"] = installed.remembered("onnxruntime-qnn:qnn", bundled) if versions["onnxruntime-qnn"] else None
     return versions
 
 
