@@ -10,7 +10,6 @@ import glob
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from . import rewrites as rewrite_catalogue
 from .errors import SpecError
 
 GRAPH_SOURCE_KEYS = {"package", "file"}
@@ -98,6 +97,8 @@ def require_packaged_onnx(source: dict[str, Any], path: Path, key: str, file_key
 
 
 def rewrites(data: Any, path: Path, key: str) -> dict[str, dict[str, Any]]:
+    from . import rewrites as rewrite_catalogue  # only when YAML is parsed (not with the spec cache warm)
+
     try:
         return rewrite_catalogue.normalize(data)
     except ValueError as err:
