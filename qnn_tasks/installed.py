@@ -2,9 +2,9 @@
 
 importlib.metadata scans every sys.path folder on each lookup (~5 ms each on a machine with torch,
 dask and friends installed), and every `doit` asks for the toolchain's versions and the models'
-source packages: a third of a no-op run's own cost. The answers are kept in one small file per
+source packages: a tenth of a no-op run's own cost. The answers are kept in one small file per
 interpreter under ~/.cache/qnn-npu-compile/, valid while the interpreter, sys.path and the
-modification time of each of its site folders are unchanged: installing, upgrading or removing a
+modification time of each folder on it are unchanged: installing, upgrading or removing a
 distribution adds or removes its `.dist-info` folder there, which changes the folder's mtime.
 """
 from __future__ import annotations
@@ -26,15 +26,21 @@ def _memo_file() -> Path:
 
 
 def _site_fingerprint() -> str:
-    """sys.path plus the mtime of every site folder on it (where distributions are installed)."""
+    """sys.path plus the mtime of each of its folders (site-packages, PYTHONPATH entries, `--target` dirs).
+
+    The working folder is left out: it is the project, whose top level changes on every run (the
+    tree lock), and distributions are not installed there.
+    """
     parts = [sys.executable, sys.version]
+    cwd = os.getcwd()
     for entry in sys.path:
         parts.append(entry)
-        if entry.endswith(("site-packages", "dist-packages")):
-            try:
-                parts.append(str(os.stat(entry).st_mtime_ns))
-            except OSError:
-                parts.append("-")
+        if entry in ("", ".", cwd):
+            continue
+        try:
+            parts.append(str(os.stat(entry).st_mtime_ns))
+        except OSError:
+            parts.append("-")
     return hashlib.md5("\n".join(parts).encode()).hexdigest()
 
 

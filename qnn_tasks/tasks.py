@@ -56,8 +56,10 @@ def project_tasks(root: Path) -> dict[str, Any]:
         raise SystemExit(2) from None
     # Everything loaded so far (doit, our modules, the specs, the planner) lives until the process ends:
     # moving it out of the collector's reach keeps the full collections that thousands of task dicts
-    # trigger from walking it again and again (~40 ms of a no-op run's task loading, measured).
-    gc.freeze()
+    # trigger from walking it again and again (~40 ms of a no-op run's task loading, measured). Once per
+    # process: a test session that loads projects in-process keeps collecting its own garbage.
+    if gc.get_freeze_count() == 0:
+        gc.freeze()
     return TaskFactory(planner).namespace()
 
 
