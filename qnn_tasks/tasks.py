@@ -101,7 +101,22 @@ class Fresh:
     def __call__(self, task, values) -> bool:
         _checked_this_run[:] = [True]
         task.value_savers.append(lambda: {"key": self.key, "files": _signature(self.paths)})
-        return values.get("key") == self.key and values.get("files") == _signature(self.paths)
+        stored = values.get("files")
+        if isinstance(stored, str):  # saved by a version before 2026-12 (an md5): compare it its way
+            return values.get("key") == self.key and stored == _md5_signature(self.paths)
+        return values.get("key") == self.key and stored == _signature(self.paths)
+
+
+def _md5_signature(paths: list[str]) -> str:
+    """The stamp older versions saved, so an upgrade does not rebuild every up-to-date target once."""
+    parts = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        parts.append(f"{path}:{st.st_mtime_ns}:{st.st_size}")
+    return hashlib.md5("\n".join(parts).encode()).hexdigest()
 
 
 def stage_action(call: Callable[[], StageCall], base: Callable[[], dict[str, Any]], root: str,

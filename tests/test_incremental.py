@@ -75,6 +75,33 @@ def test_second_run_executes_nothing(proj):
     assert result.uptodate == ALL_GRAPH_TASKS
 
 
+def test_a_tree_stamped_by_the_previous_version_stays_up_to_date(proj, monkeypatch):
+    """.doit.db written before output stamps became int hashes (md5 strings): an upgrade rebuilds nothing."""
+    from qnn_tasks.tasks import _md5_signature, project_tasks
+
+    monkeypatch.chdir(proj.root)
+    monkeypatch.setattr(sys, "argv", ["doit", "list"])  # read-only: no tree lock
+    tasks = project_tasks(proj.root)
+    targets = {f"{stage}:{t['name']}": t["targets"] for stage in GRAPH_STAGES for t in tasks[f"task_{stage}"]()}
+    db = proj.path(".doit.db")
+    conn = sqlite3.connect(db)
+    try:
+        rows = dict(conn.execute("select task_id, task_data from doit"))
+        restamped = 0
+        for task in ALL_GRAPH_TASKS:
+            data = json.loads(rows[task])
+            assert isinstance(data["_values_:"]["files"], int)
+            data["_values_:"]["files"] = _md5_signature(targets[task])  # outputs + record, as stamped before
+            conn.execute("update doit set task_data = ? where task_id = ?", (json.dumps(data), task))
+            restamped += 1
+        conn.commit()
+    finally:
+        conn.close()
+    assert restamped == len(ALL_GRAPH_TASKS)
+    result = build(proj)
+    assert result.executed == set(), result.stdout
+
+
 def test_relocated_copy_never_reruns_simplify_or_lint(settled):
     # The copy's doit db came from another directory. simplify/lint only depend on build/ files
     # (relative paths), so whatever else happens, they stay up to date.
