@@ -19,7 +19,7 @@ def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
     """Write report.json, report.md and index.html; return their paths."""
     report_dir.mkdir(parents=True, exist_ok=True)
     # plots are drawn by the simulate stage (cached with it); the page links a copy under files/
-    plots = {t["name"]: (t["stages"].get("simulate") or {}).get("plot") for t in data["targets"]}
+    plots = {t["name"]: _existing((t["stages"].get("simulate") or {}).get("plot")) for t in data["targets"]}
     paths = {"json": report_dir / "report.json", "md": report_dir / "report.md", "html": report_dir / "index.html"}
     write_json(paths["json"], data)
     with atomic_path(paths["md"]) as tmp:
@@ -179,6 +179,10 @@ def linked(path: str | None, report_dir: Path) -> str:
 
 
 # ------------------------------------------------------------------ helpers
+
+def _existing(path: str | None) -> str | None:
+    return path if path and os.path.isfile(path) else None
+
 
 def soc_names(data: dict[str, Any]) -> list[str]:
     names: list[str] = []

@@ -65,6 +65,14 @@ def project_tasks(root: Path) -> dict[str, Any]:
 
 # ------------------------------------------------------------------ checkers and actions
 
+def _stats(paths: list[str]) -> Iterator[tuple[str, os.stat_result | None]]:
+    for path in paths:
+        try:
+            yield path, os.stat(path)
+        except FileNotFoundError:
+            yield path, None
+
+
 def _signature(paths: list[str]) -> int:
     """Cheap change detector for files: their (mtime, size), -1 for a missing one.
 
@@ -72,15 +80,9 @@ def _signature(paths: list[str]) -> int:
     salted), so it can be stored in .doit.db and compared by the next run; no digest, no formatting:
     this runs for every task of every no-op `doit`.
     """
-    stamps = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            stamps.append(-1)
-            continue
-        stamps.append(st.st_mtime_ns)
-        stamps.append(st.st_size)
+    stamps: list[int] = []
+    for _, st in _stats(paths):
+        stamps += (st.st_mtime_ns, st.st_size) if st else (-1,)
     return hash(tuple(stamps))
 
 
@@ -109,13 +111,7 @@ class Fresh:
 
 def _md5_signature(paths: list[str]) -> str:
     """The stamp older versions saved, so an upgrade does not rebuild every up-to-date target once."""
-    parts = []
-    for path in paths:
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            continue
-        parts.append(f"{path}:{st.st_mtime_ns}:{st.st_size}")
+    parts = [f"{path}:{st.st_mtime_ns}:{st.st_size}" for path, st in _stats(paths) if st]
     return hashlib.md5("\n".join(parts).encode()).hexdigest()
 
 
