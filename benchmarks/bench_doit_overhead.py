@@ -39,7 +39,7 @@ from pathlib import Path
 
 from doit.loader import create_after
 
-from qnn_tasks.tasks import project_tasks
+from qnn_tasks.tasks.project import project_tasks
 
 
 def touch(targets):

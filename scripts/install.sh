@@ -27,5 +27,5 @@ fi
 "$PYTHON" -m pip install -q -e '.[examples,team,test]'
 # The older QNN side by side (toolchain/ort-qnn-2.47.yaml: onnxruntime-qnn 2.3.0 + onnxruntime 1.24.4) in its own
 # environment, made with uv once; the tests build the examples under both toolchains.
-"$PYTHON" -m qnn_tasks.envs toolchain/ort-qnn-2.47.yaml
+"$PYTHON" -m qnn_tasks.toolchains.envs toolchain/ort-qnn-2.47.yaml
 echo "installed: $("$PYTHON" -m doit --version | head -1), onnxruntime-qnn $("$PYTHON" -c 'import importlib.metadata as m; print(m.version("onnxruntime-qnn"))')"

@@ -13,12 +13,14 @@ from pathlib import Path
 
 import pytest
 
+from qnn_tasks.plan.stages import report_columns
+
 ROOT = Path(__file__).resolve().parent.parent
 # The suite's own copy of the example project (specs, toolchain profiles, model code): tests never read
 # the working tree's models/ or socs/, so a user editing them cannot break pytest.
 EXAMPLES = Path(__file__).resolve().parent / "examples"
 PROJECT_FILES = ("dodo.py", "socs", "toolchain", "models")
-GRAPH_STAGES = ["export", "simplify", "lint", "cpucheck"]
+GRAPH_STAGES = list(report_columns("graph"))  # the stage table's graph columns
 
 
 @dataclass

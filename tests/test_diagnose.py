@@ -72,7 +72,8 @@ def test_bisection_by_cutting_finds_the_same_node(pow_project):
     """The fallback when the diagnostic graph hides a failure: compile prefixes of the graph, bisect."""
     import onnx
 
-    from qnn_tasks import samples, spec
+    from qnn_tasks.judge import samples
+    from qnn_tasks.spec import project as spec
     from qnn_tasks.stages.diagnose import bisect, expose_intermediates
     from qnn_tasks.toolchains import from_profile
 

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import Project, copy_project
 
-from qnn_tasks import records
+from qnn_tasks.run import records
 
 SOCS = ("SM8650", "SM8750")
 INTERRUPT_LIMIT_S = 2.0  # Ctrl-C must stop every stage within this

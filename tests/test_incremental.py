@@ -26,7 +26,7 @@ import pytest
 
 from conftest import GRAPH_STAGES, Project, copy_project
 
-from qnn_tasks.spec import load_project, load_socs
+from qnn_tasks.spec.project import load_project, load_socs
 
 GRAPHS = {"minilm": "minilm", "vad": "silero-vad"}
 ALL_GRAPH_TASKS = {f"{stage}:{graph}" for stage in GRAPH_STAGES for graph in GRAPHS}
@@ -77,7 +77,7 @@ def test_second_run_executes_nothing(proj):
 
 def test_a_tree_stamped_by_the_previous_version_stays_up_to_date(proj, monkeypatch):
     """.doit.db written before output stamps became int hashes (md5 strings): an upgrade rebuilds nothing."""
-    from qnn_tasks.tasks import _md5_signature, project_tasks
+    from qnn_tasks.tasks.project import _md5_signature, project_tasks
 
     monkeypatch.chdir(proj.root)
     monkeypatch.setattr(sys, "argv", ["doit", "list"])  # read-only: no tree lock

@@ -13,8 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qnn_tasks import metrics, verification
-from qnn_tasks.spec import load_model
+from qnn_tasks.judge import metrics, checks as verification
+from qnn_tasks.spec.project import load_model
 
 
 # ------------------------------------------------------------------ metrics.compare

@@ -34,7 +34,7 @@ import qnn_tasks.tasks
 import qnn_tasks.toolchains.ort_qnn as ort_qnn
 from conftest import EXAMPLES, GRAPH_STAGES, DoitResult, Project, copy_project, only_fp16
 from qnn_tasks import toolchains
-from qnn_tasks.spec import load_socs, load_toolchain
+from qnn_tasks.spec.project import load_socs, load_toolchain
 
 TESTS = Path(__file__).resolve().parent
 GELU_FIXTURE = TESTS / "models" / "gelu-conv"
@@ -186,7 +186,7 @@ def test_context_artifacts_and_record(compiled, graph, soc):
 def test_qnnbin_cli_reads_the_compiled_binary(compiled, graph, soc):
     soc_id, arch = SOCS[soc]
     bin_path = ctx_files(chip_dir(compiled, graph, soc) / "context", graph)[1]
-    proc = subprocess.run([sys.executable, "-m", "qnn_tasks.qnnbin", str(bin_path), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "qnn_tasks.qnn.binary", str(bin_path), "--json"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     info = json.loads(proc.stdout)
@@ -549,7 +549,7 @@ def test_socscheck_cli_fails_on_a_wrong_arch(tmp_path):
     table.write_text("socs:\n"
                      "  SM8650: {soc_id: 57, dsp_arch: v73, vtcm_mb: 8, fp16: true}\n"  # really v75
                      "  SM8750: {soc_id: 69, dsp_arch: v79, vtcm_mb: 8, fp16: true}\n")
-    proc = subprocess.run([sys.executable, "-m", "qnn_tasks.socscheck", "--socs", str(table)],
+    proc = subprocess.run([sys.executable, "-m", "qnn_tasks.qnn.socscheck", "--socs", str(table)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     lines = {line.split()[0]: line for line in proc.stdout.splitlines()}

@@ -22,8 +22,8 @@ import pytest
 from conftest import ROOT, Project
 from packaged_fixture import ALL_REWRITES, write_model_folder
 from qnn_tasks.errors import StageError
-from qnn_tasks.samples import read_declared
-from qnn_tasks.spec import GraphSpec, TensorSpec
+from qnn_tasks.judge.samples import read_declared
+from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
 YAML = "models/hazards/model.yaml"
 GRAPH_DIR = "build/hazards/hazards"

@@ -16,7 +16,7 @@ onnxruntime_qnn = pytest.importorskip("onnxruntime_qnn")
 
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from qnn_tasks.qnnbin import QnnBinError, find_system_library, main, read_binary_info  # noqa: E402
+from qnn_tasks.qnn.binary import QnnBinError, find_system_library, main, read_binary_info  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SOC_ARCH = {"57": "v75", "69": "v79"}  # SM8650, SM8750
@@ -118,7 +118,7 @@ def _onnx_io(model: Path) -> tuple[list, list]:
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "qnn_tasks.qnnbin", *args],
+        [sys.executable, "-m", "qnn_tasks.qnn.binary", *args],
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )
 

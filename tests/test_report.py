@@ -20,8 +20,9 @@ from markupsafe import escape
 from conftest import Project, copy_project
 from test_simverify import GRAPHS, MINILM_YAML, SOCS, VAD_YAML
 
-from qnn_tasks import metrics, report as report_module
-from qnn_tasks.spec import load_socs
+from qnn_tasks.judge import metrics
+from qnn_tasks.report import gather as report_module
+from qnn_tasks.spec.project import load_socs
 
 REPORT_DIR = Path("build/report")
 CHROMIUM = Path("/usr/bin/chromium")

@@ -24,11 +24,12 @@ import pytest
 
 from conftest import MINILM_SAMPLES, Project, copy_project
 
-from qnn_tasks import fileio, samples as sample_store, toolchains, verification
+from qnn_tasks import fileio, toolchains
+from qnn_tasks.judge import samples as sample_store, checks as verification
 from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
-from qnn_tasks.matrix import chip_targets
-from qnn_tasks.spec import load_project, load_socs
+from qnn_tasks.plan.targets import chip_targets
+from qnn_tasks.spec.project import load_project, load_socs
 from qnn_tasks.stages.simulate import check_signature
 
 SOCS = ("SM8650", "SM8750")

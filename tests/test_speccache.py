@@ -5,8 +5,8 @@ import subprocess
 import sys
 
 from conftest import copy_project
-from qnn_tasks import speccache
-from qnn_tasks.spec import load_project
+from qnn_tasks.spec import cache as speccache
+from qnn_tasks.spec.project import load_project
 
 VAD_YAML = "models/silero-vad/model.yaml"
 

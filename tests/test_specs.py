@@ -11,7 +11,7 @@ import pytest
 from conftest import Project, copy_project
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec import load_project, load_toolchain
+from qnn_tasks.spec.project import load_project, load_toolchain
 
 MINILM = "models/minilm/model.yaml"
 VAD = "models/silero-vad/model.yaml"

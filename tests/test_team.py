@@ -19,7 +19,7 @@ import pytest
 
 from conftest import ROOT, Project, copy_project, matrix_project
 
-from qnn_tasks import records
+from qnn_tasks.run import records
 
 HEAVY = ("export", "cpucheck", "context", "simulate")
 PACKAGE = ROOT / "qnn_tasks"

@@ -28,7 +28,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import QnnTasksError
+from qnn_tasks.errors import QnnTasksError
 
 ENV_HOST = "ANDROID_ADB_SERVER_HOST"
 ENV_PORT = "ANDROID_ADB_SERVER_PORT"

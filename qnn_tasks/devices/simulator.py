@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .. import progress
-from ..errors import StageError
-from ..nativelog import native_output_to
+from qnn_tasks.run import progress
+from qnn_tasks.errors import StageError
+from qnn_tasks.run.nativelog import native_output_to
 
 
 def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str, np.ndarray]],
@@ -22,7 +22,7 @@ def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str,
     CPU fallback stays disabled for verification; diagnosis allows it (a node that fell back
     simply shows no error).
     """
-    from ..toolchains.ort_qnn import session_options
+    from qnn_tasks.toolchains.ort_qnn import session_options
     import onnxruntime as ort
 
     try:

@@ -6,9 +6,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import modelcode, samples as sample_store
-from ..errors import StageError
-from ..spec import GraphSpec
+from qnn_tasks.graphs import modelcode
+from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.errors import StageError
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
 
 
 def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:
@@ -16,7 +19,7 @@ def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:
     function = graph.calibration["function"]
     ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
     if function == "samples" and graph.samples:  # the declared sample files, like cpucheck's
-        from .cpucheck import real_inputs
+        from qnn_tasks.stages.cpucheck import real_inputs
 
         produced, where = real_inputs(graph, ctx)
         where += f" (calibration of graph '{graph.name}')"
@@ -39,3 +42,8 @@ def _spread(samples: list[dict], count: int) -> list[dict]:
     """`count` samples spread evenly over all produced ones (every clip/sentence gets a say)."""
     index = np.linspace(0, len(samples) - 1, count).round().astype(int)
     return [samples[i] for i in index]
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run(calls.graph(a), calls.path(a, "source"), Path(a["out"]))

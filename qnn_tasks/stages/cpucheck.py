@@ -12,9 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from .. import metrics, modelcode, packaged, samples as sample_store
-from ..errors import StageError
-from ..spec import GraphSpec
+from qnn_tasks.judge import metrics, samples as sample_store
+from qnn_tasks.graphs import modelcode, packaged
+from qnn_tasks.errors import StageError
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
 
 DEFAULT_TOLERANCE = {"max_abs": 1e-3, "min_cosine": 0.9999}
 
@@ -70,3 +73,8 @@ def run_onnx_cpu(model_path: Path, inputs: list[dict[str, np.ndarray]]) -> list[
     session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return [dict(zip(names, session.run(None, sample))) for sample in inputs]
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run(calls.graph(a), calls.path(a, "source"), Path(a["simplified"]), Path(a["inputs"]), Path(a["reference"]))

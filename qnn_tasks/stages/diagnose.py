@@ -17,10 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import fileio, metrics, records, samples as sample_store, verification
-from ..devices import simulator
-from ..spec import GraphSpec, Soc
-from . import cpucheck
+from qnn_tasks import fileio
+from qnn_tasks.judge import metrics, samples as sample_store, checks as verification
+from qnn_tasks.run import records
+from qnn_tasks.devices import simulator
+from qnn_tasks.spec.project import GraphSpec, Soc
+from qnn_tasks.stages import cpucheck
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
+from qnn_tasks.toolchains import calls as toolchains_calls
 
 DEFAULT_THRESHOLD = 0.05  # relative error (see relative_error) that counts as diverged
 JUMP = 10.0               # ... and that is this many times its inputs' error (error created here, not carried)
@@ -415,3 +420,10 @@ def failure_message(record: dict[str, Any], graph: GraphSpec, soc: Soc) -> str:
     fixes = "; ".join(f"{h['hazard']}: {h['fix']}" for h in first["hazards"])
     return (f"{graph.name} on {soc.name} first diverges at {first['op_type']} node '{first['node']}' "
             f"(relative max-abs {first['rel_max_abs']:.3g})" + (f" — {fixes}" if fixes else ""))
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run(calls.graph(a), a["verify"], calls.soc(a), toolchains_calls.toolchain(call), Path(a["model"]),
+               Path(a["provider_options"]), Path(a["inputs"]), Path(a["reference"]), Path(call.out_dir),
+               shipped_failed=a["shipped_failed"], binary=a.get("binary"))

@@ -16,12 +16,14 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .. import modelcode, onnxinfo, packaged
-from ..errors import StageError
-from ..fileio import atomic_path
-from ..nativelog import all_output_to
-from ..spec import GraphSpec
-from .lint import find_problems, io_mismatches
+from qnn_tasks.graphs import modelcode, onnxinfo, packaged
+from qnn_tasks.errors import StageError
+from qnn_tasks.fileio import atomic_path
+from qnn_tasks.run.nativelog import all_output_to
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.stages.lint import find_problems, io_mismatches
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
 
 HARD_RULES = {"dynamic-dim", "io-dtype", "control-flow", "int8-in-onnx"}
 
@@ -106,3 +108,8 @@ def _with_log(err: StageError, log: Path) -> StageError:
     if text.count("\n") <= 1:  # nothing but our header: no point sending the user there
         return err
     return StageError(f"{err} (exporter output{' and traceback' if cause is not None else ''}: {log})", err.record)
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run(calls.graph(a), calls.path(a, "source"), Path(a["out"]))

@@ -14,9 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import onnxinfo
-from ..errors import StageError
-from ..spec import GraphSpec
+from qnn_tasks.graphs import onnxinfo
+from qnn_tasks.errors import StageError
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
 
 SUPPORTED_IO_DTYPES = {"float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool"}
 FP16_PARAM_LIMIT = 1_000_000_000  # ~1B params in fp16 do not fit one HTP context (SPEC 0)
@@ -98,7 +100,7 @@ def _io_findings(model) -> list[Finding]:
 def _node_findings(model, graph: GraphSpec) -> list[Finding]:
     from onnx import numpy_helper
 
-    from ..rewrites import foldif, graphtools
+    from qnn_tasks.graphs.rewrites import foldif, graphtools
 
     constants = graphtools.constant_tensors(model.graph)
     consumers: dict[str, list] = {}
@@ -128,7 +130,7 @@ def _node_findings(model, graph: GraphSpec) -> list[Finding]:
 
 def _control_flow_fix(condition, graph: GraphSpec) -> str:
     """fold-if when the If's condition is (or can be made) a constant; otherwise fix it at export."""
-    from ..rewrites import yaml_fix
+    from qnn_tasks.graphs.rewrites import yaml_fix
 
     if condition is not None and condition.value is not None:
         return f"{yaml_fix('fold-if', graph.name, graph.model, graph.rewrites)} to constant-fold the condition (it is a constant)"
@@ -144,8 +146,8 @@ def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
     """The sites each built-in rewrite would change, as warnings whose fix enables it."""
     from onnx import numpy_helper
 
-    from .. import rewrites
-    from ..rewrites import graphtools
+    from qnn_tasks.graphs import rewrites
+    from qnn_tasks.graphs.rewrites import graphtools
 
     sites = rewrites.find(model, [rewrite for rewrite, _, _ in REWRITE_RULES.values()])
     constants = graphtools.constant_tensors(model.graph)
@@ -223,3 +225,7 @@ def io_mismatches(model, graph: GraphSpec) -> list[str]:
                 problems.append(f"input '{spec.name}' has dtype {got['dtype']}, model.yaml says {spec.dtype}")
         problems += [f"{kind[:-1]} '{name}' is not declared in model.yaml" for name in actual]
     return problems
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    return run(calls.graph(call.args), Path(call.args["simplified"]))

@@ -12,11 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import fileio, metrics, progress, samples as sample_store, verification
-from ..devices import simulator
-from ..errors import StageError
-from ..spec import GraphSpec
-from .cpucheck import run_onnx_cpu
+from qnn_tasks import fileio
+from qnn_tasks.judge import metrics, samples as sample_store, checks as verification
+from qnn_tasks.run import progress
+from qnn_tasks.devices import simulator
+from qnn_tasks.errors import StageError
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.stages.cpucheck import run_onnx_cpu
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
 
 
 def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], simplified: list[Path], inputs_file: Path,
@@ -66,3 +70,10 @@ def _fed(graph: GraphSpec, feed: dict[str, list[str]], done: dict[str, np.ndarra
             raise StageError(f"pipeline: nothing produced input '{tensor.name}' of graph '{graph.name}'")
         inputs[tensor.name] = np.asarray(done[key]).astype(tensor.dtype, copy=False)
     return inputs
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run([calls.graph({"graph": g}) for g in a["graphs"]], [Path(p) for p in a["ctx"]],
+               [Path(p) for p in a["configs"]], [Path(p) for p in a["simplified"]], Path(a["inputs"]), a["feed"],
+               a["verify"], call.target, Path(call.out_dir))

@@ -4,11 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import onnxinfo
-from ..errors import StageError
-from ..fileio import atomic_path
-from ..spec import GraphSpec
-from .lint import io_mismatches
+from qnn_tasks.graphs import onnxinfo
+from qnn_tasks.errors import StageError
+from qnn_tasks.fileio import atomic_path
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.stages.lint import io_mismatches
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
 
 
 def run(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
@@ -38,3 +40,8 @@ def run(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
         onnx.save(simplified, str(tmp))
     return {"nodes_before": before, "nodes_after": len(simplified.graph.node),
             "skipped_optimizers": skipped, "io": onnxinfo.graph_io(simplified)}
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run(calls.graph(a), Path(a["exported"]), Path(a["out"]))

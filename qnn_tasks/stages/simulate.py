@@ -12,10 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import fileio, plots, samples as sample_store
-from ..devices import simulator
-from ..errors import StageError
-from ..spec import GraphSpec
+from qnn_tasks import fileio
+from qnn_tasks.judge import plots, samples as sample_store
+from qnn_tasks.devices import simulator
+from qnn_tasks.errors import StageError
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
 
 SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
 OUTPUTS_FILE = "outputs.npz"
@@ -52,3 +55,9 @@ def timing(seconds: list[float]) -> dict[str, Any]:
     return {"label": SIMULATOR_LABEL, "per_inference_median_s": float(np.median(values)),
             "per_inference_p90_s": float(np.percentile(values, 90)), "runs": len(seconds),
             "total_s": float(values.sum())}
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run(calls.graph(a), Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["inputs"]), a["samples"],
+               Path(call.out_dir), Path(a["reference"]), a["title"], a["soc_name"])

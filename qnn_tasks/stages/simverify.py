@@ -9,9 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from .. import records, samples as sample_store, verification
-from ..errors import StageError
-from ..spec import GraphSpec
+from qnn_tasks.run import records
+from qnn_tasks.judge import samples as sample_store, checks as verification
+from qnn_tasks.errors import StageError
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
 
 QUANTIZED_HINT = ("; 8-bit weights lose accuracy here: try calibration.per_channel: true, more and more varied "
                   "calibration samples, a finite mask constant (e.g. -1e4) at export, or keep this graph fp16")
@@ -40,3 +43,9 @@ def accuracy_hints(lint_record: Path) -> str:
                     if f.get("severity") == "warning" and str(f.get("why", "")).startswith("accuracy")
                     and "rewrites" in f.get("fix", "")})
     return f"; lint warned of fp16 accuracy hazards: {'; '.join(fixes)}" if fixes else ""
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run(calls.graph(a), a["verify"], Path(a["outputs"]), Path(a["reference"]), Path(a["simulation"]),
+               call.target, a["precision"], calls.path(a, "lint"))

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from ..spec import GraphSpec, Soc
+from qnn_tasks.spec.project import GraphSpec, Soc
 
 
 @dataclass(frozen=True)
@@ -45,10 +45,10 @@ class Toolchain(Protocol):
 
     `fingerprint()`, `id()` and `graph_stages()` read only package metadata / small files and
     never import heavy modules: they run at task-generation time on every `doit` invocation.
+    The code key of its stages is derived from the module that defines the class (plan/codekeys.py).
     """
 
     kind: str
-    code_modules: tuple[str, ...]  # modules (relative to qnn_tasks/) whose code is in the key of its stages
 
     def id(self) -> str:
         """Directory name for this toolchain's builds; carries its version (DESIGN rule 5)."""
@@ -74,3 +74,8 @@ class Toolchain(Protocol):
 
     def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path) -> Path:
         """Compile a derived ONNX model (diagnostic graph, graph cut) for a chip; returns what the simulator loads."""
+
+
+def quantized_outputs(graph: GraphSpec, precision: str, out_dir: Path) -> list[Path]:
+    """A quantize stage's output: the QDQ model that `context` compiles for w8a16."""
+    return [out_dir / f"{graph.name}_qdq.onnx"]

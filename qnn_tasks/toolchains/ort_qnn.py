@@ -12,11 +12,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import fileio
-from ..errors import SpecError, StageError, ToolchainError
-from ..nativelog import native_output_to
-from ..spec import GraphSpec, Soc, ToolchainProfile
-from .base import GraphStage, StageInput
+from qnn_tasks import fileio
+from qnn_tasks.errors import SpecError, StageError, ToolchainError
+from qnn_tasks.run.nativelog import native_output_to
+from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
+from qnn_tasks.toolchains.base import GraphStage, StageInput, quantized_outputs
 
 INSTALL_HINT = "pip install onnxruntime-qnn (the wheel exists for Linux x86-64 only)"
 EP_NAME = "QNNExecutionProvider"
@@ -51,9 +51,6 @@ FALLBACK_REWRITES = {"Neg": "neg", "ReduceSumSquare": "reduce-sum-square", "Clip
 
 class OrtQnnToolchain:
     kind = "ort-qnn"
-    # the code of this toolchain: part of the key of every stage it runs (codeversion.py)
-    code_modules = ("toolchains/ort_qnn.py", "toolchains/ort_quantize.py", "toolchains/base.py", "qnnbin.py",
-                    "qnnbin_layout.py")
 
     def __init__(self, profile: ToolchainProfile) -> None:
         self.profile = profile
@@ -78,7 +75,7 @@ class OrtQnnToolchain:
 
     def _quantize(self, si: StageInput) -> dict[str, Any]:
         self.require_installed()
-        from . import ort_quantize  # imports numpy/onnxruntime: only when a quantize task runs
+        from qnn_tasks.toolchains import ort_quantize  # imports numpy/onnxruntime: only when a quantize task runs
 
         return ort_quantize.run(si)
 
@@ -117,7 +114,7 @@ class OrtQnnToolchain:
             bin_path = staging / f"{graph.name}_ctx_qnn.bin"
             if not bin_path.is_file():
                 raise ToolchainError(f"compile of '{graph.name}' for {soc.name} wrote no {bin_path.name} (log: {log})")
-            from .. import qnnbin
+            from qnn_tasks.qnn import binary as qnnbin
 
             info = qnnbin.read_binary_info(bin_path).to_dict()
             info["path"] = None  # set once the binary is in place; a failed check leaves no file to point at
@@ -166,24 +163,19 @@ class OrtQnnToolchain:
         return options
 
 
-def quantized_outputs(graph: GraphSpec, precision: str, out_dir: Path) -> list[Path]:
-    """The quantize stage's output: the QDQ model that `context` compiles for w8a16."""
-    return [out_dir / f"{graph.name}_qdq.onnx"]
-
-
 def installed_versions(profile: ToolchainProfile | None = None) -> dict[str, str | None]:
     """onnxruntime, onnxruntime-qnn and the QNN SDK it bundles: from metadata, nothing imported.
 
     For a profile with pinned `packages:`, from its own environment (created on first use).
     """
     if profile is not None and profile.packages:
-        from .. import envs
+        from qnn_tasks.toolchains import envs
 
         env = envs.ensure(profile)
         versions = {package: env.version(package) for package in ("onnxruntime", "onnxruntime-qnn")}
         versions["qnn"] = _bundled_qnn(env.site_packages / "onnxruntime_qnn") if versions["onnxruntime-qnn"] else None
         return versions
-    from .. import installed
+    from qnn_tasks.spec import installed
 
     versions = {package: installed.version(package) for package in ("onnxruntime", "onnxruntime-qnn")}
 
@@ -300,7 +292,7 @@ def _graph_hint(graph: GraphSpec, node: dict[str, Any]) -> str:
     rewrite = FALLBACK_REWRITES.get(node["op_type"])
     if rewrite is None:
         return node["hint"]
-    from ..rewrites import yaml_fix
+    from qnn_tasks.graphs.rewrites import yaml_fix
 
     line = yaml_fix(rewrite, graph.name, graph.model, graph.rewrites)
     return node["hint"].replace(f'add "rewrites: [{rewrite}]" to the graph in model.yaml', line)

@@ -9,11 +9,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .. import samples as sample_store
-from ..errors import StageError
-from ..fileio import atomic_path
-from .base import StageInput
-from .ort_qnn import quantized_outputs
+from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.errors import StageError
+from qnn_tasks.fileio import atomic_path
+from qnn_tasks.toolchains.base import StageInput, quantized_outputs
 
 
 def run(si: StageInput) -> dict[str, Any]:

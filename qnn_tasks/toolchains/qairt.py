@@ -32,12 +32,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import fileio
-from ..errors import SpecError, StageError, ToolchainError
-from ..spec import GraphSpec, Soc, ToolchainProfile
-from . import qairt_sdk as sdkmod
-from . import qairt_tools as tools
-from .base import GraphStage, StageInput
+from qnn_tasks import fileio
+from qnn_tasks.errors import SpecError, StageError, ToolchainError
+from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
+from qnn_tasks.toolchains import qairt_sdk as sdkmod
+from qnn_tasks.toolchains import qairt_tools as tools
+from qnn_tasks.toolchains.base import GraphStage, StageInput
 
 SETTINGS = {"sdk_root": "the qairt/<version> folder (default: $QNN_SDK_ROOT)",
             "python": "the SDK converter's Python 3.10 (default: python3.10 on PATH)",
@@ -62,8 +62,6 @@ NO_DIAGNOSE = ("diagnose compiles many derived graphs (per-node taps, graph cuts
 
 class QairtToolchain:
     kind = "qairt"
-    code_modules = ("toolchains/qairt.py", "toolchains/qairt_sdk.py", "toolchains/qairt_tools.py", "toolchains/base.py",
-                    "epcontext.py", "qnnbin.py", "qnnbin_layout.py")
 
     def __init__(self, profile: ToolchainProfile) -> None:
         self.profile = profile
@@ -239,8 +237,8 @@ class QairtToolchain:
         return [f"{graph.name}_ctx.onnx", f"binary/{name}.bin", "binary/runtime_libs.json"]
 
     def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
-        from .. import epcontext, qnnbin
-        from .ort_qnn import check_chip
+        from qnn_tasks.qnn import epcontext, binary as qnnbin
+        from qnn_tasks.toolchains.ort_qnn import check_chip
 
         self.sdk.require()
         name = self._graph_name_of(source) or tools.qnn_graph_name(graph.name)[0]

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import ToolchainError
+from qnn_tasks.errors import ToolchainError
 
 HOST = "x86_64-linux-clang"
 ANDROID = "aarch64-android"

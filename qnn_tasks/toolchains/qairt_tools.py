@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import StageError, ToolchainError
+from qnn_tasks.errors import StageError, ToolchainError
 
 MAX_WARNINGS = 50
 IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
@@ -148,7 +148,7 @@ def write_input_list(graph, calibration: Path, out_dir: Path) -> tuple[Path, boo
     """
     import numpy as np
 
-    from .. import samples as sample_store
+    from qnn_tasks.judge import samples as sample_store
 
     samples = sample_store.load(calibration)
     raw_dir = out_dir / "calibration"

@@ -5,6 +5,6 @@ The toolchain profile is toolchain/$QNN_TOOLCHAIN.yaml (default: ort-qnn).
 """
 from pathlib import Path
 
-from qnn_tasks.tasks import project_tasks
+from qnn_tasks.tasks.project import project_tasks
 
 globals().update(project_tasks(Path(__file__).resolve().parent))

@@ -39,16 +39,31 @@ The package, one module per job (each imports only the ones above it):
 """
 from __future__ import annotations
 
-from .device_run import RunResult, cpu_use, parse_run, proc_ticks, run_on_device, run_script
-from .flow import power_target, verify_target
-from .measure import best_cpu, measure_latency, real_time_factor
-from .payload import FIXED, NATIVE, Payload, build_payload, read_outputs
-from .power import battery, battery_drop
-from .refusal import binary_facts, refuse_incompatible
-from .settings import (DEFAULT_ADSP_PATH, DEVICE_LABEL, DEVICE_SETTINGS, ENV_INFERENCES, ENV_KEEP, ENV_POWER_SECONDS,
-                       ENV_ROUNDS, POWER_CONDITIONS, RECORDS_STAMP, RUNNER, SCRIPT_MARK, DeviceSettings, Job,
-                       device_folder, device_settings, touch_stamp)
-from .survey import classify, survey
+from qnn_tasks.stages.verify.device_run import RunResult, cpu_use, parse_run, proc_ticks, run_on_device, run_script
+from qnn_tasks.stages.verify.flow import power_target, verify_target
+from qnn_tasks.stages.verify.measure import best_cpu, measure_latency, real_time_factor
+from qnn_tasks.stages.verify.payload import FIXED, NATIVE, Payload, build_payload, read_outputs
+from qnn_tasks.stages.verify.power import battery, battery_drop
+from qnn_tasks.stages.verify.refusal import binary_facts, refuse_incompatible
+from qnn_tasks.stages.verify.settings import (
+    DEFAULT_ADSP_PATH,
+    DEVICE_LABEL,
+    DEVICE_SETTINGS,
+    ENV_INFERENCES,
+    ENV_KEEP,
+    ENV_POWER_SECONDS,
+    ENV_ROUNDS,
+    POWER_CONDITIONS,
+    RECORDS_STAMP,
+    RUNNER,
+    SCRIPT_MARK,
+    DeviceSettings,
+    Job,
+    device_folder,
+    device_settings,
+    touch_stamp,
+)
+from qnn_tasks.stages.verify.survey import classify, survey
 
 __all__ = [
     "DEFAULT_ADSP_PATH", "DEVICE_LABEL", "DEVICE_SETTINGS", "ENV_INFERENCES", "ENV_KEEP", "ENV_POWER_SECONDS",

@@ -15,10 +15,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from ...devices import adb
-from ...errors import StageError
-from .payload import Payload
-from .settings import DEFAULT_ADSP_PATH, ENV_KEEP, RUNNER, SCRIPT_MARK, DeviceSettings, Job
+from qnn_tasks.devices import adb
+from qnn_tasks.errors import StageError
+from qnn_tasks.stages.verify.payload import Payload
+from qnn_tasks.stages.verify.settings import DEFAULT_ADSP_PATH, ENV_KEEP, RUNNER, SCRIPT_MARK, DeviceSettings, Job
 
 
 @dataclass

@@ -12,16 +12,27 @@ import time
 import traceback
 from typing import Any, Callable
 
-from ... import fileio, runtimelibs
-from ...devices import adb
-from ...errors import QnnTasksError, StageError
-from .device_run import _cleanup, _push, _require_ok, _runner_args, run_on_device
-from .measure import _cpu_text, _ms, _num, best_cpu, measure_latency, real_time_factor
-from .payload import build_payload, read_outputs
-from .power import _power_on
-from .refusal import binary_facts, refuse_incompatible
-from .settings import (DEVICE_LABEL, POWER_CONDITIONS, DeviceSettings, Job, _now, _safe, _unexpected, device_folder,
-                       device_settings, touch_stamp)
+from qnn_tasks import fileio
+from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.devices import adb
+from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.stages.verify.device_run import _cleanup, _push, _require_ok, _runner_args, run_on_device
+from qnn_tasks.stages.verify.measure import _cpu_text, _ms, _num, best_cpu, measure_latency, real_time_factor
+from qnn_tasks.stages.verify.payload import build_payload, read_outputs
+from qnn_tasks.stages.verify.power import _power_on
+from qnn_tasks.stages.verify.refusal import binary_facts, refuse_incompatible
+from qnn_tasks.stages.verify.settings import (
+    DEVICE_LABEL,
+    POWER_CONDITIONS,
+    DeviceSettings,
+    Job,
+    _now,
+    _safe,
+    _unexpected,
+    device_folder,
+    device_settings,
+    touch_stamp,
+)
 
 
 def verify_target(job: Job) -> dict[str, Any]:
@@ -116,7 +127,7 @@ class _Recorded(StageError):
 
 def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs,
                settings: DeviceSettings, entry: dict[str, Any], save: Callable[[], None]) -> None:
-    from ... import samples as sample_store, verification
+    from qnn_tasks.judge import samples as sample_store, checks as verification
 
     workdir = device_folder(job.root, job.target)
     local = job.out_dir / _safe(phone.info.serial)

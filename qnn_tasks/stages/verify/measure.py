@@ -12,11 +12,11 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from ...devices import adb
-from ...spec import GraphSpec
-from .device_run import RunResult, _require_ok, _runner_args, run_on_device
-from .payload import Payload
-from .settings import ENV_INFERENCES, DeviceSettings, Job
+from qnn_tasks.devices import adb
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.stages.verify.device_run import RunResult, _require_ok, _runner_args, run_on_device
+from qnn_tasks.stages.verify.payload import Payload
+from qnn_tasks.stages.verify.settings import ENV_INFERENCES, DeviceSettings, Job
 
 
 def measure_latency(job: Job, phone: adb.Phone, payload: Payload, workdir: str, settings: DeviceSettings,

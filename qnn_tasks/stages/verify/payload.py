@@ -12,9 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ... import fileio, runtimelibs
-from ...errors import StageError
-from .settings import RUNNER, Job, _safe
+from qnn_tasks import fileio
+from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.errors import StageError
+from qnn_tasks.stages.verify.settings import RUNNER, Job, _safe
 
 
 @dataclass
@@ -37,7 +38,7 @@ def build_payload(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLib
     import io
     import tarfile
 
-    from ... import samples as sample_store
+    from qnn_tasks.judge import samples as sample_store
 
     import numpy as np
 
@@ -80,7 +81,7 @@ def build_payload(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLib
 
 def _bind(declared, qnn: list[dict[str, Any]], kind: str, binary: Path) -> list[tuple[Any, dict[str, Any]]]:
     """Declared tensors paired with the binary's; raw files are flat, so only the element count must agree."""
-    from ...epcontext import pair_tensors  # the same pairing as the simulator's EPContext wrapper
+    from qnn_tasks.qnn.epcontext import pair_tensors  # the same pairing as the simulator's EPContext wrapper
 
     pairs = pair_tensors(declared, qnn, kind, binary)
     for spec, tensor in pairs:
@@ -120,7 +121,7 @@ def _encode(value, tensor: dict[str, Any], native: bool, binary: Path) -> bytes:
 
 def read_outputs(out_dir: Path, payload: Payload, binary: Path) -> list[dict[str, Any]]:
     """Result_<i>/<output>.raw (float32) -> [{declared output name: array of the declared shape}]."""
-    from ...epcontext import plain_name
+    from qnn_tasks.qnn.epcontext import plain_name
     import numpy as np
 
     results = []

@@ -8,12 +8,12 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from ... import runtimelibs
-from ...devices import adb
-from .device_run import _cleanup, _push, _require_ok, _runner_args, run_on_device
-from .measure import _cpu_text, _num
-from .payload import build_payload
-from .settings import POWER_CONDITIONS, DeviceSettings, Job, _now, _safe, device_folder
+from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.devices import adb
+from qnn_tasks.stages.verify.device_run import _cleanup, _push, _require_ok, _runner_args, run_on_device
+from qnn_tasks.stages.verify.measure import _cpu_text, _num
+from qnn_tasks.stages.verify.payload import build_payload
+from qnn_tasks.stages.verify.settings import POWER_CONDITIONS, DeviceSettings, Job, _now, _safe, device_folder
 
 
 def _power_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs,

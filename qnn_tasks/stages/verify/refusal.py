@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from ... import fileio, runtimelibs
-from ...devices import adb
-from ...errors import StageError
-from .settings import Job
+from qnn_tasks import fileio
+from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.devices import adb
+from qnn_tasks.errors import StageError
+from qnn_tasks.stages.verify.settings import Job
 
 COMPAT_FILE = "build/compat/compat.json"  # report.COMPAT_RECORD, written by `doit compat` (compat.py)
 COMPAT_SOURCE = f"{COMPAT_FILE}, measured by doit compat"
@@ -28,7 +29,7 @@ def binary_facts(job: Job) -> dict[str, Any]:
         raise StageError(f"no context binary for {job.target} yet ({path}): build it first "
                          f"(doit context:{job.target} cpucheck:{job.graph.name})")
     size = path.stat().st_size
-    from ... import qnnbin
+    from qnn_tasks.qnn import binary as qnnbin
 
     try:
         info = qnnbin.read_binary_info(path).to_dict()
@@ -46,7 +47,7 @@ def binary_facts(job: Job) -> dict[str, Any]:
     graphs = info.get("graphs") or []
     if len(graphs) != 1:
         raise StageError(f"{path} holds {len(graphs)} graphs; device verification runs binaries with exactly one")
-    from ... import records
+    from qnn_tasks.run import records
 
     return {"path": str(path), "size": size, "sha256": records.sha256(path), "build_id": info.get("build_id"),
             "qnn_version": ".".join(map(str, runtimelibs.version_tuple(info.get("build_id")) or ())) or None,
@@ -106,7 +107,7 @@ def refuse_incompatible(job: Job, binary: dict[str, Any], libs: runtimelibs.Runt
 def measured_minimum(binary: dict[str, Any], entry: dict[str, Any]) -> tuple[int, ...] | None:
     """The minimum runtime `doit compat` measured for this exact binary (by SHA-256), if any; records in the
     device entry which rule decides (`compat`: minimum_runtime, source)."""
-    from ... import compat
+    from qnn_tasks.stages import compat
 
     built = runtimelibs.version_tuple(binary["build_id"])
     by_build = {"minimum_runtime": _text(built) if built else None, "source": "the binary's QNN build (build id "

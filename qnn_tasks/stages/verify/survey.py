@@ -8,11 +8,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ... import fileio
-from ...devices import adb
-from ...errors import QnnTasksError, StageError
-from ...spec import Soc
-from .settings import _now, _unexpected
+from qnn_tasks import fileio
+from qnn_tasks.devices import adb
+from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.spec.project import Soc
+from qnn_tasks.stages.verify.settings import _now, _unexpected
 
 
 def survey(socs: dict[str, Soc], targets: list[tuple[str, str, str | None]], record_path: Path) -> dict[str, Any]:

@@ -1,0 +1,1 @@
+"""ONNX graphs before QNN: ONNX facts, model code loading, packaged export, the rewrite catalogue."""

@@ -1,0 +1,63 @@
+"""Small read-only views of an ONNX model: I/O tensors, nodes, parameter count."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.errors import StageError
+
+CONTROL_FLOW_OPS = {"If", "Loop", "Scan"}
+INT8_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv",
+            "QLinearMatMul", "MatMulInteger", "ConvInteger", "QLinearAdd", "QLinearMul"}
+
+
+def load(path: Path, what: str = "ONNX file", shown_as: Path | None = None):
+    """Load and check an ONNX model; a missing or corrupt file is a one-line StageError.
+
+    `shown_as` names the file in messages when `path` is a temporary file about to become it.
+    """
+    import onnx
+
+    path = Path(path)
+    name = shown_as or path
+    if not path.is_file():
+        raise StageError(f"{name}: {what} not found (rebuild it: the task that makes it was not run or failed)")
+    try:
+        model = onnx.load(str(path))
+        onnx.checker.check_model(model)
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise StageError(f"{name}: corrupt or invalid {what}: {first} (re-export it)") from None
+    return model
+
+
+def dtype_name(elem_type: int) -> str:
+    import onnx
+
+    return onnx.helper.tensor_dtype_to_np_dtype(elem_type).name if elem_type else "undefined"
+
+
+def tensors(values) -> list[dict[str, Any]]:
+    """[{name, shape (ints, or strings for symbolic dims), dtype}] for graph inputs or outputs."""
+    out = []
+    for v in values:
+        t = v.type.tensor_type
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+        out.append({"name": v.name, "shape": dims, "dtype": dtype_name(t.elem_type)})
+    return out
+
+
+def graph_io(model) -> dict[str, list[dict[str, Any]]]:
+    initializer_names = {i.name for i in model.graph.initializer}
+    return {"inputs": tensors([i for i in model.graph.input if i.name not in initializer_names]),
+            "outputs": tensors(model.graph.output)}
+
+
+def parameter_count(model) -> int:
+    import numpy as np
+
+    return int(sum(int(np.prod(t.dims)) if t.dims else 1 for t in model.graph.initializer))
+
+
+def node_label(node) -> str:
+    return f"{node.op_type} node '{node.name or node.output[0]}'"

@@ -1,0 +1,105 @@
+"""The built-in export, reference and samples of a packaged ONNX: model.yaml alone, no Python.
+
+export    = load the source ONNX + fix the declared dims + int32 at the int64 boundary + constant
+            inputs + the graph's declared rewrites, shapes re-inferred;
+reference = the ORIGINAL ONNX on CPU (inputs cast back to its dtypes, constant inputs fed);
+samples   = the declared sample files (samples.read_declared).
+An export.py may still call these (`ctx.default_export(skip=...)`) and override any of them.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+
+from qnn_tasks.graphs import rewrites
+from qnn_tasks.errors import StageError
+from qnn_tasks.spec.project import GraphSpec
+
+
+def source_where(graph: GraphSpec) -> str:
+    return f"{graph.model_dir / 'model.yaml'}: {graph.source_key}"
+
+
+def load_source(graph: GraphSpec, source: Path | None):
+    """The source ONNX; a file that is not ONNX is one line naming the file and its model.yaml key."""
+    import onnx
+
+    where = source_where(graph)
+    if source is None:
+        raise StageError(f"{where}: no source file (fix: set it to the packaged .onnx)")
+    if not Path(source).is_file():
+        raise StageError(f"{where}: {source} not found (fix: reinstall the package or fix the path)")
+    try:
+        return onnx.load(str(source))
+    except Exception as err:
+        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise StageError(f"{where}: {source} is not an ONNX model ({type(err).__name__}: {first}) "
+                         f"(fix: point it at an .onnx file, or add export.py whose export() converts it)") from None
+
+
+def export(graph: GraphSpec, source: Path | None, out_path: Path, skip: Iterable[str] = ()) -> dict[str, Any]:
+    """Write the NPU-ready graph to `out_path`; return what was fixed and rewritten (for the export record)."""
+    import onnx
+
+    from qnn_tasks.graphs.rewrites import boundary, graphtools
+
+    model = load_source(graph, source)
+    try:
+        fixed = boundary.fix_io(model, graph.inputs, graph.outputs, graph.constant_inputs)
+    except boundary.BoundaryError as err:
+        raise StageError(f"{source_where(graph)}: {source.name}: {err} "
+                         f"(fix: {err.fix.replace('<graph>', graph.name)})") from None
+    report = rewrites.apply(model, graph.rewrites, skip=skip)
+    graphtools.remove_dead(model.graph)
+    try:
+        onnx.checker.check_model(model)
+    except Exception as err:
+        raise StageError(f"{source_where(graph)}: the rewritten {source.name} is not valid ONNX: "
+                         f"{str(err).strip().splitlines()[0]} (fix: drop the last rewrite from graphs.{graph.name}.rewrites "
+                         f"and report it)") from None
+    onnx.save(model, str(out_path))
+    return {"boundary": fixed, "rewrites": report, "skipped_rewrites": sorted(set(skip) & set(graph.rewrites))}
+
+
+def rewrite_file(graph: GraphSpec, path: Path) -> list[dict[str, Any]]:
+    """Apply the graph's declared rewrites to an ONNX an export.py wrote (in place)."""
+    import onnx
+
+    model = onnx.load(str(path))
+    report = rewrites.apply(model, graph.rewrites)
+    onnx.save(model, str(path))
+    return report
+
+
+def reference(graph: GraphSpec, source: Path | None, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """The original packaged ONNX on CPU: inputs cast back to its dtypes, constant inputs fed."""
+    import onnxruntime as ort
+
+    load_source(graph, source)  # a clear error for a missing or non-ONNX file before onnxruntime's own
+    options = ort.SessionOptions()
+    options.log_severity_level = 3  # the original's dynamic dims make ORT warn about every declared shape
+    session = ort.InferenceSession(str(source), options, providers=["CPUExecutionProvider"])
+    types = {i.name: i.type for i in session.get_inputs()}
+    constants = {name: np.asarray(value, dtype=_np_type(types[name])).reshape(_shape(session, name, value))
+                 for name, value in graph.constant_inputs.items()}
+    names = [t.name for t in graph.outputs]
+    outs = []
+    for sample in inputs:
+        feeds = {name: np.asarray(value).astype(_np_type(types[name])) for name, value in sample.items()}
+        outs.append(dict(zip(names, session.run(names, {**feeds, **constants}))))
+    return outs
+
+
+def _np_type(ort_type: str) -> np.dtype:
+    """'tensor(int64)' -> int64."""
+    name = ort_type[len("tensor("):-1]
+    return np.dtype({"float": "float32", "double": "float64"}.get(name, name))
+
+
+def _shape(session, name: str, value: Any) -> tuple:
+    shape = next(i.shape for i in session.get_inputs() if i.name == name)
+    if all(isinstance(d, int) for d in shape) and int(np.prod(shape)) == np.asarray(value).size:
+        return tuple(shape)
+    return np.asarray(value).shape

@@ -1,0 +1,146 @@
+"""Known HTP rewrites, applied by name: the NPU porting every packaged model needed by hand.
+
+Declared per graph in model.yaml (`rewrites: [pow-square, neg, fold-if]`, or a mapping with
+options) or called from an export.py:
+
+    from qnn_tasks.graphs.rewrites import apply
+    report = apply(model, ["pow-square", "neg"])   # edits the onnx.ModelProto in place
+
+Each rewrite is one small function `(model, dry_run=False, **options) -> list[str]`: the sites
+(node or constant names) it changed, so its count is the list's length. With `dry_run` it only
+finds them (lint uses that, so lint flags exactly what the rewrite would change).
+
+This module only holds the catalogue (names, options, summaries): spec loading imports it, and
+must stay free of onnx/numpy. The rewrites themselves are imported when applied.
+"""
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+
+if TYPE_CHECKING:
+    import onnx
+
+FP16_MAX = 65504.0
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    name: str
+    module: str    # qnn_tasks.rewrites.<module>
+    function: str
+    summary: str   # what it does, one line (README and errors)
+    why: str       # what it fixes: "accuracy: ..." or "speed: ..." (lint's `why`)
+    options: dict[str, Any] = field(default_factory=dict)  # option -> default
+
+
+# In the order they are applied: fold-if first (it exposes the taken branch's nodes), the variance
+# pattern before pow-square (it matches Pow or Mul squares and removes them itself).
+CATALOGUE: dict[str, Rewrite] = {r.name: r for r in (
+    Rewrite("fold-if", "foldif", "fold_if",
+            "an If whose condition is constant once the shapes and constant_inputs are fixed keeps only the taken branch",
+            "compatibility: control flow does not compile for HTP"),
+    Rewrite("centred-variance", "reductions", "centred_variance",
+            "variance as E[x^2] - E[x]^2 becomes E[(x - E[x])^2]",
+            "accuracy: a LayerNorm computed so gave cosine 0.04 on HTP fp16, 0.99999996 after the rewrite"),
+    Rewrite("pow-square", "elementwise", "pow_square", "Pow(x, 2) becomes Mul(x, x)",
+            "accuracy: -4 instead of ~0 on tiny inputs (a VAD agreed with the CPU on 63% of quiet frames)"),
+    Rewrite("reduce-sum-square", "reductions", "reduce_sum_square", "ReduceSumSquare(x) becomes ReduceSum(Mul(x, x))",
+            "speed: the node runs on CPU (the build fails unless allow_cpu_fallback)"),
+    Rewrite("clip-computed", "elementwise", "clip_computed", "Clip with a computed (non-constant) min/max becomes Max/Min",
+            "speed: the node runs on CPU (the build fails unless allow_cpu_fallback)"),
+    Rewrite("neg", "elementwise", "neg", "Neg(x) becomes Sub(0, x)",
+            "compatibility: the QAIRT toolchain fails on it (ort-qnn runs it on HTP)"),
+    Rewrite("finite-mask", "elementwise", "finite_mask",
+            "float constants below -65504 (-inf, finfo(float32).min) become a finite value, except where they only seed a Max",
+            "accuracy: in fp16 it is -inf (0 * -inf = NaN), and it wrecks 8-bit quantization ranges",
+            {"value": -1.0e4}),
+)}
+NAMES = tuple(CATALOGUE)
+
+
+def normalize(declared: Iterable[str] | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """`[a, b]`, `[a, {b: {opt: v}}]` or `{a: {}, b: {opt: v}}` -> {name: options with defaults}.
+
+    Raises ValueError naming the problem (spec.py turns it into a one-line spec error).
+    """
+    if declared is None:
+        return {}
+    items: list[tuple[Any, Any]] = []
+    if isinstance(declared, Mapping):
+        items = list(declared.items())
+    elif isinstance(declared, (list, tuple)):
+        for entry in declared:
+            if isinstance(entry, Mapping) and len(entry) == 1:
+                items.append(next(iter(entry.items())))
+            elif isinstance(entry, str):
+                items.append((entry, None))
+            else:
+                raise ValueError(f"entry {entry!r} is neither a rewrite name nor a one-key `name: {{options}}` mapping")
+    else:
+        raise ValueError(f"expected a list of rewrite names or a mapping, got {type(declared).__name__}")
+    result: dict[str, dict[str, Any]] = {}
+    for name, options in items:
+        if name not in CATALOGUE:
+            raise ValueError(f"unknown rewrite {name!r}; known rewrites: {', '.join(NAMES)}")
+        if name in result:
+            raise ValueError(f"rewrite {name!r} is declared twice")
+        result[name] = _options(CATALOGUE[name], options)
+    return result
+
+
+def _options(rewrite: Rewrite, options: Any) -> dict[str, Any]:
+    options = {} if options is None else options
+    if not isinstance(options, Mapping):
+        raise ValueError(f"options of {rewrite.name!r} must be a mapping, got {options!r}")
+    unknown = set(options) - set(rewrite.options)
+    if unknown:
+        known = ", ".join(rewrite.options) or "none"
+        raise ValueError(f"unknown option {sorted(unknown)[0]!r} for rewrite {rewrite.name!r} (its options: {known})")
+    merged = {**rewrite.options, **options}
+    if rewrite.name == "finite-mask":
+        value = merged["value"]
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not -FP16_MAX <= value < 0:
+            raise ValueError(f"finite-mask value must be a negative number >= -65504 (fp16's lowest), got {value!r}")
+        merged["value"] = float(value)
+    return merged
+
+
+def function(name: str) -> Callable[..., list[str]]:
+    """The rewrite's function (imports onnx): `(model, dry_run=False, **options) -> list[str]`."""
+    rewrite = CATALOGUE[name]
+    return getattr(importlib.import_module(f"{__name__}.{rewrite.module}"), rewrite.function)
+
+
+def apply(model: onnx.ModelProto, rewrites: Iterable[str] | Mapping[str, Any], skip: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """Apply the named rewrites to `model` (an onnx.ModelProto, edited in place), in catalogue order.
+
+    Returns one entry per rewrite: {"name", "count", "sites"} (sites: the node or constant names
+    changed). Dead nodes and unused initializers are removed, and shapes re-inferred, afterwards.
+    """
+    from qnn_tasks.graphs.rewrites import graphtools
+
+    wanted = normalize(rewrites)
+    skipped = set(skip)
+    report = []
+    for name in NAMES:
+        if name in wanted and name not in skipped:
+            sites = function(name)(model, **wanted[name])
+            report.append({"name": name, "count": len(sites), "sites": sites})
+            graphtools.remove_dead(model.graph)  # what a rewrite replaced must not match the next one
+    graphtools.infer_shapes(model)
+    return report
+
+
+def find(model: onnx.ModelProto, names: Iterable[str] = NAMES) -> dict[str, list[str]]:
+    """Sites each rewrite would change (nothing is edited): what lint reports."""
+    return {name: function(name)(model, dry_run=True) for name in names}
+
+
+def yaml_fix(name: str, graph_name: str, model_name: str, declared: Iterable[str] = ()) -> str:
+    """The model.yaml line that enables rewrite `name` for a graph (the `fix:` of lint and fallback messages)."""
+    where = f"graphs.{graph_name} in models/{model_name}/model.yaml"
+    if declared:
+        return f'add {name} to graphs.{graph_name}.rewrites in models/{model_name}/model.yaml'
+    return f'add "rewrites: [{name}]" to {where}'

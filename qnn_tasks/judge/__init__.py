@@ -1,0 +1,1 @@
+"""Judging NPU outputs against the CPU: metrics, task checks, speech, samples, plots."""

@@ -1,0 +1,50 @@
+"""CPU vs NPU plots of a binary's outputs, drawn where the outputs are made (the simulate stage).
+
+Drawing them there means a plot is built once per simulation and travels with it through the
+shared cache: a fresh clone's report copies plots instead of drawing them (matplotlib costs
+seconds per report otherwise).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from qnn_tasks.fileio import atomic_path
+
+
+def outputs_plot(png: Path, title: str, npu_label: str, npu: dict[str, np.ndarray], cpu: dict[str, np.ndarray]) -> Path:
+    """A line over samples for scalar outputs, a histogram of |NPU - CPU| otherwise; one panel per output."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, NullFormatter
+
+    names = list(npu)
+    fig, axes = plt.subplots(1, len(names), figsize=(5.5 * len(names), 3.2), squeeze=False)
+    for ax, name in zip(axes[0], names):
+        reference = cpu[name]
+        if npu[name][0].size == 1:
+            ax.plot(reference.reshape(-1), label="CPU", linewidth=1.6)
+            ax.plot(npu[name].reshape(-1), label=npu_label, linewidth=1, linestyle="--")
+            ax.set_xlabel("sample (in order)")
+            ax.set_ylabel(name)
+            ax.legend(loc="best", fontsize=8)
+        else:
+            err = np.abs(npu[name].astype(np.float64) - reference).reshape(-1)
+            ax.hist(err, bins=60, log=True, color="#4477aa")
+            # plain tick labels: the default log labels go through mathtext, most of a plot's drawing time
+            ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+            ax.yaxis.set_minor_formatter(NullFormatter())
+            ax.set_xlabel(f"|NPU - CPU| of '{name}'")
+            ax.set_ylabel("count (log)")
+        ax.set_title(f"{title}: {name}", fontsize=9)
+    # fixed margins (the labels are short and known): tight_layout measured every text, ~0.3 s a plot
+    fig.subplots_adjust(left=0.6 / fig.get_figwidth(), right=1 - 0.15 / fig.get_figwidth(), bottom=0.17, top=0.9,
+                        wspace=0.3)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+    return png

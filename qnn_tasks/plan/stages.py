@@ -1,0 +1,511 @@
+"""The stage table: one row per stage, and what each stage needs for one target (a Plan).
+
+A row says the stage's name, scope (graph / variant / chip), doc, the modules whose code is in
+its key, and whether it is heavy (native work: a child process or a Dask worker runs it). Its
+plan function turns one target into files read, files written, a key and lazily built call
+arguments. tasks.py turns rows x targets into doit tasks; executors run the calls. Nothing here
+imports doit, onnx or numpy: planning happens on every `doit` invocation.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from qnn_tasks.plan import codekeys
+from qnn_tasks.spec import serial as specjson
+from qnn_tasks import toolchains
+from qnn_tasks.plan.targets import (
+    ChipTarget,
+    GraphTarget,
+    PipelineTarget,
+    VariantTarget,
+    chip_targets,
+    graph_targets,
+    pipeline_targets,
+    variant_targets,
+)
+from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
+from qnn_tasks.spec.checks import MODEL_CHECKS
+
+
+@dataclass
+class Plan:
+    name: str                                  # doit subtask name
+    out_dir: str                               # the stage's own folder
+    file_dep: list[str]                        # files it reads
+    outputs: list[str]                         # files it writes (the record vouches for them)
+    key: str                                   # settings + code version (+ toolchain, SoC row), digested
+    doc: str
+    args: Callable[[], dict[str, Any]]         # call arguments, built when the task runs
+    base: Callable[[], dict[str, Any]]         # fields every record of this target starts with
+    binding: "Binding | None" = None           # the toolchain that runs it (toolchain stages)
+    task_dep: list[str] = field(default_factory=list)
+    skip: str | None = None                    # a visible skip (e.g. no fp16 on this chip)
+    heavy: bool | None = None                  # overrides the row's (a judgement that runs model code)
+
+    @property
+    def record(self) -> str:
+        return f"{self.out_dir}/{self.out_dir.rsplit('/', 1)[-1]}.json"
+
+
+@dataclass(frozen=True)
+class StageDef:
+    """One stage: everything the task layer, the executors, the report and the code key need to know of it."""
+    name: str
+    scope: str                                 # "graph" | "variant" | "chip" | "pipeline" | "project"
+    doc: str
+    runner: str                                # "module:function" run with the StageCall; its imports are the code key
+    plan: Callable[["Planner", "StageDef", Any], Plan | None] | None
+    heavy: bool = True
+    remote: bool = False                       # may run on a Dask worker (reads only build files)
+    toolchain: bool = False                    # runs with (and is keyed by) a toolchain
+    column: bool = True                        # a column of the report's stage table
+
+    def record_of(self, target: Any) -> str:
+        """Where this stage's record for a target goes (the stage's own folder, named after the stage)."""
+        folder = f"{target.dir_str}/{self.name}" if isinstance(target, ChipTarget) else str(target.stage_dir(self.name))
+        return f"{folder}/{self.name}.json"
+
+
+@dataclass
+class Binding:
+    """One toolchain of this run: its profile, implementation, id, fingerprint and targets."""
+    profile: ToolchainProfile
+    toolchain: Any
+    id: str
+    fingerprint: dict[str, Any]
+    fingerprint_json: str
+    suffix: str                                # "" for the first toolchain, "@<profile>" for the others
+    variants: list[VariantTarget] = field(default_factory=list)
+    chips: list[ChipTarget] = field(default_factory=list)
+    pipelines: list[PipelineTarget] = field(default_factory=list)
+
+    def profile_dict(self, root: Path) -> dict[str, Any]:
+        return specjson.profile_to_dict(self.profile, root)
+
+
+class Planner:
+    """Everything planning needs for one run, with the pieces keys repeat serialised once."""
+
+    def __init__(self, project: Project) -> None:
+        self.project = project
+        self.root = project.root
+        self.graphs = graph_targets(project)
+        self.bindings: list[Binding] = []
+        for index, profile in enumerate(project.toolchains or (project.toolchain,)):
+            chain = toolchains.from_profile(profile)
+            fingerprint = chain.fingerprint()
+            binding = Binding(profile=profile, toolchain=chain, id=chain.id(), fingerprint=fingerprint,
+                              fingerprint_json=json.dumps(fingerprint, sort_keys=True),
+                              suffix="" if index == 0 else f"@{profile.name}")
+            binding.variants = variant_targets(project, binding.id, binding.suffix, self.graphs)
+            binding.chips = chip_targets(project, binding.id, binding.suffix, binding.variants)
+            binding.pipelines = pipeline_targets(project, binding.chips, binding.id)
+            self.bindings.append(binding)
+        self.variants = [vt for b in self.bindings for vt in b.variants]
+        self.chips = [ct for b in self.bindings for ct in b.chips]
+        self.pipelines = [pt for b in self.bindings for pt in b.pipelines]
+        self._by_suffix = {b.suffix: b for b in self.bindings}
+        self._json: dict[tuple, str] = {}
+        self._sources: dict[str, str] = {}
+        self._key_prefixes: dict[tuple[str, int], str] = {}
+
+    # ------------------------------------------------------------ shared pieces
+    def binding(self, target: VariantTarget | ChipTarget | PipelineTarget) -> Binding:
+        if isinstance(target, PipelineTarget):
+            target = target.chips[0]
+        variant = target.variant if isinstance(target, ChipTarget) else target
+        return self._by_suffix[variant.suffix]
+
+    def cached_json(self, kind: str, name: str, make: Callable[[], Any]) -> str:
+        key = (kind, name)
+        if key not in self._json:
+            self._json[key] = json.dumps(make(), sort_keys=True)
+        return self._json[key]
+
+    def key(self, stage: StageDef, binding: Binding | None, *parts: str) -> str:
+        keyed_binding = binding if binding and stage.toolchain else None
+        prefix = self._key_prefixes.get((stage.name, id(keyed_binding)))
+        if prefix is None:  # once per (stage, toolchain): the same for its thousands of targets
+            entries = (stage.runner,) + ((type(keyed_binding.toolchain).__module__,) if keyed_binding else ())
+            code = codekeys.digest(entries)
+            prefix = "|".join((stage.name, code, keyed_binding.fingerprint_json if keyed_binding else ""))
+            self._key_prefixes[(stage.name, id(keyed_binding))] = prefix
+        return hashlib.md5("|".join((prefix,) + parts).encode()).hexdigest()
+
+    def graph_dict(self, graph: GraphSpec) -> dict[str, Any]:
+        return specjson.graph_to_dict(graph, self.root)
+
+    def model(self, graph: GraphSpec):
+        return next(m for m in self.project.models if m.name == graph.model)
+
+    def _source_of(self, graph: GraphSpec):
+        return graph.source or self.model(graph).source  # a graph's `source:` overrides the model's
+
+    def source(self, graph: GraphSpec) -> str | None:
+        path = self._source_of(graph).resolve_file(self.model(graph).dir)
+        return specjson.relative(path, self.root) if path else None
+
+    def source_key(self, graph: GraphSpec) -> dict[str, Any]:
+        source = self._source_of(graph)
+        return {"package": source.package, "version": source.package_version(), "file": source.file}
+
+    def code_deps(self, graph: GraphSpec) -> list[str]:
+        """The model's own code (export.py is optional) and its source file, relative where inside the project."""
+        source = self.source(graph)
+        code = [os.path.relpath(graph.model_code, self.root)] if graph.has_code else []
+        return code + ([source] if source else [])
+
+    def sample_deps(self, graph: GraphSpec) -> list[str]:
+        """The declared sample files (model.yaml `samples:`), read by cpucheck and calibrate."""
+        return [os.path.relpath(p, self.root) for p in graph.sample_files()]
+
+    def variant_chain(self, vt: VariantTarget) -> list[tuple[Any, str, list[str]]]:
+        """(stage, out_dir, outputs) of the toolchain's graph stages for this variant, in order."""
+        chain = []
+        for stage in self.binding(vt).toolchain.graph_stages(vt.precision):
+            out = vt.stage_dir(stage.name)
+            chain.append((stage, str(out), [str(p) for p in stage.outputs(vt.graph, vt.precision, out)]))
+        return chain
+
+    def compile_source(self, vt: VariantTarget) -> str:
+        """What `context` compiles: the last graph stage's primary output, else the simplified ONNX."""
+        if vt.name not in self._sources:
+            chain = self.variant_chain(vt)
+            self._sources[vt.name] = chain[-1][2][0] if chain else str(vt.graph_target.simplified)
+        return self._sources[vt.name]
+
+    def chip_key(self, stage: StageDef, ct: ChipTarget, **extra: Any) -> str:
+        soc = self.cached_json("soc", ct.soc.name, ct.soc.row)
+        settings = self.cached_json(f"extra:{stage.name}", ct.variant.name, lambda: extra)
+        return self.key(stage, self.binding(ct), soc, ct.precision, settings)
+
+    def chip_base(self, ct: ChipTarget) -> dict[str, Any]:
+        binding = self.binding(ct)
+        return {"graph": ct.graph.name, "model": ct.graph.model, "precision": ct.precision, "soc": ct.soc.row(),
+                "toolchain": {"id": ct.toolchain_id, "profile": binding.profile.name, **binding.fingerprint}}
+
+    def config_files(self, ct: ChipTarget) -> list[str]:
+        return [f"{ct.dir_str}/config/{f}" for f in self.binding(ct).toolchain.config_files(ct.graph)]
+
+    def context_files(self, ct: ChipTarget) -> list[str]:
+        return [f"{ct.dir_str}/context/{f}" for f in self.binding(ct).toolchain.context_files(ct.graph)]
+
+
+# ------------------------------------------------------------------ graph stages (once per graph)
+
+def graph_plan(p: Planner, stage: StageDef, gt: GraphTarget, file_dep: list[str], outputs: list[Any],
+                key: dict[str, Any], args: Callable[[], dict[str, Any]], doc: str, base: dict[str, Any] | None = None,
+                task_dep: list[str] | None = None) -> Plan:
+    g = gt.graph
+    return Plan(name=gt.name, out_dir=str(gt.stage_dir(stage.name)), file_dep=file_dep,
+                outputs=[str(o) for o in outputs], key=p.key(stage, None, json.dumps(key, sort_keys=True)),
+                doc=doc, args=args, base=lambda: base or {"graph": g.name}, task_dep=task_dep or [])
+
+
+def plan_export(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+    g = gt.graph
+    source_key = p.source_key(g)
+    return graph_plan(p, stage, gt, p.code_deps(g), [gt.exported],
+                       {"io": g.io(), "export": g.export, "options": g.options, "source": source_key,
+                        "rewrites": g.rewrites, "constant_inputs": g.constant_inputs},
+                       lambda: {"graph": p.graph_dict(g), "source": p.source(g), "out": str(gt.exported)},
+                       f"export {g.model}/{g.name} -> {gt.exported}" + ("" if g.has_code else " (built-in: packaged ONNX)"),
+                       base={"graph": g.name, "model": g.model, "source": source_key})
+
+
+def plan_simplify(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+    g = gt.graph
+    return graph_plan(p, stage, gt, [str(gt.exported)], [gt.simplified], {"io": g.io(), "simplify": g.simplify},
+                       lambda: {"graph": p.graph_dict(g), "exported": str(gt.exported), "out": str(gt.simplified)},
+                       f"onnxsim {gt.exported} -> {gt.simplified}")
+
+
+def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+    g = gt.graph
+    return graph_plan(p, stage, gt, [str(gt.simplified)], [], {"lint": g.lint, "precision": g.precision},
+                       lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified)},
+                       f"lint {gt.simplified} -> {gt.lint_record}")
+
+
+def plan_cpucheck(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+    g = gt.graph
+    return graph_plan(p, stage, gt, [str(gt.simplified)] + p.code_deps(g) + p.sample_deps(g),
+                       [gt.inputs, gt.reference],
+                       {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": p.source_key(g),
+                        "constant_inputs": g.constant_inputs, "samples": g.samples},
+                       lambda: {"graph": p.graph_dict(g), "source": p.source(g), "simplified": str(gt.simplified),
+                                "inputs": str(gt.inputs), "reference": str(gt.reference)},
+                       f"CPU check of {gt.simplified} against the original model")
+
+
+def plan_calibrate(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
+    g = gt.graph
+    if "w8a16" not in g.precisions:
+        return None
+    return graph_plan(p, stage, gt, p.code_deps(g) + p.sample_deps(g), [gt.calibration],
+                       {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": p.source_key(g),
+                        "samples": g.samples},
+                       lambda: {"graph": p.graph_dict(g), "source": p.source(g), "out": str(gt.calibration)},
+                       f"{g.calibration['samples']} real calibration samples for {g.name} from "
+                       + (f"export.py:{g.calibration['function']}()" if g.has_code else "the declared sample files"))
+
+
+# ------------------------------------------------------------------ toolchain graph stages (once per variant)
+
+def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan | None:
+    binding = p.binding(vt)
+    source = str(vt.graph_target.simplified)
+    for graph_stage, out, outputs in p.variant_chain(vt):
+        if graph_stage.name == stage.name:
+            g, gt = vt.graph, vt.graph_target
+            calibration = str(gt.calibration) if graph_stage.needs_calibration else None
+            key = {"precision": vt.precision, "io": g.io(), "calibration": g.calibration if calibration else None}
+            return Plan(name=vt.name, out_dir=out, file_dep=[source] + ([calibration] if calibration else []),
+                        outputs=outputs, key=p.key(stage, binding, json.dumps(key, sort_keys=True)),
+                        doc=f"{stage.name} {g.name} ({vt.precision}) with {vt.toolchain_id}",
+                        args=lambda g=g, vt=vt, source=source, calibration=calibration: {
+                            "graph": p.graph_dict(g), "precision": vt.precision, "source": source,
+                            "calibration": calibration},
+                        base=lambda g=g, vt=vt, binding=binding: {
+                            "graph": g.name, "precision": vt.precision,
+                            "toolchain": {"id": vt.toolchain_id, "profile": binding.profile.name, **binding.fingerprint}},
+                        binding=binding)
+        source = outputs[0]
+    return None
+
+
+# ------------------------------------------------------------------ chip stages (per variant x chip)
+
+def chip_plan(p: Planner, stage: StageDef, ct: ChipTarget, file_dep: list[str], outputs: list[str], key: str,
+               args: Callable[[], dict[str, Any]], doc: str, task_dep: list[str] | None = None) -> Plan:
+    return Plan(name=ct.name, out_dir=f"{ct.dir_str}/{stage.name}", file_dep=file_dep, outputs=outputs, key=key,
+                doc=doc, args=args, base=lambda: p.chip_base(ct), binding=p.binding(ct), task_dep=task_dep or [],
+                skip=ct.skip_reason)
+
+
+def plan_config(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
+    return chip_plan(p, stage, ct, [], p.config_files(ct), p.chip_key(stage, ct),
+                      lambda: {"graph": p.graph_dict(ct.graph), "precision": ct.precision,
+                               "soc": specjson.soc_to_dict(ct.soc)},
+                      f"{p.binding(ct).toolchain.kind} HTP settings for {ct.graph.name} on {ct.soc.name} "
+                      f"(soc_id {ct.soc.soc_id}, {ct.soc.dsp_arch})")
+
+
+def plan_context(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
+    source = p.compile_source(ct.variant)
+    return chip_plan(p, stage, ct, [source] + p.config_files(ct), p.context_files(ct),
+                      p.chip_key(stage, ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
+                      lambda: {"graph": p.graph_dict(ct.graph), "soc": specjson.soc_to_dict(ct.soc), "source": source,
+                               "config_dir": f"{ct.dir_str}/config"},
+                      f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}",
+                      task_dep=[f"lint:{ct.graph.name}"])
+
+
+def plan_simulate(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
+    gt = ct.graph_target
+    ctx_files = p.context_files(ct)
+    config = p.config_files(ct)[0]
+    return chip_plan(p, stage, ct, ctx_files + [config, str(gt.inputs), str(gt.reference)],
+                      [f"{ct.dir_str}/simulate/outputs.npz", f"{ct.dir_str}/simulate/cpu_vs_npu.png"],
+                      p.chip_key(stage, ct, samples=ct.verify["samples"]),
+                      lambda: {"graph": p.graph_dict(ct.graph), "ctx_onnx": ctx_files[0], "provider_options": config,
+                               "inputs": str(gt.inputs), "samples": ct.verify["samples"], "reference": str(gt.reference),
+                               "title": ct.name, "soc_name": ct.soc.name},
+                      f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator; keep the outputs")
+
+
+def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
+    gt = ct.graph_target
+    outputs = f"{ct.dir_str}/simulate/outputs.npz"
+    simulation = f"{ct.dir_str}/simulate/simulate.json"
+    settings = p.cached_json("verify", ct.variant.name, lambda: ct.verify)
+    # Records are not dependencies: their volatile parts (seconds, where it ran) would change the cache key
+    # of an identical judgement. The outputs are; the simulate record only lends its timing, and lint's
+    # only adds hints to a failure message. A check that runs the model's code (wer) depends on that code.
+    runs_code = any(check["kind"] in MODEL_CHECKS for check in ct.verify["checks"])
+    plan = chip_plan(p, stage, ct, [outputs, str(gt.reference)] + (p.code_deps(ct.graph) if runs_code else []), [],
+                      p.key(stage, None, ct.precision, settings),
+                      lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
+                               "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision,
+                               "lint": str(gt.lint_record)},
+                      f"judge {ct.graph.name} on {ct.soc.name}: simulator outputs vs CPU (metrics, thresholds, checks)")
+    plan.heavy = True if runs_code else None  # decoding speech is work for a child process
+    return plan
+
+
+def plan_diagnose(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
+    if ct.skip_reason:
+        return None
+    gt = ct.graph_target
+    config = p.config_files(ct)[0]
+    source = p.compile_source(ct.variant)  # w8a16: the quantized (QDQ) model the binary was compiled from
+    model = source if source.endswith(".onnx") else str(gt.simplified)
+    binary = next((f for f in p.context_files(ct) if f.endswith(".bin")), None)
+    verdict = f"{ct.dir_str}/simverify/simverify.json"
+    inputs = [model, config, str(gt.inputs), str(gt.reference)] + ([binary] if binary else [])
+    return chip_plan(p, stage, ct, inputs, [f"{ct.dir_str}/diagnose/diagnose.md"],
+                      p.chip_key(stage, ct, verify=ct.verify),
+                      lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "soc": specjson.soc_to_dict(ct.soc),
+                               "model": model, "provider_options": config, "inputs": str(gt.inputs),
+                               "reference": str(gt.reference), "shipped_failed": _failed(verdict), "binary": binary},
+                      f"find where {ct.graph.name} diverges on {ct.soc.name}: per-node CPU vs NPU error")
+
+
+def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
+    """The model's graphs chained on the simulator: each fed the NPU outputs of the one before."""
+    spec = pt.pipeline
+    chain = [{"graph": ct.graph, "ctx": p.context_files(ct), "config": p.config_files(ct)[0],
+              "simplified": str(ct.graph_target.simplified)} for ct in pt.chips]
+    first_inputs = str(pt.chips[0].graph_target.inputs)
+    file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]]
+    settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify}, sort_keys=True)
+    soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
+    binding = p.binding(pt)
+    return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep,
+                outputs=[f"{pt.stage_dir(stage.name)}/outputs.npz"], key=p.key(stage, binding, soc, settings),
+                doc=f"chain {' -> '.join(spec.graphs)} on {pt.soc.name}'s simulator; judge the end against the CPU chain",
+                args=lambda: {"graphs": [p.graph_dict(link["graph"]) for link in chain],
+                              "ctx": [link["ctx"][0] for link in chain], "configs": [link["config"] for link in chain],
+                              "simplified": [link["simplified"] for link in chain], "inputs": first_inputs,
+                              "feed": {k: list(v) for k, v in spec.feed.items()}, "verify": spec.verify},
+                base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),
+                              "toolchain": {"id": binding.id, "profile": binding.profile.name, **binding.fingerprint}},
+                binding=binding)
+
+
+def _failed(record: str) -> bool | None:
+    """A stage record's verdict: True if it failed, False if it passed, None if there is none."""
+    try:
+        return json.loads(Path(record).read_text()).get("status") == "failed"
+    except (FileNotFoundError, ValueError):
+        return None
+
+
+# ------------------------------------------------------------------ the table
+
+GRAPH_STAGES = (
+    StageDef("export", "graph", "Export each graph's NPU-ready ONNX (static shapes, int32 I/O, no If/int8): the "
+             "model's export.py, or the built-in packaged-ONNX export, plus declared rewrites.",
+             "qnn_tasks.stages.export:run_call", plan_export),
+    StageDef("simplify", "graph", "Simplify each graph with onnxsim and confirm its I/O shapes are fixed.",
+             "qnn_tasks.stages.simplify:run_call", plan_simplify),
+    StageDef("lint", "graph", "Lint each graph for what troubles the NPU (dynamic dims, int64, control flow, fp16 "
+             "hazards, size).", "qnn_tasks.stages.lint:run_call", plan_lint, heavy=False),
+    StageDef("cpucheck", "graph", "Run each simplified graph on CPU against the original model on real inputs; keep "
+             "the reference.", "qnn_tasks.stages.cpucheck:run_call", plan_cpucheck),
+    StageDef("calibrate", "graph", "Make each w8a16 graph's calibration set from real inputs (once per graph).",
+             "qnn_tasks.stages.calibrate:run_call", plan_calibrate, column=False),
+)
+CHIP_STAGES = (
+    StageDef("config", "chip", "Write each chip's HTP settings for each graph (toolchain options + SoC row).",
+             "qnn_tasks.toolchains.calls:config", plan_config, heavy=False, toolchain=True),
+    StageDef("context", "chip", "Compile each graph to a QNN context binary per chip; check CPU fallback and the chip "
+             "it was built for.", "qnn_tasks.toolchains.calls:context", plan_context, remote=True, toolchain=True),
+    StageDef("simulate", "chip", "Run each binary on the host HTP simulator and keep its outputs (judged by "
+             "simverify).", "qnn_tasks.stages.simulate:run_call", plan_simulate, remote=True, toolchain=True),
+    StageDef("simverify", "chip", "Judge each binary's simulator outputs against the CPU reference (metrics, "
+             "thresholds, checks).", "qnn_tasks.stages.simverify:run_call", plan_simverify, heavy=False),
+)
+PIPELINE = StageDef("pipeline", "pipeline", "Chain each model's pipeline graphs on the host simulator (each fed the "
+                    "previous one's NPU outputs) and judge the end against the same chain on CPU.",
+                    "qnn_tasks.stages.pipeline:run_call", plan_pipeline, remote=True, toolchain=True, column=False)
+VARIANT_RUNNER = "qnn_tasks.toolchains.calls:graph_stage"  # quantize; convert, modellib: rows from the toolchain
+# On demand: created only when asked for (`doit diagnose`), never in the default run. Rows without a runner are
+# task-layer work (phones, dependency checks) that calls no stage function.
+DIAGNOSE = StageDef("diagnose", "chip", "Find the first node where the NPU diverges from the CPU, and why (on demand, "
+                    "not in the default run).", "qnn_tasks.stages.diagnose:run_call", plan_diagnose, remote=True,
+                    toolchain=True, column=False)
+SOCSCHECK = StageDef("socscheck", "project", "Compile a tiny model for every SoC row and confirm the binary's "
+                     "socModel/arch (on demand).", "qnn_tasks.qnn.socscheck:run_call", None, toolchain=True,
+                     column=False)
+COMPAT = StageDef("compat", "project", "Load every built binary on every configured runtime's simulator: which QNN "
+                  "runtimes load it, and do outputs still match (on demand).", "qnn_tasks.stages.compat:run_call", None,
+                  toolchain=True, column=False)
+ON_DEMAND = (
+    DIAGNOSE, SOCSCHECK,
+    StageDef("toolcheck", "project", "Run each toolchain's dependency checks and say clearly what is missing (on "
+             "demand).", "", None, column=False),
+    COMPAT,
+    StageDef("verify", "chip", "Run each chip's binaries on the attached phones (adb) and compare with the CPU; "
+             "latency, CPU use (on demand).", "", None, column=False),
+    StageDef("power", "chip", "Fixed-length run on an attached phone with battery level before/after (on demand, "
+             "opt-in).", "", None, column=False),
+)
+
+
+_REGISTERED: list[StageDef] = []
+
+
+def register(row: StageDef) -> None:
+    """Add a stage of the project's own (a row whose runner and plan live in its module), run after the built-in
+    stages of its scope. Called from dodo.py before `project_tasks`."""
+    if row.scope not in ("graph", "chip"):
+        raise ValueError(f"stage '{row.name}': scope '{row.scope}' cannot be registered (use 'graph' or 'chip')")
+    if any(r.name == row.name for r in GRAPH_STAGES + CHIP_STAGES + ON_DEMAND + tuple(_REGISTERED)):
+        raise ValueError(f"stage '{row.name}' exists already")
+    _REGISTERED.append(row)
+
+
+def registered(scope: str) -> list[StageDef]:
+    return [r for r in _REGISTERED if r.scope == scope]
+
+
+def report_columns(scope: str) -> tuple[str, ...]:
+    """The stages the report shows a column for, per target kind ("graph" or "chip")."""
+    return tuple(row.name for row in (GRAPH_STAGES if scope == "graph" else CHIP_STAGES) if row.column)
+
+
+def variant_stage_defs(planner: Planner) -> list[StageDef]:
+    """Rows for the toolchains' per-variant stages (quantize; convert, modellib), each name once, in order."""
+    seen: dict[str, StageDef] = {}
+    for binding in planner.bindings:
+        for precision in sorted({p for gt in planner.graphs for p in gt.graph.precisions}):
+            for graph_stage in binding.toolchain.graph_stages(precision):
+                seen.setdefault(graph_stage.name, StageDef(graph_stage.name, "variant", graph_stage.doc + ".",
+                                                           VARIANT_RUNNER, plan_variant_stage, remote=True,
+                                                           toolchain=True, column=False))
+    return list(seen.values())
+
+
+def build_stage_defs(planner: Planner) -> list[StageDef]:
+    """Every stage of the default run, in build order."""
+    rows = list(GRAPH_STAGES)
+    if not any("w8a16" in gt.graph.precisions for gt in planner.graphs):
+        rows = [r for r in rows if r.name != "calibrate"]
+    return (rows + registered("graph") + variant_stage_defs(planner) + list(CHIP_STAGES) + registered("chip")
+            + ([PIPELINE] if planner.pipelines else []))
+
+
+def targets_of(planner: Planner, stage: StageDef) -> list:
+    return {"graph": planner.graphs, "variant": planner.variants, "chip": planner.chips,
+            "pipeline": planner.pipelines}[stage.scope]
+
+
+def all_outputs(planner: Planner) -> list[str]:
+    """Every file the default run's stages write (what the report vouches for when run alone)."""
+    found = []
+    for row in build_stage_defs(planner):
+        for target in targets_of(planner, row):
+            plan = row.plan(planner, row, target)
+            if plan is not None and not plan.skip:
+                found += plan.outputs
+    return found
+
+
+DEVICE_STAMP = "build/verify/records.stamp"  # rewritten by stages/verify with every device record
+COMPAT_RECORD = "build/compat/compat.json"
+
+
+def record_paths(planner: Planner) -> list[str]:
+    """Every record the report reads, as strings: the report's up-to-date check stats them on each run."""
+    paths = [f"{gt.dir}/{stage}/{stage}.json" for gt in planner.graphs for stage in report_columns("graph")]
+    paths += sorted({f"{ct.variant.dir}/{s.name}/{s.name}.json" for ct in planner.chips
+                     for s in planner.binding(ct).toolchain.graph_stages(ct.precision)})
+    paths += [f"{ct.dir_str}/{stage.name}/{stage.name}.json" for ct in planner.chips for stage in CHIP_STAGES + (DIAGNOSE,)]
+    paths += [f"{pt.dir}/{PIPELINE.name}/{PIPELINE.name}.json" for pt in planner.pipelines]
+    return paths + [DEVICE_STAMP, COMPAT_RECORD]  # one file for all device records (not 2 stats per target)

@@ -1,0 +1,1 @@
+"""QNN artifacts: context binary reading, EPContext wrappers, runtime libraries, the chip check."""

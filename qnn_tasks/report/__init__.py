@@ -1,0 +1,1 @@
+"""Records -> the report (HTML / JSON / Markdown), the upgrade diff, templates."""

@@ -1,0 +1,229 @@
+"""The report's content: report.json assembled from stage records, never by rerunning a tool.
+
+A record is believed only while the files it vouches for are there with the size and digest it
+names (records.problems); otherwise its stage shows `stale`, the target is `stale` (counted, and
+failing the report task: the gate). Rendering (report.md, index.html, plots) is report_render.py.
+report.json has one stable schema for CI gates (README: "report.json").
+"""
+from __future__ import annotations
+
+import datetime as _dt
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.run import records
+from qnn_tasks.plan.targets import ChipTarget, GraphTarget
+from qnn_tasks.plan.stages import COMPAT_RECORD, report_columns
+
+SCHEMA = "qnn-npu-compile/report/v1"
+GRAPH_STAGES = report_columns("graph")
+CHIP_STAGES = report_columns("chip")
+STATUSES = ("passed", "warning", "failed", "stale", "skipped", "pending")
+DEVICE_STAGES = ("verify", "power")
+
+
+def graph_record_paths(gt: GraphTarget) -> dict[str, Path]:
+    return {stage: gt.stage_dir(stage) / f"{stage}.json" for stage in GRAPH_STAGES}
+
+
+def chip_record_paths(ct: ChipTarget) -> dict[str, Path]:
+    return {stage: ct.stage_dir(stage) / f"{stage}.json" for stage in CHIP_STAGES}
+
+
+def diagnosis_path(ct: ChipTarget) -> Path:
+    return ct.stage_dir("diagnose") / "diagnose.json"
+
+
+def variant_record_path(ct: ChipTarget, stage: str) -> str:
+    """Record of a toolchain graph stage (quantize, convert, modellib) of the target's variant."""
+    return f"{ct.variant.dir}/{stage}/{stage}.json"
+
+
+def _variant_stages(planner, ct: ChipTarget) -> tuple[str, ...]:
+    return tuple(s.name for s in planner.binding(ct).toolchain.graph_stages(ct.precision))
+
+
+def read_checked(path: Path | str) -> dict[str, Any] | None:
+    """A record as the report shows it: `stale` (with why) when its outputs are not what it vouches for."""
+    record = records.read(path)
+    if record is None or record.get("status") not in ("passed", "warning"):
+        return record
+    problems = records.problems(record, path)
+    if problems:
+        record = {**record, "status": "stale", "stale": problems,
+                  "error": f"stale: {'; '.join(problems)} (rerun doit to rebuild it)"}
+    return record
+
+
+def collect(planner) -> dict[str, Any]:
+    """Assemble report.json's content from the records on disk."""
+    graph_entries = []
+    for gt in planner.graphs:
+        stages = {stage: read_checked(path) for stage, path in graph_record_paths(gt).items()}
+        export = stages.get("export") or {}
+        graph_entries.append({"model": gt.graph.model, "graph": gt.name, "precision": gt.graph.precision,
+                              "source": export.get("source"), "status": combine(stages.values()),
+                              "stages": stages})
+    graph_status = {g["graph"]: g["status"] for g in graph_entries}
+    graph_errors = {g["graph"]: next((f"graph {g['graph']} {r.get('status')} at {stage}: {r.get('error')}"
+                                      for stage, r in g["stages"].items()
+                                      if r and r.get("status") in ("failed", "stale")), f"graph {g['graph']} failed")
+                    for g in graph_entries}
+    targets = [_target(planner, ct, graph_status, graph_errors) for ct in planner.chips]
+    summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
+    variants = []
+    for t in targets:
+        if not any(v["name"] == t["variant"] for v in variants):
+            variants.append({"name": t["variant"], "model": t["model"], "graph": t["graph"], "precision": t["precision"],
+                             "toolchain_id": t["toolchain_id"]})
+    from qnn_tasks.report import upgrade_diff as compare
+
+    pipelines = [pipeline_entry(pt) for pt in planner.pipelines]
+    data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "summary": {"targets": len(targets), **summary,
+                        "graphs_failed": sum(1 for g in graph_entries if g["status"] in ("failed", "stale")),
+                        "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache")),
+                        "pipelines_failed": sum(1 for p in pipelines if p["status"] in ("failed", "stale"))},
+            "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
+                            "upgrade": b.profile.upgrade} for b in planner.bindings],
+            "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines,
+            "precision_comparison": precision_comparison(targets)}
+    data["comparison"] = compare.upgrade_diff(data)
+    data["compatibility"] = records.read(COMPAT_RECORD)
+    return data
+
+
+def _target(planner, ct: ChipTarget, graph_status: dict[str, str], graph_errors: dict[str, str]) -> dict[str, Any]:
+    stages = {stage: read_checked(path) for stage, path in chip_record_paths(ct).items()}
+    toolchain_stages = {stage: read_checked(variant_record_path(ct, stage)) for stage in _variant_stages(planner, ct)}
+    own = [*toolchain_stages.values(), *stages.values()]
+    upstream = graph_status[ct.graph.name]
+    # a graph's lint warnings are shown with the graph; they do not make a cleanly verified target a "warning"
+    status = "skipped" if ct.skip_reason else combine(own + [{"status": upstream if upstream != "warning" else "passed"}])
+    graph_failed = upstream in ("failed", "stale")
+    reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else _first_error(own))
+    if status == "warning" and not reason:
+        reason = "; ".join(w for r in own if r for w in r.get("warnings") or [])
+    if graph_failed:
+        stages = {stage: None for stage in stages}  # records of an earlier build no longer describe this one
+    return {"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "variant": ct.variant.name,
+            "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "toolchain": planner.binding(ct).profile.name,
+            "precision": ct.precision, "status": status, "reason": reason, "toolchain_stages": toolchain_stages,
+            "stages": stages, "provenance": provenance(stages), "diagnosis": diagnosis(ct, stages.get("context")),
+            "device": device_results(ct)}
+
+
+def pipeline_entry(pt) -> dict[str, Any]:
+    """A pipeline on one chip: its end-to-end record (links' metrics, final metrics and checks)."""
+    record = read_checked(pt.stage_dir("pipeline") / "pipeline.json")
+    return {"name": pt.name, "model": pt.pipeline.model, "graphs": list(pt.pipeline.graphs), "soc": pt.soc.row(),
+            "toolchain_id": pt.chips[0].toolchain_id, "status": combine([record]),
+            "reason": _first_error([record]), "record": record}
+
+
+def provenance(stages: dict[str, Any]) -> dict[str, Any]:
+    """Where the heavy stages ran: the cache (restored), a Dask worker, or here."""
+    found: dict[str, Any] = {"from_cache": [], "workers": {}}
+    for stage in ("context", "simulate"):
+        record = stages.get(stage) or {}
+        if record.get("from_cache"):
+            found["from_cache"].append(stage)
+        executor = (record.get("from_cache") or {}).get("executor") or record.get("executor") or {}
+        if executor.get("kind") == "dask":
+            found["workers"][stage] = executor.get("worker")
+    return found
+
+
+def diagnosis(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The diagnose record, marked stale when it diagnosed another binary than the current one."""
+    record = read_checked(diagnosis_path(ct))
+    if not record:
+        return None
+    diagnosed = (record.get("diagnosed") or {}).get("binary_sha256")
+    current = next((f["sha256"] for name, f in ((context or {}).get("files") or {}).items() if name.endswith(".bin")),
+                   None)
+    if diagnosed and current and diagnosed != current:
+        record = {**record, "stale": ["diagnosed an earlier build of this binary"], "status": "stale"}
+    return record
+
+
+def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """fp16 vs w8a16 per graph, chip and toolchain (graphs built at more than one precision)."""
+    from qnn_tasks.report.upgrade_diff import target_figures
+
+    rows = []
+    groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for t in targets:
+        groups.setdefault((t["graph"], t["soc"]["name"], t["toolchain_id"]), []).append(t)
+    for (graph, soc, _), group in groups.items():
+        if len(group) < 2:
+            continue
+        for t in group:
+            figures = target_figures(t)
+            rows.append({"graph": graph, "soc": soc, "precision": t["precision"], "status": t["status"],
+                         "bin_size": figures["bin_size"], "sim_median_s": figures["sim_median_s"],
+                         "min_cosine": figures["min_cosine"], "checks_passed": figures["checks_passed"]})
+    return rows
+
+
+def gate_problems(data: dict[str, Any]) -> list[str]:
+    """What fails the report task itself: stale targets, and upgrade regressions of a gating toolchain."""
+    problems = []
+    stale = [t["name"] for t in data["targets"] + data.get("pipelines", []) if t["status"] == "stale"]
+    if stale:
+        problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "
+                        f"{', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}); run doit to rebuild them")
+    for block in data.get("comparison") or []:
+        if block.get("gate") and block.get("regressions"):
+            names = ", ".join(r["target"] for r in block["regressions"][:5])
+            problems.append(f"upgrade gate: {len(block['regressions'])} regression(s) from {block['baseline']} to "
+                            f"{block['candidate']}: {names} (see the report's upgrade section)")
+    return problems
+
+
+# ------------------------------------------------------------------ device results (doit verify / doit power)
+
+def device_record_paths(ct: ChipTarget) -> dict[str, Path]:
+    return {stage: ct.stage_dir(stage) / f"{stage}.json" for stage in DEVICE_STAGES}
+
+
+def device_results(ct: ChipTarget) -> dict[str, Any] | None:
+    """A target's records from phones (on demand: absent unless `doit verify` / `doit power` ran).
+
+    They are reported beside the build, never folded into the target's status: a phone that was not
+    attached today says nothing about the binary.
+    """
+    found = {stage: records.read(path) for stage, path in device_record_paths(ct).items()}
+    return found if any(found.values()) else None
+
+
+# ------------------------------------------------------------------ helpers
+
+def combine(stage_records) -> str:
+    """A status from records: failed > stale > pending > warning > passed."""
+    statuses = [r.get("status") if r else "pending" for r in stage_records]
+    for status in ("failed", "stale", "pending", "warning"):
+        if status in statuses:
+            return status
+    return "passed"
+
+
+def _first_error(stage_records) -> str | None:
+    return next((r.get("error") for r in stage_records if r and r.get("status") in ("failed", "stale")), None)
+
+
+def summary_line(data: dict[str, Any]) -> str:
+    s = data["summary"]
+    line = (f"{s['targets']} targets: {s['passed']} passed, {s['warning']} with warnings, {s['failed']} failed, "
+            f"{s['skipped']} skipped, {s['pending']} not built yet")
+    if s.get("stale"):
+        line += f", {s['stale']} STALE"
+    if s.get("from_cache"):
+        line += f"; {s['from_cache']} restored from the cache"
+    return line + "."
+
+
+def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
+    from qnn_tasks.report.render import write as render
+
+    return render(report_dir, data)

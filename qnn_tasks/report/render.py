@@ -1,0 +1,257 @@
+"""Render report.json's content for people: report.md and index.html, in build/report/.
+
+The folder is self-contained: every log, plot or summary a page links to is copied under
+build/report/files/, so publishing build/report/ alone (a CI artifact) keeps every link working.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.fileio import atomic_path, write_json
+
+NOT_IN_SOCS = "not in socs"
+
+
+def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
+    """Write report.json, report.md and index.html; return their paths."""
+    report_dir.mkdir(parents=True, exist_ok=True)
+    # plots are drawn by the simulate stage (cached with it); the page links a copy under files/
+    plots = {t["name"]: _existing((t["stages"].get("simulate") or {}).get("plot")) for t in data["targets"]}
+    paths = {"json": report_dir / "report.json", "md": report_dir / "report.md", "html": report_dir / "index.html"}
+    write_json(paths["json"], data)
+    with atomic_path(paths["md"]) as tmp:
+        tmp.write_text(markdown(data))
+    with atomic_path(paths["html"]) as tmp:
+        tmp.write_text(html(data, report_dir, plots))
+    return paths
+
+
+# ------------------------------------------------------------------ markdown
+
+def markdown(data: dict[str, Any]) -> str:
+    from qnn_tasks.report.gather import summary_line
+
+    socs = soc_names(data)
+    lines = ["# NPU build report", "", f"Generated {data['generated']}. " + summary_line(data), "",
+             "| graph | " + " | ".join(socs) + " |", "|---|" + "---|" * len(socs)]
+    for variant in data["variants"]:
+        cells = [cell_text(data, variant["name"], soc) for soc in socs]
+        lines.append(f"| {variant['model']}/{variant['name']} ({variant['precision']}) | " + " | ".join(cells) + " |")
+    if data["precision_comparison"]:
+        lines += ["", "## fp16 vs w8a16", "", "| graph | chip | precision | status | .bin size | simulator time | min cosine |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in data["precision_comparison"]:
+            lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {size(r['bin_size'])} | "
+                         f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} |")
+    lines += pipeline_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
+    problems = [t for t in data["targets"] if t["status"] in ("failed", "stale", "skipped")]
+    if problems:
+        lines += ["", "## Failed, stale and skipped", ""]
+        lines += [f"- **{t['name']}** ({t['status']}): {t['reason']}" for t in problems]
+    return "\n".join(lines) + "\n"
+
+
+def pipeline_markdown(data: dict[str, Any]) -> list[str]:
+    if not data.get("pipelines"):
+        return []
+    lines = ["", "## Pipelines (graphs chained on the simulator, judged at the end)", "",
+             "| pipeline | graphs | status | links' min cosine | end: checks |", "|---|---|---|---|---|"]
+    for p in data["pipelines"]:
+        record = p["record"] or {}
+        links = "; ".join(f"{link['graph']} {num(min(m['cosine'] for m in link['metrics'].values()), 6)}"
+                          for link in record.get("links") or [])
+        checks = ", ".join(f"{c['kind']} {num(c['value'])}" for c in record.get("checks") or [])
+        lines.append(f"| {p['name']} | {' -> '.join(p['graphs'])} | {p['status']} | {links or '-'} | {checks or '-'} |")
+    return lines
+
+
+def upgrade_markdown(data: dict[str, Any]) -> list[str]:
+    lines = []
+    for block in data.get("comparison") or []:
+        lines += ["", f"## Upgrade diff: {block['baseline']} (QNN {block['qnn'][0]}) vs {block['candidate']} "
+                      f"(QNN {block['qnn'][1]})", "",
+                  f"{len(block['regressions'])} regression(s)" + (" — gating" if block["gate"] else "") + ".", "",
+                  "| target | status A / B | min cosine A / B | min SNR A / B | .bin A / B | compile A / B | simulator A / B | regression |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for r in block["rows"]:
+            a, b = r["a"], r["b"]
+            lines.append(f"| {r['target']} | {a['status']} / {b['status']} | {num(a['min_cosine'], 6)} / "
+                         f"{num(b['min_cosine'], 6)} | {num(a['min_snr_db'])} / {num(b['min_snr_db'])} | "
+                         f"{size(a['bin_size'])} / {size(b['bin_size'])} | {duration(a['compile_seconds'])} / "
+                         f"{duration(b['compile_seconds'])} | {duration(a['sim_median_s'])} / {duration(b['sim_median_s'])} | "
+                         f"{'; '.join(r['regression']) or '-'} |")
+    return lines
+
+
+def compat_markdown(data: dict[str, Any]) -> list[str]:
+    table = data.get("compatibility")
+    if not table or not table.get("binaries"):
+        return []
+    runtimes = table["runtimes"]
+    lines = ["", "## Runtime compatibility (measured on the simulator, `doit compat`)", "",
+             "| binary (built with QNN) | " + " | ".join(f"runtime QNN {r['qnn']}" for r in runtimes) + " | minimum runtime |",
+             "|---|" + "---|" * (len(runtimes) + 1)]
+    for entry in table["binaries"]:
+        cells = [compat_cell(entry["runs"].get(r["profile"])) for r in runtimes]
+        lines.append(f"| {entry['target']} ({entry['built_with']}) | " + " | ".join(cells)
+                     + f" | {entry.get('minimum_runtime') or '-'} |")
+    return lines
+
+
+def compat_cell(run: dict[str, Any] | None) -> str:
+    if not run:
+        return "-"
+    if not run.get("loads"):
+        return "refused" + (f" ({run['error_code']})" if run.get("error_code") else "")
+    return "loads, matches" if run.get("matches") else "loads, DIFFERS"
+
+
+def device_markdown(data: dict[str, Any]) -> list[str]:
+    rows = device_rows(data)
+    if not rows:
+        return []
+    lines = ["", "## On phones (device results, `doit verify`)", "",
+             "| target | phone | Android | chip | status | min cosine | per inference (median / p90) | first output | RTF | CPU cores |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['target']} | {r['model']} ({r['serial']}) | {r['android']} | {r['chip']} | {r['status']} | "
+                     f"{num(r['min_cosine'], 6)} | {duration(r['median_s'])} / {duration(r['p90_s'])} | "
+                     f"{duration(r['first_s'])} | {num(r['rtf'])} | {num(r['cpu_cores'], 3)} |")
+    return lines
+
+
+def device_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One row per (target, phone) with the numbers a person compares across phones."""
+    rows = []
+    for t in data["targets"]:
+        record = (t.get("device") or {}).get("verify")
+        for d in (record or {}).get("devices", []):
+            timing, cpu, rtf = d.get("timing") or {}, d.get("cpu") or {}, d.get("rtf") or {}
+            cosines = [m.get("cosine") for m in (d.get("metrics") or {}).values()]
+            rows.append({"target": t["name"], "status": d.get("status"), "serial": d.get("serial"),
+                         "model": d.get("model"), "android": d.get("android"), "chip": d.get("soc_model"),
+                         "min_cosine": min((c for c in cosines if c is not None), default=None),
+                         "median_s": timing.get("per_inference_median_s"), "p90_s": timing.get("per_inference_p90_s"),
+                         "first_s": timing.get("first_output_median_s"), "rtf": rtf.get("value"),
+                         "cpu_cores": cpu.get("cores"), "measured_at": record.get("measured_at"),
+                         "error": d.get("error")})
+    return rows
+
+
+# ------------------------------------------------------------------ html
+
+def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -> str:
+    import jinja2
+
+    from qnn_tasks.report.gather import summary_line
+
+    env = jinja2.Environment(loader=jinja2.PackageLoader("qnn_tasks", "templates"),
+                             autoescape=jinja2.select_autoescape(["html", "j2"]))
+    env.filters["rel"] = lambda p: linked(p, report_dir)
+    env.filters["num"] = num
+    env.filters["size"] = size
+    env.filters["duration"] = duration
+    env.filters["limits"] = limits
+    return env.get_template("report.html.j2").render(
+        data=data, socs=soc_names(data), cell=lambda g, s: target_of(data, g, s), plots=plots,
+        breaks=breaks, worst_nodes=worst_nodes, compat_cell=compat_cell, not_in_socs=NOT_IN_SOCS,
+        summary=summary_line(data))
+
+
+def linked(path: str | None, report_dir: Path) -> str:
+    """A link from index.html to `path`: files outside the report folder are copied into files/ first."""
+    if not path or not os.path.isfile(path):
+        return ""
+    source = Path(path)
+    try:
+        return str(source.resolve().relative_to(report_dir.resolve()))
+    except ValueError:
+        pass
+    rel = Path(os.path.relpath(source, report_dir.parent)) if not source.is_absolute() else Path(source.name)
+    copy = report_dir / "files" / Path(*[p for p in rel.parts if p != ".."])
+    if not copy.is_file() or copy.stat().st_mtime_ns < source.stat().st_mtime_ns:
+        copy.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(source, copy)
+    return str(copy.relative_to(report_dir))
+
+
+# ------------------------------------------------------------------ helpers
+
+def _existing(path: str | None) -> str | None:
+    return path if path and os.path.isfile(path) else None
+
+
+def soc_names(data: dict[str, Any]) -> list[str]:
+    names: list[str] = []
+    for t in data["targets"]:
+        if t["soc"]["name"] not in names:
+            names.append(t["soc"]["name"])
+    return names
+
+
+def target_of(data: dict[str, Any], variant: str, soc: str) -> dict[str, Any] | None:
+    return next((t for t in data["targets"] if t["variant"] == variant and t["soc"]["name"] == soc), None)
+
+
+def cell_text(data: dict[str, Any], variant: str, soc: str) -> str:
+    target = target_of(data, variant, soc)
+    if not target:
+        return NOT_IN_SOCS
+    return target["status"] + (" (cache)" if target["provenance"].get("from_cache") else "")
+
+
+def num(value: Any, digits: int = 4) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:.{digits}g}"
+    return str(value)
+
+
+def breaks(metrics: dict[str, Any], threshold: str) -> str:
+    """'failed' when this metric breaks its threshold (the cell is shown red), else ''."""
+    from qnn_tasks.judge.metrics import METRIC_OF
+    from qnn_tasks.spec.checks import THRESHOLD_KEYS
+
+    limit = (metrics.get("thresholds") or {}).get(threshold)
+    value = metrics.get(METRIC_OF[threshold])
+    if limit is None:
+        return ""
+    if value is None:  # non-finite (written as null): NaN breaks, an infinite SNR does not
+        return "" if threshold == "min_snr_db" and not metrics.get("non_finite") else "failed"
+    ok = value <= limit if THRESHOLD_KEYS[threshold] == "max" else value >= limit
+    return "" if ok else "failed"
+
+
+def worst_nodes(diagnosis: dict[str, Any], count: int = 12) -> list[dict[str, Any]]:
+    """The nodes with the largest error, in graph order (the diagnosis table)."""
+    nodes = [n for n in diagnosis.get("nodes") or []]
+    worst = sorted(nodes, key=lambda n: -(n["rel_max_abs"] if n.get("rel_max_abs") is not None else float("inf")))[:count]
+    return sorted(worst, key=lambda n: n["index"])
+
+
+def duration(seconds: Any) -> str:
+    if not isinstance(seconds, (int, float)):
+        return "-"
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1000:.1f} ms"
+
+
+_LIMIT_WORDS = {"max_abs": "max-abs ≤ {}", "mean_abs": "mean-abs ≤ {}", "min_cosine": "cosine ≥ {}",
+                "min_snr_db": "SNR ≥ {} dB"}
+
+
+def limits(thresholds: dict[str, Any]) -> str:
+    return ", ".join(_LIMIT_WORDS.get(k, k + " {}").format(f"{v:g}") for k, v in (thresholds or {}).items())
+
+
+def size(value: Any) -> str:
+    if not isinstance(value, (int, float)):
+        return "-"
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.1f} {unit}" if unit != "B" else f"{value} B"
+        value /= 1024
+    return str(value)

@@ -1,0 +1,63 @@
+"""Executors run stage calls (calls.StageCall) somewhere: here, in a child process, or on a Dask worker.
+
+`QNN_EXECUTOR` picks one for the heavy stages: `child` (default: a persistent child process per
+interpreter, so Ctrl-C stops native work at once and pinned toolchain environments get their own
+interpreter), `inprocess` (debugging), or `dask://host:port` (a Dask cluster; needs a shared
+cache store, QNN_CACHE). Light stages always run in this process.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Protocol
+
+from qnn_tasks.run.calls import StageCall
+from qnn_tasks.errors import SpecError
+
+ENV = "QNN_EXECUTOR"
+Sink = Callable[[int, int, str], None]
+
+
+class Executor(Protocol):
+    name: str
+
+    def run(self, call: StageCall, sink: Sink | None) -> dict[str, Any]:
+        """Run the call; return its outcome: {ok, record, error?, traceback?, executor, stored?}."""
+
+
+_chosen: dict[str, Executor] = {}
+
+
+def for_call(call: StageCall, root: str, cache=None) -> Executor:
+    """The executor for this call: light calls in-process; heavy ones by QNN_EXECUTOR."""
+    from qnn_tasks.run.executors import local
+
+    if not call.heavy:
+        return _cached("inprocess", local.InProcess)
+    spec = os.environ.get(ENV, "child").strip() or "child"
+    if spec == "inprocess":
+        if call.toolchain and call.toolchain.get("packages"):
+            return _cached("child", lambda: local.Child(root))  # a pinned interpreter is another process
+        return _cached("inprocess", local.InProcess)
+    if spec == "child":
+        return _cached("child", lambda: local.Child(root))
+    if spec.startswith(("dask://", "tcp://")):
+        if not call.remote:
+            return _cached("child", lambda: local.Child(root))
+        from qnn_tasks.run.executors.dask import DaskExecutor
+
+        return _cached(spec, lambda: DaskExecutor(spec, root, cache))
+    raise SpecError(f"${ENV}", "", f"unknown executor '{spec}'", "use child, inprocess or dask://host:port")
+
+
+def _cached(name: str, make: Callable[[], Executor]) -> Executor:
+    if name not in _chosen:
+        _chosen[name] = make()
+    return _chosen[name]
+
+
+def stop_all() -> None:
+    """Ctrl-C: stop every child process and remote call at once."""
+    for executor in list(_chosen.values()):
+        stop = getattr(executor, "stop", None)
+        if stop:
+            stop()

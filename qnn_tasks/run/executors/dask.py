@@ -1,0 +1,106 @@
+"""Heavy stage calls on a Dask cluster (`QNN_EXECUTOR=dask://host:8786`); doit stays the planner.
+
+Workers share no filesystem with the client: a call's input files travel through the cache store
+(content-addressed blobs), the worker runs the call in a scratch copy of the project layout, puts
+the outputs and record in the store under the call's action key, and the client restores them.
+So a result computed on the cluster is also in the cache for every later run and clone.
+
+Workers must run the same code and toolchain as the client: on connect every worker reports its
+code version and the fingerprints of this run's toolchains; a worker that differs is refused with
+one line and never gets a call (the check is repeated on the worker for each call, for workers
+that join later). A worker lost mid-call is Dask's to handle: the scheduler runs the call again
+on another worker, and nothing half-written was ever put in the store.
+"""
+from __future__ import annotations
+
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.run import console
+from qnn_tasks.run.calls import StageCall
+from qnn_tasks.errors import SpecError, ToolchainError
+from qnn_tasks.run.executors import remote
+
+CONNECT_TIMEOUT_S = 20
+
+
+class DaskExecutor:
+    name = "dask"
+
+    def __init__(self, address: str, root: str, cache) -> None:
+        if cache is None:
+            raise SpecError("$QNN_EXECUTOR", "", f"{address}: Dask workers need a cache store they can reach to "
+                            "receive inputs and return outputs", "set QNN_CACHE to a shared folder or an s3:// / gs:// URL")
+        try:
+            from distributed import Client
+        except ImportError:
+            raise ToolchainError("the Dask executor needs dask[distributed] (fix: pip install 'dask[distributed]')") from None
+        self.address = address.replace("dask://", "tcp://", 1)
+        self.root = root
+        self.cache = cache
+        try:
+            self.client = Client(self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+        except (OSError, TimeoutError) as err:
+            raise ToolchainError(f"cannot reach the Dask scheduler at {self.address}: {err} (fix: start it with "
+                                 f"`dask scheduler`, or check QNN_EXECUTOR)") from None
+        self._checked: dict[str, list[str]] = {}   # toolchain fingerprint json -> workers that match
+        self._lock = threading.Lock()
+        self._futures: set = set()
+
+    def _workers_for(self, call: StageCall) -> list[str]:
+        """Workers whose code and toolchain equal this client's; the others are refused once, with one line."""
+        expected = remote.expectation(call)
+        key = expected["fingerprint_json"]
+        with self._lock:
+            if key not in self._checked:
+                reports = self.client.run(remote.worker_versions, call.toolchain)
+                good, refused = [], []
+                for worker, report in sorted(reports.items()):
+                    problem = remote.mismatch(expected, report)
+                    (refused if problem else good).append((worker, problem))
+                for worker, problem in refused:
+                    console.note(f"refusing Dask worker {worker}: {problem}")
+                if not good:
+                    raise ToolchainError(f"no Dask worker at {self.address} matches this client "
+                                         f"({'; '.join(p for _, p in refused) or 'no workers connected'})")
+                self._checked[key] = [w for w, _ in good]
+            return self._checked[key]
+
+    def run(self, call: StageCall, sink) -> dict[str, Any]:
+        from qnn_tasks.run.cache import action_key
+
+        workers = self._workers_for(call)
+        key = action_key(call.stage, call.key, call.out_dir, call.inputs)
+        inputs = {name: self.cache.upload(name) for name in sorted(set(call.inputs))}
+        future = self.client.submit(remote.run_remote, call.to_json(), inputs, self.cache.url, key,
+                                    remote.expectation(call), key=f"{call.stage}-{call.target}-{uuid.uuid4().hex[:8]}",
+                                    workers=workers, allow_other_workers=False, pure=False)
+        with self._lock:
+            self._futures.add(future)
+        try:
+            outcome = future.result()
+        finally:
+            with self._lock:
+                self._futures.discard(future)
+        if outcome.get("ok"):
+            manifest = self.cache.lookup(key)
+            if manifest is None or not self.cache.restore(manifest, Path(call.out_dir)):
+                raise ToolchainError(f"{call.stage}:{call.target}: the worker stored its outputs under {key[:12]} in "
+                                     f"{self.cache.url}, but they cannot be restored here")
+            outcome["record"] = {k: v for k, v in manifest["record"].items()
+                                 if k not in ("stage", "target", "status", "seconds", "files", "executor")}
+            outcome["stored"] = True
+        return outcome
+
+    def stop(self) -> None:
+        """Ctrl-C: cancel the calls in flight (their workers drop them; nothing was stored)."""
+        with self._lock:
+            futures = list(self._futures)
+        for future in futures:
+            future.cancel()
+        try:
+            self.client.close(timeout=2)
+        except Exception:  # closing on the way out must not hide the interrupt
+            pass

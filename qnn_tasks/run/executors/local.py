@@ -1,0 +1,156 @@
+"""Run stage calls in this process, or in persistent child processes that Ctrl-C can stop at once.
+
+A child is `python -m qnn_tasks.run.executors.worker` with the call's interpreter (this one, or a
+pinned toolchain environment's) and the project root as working directory. It reads one call
+per line and answers with progress lines and one outcome line. Children are reused (imports such
+as onnxruntime are paid once), run in their own session (a terminal's Ctrl-C reaches doit, which
+decides) and die with their parent (PR_SET_PDEATHSIG), so a killed doit leaves no orphans.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import traceback
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.run import calls, progress
+from qnn_tasks.run.calls import StageCall
+from qnn_tasks.errors import QnnTasksError, ToolchainError
+
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding qnn_tasks/
+
+
+def run_here(call: StageCall, sink) -> dict[str, Any]:
+    """Execute the call in this process and turn any error into an outcome (what every executor returns)."""
+    progress.set_sink(sink)
+    try:
+        return {"ok": True, "record": calls.execute(call)}
+    except QnnTasksError as err:
+        return {"ok": False, "error": str(err), "record": getattr(err, "record", None) or {}}
+    except Exception as err:  # a bug or a tool crash: keep the traceback for the log
+        return {"ok": False, "error": f"unexpected {type(err).__name__}: {err}", "record": {},
+                "traceback": traceback.format_exc()}
+    finally:
+        progress.set_sink(None)
+
+
+class InProcess:
+    name = "inprocess"
+
+    def run(self, call: StageCall, sink) -> dict[str, Any]:
+        outcome = run_here(call, sink)
+        outcome["executor"] = {"kind": "inprocess", "host": socket.gethostname(), "pid": os.getpid()}
+        return outcome
+
+
+class _Worker:
+    def __init__(self, python: str, cwd: str) -> None:
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [PACKAGE_ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
+        env.pop("QNN_EXECUTOR", None)
+        self.python = python
+        self.proc = subprocess.Popen([python, "-m", "qnn_tasks.run.executors.worker"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True, text=True,
+                                     bufsize=1)
+
+    def call(self, call: StageCall, sink, cwd: str | None) -> dict[str, Any]:
+        self.proc.stdin.write(json.dumps({"call": call.to_json(), "cwd": cwd}) + "\n")
+        self.proc.stdin.flush()
+        for line in self.proc.stdout:
+            message = json.loads(line)
+            if "progress" in message:
+                if sink:
+                    sink(*message["progress"])
+                continue
+            return message["outcome"]
+        raise EOFError
+
+    def kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
+
+
+class Child:
+    """A pool of persistent child processes per interpreter (as many as calls in flight)."""
+    name = "child"
+
+    def __init__(self, root: str) -> None:
+        self.root = root
+        self._idle: dict[str, list[_Worker]] = {}
+        self._busy: set[_Worker] = set()
+        self._lock = threading.Lock()
+        self.stopped = False
+
+    def run(self, call: StageCall, sink, cwd: str | None = None) -> dict[str, Any]:
+        """Run the call in a child; `cwd` overrides the project root (a Dask worker's scratch copy)."""
+        python = interpreter_for(call)
+        worker = self._take(python)
+        try:
+            outcome = worker.call(call, sink, cwd)
+        except (EOFError, BrokenPipeError, OSError, ValueError):
+            code = worker.proc.poll()
+            self._drop(worker)
+            if self.stopped:
+                raise KeyboardInterrupt from None
+            raise ToolchainError(f"the worker process running {call.stage}:{call.target} died"
+                                 + (f" (signal {-code})" if code and code < 0 else f" (exit {code})")
+                                 + f" in {python}: a crash in native code (its output: {call.out_dir}/{call.stage}.log)") from None
+        except BaseException:
+            self._drop(worker)
+            raise
+        self._give_back(worker)
+        outcome["executor"] = {"kind": "child", "host": socket.gethostname(), "pid": worker.proc.pid,
+                               "python": python}
+        return outcome
+
+    def _take(self, python: str) -> _Worker:
+        with self._lock:
+            if self.stopped:
+                raise KeyboardInterrupt
+            idle = self._idle.setdefault(python, [])
+            while idle:
+                worker = idle.pop()
+                if worker.proc.poll() is None:
+                    self._busy.add(worker)
+                    return worker
+            worker = _Worker(python, self.root)
+            self._busy.add(worker)
+            return worker
+
+    def _give_back(self, worker: _Worker) -> None:
+        with self._lock:
+            self._busy.discard(worker)
+            self._idle.setdefault(worker.python, []).append(worker)
+
+    def _drop(self, worker: _Worker) -> None:
+        with self._lock:
+            self._busy.discard(worker)
+        worker.kill()
+
+    def stop(self) -> None:
+        """Kill every child now (Ctrl-C): calls in flight end with EOF in their threads."""
+        with self._lock:
+            self.stopped = True
+            workers = list(self._busy) + [w for ws in self._idle.values() for w in ws]
+            self._idle.clear()
+        for worker in workers:
+            worker.kill()
+
+
+def interpreter_for(call: StageCall) -> str:
+    """This interpreter, or the pinned environment's for a toolchain profile with `packages:`."""
+    if call.toolchain and call.toolchain.get("packages"):
+        from qnn_tasks.toolchains import envs
+        from qnn_tasks.spec import serial as specjson
+
+        return str(envs.ensure(specjson.profile_from_dict(call.toolchain)).python)
+    return sys.executable

@@ -1,0 +1,98 @@
+"""The one failure funnel every stage goes through, whatever executor runs it.
+
+In order: the tree lock must be ours; the old record is removed (a record never outlives the
+run that made it, interrupted or not) and leftovers of killed runs in the stage's folder are
+swept; a cache hit restores the outputs byte-identically; otherwise the executor runs the call.
+A success writes the record last, naming the size and digest of each output it vouches for, and
+puts the outputs in the cache; a failure writes a failed record and comes back as one line.
+Nothing here knows doit: tasks.py turns the returned line into a task failure.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.run import console, executors, records
+from qnn_tasks.run import interrupts, treelock
+from qnn_tasks.run.calls import StageCall
+from qnn_tasks.errors import QnnTasksError
+
+
+def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | None:
+    """Run one stage call end to end; None on success, else the one line to show."""
+    task = f"{call.stage}:{call.target}"
+    if not treelock.owned():
+        return f"{task}: this doit does not hold the build tree's lock; no record written"
+    start = time.perf_counter()
+    out_dir = Path(call.out_dir)
+    Path(call.record).unlink(missing_ok=True)
+    treelock.sweep(out_dir)
+    interrupts.running(task, call.out_dir)
+    record: dict[str, Any] = {"stage": call.stage, "target": call.target, **base}
+    try:
+        cache_key = _restore(call, record, cache, start) if cache else None
+        if cache_key is None and record.get("from_cache"):
+            return None
+        outcome = executors.for_call(call, root, cache).run(call, console.progress_sink(task))
+    except KeyboardInterrupt:
+        Path(call.record).unlink(missing_ok=True)
+        treelock.sweep(out_dir)
+        raise
+    except QnnTasksError as err:
+        outcome = {"ok": False, "error": str(err), "record": getattr(err, "record", {}) or {}}
+    finally:
+        interrupts.running(None)
+    record.update(outcome.get("record") or {})
+    record["executor"] = outcome.get("executor")
+    seconds = round(time.perf_counter() - start, 3)
+    if not outcome["ok"]:
+        return _failed(call, record, outcome, seconds, task)
+    missing = [p for p in call.outputs if not os.path.isfile(p)]
+    if missing:
+        return _failed(call, record, {"error": f"the stage finished but wrote no {', '.join(missing)}"}, seconds, task)
+    record.update(status="warning" if record.get("warnings") else "passed", seconds=seconds,
+                  files=records.vouch(call.outputs))
+    records.write(call.record, record)
+    if cache is not None and cache_key and not outcome.get("stored"):
+        try:
+            cache.put(cache_key, call.stage, call.target, out_dir, record)
+        except OSError as err:  # a full or unreachable store costs the cache entry, not the build
+            console.note(f"{task}: not cached: {err}")
+    console.finished(task, record)
+    return None
+
+
+def _restore(call: StageCall, record: dict[str, Any], cache, start: float) -> str | None:
+    """Restore the call's outputs from the cache if it has them; return the action key (None after a hit)."""
+    from qnn_tasks.run.cache import action_key
+
+    key = action_key(call.stage, call.key, call.out_dir, call.inputs)
+    manifest = cache.lookup(key)
+    if manifest is None or not cache.restore(manifest, Path(call.out_dir)):
+        return key
+    cached = dict(manifest["record"])
+    cached["from_cache"] = {"store": cache.url, "key": key, "built_at": manifest.get("built_at"),
+                            "built_by": manifest.get("built_by"), "executor": cached.get("executor"),
+                            "restored_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                            "restore_seconds": round(time.perf_counter() - start, 3)}
+    records.write(call.record, cached)
+    record.clear()
+    record.update(cached)
+    console.finished(f"{call.stage}:{call.target}", cached)
+    return None
+
+
+def _failed(call: StageCall, record: dict[str, Any], outcome: dict[str, Any], seconds: float, task: str) -> str:
+    record.update(status="failed", error=outcome["error"], seconds=seconds)
+    record.pop("files", None)
+    if outcome.get("traceback"):
+        log = Path(call.out_dir) / f"{call.stage}-error.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        log.write_text(outcome["traceback"])
+        record["error_log"] = str(log)
+    records.write(call.record, record)
+    suffix = f" (traceback: {record['error_log']})" if record.get("error_log") else ""
+    return f"{task}: {outcome['error']}{suffix}"

@@ -1,0 +1,52 @@
+"""A cache of the loaded project specs, so a no-op `doit` neither imports nor parses YAML.
+
+Valid while every spec file (socs.yaml, models/*/model.yaml and their export.py, the toolchain
+profile) and the spec code itself have the same mtime and size, for the same toolchain name
+and Python. Anything else (a corrupt or stale cache included) just means loading the YAML.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+from pathlib import Path
+from typing import Any
+
+CACHE = ".qnn-specs.cache"
+
+
+def _fingerprint(root: Path, toolchain: str) -> tuple:
+    from qnn_tasks.plan import codekeys
+
+    files = [root / "socs" / "socs.yaml"]
+    files += [root / "toolchain" / f"{name.strip()}.yaml" for name in toolchain.split(",")]
+    for model_yaml in sorted((root / "models").glob("*/model.yaml")):
+        files += [model_yaml, model_yaml.with_name("export.py")]
+    stats = []
+    for path in files:
+        try:
+            st = os.stat(path)
+            stats.append((str(path), st.st_mtime_ns, st.st_size))
+        except FileNotFoundError:
+            stats.append((str(path), None, None))
+    # the spec code itself: every module the loader imports, derived from its imports
+    return (sys.version_info[:2], toolchain, str(root), tuple(stats), codekeys.digest(("qnn_tasks.spec.project",)))
+
+
+def read(root: Path, toolchain: str) -> Any | None:
+    try:
+        with open(root / CACHE, "rb") as fh:
+            fingerprint, project = pickle.load(fh)
+    except Exception:  # missing, truncated, from another version: load the YAML instead
+        return None
+    return project if fingerprint == _fingerprint(root, toolchain) else None
+
+
+def write(root: Path, toolchain: str, project: Any) -> None:
+    tmp = root / f"{CACHE}.{os.getpid()}.part"
+    try:
+        with open(tmp, "wb") as fh:
+            pickle.dump((_fingerprint(root, toolchain), project), fh, protocol=pickle.HIGHEST_PROTOCOL)
+        os.replace(tmp, root / CACHE)
+    except OSError:  # a read-only checkout still works, just without the cache
+        tmp.unlink(missing_ok=True)

@@ -1,0 +1,119 @@
+"""The sections of a graph that say how it is checked: `verify:` (thresholds, task checks, per
+precision), `calibration:` and `lint:`, validated with their defaults filled in.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.errors import SpecError
+from qnn_tasks.spec.yamlread import _bool, _check_keys, _int, _mapping, _number
+
+PRECISIONS = ("fp16", "w8a16")  # w8a16: 8-bit weights, 16-bit activations, quantized in QNN
+MIN_CALIBRATION_SAMPLES = 8
+# threshold name -> whether a metric must stay at most ("max") or at least ("min") that value
+THRESHOLD_KEYS = {"max_abs": "max", "mean_abs": "max", "min_cosine": "min", "min_snr_db": "min"}
+THRESHOLD_RANGES = {"max_abs": (0.0, None), "mean_abs": (0.0, None), "min_cosine": (-1.0, 1.0),
+                    "min_snr_db": (-200.0, 400.0)}
+# Defaults per precision: fp16 activations are near-lossless on HTP.
+# 8-bit weights lose more: looser defaults, and the task-level checks matter most.
+DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
+                      "w8a16": {"min_cosine": 0.99, "min_snr_db": 15.0}}
+VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
+CALIBRATION_KEYS = {"samples", "function", "per_channel"}
+CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"},
+               "top1": {"output", "min", "axis"}, "wer": {"output", "max_wer_increase", "min_identical", "show"}}
+# option -> (type, lowest, highest): shares are in [0, 1]
+CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0.0, 1.0)},
+                "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)},
+                "top1": {"min": (float, 0.0, 1.0), "axis": (int, -8, 7)},
+                "wer": {"max_wer_increase": (float, 0.0, None), "min_identical": (float, 0.0, 1.0),
+                        "show": (int, 0, None)}}
+MODEL_CHECKS = ("wer",)  # checks that call the model's own code (transcribe, texts)
+# wer: fp16 must not lose a word; 8-bit weights may lose one word in a hundred, with different wording allowed
+CHECK_DEFAULTS = {"wer": {"fp16": {"max_wer_increase": 0.0, "min_identical": 1.0, "show": 5},
+                          "w8a16": {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5}}}
+
+
+LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
+              "erf", "fp16-overflow-constant", "reduce-sum-square", "clip-computed", "variance-cancellation")
+
+
+def _check_lint(lint: dict, path: Path, key: str) -> None:
+    allow = lint.get("allow", [])
+    if not isinstance(allow, list) or any(rule not in LINT_RULES for rule in allow):
+        raise SpecError(path, f"{key}.allow", f"must be a list of lint rules, got {allow!r}",
+                        f"use rules from: {', '.join(LINT_RULES)}")
+    limit = lint.get("max_fp16_params")
+    if limit is not None:
+        _number(limit, path, f"{key}.max_fp16_params", 1.0, None)
+
+
+def _calibration(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:
+    """How w8a16 graphs are calibrated: N real samples from a function of the model's export.py."""
+    section = _mapping(data, path, key)
+    _check_keys(section, CALIBRATION_KEYS, path, key)
+    samples = section.get("samples", 32)
+    if not isinstance(samples, int) or isinstance(samples, bool) or samples < MIN_CALIBRATION_SAMPLES:
+        raise SpecError(path, f"{key}.samples", f"{samples!r} is too few calibration samples",
+                        f"use at least {MIN_CALIBRATION_SAMPLES} real samples (32 or more is better)")
+    function = section.get("function", "samples")
+    if not isinstance(function, str) or not function.isidentifier():
+        raise SpecError(path, f"{key}.function", f"'{function}' is not a function name", "name a function in export.py")
+    if section and "w8a16" not in precisions:
+        raise SpecError(path, key, "calibration is only used by w8a16 graphs", "add w8a16 to precision or remove it")
+    return {"samples": samples, "function": function, "per_channel": _bool(section.get("per_channel", True), path,
+                                                                             f"{key}.per_channel")}
+
+
+def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, key: str) -> dict[str, Any]:
+    """The graph's `verify:` settings for one precision, validated, with defaults filled in.
+
+    A `w8a16:` subsection overrides the base settings for w8a16 targets only.
+    """
+    verify = dict(_mapping(data, where, key))
+    for p in PRECISIONS:
+        if p != "fp16" and p in verify:
+            override = _mapping(verify.pop(p), where, f"{key}.{p}")
+            if precision == p:
+                bad = set(override) - {"samples", "thresholds", "per_output", "checks"}
+                if bad:
+                    raise SpecError(where, f"{key}.{p}.{sorted(bad)[0]}", "unknown key", "use samples, thresholds, per_output, checks")
+                verify.update(override)
+                key = f"{key}.{p}"
+    for k in verify:
+        if k not in VERIFY_KEYS:
+            raise SpecError(where, f"{key}.{k}", "unknown key", f"use one of: {', '.join(sorted(VERIFY_KEYS))}")
+    thresholds = {**DEFAULT_THRESHOLDS[precision], **(verify.get("thresholds") or {})}
+    per_output = verify.get("per_output") or {}
+    for name, limits in [("thresholds", thresholds)] + [(f"per_output.{o}", v) for o, v in per_output.items()]:
+        for metric in limits:
+            if metric not in THRESHOLD_KEYS:
+                raise SpecError(where, f"{key}.{name}.{metric}", "unknown threshold",
+                                f"use one of: {', '.join(THRESHOLD_KEYS)}")
+            _number(limits[metric], where, f"{key}.{name}.{metric}", *THRESHOLD_RANGES[metric])
+    for name in per_output:
+        if name not in outputs:
+            raise SpecError(where, f"{key}.per_output.{name}", "not an output of the graph", f"use one of: {', '.join(outputs)}")
+    checks = []
+    for i, check in enumerate(verify.get("checks") or []):
+        if not isinstance(check, dict) or len(check) != 1:
+            raise SpecError(where, f"{key}.checks[{i}]", "each check is one `kind: {options}` mapping",
+                            "e.g. - agreement: {output: output, threshold: 0.5, min: 0.99}")
+        kind, options = next(iter(check.items()))
+        options = _mapping(options, where, f"{key}.checks[{i}].{kind}")
+        if kind not in CHECK_KINDS:
+            raise SpecError(where, f"{key}.checks[{i}]", f"unknown check '{kind}'", f"use one of: {', '.join(CHECK_KINDS)}")
+        unknown = set(options) - CHECK_KINDS[kind]
+        if unknown or options.get("output") not in outputs:
+            raise SpecError(where, f"{key}.checks[{i}].{kind}", f"needs output: one of {sorted(outputs)}"
+                            + (f"; unknown keys {sorted(unknown)}" if unknown else ""), "fix the check's options")
+        for option, (kind_of, low, high) in CHECK_RANGES.get(kind, {}).items():
+            if option in options:
+                check_key = f"{key}.checks[{i}].{kind}.{option}"
+                (_int if kind_of is int else _number)(options[option], where, check_key, low, high)
+        checks.append({"kind": kind, **CHECK_DEFAULTS.get(kind, {}).get(precision, {}), **options})
+    samples = verify.get("samples")
+    if samples is not None:
+        _int(samples, where, f"{key}.samples", 1, None)
+    return {"samples": samples, "thresholds": thresholds, "per_output": per_output, "checks": checks}

@@ -1,0 +1,80 @@
+"""`pipeline:` in model.yaml: the model's graphs chained, verified end to end.
+
+    pipeline:
+      graphs: [features, classifier]        # in order, at least two graphs of this model
+      feed: {classifier.x: features.y}      # optional: <graph>.<input>: <graph>.<output> where names differ
+      verify:                               # the last graph's outputs vs the same chain on CPU
+        thresholds: {min_cosine: 0.99}
+        checks: [{top1: {output: logits, min: 0.95}}]
+
+Every input of a later graph is fed from an earlier graph's output of the same name (or as `feed`
+says), with the same shape. The first graph's verification inputs start the chain. Loaded from
+spec.py; only YAML is read here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+PIPELINE_KEYS = {"graphs", "feed", "verify"}
+
+
+@dataclass(frozen=True)
+class PipelineSpec:
+    model: str
+    graphs: tuple[str, ...]
+    feed: dict[str, tuple[str, str]]   # "<graph>.<input>" -> (graph, output)
+    verify: dict[str, Any]             # validated like a graph's verify section (fp16 defaults)
+
+
+def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | None:
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.checks import _verify_section
+    from qnn_tasks.spec.yamlread import _check_keys, _mapping
+
+    if data is None:
+        return None
+    section = _mapping(data, path, "pipeline")
+    _check_keys(section, PIPELINE_KEYS, path, "pipeline")
+    names = section.get("graphs")
+    by_name = {g.name: g for g in graphs}
+    if not isinstance(names, list) or len(names) < 2 or len(set(names)) != len(names):
+        raise SpecError(path, "pipeline.graphs", f"needs two or more different graph names in order, got {names!r}",
+                        f"e.g. graphs: [{', '.join(list(by_name)[:2]) or 'first, second'}]")
+    for name in names:
+        if name not in by_name:
+            raise SpecError(path, "pipeline.graphs", f"'{name}' is not a graph of this model",
+                            f"use graphs declared under graphs: ({', '.join(by_name)})")
+    feed = {}
+    for key, value in _mapping(section.get("feed"), path, "pipeline.feed").items():
+        target, source = str(key).split("."), str(value).split(".")
+        if len(target) != 2 or len(source) != 2 or target[0] not in names or source[0] not in names \
+                or names.index(source[0]) >= names.index(target[0]):
+            raise SpecError(path, f"pipeline.feed.{key}", f"'{key}: {value}' does not feed a later graph's input "
+                            "from an earlier graph's output", "write <later graph>.<input>: <earlier graph>.<output>")
+        feed[str(key)] = (source[0], source[1])
+    produced: dict[str, tuple[str, tuple[int, ...]]] = {}  # output name -> (graph, shape)
+    for position, name in enumerate(names):
+        graph = by_name[name]
+        if position:
+            for tensor in graph.inputs:
+                source_graph, output = feed.get(f"{name}.{tensor.name}", (None, tensor.name))
+                found = produced.get(output) if source_graph is None else _output(by_name[source_graph], output)
+                if found is None:
+                    raise SpecError(path, "pipeline", f"input '{tensor.name}' of graph '{name}' is fed by no earlier "
+                                    "graph's output", f"add feed: {{{name}.{tensor.name}: <graph>.<output>}}")
+                if tuple(found[1]) != tuple(tensor.shape):
+                    raise SpecError(path, "pipeline", f"input '{tensor.name}' of '{name}' is {list(tensor.shape)}, "
+                                    f"the output feeding it is {list(found[1])}", "make the shapes agree in model.yaml")
+        for tensor in graph.outputs:
+            produced[tensor.name] = (name, tensor.shape)
+    last = by_name[names[-1]]
+    verify = _verify_section(section.get("verify"), last.precision, {t.name for t in last.outputs}, path,
+                             "pipeline.verify")
+    return PipelineSpec(model=model, graphs=tuple(names), feed=feed, verify=verify)
+
+
+def _output(graph, name: str) -> tuple[str, tuple[int, ...]] | None:
+    tensor = next((t for t in graph.outputs if t.name == name), None)
+    return (graph.name, tensor.shape) if tensor else None

@@ -1,0 +1,181 @@
+"""model.yaml keys for porting a model to the NPU without Python: sources, rewrites, constant inputs, samples.
+
+Validated at spec load with the same one-line errors as spec.py (file, key, problem, fix), and
+like spec.py without importing onnx/onnxruntime/numpy: the rewrite catalogue and the onnxsim
+optimizer names are static lists here (tests compare them with the installed packages).
+"""
+from __future__ import annotations
+
+import glob
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from qnn_tasks.errors import SpecError
+
+GRAPH_SOURCE_KEYS = {"package", "file"}
+SAMPLES_KEYS = {"files"}
+SAMPLE_SUFFIXES = (".npz", ".npy")
+# onnxsim 0.8.1's default optimizer passes (onnxoptimizer's fuse/eliminate passes plus onnxsim's own, and the
+# batched MatMul+Add -> Gemm rewrite it names explicitly): the names `simplify.skip_optimizers` may skip.
+# tests/test_rewrites.py checks this against the installed onnxsim.
+ONNXSIM_OPTIMIZERS = (
+    "eliminate_common_subexpression", "eliminate_consecutive_idempotent_ops", "eliminate_deadend",
+    "eliminate_duplicate_initializer", "eliminate_identity", "eliminate_if_with_const_cond",
+    "eliminate_loop_with_const_trip_count", "eliminate_nop_cast", "eliminate_nop_concat", "eliminate_nop_dropout",
+    "eliminate_nop_expand", "eliminate_nop_flatten", "eliminate_nop_monotone_argmax", "eliminate_nop_pad",
+    "eliminate_nop_reduce", "eliminate_nop_reshape", "eliminate_nop_softmax", "eliminate_nop_split",
+    "eliminate_nop_transpose", "eliminate_nop_with_unit", "eliminate_optional_get_element",
+    "eliminate_optional_has_element", "eliminate_reshape_around_elementwise",
+    "eliminate_reshape_family_on_constant", "eliminate_sequence_at_construct",
+    "eliminate_sequence_length_construct", "eliminate_shape_gather", "eliminate_shape_op",
+    "eliminate_slice_after_shape", "eliminate_unused_initializer", "extract_constant_to_initializer",
+    "fuse_add_bias_into_conv", "fuse_attention", "fuse_bn_into_conv", "fuse_concat_into_reshape",
+    "fuse_consecutive_concats", "fuse_consecutive_log_softmax", "fuse_consecutive_mul", "fuse_consecutive_reduce",
+    "fuse_consecutive_reduce_unsqueeze", "fuse_consecutive_reshapes", "fuse_consecutive_slices",
+    "fuse_consecutive_squeeze_unsqueeze", "fuse_consecutive_squeezes", "fuse_consecutive_transposes",
+    "fuse_consecutive_unsqueezes", "fuse_gelu", "fuse_gqa", "fuse_layer_norm", "fuse_lp_normalization",
+    "fuse_matmul_add_bias_into_gemm", "fuse_matmul_add_bias_into_gemm_batched", "fuse_mul_into_conv",
+    "fuse_pad_into_conv", "fuse_pad_into_pool",
+    "fuse_preceding_mul_into_conv", "fuse_qkv", "fuse_reshape_family", "fuse_rms_norm", "fuse_rope",
+    "fuse_split_gather_concat", "fuse_transpose_into_gemm", "nop", "rewrite_arg_reduce_select_last_index",
+    "rewrite_bool_where", "rewrite_where",
+)
+
+
+def confined(file: Any, path: Path, key: str, inside: str) -> str:
+    """A relative path that stays inside its folder (no absolute path, no `..`); returned as given."""
+    if not isinstance(file, str) or not file.strip():
+        raise SpecError(path, key, f"expected a relative file path, got {file!r}", f"e.g. {key.rsplit('.', 1)[-1]}: model.onnx")
+    parts = PurePosixPath(file.replace("\\", "/"))
+    if parts.is_absolute() or Path(file).is_absolute() or ".." in parts.parts:
+        raise SpecError(path, key, f"'{file}' leaves {inside}",
+                        f"give a path relative to {inside}, without '..' (copy the file into it if needed)")
+    return file
+
+
+def graph_source(model_source: dict[str, Any], data: Any, path: Path, key: str) -> tuple[dict[str, Any], str]:
+    """The graph's source (model-level `source:` with the graph's `source:` keys over it) and the key naming its file."""
+    if data is None:
+        return dict(model_source), "source.file"
+    if not isinstance(data, dict):
+        raise SpecError(path, key, f"expected a mapping, got {type(data).__name__}", "e.g. source: {file: encoder.onnx}")
+    for k in data:
+        if k not in GRAPH_SOURCE_KEYS:
+            raise SpecError(path, f"{key}.{k}", "unknown key", f"use one of: {', '.join(sorted(GRAPH_SOURCE_KEYS))}")
+    merged = {**model_source, **data}
+    if "package" in data and "file" not in data:
+        merged["file"] = None  # another package: the model-level file is not in it
+    return merged, (f"{key}.file" if "file" in data else "source.file")
+
+
+def check_source_file(source: dict[str, Any], path: Path, file_key: str) -> None:
+    if source.get("file") is not None:
+        inside = f"package '{source['package']}'" if source.get("package") else "the model folder"
+        confined(source["file"], path, file_key, inside)
+
+
+def require_packaged_onnx(source: dict[str, Any], path: Path, key: str, file_key: str, samples: Any,
+                          graph: dict[str, Any]) -> None:
+    """Without export.py the graph is the packaged ONNX itself: it needs an .onnx source file and declared samples,
+    and may not name functions of an export.py."""
+    no_code = "there is no export.py"
+    calibration = graph.get("calibration") if isinstance(graph.get("calibration"), dict) else {}
+    for name, value in (("export", graph.get("export")), ("calibration.function", calibration.get("function"))):
+        if value is not None and value not in ("export", "samples"):
+            raise SpecError(path, f"{key}.{name}", f"names function '{value}' of an export.py, but {no_code}",
+                            "remove the key (the built-in export and the declared samples are used), or add export.py")
+    if not source.get("file"):
+        raise SpecError(path, file_key, f"{no_code} and no source file to export",
+                        "set source.file (or graphs.<graph>.source.file) to the packaged .onnx, "
+                        "or add export.py with export(), samples(), reference()")
+    if not str(source["file"]).lower().endswith(".onnx"):
+        raise SpecError(path, file_key, f"'{source['file']}' is not an .onnx file, and {no_code} to convert it",
+                        "point it at an ONNX file, or add export.py whose export() converts it")
+    if samples is None:
+        raise SpecError(path, f"{key}.samples", f"{no_code}, so verification inputs must be declared",
+                        'add samples: {files: "samples/*.npz"} (or add export.py with samples())')
+
+
+def rewrites(data: Any, path: Path, key: str) -> dict[str, dict[str, Any]]:
+    from qnn_tasks.graphs import rewrites as rewrite_catalogue  # only when YAML is parsed (not with the spec cache warm)
+
+    try:
+        return rewrite_catalogue.normalize(data)
+    except ValueError as err:
+        raise SpecError(path, key, str(err),
+                        f"use names from: {', '.join(rewrite_catalogue.NAMES)} "
+                        "(e.g. rewrites: [pow-square, {finite-mask: {value: -1.0e4}}])") from None
+
+
+def constant_inputs(data: Any, path: Path, key: str, inputs: set[str]) -> dict[str, Any]:
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(path, key, f"expected a mapping of input name to value, got {type(data).__name__}",
+                        "e.g. constant_inputs: {sr: 16000}")
+    for name, value in data.items():
+        if name in inputs:
+            raise SpecError(path, f"{key}.{name}", "is also declared under inputs",
+                            "an input is either fed at run time (inputs) or fixed (constant_inputs), not both")
+        if not _number_or_list(value):
+            raise SpecError(path, f"{key}.{name}", f"expected a number or a list of numbers, got {value!r}",
+                            "e.g. sr: 16000")
+    return dict(data)
+
+
+def _number_or_list(value: Any) -> bool:
+    if isinstance(value, list):
+        return bool(value) and all(_number_or_list(v) for v in value)
+    return isinstance(value, (int, float, bool))
+
+
+def samples(data: Any, path: Path, key: str, model_dir: Path) -> dict[str, Any] | None:
+    """`samples: {files: PATTERN or [PATTERNS]}`: .npz/.npy files (or folders of them) in the model folder."""
+    if data is None:
+        return None
+    fix = 'e.g. samples: {files: "samples/*.npz"} (paths relative to the model folder)'
+    if not isinstance(data, dict):
+        raise SpecError(path, key, f"expected a mapping, got {type(data).__name__}", fix)
+    for k in data:
+        if k not in SAMPLES_KEYS:
+            raise SpecError(path, f"{key}.{k}", "unknown key", fix)
+    if "files" not in data:
+        raise SpecError(path, f"{key}.files", "required key is missing", fix)
+    patterns = data["files"] if isinstance(data["files"], list) else [data["files"]]
+    if not patterns:
+        raise SpecError(path, f"{key}.files", "empty list", fix)
+    for pattern in patterns:
+        confined(pattern, path, f"{key}.files", "the model folder")
+        found = sample_files(model_dir, [pattern])
+        if not found:
+            raise SpecError(path, f"{key}.files", f"'{pattern}' matches no .npz/.npy file in {model_dir}",
+                            "add the sample files there or fix the pattern")
+    return {"files": patterns}
+
+
+def sample_files(model_dir: Path, patterns: list[str]) -> list[Path]:
+    """Files the patterns name, sorted, each once: a folder stands for the .npz/.npy files directly in it."""
+    found: dict[str, Path] = {}
+    root = Path(model_dir)
+    for pattern in patterns:
+        for match in sorted(glob.glob(str(root / pattern), recursive=True)):
+            match_path = Path(match)
+            candidates = sorted(match_path.iterdir()) if match_path.is_dir() else [match_path]
+            for candidate in candidates:
+                if candidate.is_file() and candidate.suffix in SAMPLE_SUFFIXES:
+                    found.setdefault(str(candidate), candidate)
+    return list(found.values())
+
+
+def skip_optimizers(simplify: dict[str, Any], path: Path, key: str) -> None:
+    skipped = simplify.get("skip_optimizers", [])
+    if not isinstance(skipped, list):
+        raise SpecError(path, key, f"expected a list of onnxsim optimizer names, got {skipped!r}",
+                        "e.g. skip_optimizers: [fuse_preceding_mul_into_conv]")
+    for name in skipped:
+        if name not in ONNXSIM_OPTIMIZERS:
+            import difflib
+
+            close = difflib.get_close_matches(str(name), ONNXSIM_OPTIMIZERS, n=1)
+            hint = f"did you mean {close[0]}?" if close else f"use one of: {', '.join(ONNXSIM_OPTIMIZERS)}"
+            raise SpecError(path, key, f"unknown onnxsim optimizer '{name}'", hint)

@@ -1,0 +1,71 @@
+"""Spec objects <-> plain JSON-able dicts, so a stage call can travel to a child process or a Dask worker.
+
+Paths are written relative to the project root when they lie inside it (a worker runs with the
+project root, or a scratch copy of it, as its working directory).
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.spec.project import GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
+
+
+def relative(path: Path | str | None, root: Path) -> str | None:
+    """`path` relative to `root` when inside it, else unchanged (e.g. a file inside an installed package)."""
+    if path is None:
+        return None
+    text = os.fspath(path)
+    if not os.path.isabs(text):
+        return text
+    rel = os.path.relpath(text, root)
+    return text if rel.startswith("..") else rel
+
+
+def graph_to_dict(graph: GraphSpec, root: Path) -> dict[str, Any]:
+    return {"name": graph.name, "model": graph.model, "model_dir": relative(graph.model_dir, root),
+            "inputs": [t.as_dict() for t in graph.inputs], "outputs": [t.as_dict() for t in graph.outputs],
+            "precisions": list(graph.precisions), "socs": list(graph.socs) if graph.socs else None,
+            "export": graph.export, "options": graph.options, "simplify": graph.simplify, "cpucheck": graph.cpucheck,
+            "lint": graph.lint, "verify": graph.verify, "allow_cpu_fallback": graph.allow_cpu_fallback,
+            "calibration": graph.calibration,
+            "source": None if graph.source is None else {"package": graph.source.package, "file": graph.source.file,
+                                                         "url": graph.source.url},
+            "source_key": graph.source_key, "rewrites": graph.rewrites, "constant_inputs": graph.constant_inputs,
+            "samples": graph.samples, "has_code": graph.has_code}
+
+
+def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
+    def tensors(items: list[dict[str, Any]]) -> tuple[TensorSpec, ...]:
+        return tuple(TensorSpec(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"]) for t in items)
+
+    return GraphSpec(name=data["name"], model=data["model"], model_dir=Path(data["model_dir"]),
+                     inputs=tensors(data["inputs"]), outputs=tensors(data["outputs"]),
+                     precisions=tuple(data["precisions"]), socs=tuple(data["socs"]) if data["socs"] else None,
+                     export=data["export"], options=data["options"], simplify=data["simplify"],
+                     cpucheck=data["cpucheck"], lint=data["lint"], verify=data["verify"],
+                     allow_cpu_fallback=data["allow_cpu_fallback"], calibration=data["calibration"],
+                     source=Source(**data["source"]) if data.get("source") else None,
+                     source_key=data.get("source_key", "source.file"), rewrites=data.get("rewrites") or {},
+                     constant_inputs=data.get("constant_inputs") or {}, samples=data.get("samples"),
+                     has_code=data.get("has_code", True))
+
+
+def soc_to_dict(soc: Soc) -> dict[str, Any]:
+    return {**soc.row(), "note": soc.note}
+
+
+def soc_from_dict(data: dict[str, Any]) -> Soc:
+    return Soc(name=data["name"], soc_id=data["soc_id"], dsp_arch=data["dsp_arch"], vtcm_mb=data["vtcm_mb"],
+               fp16=data["fp16"], note=data.get("note", ""))
+
+
+def profile_to_dict(profile: ToolchainProfile, root: Path) -> dict[str, Any]:
+    return {"name": profile.name, "file": relative(profile.file, root), "kind": profile.kind,
+            "options": profile.options, "settings": profile.settings, "packages": list(profile.packages)}
+
+
+def profile_from_dict(data: dict[str, Any]) -> ToolchainProfile:
+    return ToolchainProfile(name=data["name"], file=Path(data["file"]), kind=data["kind"], options=data["options"],
+                            settings=data["settings"], packages=tuple(data.get("packages") or ()))

@@ -1,0 +1,139 @@
+"""A measured runtime-compatibility table: which QNN runtimes load each built binary, and do outputs match?
+
+`doit compat` takes every context binary built in this run's trees and runs it on every configured
+ort-qnn runtime's x86 HTP simulator (each toolchain's own interpreter: pinned environments
+included), on the first few verification inputs, judged by the graph's own thresholds. An ONNX
+Runtime older than the one that wrote the `_ctx.onnx` wrapper refuses its IR version before QNN
+ever sees the binary, so the wrapper is lowered to IR 10 in a temporary copy beside it. Measured
+here (SPEC 9): newer runtimes load older binaries, not the reverse. The table goes to
+build/compat/compat.json and into the report; `doit verify` refuses phone runtime libs older than
+a binary's measured minimum runtime.
+"""
+from __future__ import annotations
+
+import datetime as _dt
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.run import records
+from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.fileio import write_json
+from qnn_tasks.plan.stages import COMPAT, COMPAT_RECORD
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
+
+SAMPLES_ENV = "QNN_COMPAT_SAMPLES"
+WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
+
+
+def run_binary(graph, verify: dict[str, Any], ctx_onnx: Path, provider_options_file: Path, inputs_file: Path,
+               reference_file: Path, samples: int, out_dir: Path) -> dict[str, Any]:
+    """In the runtime's own interpreter: load the binary, run `samples` inputs, judge. Never raises for a refusal."""
+    import onnx
+
+    from qnn_tasks import fileio
+    from qnn_tasks.judge import samples as sample_store, checks as verification
+    from qnn_tasks.devices import simulator
+
+    inputs = sample_store.load(inputs_file, limit=samples)
+    reference = sample_store.load(reference_file, limit=samples)
+    wrapper = onnx.load(str(ctx_onnx), load_external_data=False)
+    wrapper.ir_version = min(wrapper.ir_version, WRAPPER_IR)
+    lowered = ctx_onnx.with_name(f".{ctx_onnx.stem}.compat-{os.getpid()}.onnx")  # beside the .bin it points at
+    onnx.save(wrapper, str(lowered))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    log = out_dir / "simulator.log"
+    try:
+        outputs, _, _ = simulator.run(lowered, fileio.read_json(provider_options_file), inputs, log)
+    except StageError as err:
+        text = str(err)
+        code = re.search(r"\b(5\d{3})\b", text) or re.search(r"(QNN_\w+ERROR\w*)", text)
+        return {"loads": False, "error": text.replace(str(lowered), str(ctx_onnx)),
+                "error_code": code.group(1) if code else None}
+    finally:
+        lowered.unlink(missing_ok=True)
+    result, violations = verification.judge(graph, verify, reference, outputs)
+    cosines = [m.get("cosine") for m in result["metrics"].values() if m.get("cosine") is not None]
+    return {"loads": True, "matches": not violations, "min_cosine": min(cosines) if cosines else None,
+            "violations": violations, "samples": len(inputs)}
+
+
+def measure(planner, root: str) -> dict[str, Any]:
+    """Every built binary x every ort-qnn runtime of this run -> build/compat/compat.json."""
+    from qnn_tasks.run.calls import StageCall
+    from qnn_tasks.run.executors import for_call
+
+    runtimes = [b for b in planner.bindings if b.toolchain.kind == "ort-qnn"]
+    if not runtimes:
+        raise QnnTasksError("no ort-qnn toolchain in this run: the compatibility table runs binaries on onnxruntime-qnn "
+                            "simulators (fix: QNN_TOOLCHAIN=ort-qnn,<other profile>)")
+    samples = int(os.environ.get(SAMPLES_ENV, "2"))
+    table: dict[str, Any] = {"measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                             "samples": samples,
+                             "runtimes": [{"profile": b.profile.name, "id": b.id, "qnn": b.fingerprint.get("qnn")}
+                                          for b in runtimes], "binaries": []}
+    for ct in planner.chips:
+        binding = planner.binding(ct)
+        context = f"{ct.dir_str}/context/context.json"
+        record = records.read(context)
+        if ct.skip_reason or not record or record.get("status") not in ("passed", "warning") \
+                or records.problems(record, context):
+            continue
+        ctx_files = planner.context_files(ct)
+        entry = {"target": ct.name, "toolchain": binding.profile.name, "built_with": (record.get("binary") or {}).get(
+                     "build_id"), "binary_sha256": next((f["sha256"] for n, f in record.get("files", {}).items()
+                                                         if n.endswith(".bin")), None), "runs": {}}
+        for runtime in runtimes:
+            call = StageCall(stage="compat", target=ct.name, args={
+                "graph": planner.graph_dict(ct.graph), "verify": ct.verify, "ctx_onnx": ctx_files[0],
+                "provider_options": planner.config_files(ct)[0], "inputs": str(ct.graph_target.inputs),
+                "reference": str(ct.graph_target.reference), "samples": samples},
+                inputs=[], out_dir=f"build/compat/{ct.name}/{runtime.profile.name}", outputs=[], record="", key="",
+                toolchain=runtime.profile_dict(planner.root), runner=COMPAT.runner)
+            outcome = for_call(call, root).run(call, None)
+            run = outcome["record"] if outcome["ok"] else {"loads": False, "error": outcome["error"]}
+            entry["runs"][runtime.profile.name] = {**run, "runtime_qnn": runtime.fingerprint.get("qnn")}
+            print(f"compat: {ct.name} ({entry['built_with']}) on runtime QNN {runtime.fingerprint.get('qnn')}: "
+                  f"{_verdict(entry['runs'][runtime.profile.name])}", flush=True)
+        entry["minimum_runtime"] = minimum_runtime(entry["runs"])
+        table["binaries"].append(entry)
+    write_json(Path(COMPAT_RECORD), table)
+    return table
+
+
+def minimum_runtime(runs: dict[str, dict[str, Any]]) -> str | None:
+    """The oldest runtime QNN version measured to load the binary with matching outputs."""
+    good = [runtimelibs.version_tuple(r.get("runtime_qnn")) for r in runs.values() if r.get("loads") and r.get("matches")]
+    good = [v for v in good if v is not None]
+    return ".".join(map(str, min(good))) if good else None
+
+
+def lookup(binary_sha256: str | None) -> dict[str, Any] | None:
+    """The compatibility entry measured for this exact binary (by digest), if `doit compat` ran."""
+    table = records.read(COMPAT_RECORD)
+    if not table or not binary_sha256:
+        return None
+    return next((b for b in table.get("binaries", []) if b.get("binary_sha256") == binary_sha256), None)
+
+
+def summary(table: dict[str, Any]) -> str:
+    lines = [f"compat: {len(table['binaries'])} binaries x {len(table['runtimes'])} runtimes "
+             f"({', '.join('QNN ' + str(r['qnn']) for r in table['runtimes'])}) -> {COMPAT_RECORD}"]
+    for entry in table["binaries"]:
+        lines.append(f"  {entry['target']}: minimum runtime {entry['minimum_runtime'] or 'none measured to work'}")
+    return "\n".join(lines)
+
+
+def _verdict(run: dict[str, Any]) -> str:
+    if not run.get("loads"):
+        return f"refused ({run.get('error_code') or run.get('error', '')[:120]})"
+    return "loads, outputs match" if run.get("matches") else f"loads, outputs differ ({'; '.join(run.get('violations', []))})"
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run_binary(calls.graph(a), a["verify"], Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["inputs"]),
+                      Path(a["reference"]), a["samples"], Path(call.out_dir))

@@ -1,0 +1,54 @@
+"""Runners of the stages a toolchain implements: per-variant graph stages (quantize; convert, modellib), config, context.
+
+Named in the stage table (plan/stages.py) like every other runner; the toolchain object comes from the call's profile.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
+from qnn_tasks.toolchains.base import StageInput
+
+
+_TOOLCHAINS: dict[str, Any] = {}  # profile (JSON) -> toolchain object, one per process
+
+
+def use_toolchain(profile: dict[str, Any], chain: Any) -> None:
+    """Calls run in this process use the planner's own toolchain object for this profile."""
+    _TOOLCHAINS[json.dumps(profile, sort_keys=True)] = chain
+
+
+def toolchain(call: StageCall):
+    """The call's toolchain object, built once per process and profile."""
+    if call.toolchain is None:
+        raise ValueError(f"stage {call.stage} has no toolchain")
+    key = json.dumps(call.toolchain, sort_keys=True)
+    if key not in _TOOLCHAINS:
+        from qnn_tasks import toolchains
+        from qnn_tasks.spec import serial
+
+        _TOOLCHAINS[key] = toolchains.from_profile(serial.profile_from_dict(call.toolchain))
+    return _TOOLCHAINS[key]
+
+
+def graph_stage(call: StageCall) -> dict[str, Any]:
+    """A toolchain's per-variant stage (quantize; convert, modellib)."""
+    a = call.args
+    chain = toolchain(call).graph_stages(a["precision"])
+    stage = next(s for s in chain if s.name == call.stage)
+    return stage.run(StageInput(graph=calls.graph(a), precision=a["precision"], source=Path(a["source"]),
+                                out_dir=Path(call.out_dir), calibration=calls.path(a, "calibration")))
+
+
+def config(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return toolchain(call).write_config(calls.graph(a), a["precision"], calls.soc(a), Path(call.out_dir))
+
+
+def context(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return toolchain(call).compile(calls.graph(a), calls.soc(a), Path(a["source"]), Path(a["config_dir"]),
+                                         Path(call.out_dir))

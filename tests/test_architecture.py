@@ -1,0 +1,173 @@
+"""The architecture's promises, checked in seconds: no import cycles, code keys that cover every module a stage
+imports, a stage added as one row plus one module, a stage call that survives JSON."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from conftest import copy_project
+from qnn_tasks.plan import codekeys, stages
+from qnn_tasks.run.calls import StageCall, execute
+
+ROOT = Path(__file__).resolve().parent.parent
+ROWS = stages.GRAPH_STAGES + stages.CHIP_STAGES + (stages.PIPELINE,) + tuple(r for r in stages.ON_DEMAND if r.runner)
+
+
+def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for start in graph:
+        if start in index:
+            continue
+        work = [(start, iter(graph.get(start, [])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(graph.get(child, []))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_no_import_cycles() -> None:
+    """Imports inside functions count: a cycle hidden behind one is still a cycle."""
+    assert _cycles(codekeys.imports()) == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
+
+
+@pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
+def test_stage_key_covers_what_its_runner_imports(row: stages.StageDef) -> None:
+    """Import the runner in a fresh interpreter: every qnn_tasks module it loaded is in the stage's code key."""
+    module = row.runner.partition(":")[0]
+    probe = (f"import importlib, sys; importlib.import_module({module!r}); "
+             "print('\\n'.join(m for m in sys.modules if m.startswith('qnn_tasks')))")
+    loaded = set(subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True,
+                                cwd=ROOT).stdout.split())
+    assert module in loaded
+    assert loaded - set(codekeys.closure((row.runner,))) == set()
+
+
+def test_key_changes_with_an_imported_module_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A copy of the package: editing a module simplify imports changes simplify's key, not export's peers'."""
+    import shutil
+
+    package = tmp_path / "qnn_tasks"
+    shutil.copytree(ROOT / "qnn_tasks", package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(codekeys, "PACKAGE", package)
+    monkeypatch.setattr(codekeys, "MEMO_DIR", tmp_path / "memo")
+    codekeys._graph.cache_clear()
+    codekeys.digest.cache_clear()
+    before = {r.name: codekeys.digest((r.runner,)) for r in ROWS}
+    onnxinfo = package / "graphs" / "onnxinfo.py"  # imported by export, simplify and lint; not by simulate
+    onnxinfo.write_text(onnxinfo.read_text() + "\n# a change\n")
+    codekeys._graph.cache_clear()
+    codekeys.digest.cache_clear()
+    after = {r.name: codekeys.digest((r.runner,)) for r in ROWS}
+    changed = {name for name in before if before[name] != after[name]}
+    assert {"export", "simplify", "lint"} <= changed
+    assert "simulate" not in changed and "config" not in changed
+    codekeys._graph.cache_clear()
+    codekeys.digest.cache_clear()
+
+
+def test_damaged_memo_is_derived_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(codekeys, "MEMO_DIR", tmp_path)
+    codekeys._graph.cache_clear()
+    first = codekeys._graph()
+    (memo,) = tmp_path.glob("codekeys-*.json")
+    memo.write_text("{not json")
+    codekeys._graph.cache_clear()
+    assert codekeys._graph() == first
+    json.loads(memo.read_text())  # rewritten whole
+    codekeys._graph.cache_clear()
+
+
+def test_stage_call_round_trips_through_json() -> None:
+    call = StageCall(stage="lint", target="g", args={"graph": {"x": [1, 2]}, "simplified": "build/m/g/s.onnx"},
+                     inputs=["a"], out_dir="build/m/g/lint", outputs=[], record="build/m/g/lint/lint.json", key="k",
+                     toolchain=None, heavy=False, remote=False, env={"A": "1"}, runner="qnn_tasks.stages.lint:run_call")
+    assert StageCall.from_json(call.to_json()) == call
+
+
+def test_call_without_runner_is_refused() -> None:
+    call = StageCall(stage="x", target="t", args={}, inputs=[], out_dir="o", outputs=[], record="o/x.json", key="")
+    with pytest.raises(ValueError, match="has no runner"):
+        execute(call)
+
+
+TINY_STAGE = '''
+"""A test-only stage: counts the nodes of each simplified graph (one row + this module)."""
+from pathlib import Path
+
+from qnn_tasks.plan.stages import StageDef, graph_plan, register
+
+
+def plan(p, stage, gt):
+    return graph_plan(p, stage, gt, [str(gt.simplified)], [], {}, lambda: {"simplified": str(gt.simplified)},
+                      f"count the nodes of {gt.simplified}")
+
+
+def run_call(call):
+    import onnx
+
+    return {"nodes": len(onnx.load(call.args["simplified"]).graph.node)}
+
+
+register(StageDef("nodecount", "graph", "Count each simplified graph's nodes.", "nodecount:run_call", plan,
+                  heavy=False, column=False))
+'''
+
+
+def test_a_stage_is_one_row_and_one_module(tmp_path: Path) -> None:
+    project = copy_project(tmp_path / "p")
+    for model in (project.root / "models").iterdir():
+        if model.name != "silero-vad":
+            import shutil
+
+            shutil.rmtree(model)
+    (project.root / "nodecount.py").write_text(textwrap.dedent(TINY_STAGE))
+    dodo = project.root / "dodo.py"
+    dodo.write_text("import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\nimport nodecount"
+                    "  # noqa: F401\n" + dodo.read_text())
+    listed = project.doit("list")
+    assert "nodecount" in listed.stdout and "Count each simplified graph's nodes." in listed.stdout
+    result = project.doit("nodecount", check=True)
+    assert "nodecount:vad" in result.executed
+    record = project.one_json("build/silero-vad/vad/nodecount/nodecount.json")
+    assert record["status"] == "passed" and record["nodes"] > 10
+    again = project.doit("nodecount", check=True)
+    assert "nodecount:vad" in again.uptodate
