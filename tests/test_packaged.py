@@ -359,7 +359,7 @@ def test_export_error_points_at_the_users_line(tmp_path):
     assert f"(at export.py:{user_line})" in line, line  # not a frame inside onnx
     assert "FileNotFoundError" in line
     log = project.path("build/tinym/tiny/export/export.log")
-    assert f"exporter output and traceback: build/tinym/tiny/export/export.log" in line
+    assert "exporter output and traceback: build/tinym/tiny/export/export.log" in line
     assert "Traceback" in log.read_text() and "onnx" in log.read_text()
 
 

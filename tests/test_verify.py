@@ -128,7 +128,7 @@ def test_standin_runner_behaves_like_qnn_net_run(project, libs, tmp_path):
 
 def test_device_run_output_is_parsed():
     """What the device-side script prints: /proc/<pid>/stat samples (a comm with spaces), `times`, the log."""
-    from qnn_tasks.stages.verify import parse_run
+    from qnn_tasks.stages.verify.device_run import parse_run
 
     stat = "4242 (qnn net run) S 1 4242 4242 0 -1 4194560 900 0 0 0 {u} {s} 0 0 20 0 4 0 1 0 0"
     text = "\n".join(["QT_CLK_TCK 100", "QT_STAT 1000000000 " + stat.format(u=10, s=5),

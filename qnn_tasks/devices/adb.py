@@ -327,10 +327,6 @@ class Phone:
         return True
 
 
-def _rel(path: str) -> str:
-    return path[2:] if path.startswith("./") else path
-
-
 def md5(path: Path) -> str:
     digest = hashlib.md5()
     with open(path, "rb") as fh:

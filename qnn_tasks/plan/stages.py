@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qnn_tasks.plan import codekeys
+from qnn_tasks.plan.paths import COMPAT_RECORD, DEVICE_STAMP
 from qnn_tasks.spec import serial as specjson
 from qnn_tasks import toolchains
 from qnn_tasks.plan.targets import (
@@ -497,8 +498,6 @@ def all_outputs(planner: Planner) -> list[str]:
     return found
 
 
-DEVICE_STAMP = "build/verify/records.stamp"  # rewritten by stages/verify with every device record
-COMPAT_RECORD = "build/compat/compat.json"
 
 
 def record_paths(planner: Planner) -> list[str]:

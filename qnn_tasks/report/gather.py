@@ -13,7 +13,8 @@ from typing import Any
 
 from qnn_tasks.run import records
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
-from qnn_tasks.plan.stages import COMPAT_RECORD, report_columns
+from qnn_tasks.plan.paths import COMPAT_RECORD
+from qnn_tasks.plan.stages import report_columns
 
 SCHEMA = "qnn-npu-compile/report/v1"
 GRAPH_STAGES = report_columns("graph")

@@ -21,7 +21,8 @@ from qnn_tasks.run import records
 from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
-from qnn_tasks.plan.stages import COMPAT, COMPAT_RECORD
+from qnn_tasks.plan.paths import COMPAT_RECORD
+from qnn_tasks.plan.stages import COMPAT
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 

@@ -15,8 +15,9 @@ from doit.exceptions import TaskFailed
 from qnn_tasks.errors import QnnTasksError
 from qnn_tasks.plan.targets import ChipTarget
 from qnn_tasks.plan.stages import DIAGNOSE, SOCSCHECK
+from qnn_tasks.plan import paths
 
-DEVICES_RECORD = Path("build") / "verify" / "devices.json"
+DEVICES_RECORD = Path(paths.DEVICES_RECORD)
 
 
 def _stage(name: str):

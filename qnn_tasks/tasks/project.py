@@ -33,13 +33,14 @@ from qnn_tasks.plan.stages import (
     targets_of,
 )
 from qnn_tasks.spec.project import load_project
+from qnn_tasks.plan import paths
 
 if TYPE_CHECKING:
     from qnn_tasks.run.calls import StageCall
 
 TOOLCHAIN_ENV = "QNN_TOOLCHAIN"
 DEFAULT_TOOLCHAIN = "ort-qnn"
-REPORT_DIR = Path("build") / "report"
+REPORT_DIR = Path(paths.REPORT_DIR)
 
 
 def doit_config() -> dict[str, Any]:

@@ -12,7 +12,7 @@ them into doit with the toolchain fingerprint in their keys.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
@@ -27,7 +27,6 @@ class StageInput:
     source: Path                     # the previous stage's primary output (first stage: simplified ONNX)
     out_dir: Path
     calibration: Path | None = None  # calibration.npz for w8a16 variants
-    extra: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -39,38 +39,9 @@ The package, one module per job (each imports only the ones above it):
 """
 from __future__ import annotations
 
-from qnn_tasks.stages.verify.device_run import RunResult, cpu_use, parse_run, proc_ticks, run_on_device, run_script
+# What the task layer calls (tasks/ondemand.py); everything else is imported from its own module.
 from qnn_tasks.stages.verify.flow import power_target, verify_target
-from qnn_tasks.stages.verify.measure import best_cpu, measure_latency, real_time_factor
-from qnn_tasks.stages.verify.payload import FIXED, NATIVE, Payload, build_payload, read_outputs
-from qnn_tasks.stages.verify.power import battery, battery_drop
-from qnn_tasks.stages.verify.refusal import binary_facts, refuse_incompatible
-from qnn_tasks.stages.verify.settings import (
-    DEFAULT_ADSP_PATH,
-    DEVICE_LABEL,
-    DEVICE_SETTINGS,
-    ENV_INFERENCES,
-    ENV_KEEP,
-    ENV_POWER_SECONDS,
-    ENV_ROUNDS,
-    POWER_CONDITIONS,
-    RECORDS_STAMP,
-    RUNNER,
-    SCRIPT_MARK,
-    DeviceSettings,
-    Job,
-    device_folder,
-    device_settings,
-    touch_stamp,
-)
-from qnn_tasks.stages.verify.survey import classify, survey
+from qnn_tasks.stages.verify.settings import Job
+from qnn_tasks.stages.verify.survey import survey
 
-__all__ = [
-    "DEFAULT_ADSP_PATH", "DEVICE_LABEL", "DEVICE_SETTINGS", "ENV_INFERENCES", "ENV_KEEP", "ENV_POWER_SECONDS",
-    "ENV_ROUNDS", "FIXED", "NATIVE", "POWER_CONDITIONS", "RECORDS_STAMP", "RUNNER", "SCRIPT_MARK",
-    "DeviceSettings", "Job", "Payload", "RunResult",
-    "battery", "battery_drop", "best_cpu", "binary_facts", "build_payload", "classify", "cpu_use", "device_folder",
-    "device_settings", "measure_latency", "parse_run", "power_target", "proc_ticks", "read_outputs",
-    "real_time_factor", "refuse_incompatible", "run_on_device", "run_script", "survey", "touch_stamp",
-    "verify_target",
-]
+__all__ = ["Job", "power_target", "survey", "verify_target"]

@@ -15,8 +15,9 @@ from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import StageError
 from qnn_tasks.stages.verify.settings import Job
+from qnn_tasks.plan.paths import COMPAT_RECORD
 
-COMPAT_FILE = "build/compat/compat.json"  # report.COMPAT_RECORD, written by `doit compat` (compat.py)
+COMPAT_FILE = COMPAT_RECORD
 COMPAT_SOURCE = f"{COMPAT_FILE}, measured by doit compat"
 
 

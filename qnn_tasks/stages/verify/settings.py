@@ -22,6 +22,7 @@ from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
+from qnn_tasks.plan.paths import DEVICE_STAMP
 
 
 DEVICE_LABEL = "measured on an attached phone over adb (device results)"
@@ -41,7 +42,7 @@ POWER_CONDITIONS = ("hold screen (off), brightness, network (same Wi-Fi or airpl
                     "USB shows no real drop (use wireless adb: `adb tcpip 5555`, `adb connect <ip>:5555`, then unplug); "
                     "repeat: thermal state changes results")
 SCRIPT_MARK = "QT_"
-RECORDS_STAMP = Path("build") / "verify" / "records.stamp"  # report.DEVICE_STAMP
+RECORDS_STAMP = Path(DEVICE_STAMP)
 
 
 @dataclass(frozen=True)

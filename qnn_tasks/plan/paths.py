@@ -1,0 +1,8 @@
+"""Build paths shared by several packages (the per-target ones are methods of the targets in plan/targets.py)."""
+from __future__ import annotations
+
+BUILD = "build"
+DEVICE_STAMP = f"{BUILD}/verify/records.stamp"   # rewritten by stages/verify with every device record
+DEVICES_RECORD = f"{BUILD}/verify/devices.json"  # the attached phones and what they run
+COMPAT_RECORD = f"{BUILD}/compat/compat.json"    # written by `doit compat`, read by the report and `doit verify`
+REPORT_DIR = f"{BUILD}/report"
