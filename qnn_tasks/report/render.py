@@ -148,7 +148,7 @@ def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -
 
     from qnn_tasks.report.gather import summary_line
 
-    env = jinja2.Environment(loader=jinja2.PackageLoader("qnn_tasks", "templates"),
+    env = jinja2.Environment(loader=jinja2.PackageLoader("qnn_tasks.report", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]))
     env.filters["rel"] = lambda p: linked(p, report_dir)
     env.filters["num"] = num
