@@ -8,7 +8,10 @@ Builds two throw-away projects in temp dirs, both with instant stand-in actions:
 Each gets one full build, then no-op `doit` runs and `doit list` runs are timed (wall clock,
 fresh interpreter each, median; bytecode caching on, Python's default). Goal: no-op ratio <= 1.2.
 
-    python benchmarks/bench_doit_overhead.py [--quick] [--reps N]
+    python benchmarks/bench_doit_overhead.py [--quick] [--reps N] [--scale N]
+
+`--scale N` multiplies the models (N x 20 models, ~2,800 x N tasks): the ratios must hold as a team's matrix
+grows. The peak memory (max RSS) of one `doit list` of each project is printed too.
 
 It measures whichever `qnn_tasks` is importable: PYTHONPATH=/path/to/patched/copy tries a change.
 """
@@ -108,12 +111,12 @@ Stages = dict[str, list[dict]]  # stage -> its task dicts
 
 # ------------------------------------------------------------------ projects
 
-def make_qnn_project(root: Path) -> Path:
-    """socs.yaml with 6 chips, 20 models of 3 graphs (all chips), the repo's toolchain profile."""
+def make_qnn_project(root: Path, n_models: int = N_MODELS) -> Path:
+    """socs.yaml with 6 chips, n_models models of 3 graphs (all chips), the repo's toolchain profile."""
     (root / "socs").mkdir(parents=True)
     rows = "\n".join(f"  {n}: {{soc_id: {i}, dsp_arch: {a}, vtcm_mb: 8, fp16: true}}" for n, (i, a) in SOCS.items())
     (root / "socs" / "socs.yaml").write_text(f"socs:\n{rows}\n")
-    for m in range(N_MODELS):
+    for m in range(n_models):
         model_dir = root / "models" / f"m{m}"
         model_dir.mkdir(parents=True)
         (model_dir / "export.py").write_text("def export(): ...\n")
@@ -191,6 +194,18 @@ def timed(dodo: Path, *args: str) -> float:
     return seconds
 
 
+def peak_memory_mib(dodo: Path, *args: str) -> float:
+    """Max resident memory of one doit run (its own process, from wait4's rusage)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    proc = subprocess.Popen([sys.executable, "-m", "doit", *args, "-f", dodo.name], cwd=dodo.parent,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode:
+        raise RuntimeError(f"{dodo}: doit {' '.join(args)} failed ({proc.returncode})")
+    return usage.ru_maxrss / 1024  # KiB on Linux
+
+
 def medians(dodos: dict[str, Path], args: tuple[str, ...], reps: int) -> dict[str, float]:
     """Median wall time per project; runs alternate so drift on the machine hits both alike."""
     times: dict[str, list[float]] = {k: [] for k in dodos}
@@ -224,19 +239,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="3 timed runs per measurement instead of 7")
     parser.add_argument("--reps", type=int, help="timed runs per measurement (overrides --quick)")
+    parser.add_argument("--scale", type=int, default=1, help=f"models x N ({N_MODELS} x N models)")
     opts = parser.parse_args()
     reps = opts.reps or (3 if opts.quick else 7)
 
     with tempfile.TemporaryDirectory(prefix="bench_doit_") as tmp:
-        dodos = {"qnn_tasks": make_qnn_project(Path(tmp) / "qnn")}
+        dodos = {"qnn_tasks": make_qnn_project(Path(tmp) / "qnn", N_MODELS * opts.scale)}
         stages, default_tasks, delayed = load_graph(dodos["qnn_tasks"])
         dodos["bare"] = make_bare_project(Path(tmp) / "bare", stages, default_tasks, delayed)
         print_shapes({k: shape(load_graph(d)[0]) for k, d in dodos.items()})
         for dodo in dodos.values():
             doit(dodo)  # first full build
             doit(dodo)  # warm-up no-op: pyc files, page cache
+        print(f"scale x{opts.scale}: {N_MODELS * opts.scale} models")
         print_times({f"no-op `doit` (x{reps})": medians(dodos, (), reps),
                      f"`doit list` (x{reps})": medians(dodos, ("list",), reps)})
+        memory = {k: peak_memory_mib(d, "list") for k, d in dodos.items()}
+        print(f"{'`doit list` peak RSS':<22}{memory['qnn_tasks']:>9.0f}MiB{memory['bare']:>6.0f}MiB"
+              f"{memory['qnn_tasks'] / memory['bare']:>7.2f}x")
 
 
 if __name__ == "__main__":
