@@ -51,11 +51,12 @@ def patched_package(dest: Path, module: str, line: str = "\n# a change to this m
 # ------------------------------------------------------------------ 1. keys carry the code version
 
 @pytest.mark.parametrize("module, reruns", [
-    # lint's code also decides which findings stop an export: both stages run it (plans.py lists it for both);
-    # their outputs come out the same, so nothing downstream runs
-    ("stages/lint.py", {f"{stage}:{g}" for stage in ("export", "lint") for g in ("vad", "minilm")}),
+    # lint's code also decides which findings stop an export, and simplify checks I/O with it: the three stages
+    # import it, so its code is in their three keys (derived from the imports); their outputs come out the same,
+    # so nothing downstream runs
+    ("stages/lint.py", {f"{stage}:{g}" for stage in ("export", "simplify", "lint") for g in ("vad", "minilm")}),
     ("stages/simverify.py", {f"simverify:{g}-{s}" for g in ("vad", "minilm") for s in ("SM8650", "SM8750")}),
-    ("templates/report.html.j2", set()),
+    ("report/templates/report.html.j2", set()),
 ])
 def test_editing_a_stage_module_reruns_exactly_that_stage(verified, tmp_path, module, reruns):
     project = copy_project(tmp_path / "project", source=verified.root, with_build=True)
