@@ -383,10 +383,10 @@ GRAPH_STAGES = (
     StageDef("lint", "graph", "Lint each graph for what troubles the NPU (dynamic dims, int64, control flow, fp16 "
              "hazards, size).", ("stages/lint.py", "onnxinfo.py"), plan_lint, heavy=False),
     StageDef("cpucheck", "graph", "Run each simplified graph on CPU against the original model on real inputs; keep "
-             "the reference.", ("stages/cpucheck.py", "modelcode.py", "samples.py", "metrics.py", "packaged.py"),
+             "the reference.", ("stages/cpucheck.py", "modelcode.py", "samples.py", "media.py", "metrics.py", "packaged.py"),
              plan_cpucheck),
     StageDef("calibrate", "graph", "Make each w8a16 graph's calibration set from real inputs (once per graph).",
-             ("stages/calibrate.py", "modelcode.py", "samples.py"), plan_calibrate),
+             ("stages/calibrate.py", "modelcode.py", "samples.py", "media.py"), plan_calibrate),
 )
 CHIP_STAGES = (
     StageDef("config", "chip", "Write each chip's HTP settings for each graph (toolchain options + SoC row).",
