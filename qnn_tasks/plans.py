@@ -143,6 +143,10 @@ class Planner:
         code = [os.path.relpath(graph.model_code, self.root)] if graph.has_code else []
         return code + ([source] if source else [])
 
+    def check_deps(self, graph: GraphSpec, verify: dict[str, Any]) -> list[str]:
+        """Files the task checks read (a ctc check's alphabet, in the model folder)."""
+        return [os.path.relpath(graph.model_dir / c["alphabet"], self.root) for c in verify["checks"] if c.get("alphabet")]
+
     def sample_deps(self, graph: GraphSpec) -> list[str]:
         """The declared sample files (model.yaml `samples:`), read by cpucheck and calibrate."""
         return [os.path.relpath(p, self.root) for p in graph.sample_files()]
@@ -311,7 +315,8 @@ def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     # of an identical judgement. The outputs are; the simulate record only lends its timing, and lint's
     # only adds hints to a failure message. A check that runs the model's code (wer) depends on that code.
     runs_code = any(check["kind"] in MODEL_CHECKS for check in ct.verify["checks"])
-    plan = _chip_plan(p, stage, ct, [outputs, str(gt.reference)] + (p.code_deps(ct.graph) if runs_code else []), [],
+    plan = _chip_plan(p, stage, ct, [outputs, str(gt.reference)] + (p.code_deps(ct.graph) if runs_code else [])
+                      + p.check_deps(ct.graph, ct.verify), [],
                       p.key(stage, None, ct.precision, settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
                                "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision,
@@ -345,7 +350,8 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
     chain = [{"graph": ct.graph, "ctx": p.context_files(ct), "config": p.config_files(ct)[0],
               "simplified": str(ct.graph_target.simplified)} for ct in pt.chips]
     first_inputs = str(pt.chips[0].graph_target.inputs)
-    file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]]
+    file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]] \
+        + p.check_deps(chain[-1]["graph"], spec.verify)
     settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify}, sort_keys=True)
     soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
     binding = p.binding(pt)
@@ -397,17 +403,20 @@ CHIP_STAGES = (
              "simverify).", ("stages/simulate.py", "devices/simulator.py", "samples.py", "plots.py"), plan_simulate,
              remote=True, toolchain=True),
     StageDef("simverify", "chip", "Judge each binary's simulator outputs against the CPU reference (metrics, "
-             "thresholds, checks).", ("stages/simverify.py", "verification.py", "metrics.py", "samples.py",
+             "thresholds, checks).", ("stages/simverify.py", "verification.py", "taskchecks.py", "specchecks.py",
+                                     "metrics.py", "samples.py",
                                      "speech.py", "modelcode.py"),
              plan_simverify, heavy=False),
 )
 PIPELINE = StageDef("pipeline", "pipeline", "Chain each model's pipeline graphs on the host simulator (each fed the "
                     "previous one's NPU outputs) and judge the end against the same chain on CPU.",
-                    ("stages/pipeline.py", "devices/simulator.py", "verification.py", "metrics.py", "samples.py",
+                    ("stages/pipeline.py", "devices/simulator.py", "verification.py", "taskchecks.py", "specchecks.py",
+                     "metrics.py", "samples.py",
                      "stages/cpucheck.py"), plan_pipeline, remote=True, toolchain=True)
 DIAGNOSE = StageDef("diagnose", "chip", "Find the first node where the NPU diverges from the CPU, and why (on demand, "
                     "not in the default run).", ("stages/diagnose.py", "devices/simulator.py", "metrics.py",
-                                                 "verification.py", "stages/cpucheck.py"),
+                                                 "verification.py", "taskchecks.py", "specchecks.py",
+                                                 "stages/cpucheck.py"),
                     plan_diagnose, remote=True, toolchain=True, on_demand=True)
 
 

@@ -267,7 +267,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
         precisions=tuple(precisions), socs=chips, export=export,
         options=_mapping(data.get("options", {}), path, f"{key}.options"),
         simplify=simplify, cpucheck=cpucheck, lint=lint,
-        verify={p: _verify_section(data.get("verify"), p, {t.name for t in outputs}, path, f"{key}.verify")
+        verify={p: _verify_section(data.get("verify"), p, {t.name: t.shape for t in outputs}, path, f"{key}.verify")
                 for p in precisions},
         calibration=_calibration(data.get("calibration"), precisions, path, f"{key}.calibration"),
         allow_cpu_fallback=_bool(data.get("allow_cpu_fallback", False), path, f"{key}.allow_cpu_fallback"),

@@ -70,7 +70,7 @@ def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | Non
         for tensor in graph.outputs:
             produced[tensor.name] = (name, tensor.shape)
     last = by_name[names[-1]]
-    verify = _verify_section(section.get("verify"), last.precision, {t.name for t in last.outputs}, path,
+    verify = _verify_section(section.get("verify"), last.precision, {t.name: t.shape for t in last.outputs}, path,
                              "pipeline.verify")
     return PipelineSpec(model=model, graphs=tuple(names), feed=feed, verify=verify)
 
