@@ -38,7 +38,6 @@ def load(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
         if not files:
             raise StageError(f"{where}.{kind}.files: {options['files']} match no file now "
                              f"(fix: add the files to {graph.model_dir} or fix the pattern)")
-        limit = options.get("limit", MAX_SAMPLES)
         values: list[np.ndarray] = []
         for path in files:
             _confine(path, graph.model_dir, f"{where}.{kind}.files")
@@ -49,12 +48,12 @@ def load(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
             except Exception as err:  # a damaged file: name it, never a traceback
                 raise StageError(f"{where}.{kind}: {path.name}: cannot be read as {kind}: {type(err).__name__}: {err} "
                                  f"(fix: replace or remove the file)") from None
-            if len(values) >= limit:
+            if len(values) > MAX_SAMPLES:
+                if "limit" not in options:
+                    raise StageError(f"{where}.{kind}: the files give more than {MAX_SAMPLES} samples "
+                                     f"(fix: set graphs.{graph.name}.samples.{kind}.limit, or declare fewer files)")
                 break
-        if len(values) > limit and "limit" not in options:
-            raise StageError(f"{where}.{kind}: the files give more than {MAX_SAMPLES} samples "
-                             f"(fix: set graphs.{graph.name}.samples.{kind}.limit, or declare fewer files)")
-        columns[spec.name] = values[:limit]
+        columns[spec.name] = spread(values[:MAX_SAMPLES], options.get("limit"))
     counts = {name: len(v) for name, v in columns.items()}
     if len(set(counts.values())) != 1:
         raise StageError(f"{where}: the sources give different numbers of samples {counts} "
@@ -64,6 +63,13 @@ def load(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
              for name, value in graph.samples.get("fill", {}).items()}
     return [{t.name: (columns[t.name][i] if t.name in columns else fills[t.name]) for t in graph.inputs}
             for i in range(count)]
+
+
+def spread(values: list, limit: int | None) -> list:
+    """`limit` samples spread evenly over all (every file, window and gain gets a say), in order."""
+    if limit is None or len(values) <= limit:
+        return values
+    return [values[i] for i in np.linspace(0, len(values) - 1, limit).round().astype(int)]
 
 
 def _confine(path: Path, model_dir: Path, where: str) -> None:
