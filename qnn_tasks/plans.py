@@ -352,7 +352,8 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
     first_inputs = str(pt.chips[0].graph_target.inputs)
     file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]] \
         + p.check_deps(chain[-1]["graph"], spec.verify)
-    settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify}, sort_keys=True)
+    settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify,
+                           **({"glue": spec.glue} if spec.glue else {})}, sort_keys=True)
     soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
     binding = p.binding(pt)
     return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep,
@@ -361,7 +362,8 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                 args=lambda: {"graphs": [p.graph_dict(link["graph"]) for link in chain],
                               "ctx": [link["ctx"][0] for link in chain], "configs": [link["config"] for link in chain],
                               "simplified": [link["simplified"] for link in chain], "inputs": first_inputs,
-                              "feed": {k: list(v) for k, v in spec.feed.items()}, "verify": spec.verify},
+                              "feed": {k: list(v) for k, v in spec.feed.items()}, "verify": spec.verify,
+                              **({"glue": spec.glue} if spec.glue else {})},
                 base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),
                               "toolchain": {"id": binding.id, "profile": binding.profile.name, **binding.fingerprint}},
                 binding=binding)
