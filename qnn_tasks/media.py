@@ -45,7 +45,7 @@ def load(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
                 values += READERS[kind](path, options, spec, f"{where}.{kind}: {path.name}")
             except StageError:
                 raise
-            except Exception as err:  # a damaged file: name it, never a traceback
+            except Exception as err:  # noqa: BLE001 -- a damaged file (any decoder's error): name it, no traceback
                 raise StageError(f"{where}.{kind}: {path.name}: cannot be read as {kind}: {type(err).__name__}: {err} "
                                  f"(fix: replace or remove the file)") from None
             if len(values) > MAX_SAMPLES:

@@ -149,7 +149,7 @@ def samples(data: Any, path: Path, key: str, model_dir: Path,
         return specsamples.validate(data, path, key, inputs or {},
                                     lambda value, k, kind: _patterns(value, path, k, model_dir, kind))
     if len(data) > 1:
-        raise SpecError(path, f"{key}.{sorted(set(data) - {'files'})[0]}", "files (.npz/.npy) already give every input",
+        raise SpecError(path, f"{key}.{min(set(data) - {'files'})}", "files (.npz/.npy) already give every input",
                         "use either files: or media sources (image, audio, raw, fill), not both")
     return {"files": _patterns(data["files"], path, f"{key}.files", model_dir, None)}
 

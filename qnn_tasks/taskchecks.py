@@ -65,9 +65,12 @@ def iou(box: np.ndarray, others: np.ndarray) -> np.ndarray:
     """Intersection over union of one x1y1x2y2 box with each of `others`."""
     low, high = np.maximum(box[:2], others[:, :2]), np.minimum(box[2:], others[:, 2:])
     inter = np.prod(np.clip(high - low, 0.0, None), axis=1)
-    area = lambda b: np.prod(np.clip(b[..., 2:] - b[..., :2], 0.0, None), axis=-1)  # noqa: E731
-    union = area(box) + area(others) - inter
+    union = _area(box) + _area(others) - inter
     return np.where(union > 0, inter / np.where(union > 0, union, 1.0), 0.0)
+
+
+def _area(boxes: np.ndarray) -> np.ndarray:
+    return np.prod(np.clip(boxes[..., 2:] - boxes[..., :2], 0.0, None), axis=-1)
 
 
 def match(a: tuple, b: tuple, min_iou: float) -> int:

@@ -15,11 +15,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-import pytest
+from conftest import ROOT, Project
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image, ImageDraw
 
-from conftest import ROOT, Project
 from qnn_tasks import samples as sample_store
 from qnn_tasks.spec import load_model, load_socs
 from qnn_tasks.stages import calibrate

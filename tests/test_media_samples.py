@@ -299,3 +299,19 @@ def test_readme_examples_load(tmp_path, text):
     model = load_model(folder, SOCS)
     assert all(g.samples and "files" not in g.samples for g in model.graphs)
     assert len(readme_examples()) >= 3
+
+
+def test_spec_loading_with_media_samples_imports_no_numpy_or_pillow(tmp_path):
+    """Task generation reads YAML only: media sources are validated without numpy or Pillow."""
+    import subprocess
+    import sys
+
+    folder = model_folder(tmp_path, "x: {shape: [1, 3, 8, 8], dtype: float32}, s: {shape: [1, 2], dtype: float32}",
+                          '{image: {files: "*.png", input: x, resize: letterbox}, fill: {s: 0.0}}')
+    write_png(folder / "a.png", gradient(8, 8))
+    code = ("import sys; from pathlib import Path; from qnn_tasks.spec import load_model, load_socs; "
+            f"g = load_model(Path({str(folder)!r}), load_socs(Path({str(ROOT / 'socs' / 'socs.yaml')!r}))).graphs[0]; "
+            "assert g.samples['image']['resize'] == 'letterbox' and g.sample_files(), g.samples; "
+            "heavy = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'PIL', 'onnx', 'onnxruntime', 'wave')]; "
+            "assert not heavy, heavy")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)

@@ -15,9 +15,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from conftest import ROOT, Project
+from onnx import TensorProto, helper, numpy_helper
 
 YAML = "models/glued/model.yaml"
 MODEL_YAML = """\
@@ -113,8 +112,8 @@ def test_glue_is_applied_to_both_chains_and_verified(tmp_path):
     ("{from: embed.y, reshape: true,", ["pipeline.feed.head.z.from: required key is missing"], ),
     ("scale: 0.1", ["pipeline.feed.head.z.scale: expected a number, got 'tenth'"]),
     ("offset: 2.0", ["pipeline.feed.head.z.shift: unknown key", "use one of: from, offset, reshape, scale"]),
-    ("z: {shape: [1, 8, 8]", ["pipeline.feed.head.z.reshape: input 'z' of 'head' [1, 8, 9] has 72 values, "
-                              "the output feeding it [1, 64] 64", "reshape only between tensors of one size"]),
+    ("z: {shape: [1, 8, 8]", [("pipeline.feed.head.z.reshape: input 'z' of 'head' [1, 8, 9] has 72 values, "
+                              "the output feeding it [1, 64] 64"), "reshape only between tensors of one size"]),
 ])
 def test_glue_spec_errors(tmp_path, edit, fragments):
     project = glued_project(tmp_path / "project")

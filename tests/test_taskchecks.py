@@ -10,8 +10,8 @@ import pytest
 
 from qnn_tasks import taskchecks, verification
 from qnn_tasks.errors import SpecError
-from qnn_tasks.specchecks import parse_slice, sliced_shape
 from qnn_tasks.spec import GraphSpec, TensorSpec
+from qnn_tasks.specchecks import parse_slice, sliced_shape
 from qnn_tasks.specverify import _verify_section
 
 YAML = Path("/project/models/m/model.yaml")
@@ -46,8 +46,8 @@ def test_elements_share_passes_a_map_where_few_pixels_flip():
     share, whole = result["checks"]
     assert share["passed"] and share["value"] == pytest.approx(1 - flips / 20000) and share["disagreeing_elements"] == flips
     assert not whole["passed"] and whole["value"] == 0.5  # the whole-sample decision fails the same map
-    assert result["violations"] == ["check agreement on 'y': 0.5 is below the required 0.99 (share of samples with the "
-                                    "same decision at threshold 0.5)"]
+    assert result["violations"] == [("check agreement on 'y': 0.5 is below the required 0.99 (share of samples with the "
+                                    "same decision at threshold 0.5)")]
 
 
 def test_elements_tolerance_counts_elements_within_it():
@@ -169,8 +169,8 @@ SPEC_CASES = [
     ({"elements": {"output": "y", "tol": 0.1, "threshold": 0.5}}, "needs exactly one of tol", "elements: {output"),
     ({"top1": {"output": "y", "slice": "..., 9:"}}, "checks[0].top1.slice: '..., 9:' leaves nothing of [1, 8, 7] ([1, 8, 0])",
      "keeps some elements"),
-    ({"top1": {"output": "y", "slice": "..., a:"}}, "checks[0].top1.slice: '..., a:' does not slice output 'y' [1, 8, 7]: "
-     "'a:' is not an integer", 'slice: "..., 4:"'),
+    ({"top1": {"output": "y", "slice": "..., a:"}}, ("checks[0].top1.slice: '..., a:' does not slice output 'y' [1, 8, 7]: "
+     "'a:' is not an integer"), 'slice: "..., 4:"'),
     ({"top1": {"output": "y", "slice": "0, 0, 0, 0"}}, "4 indices for 3 dims", 'slice: "..., 4:"'),
     ({"detection": {"output": "y", "box_format": "xywh"}}, "checks[0].detection.box_format: unknown box format 'xywh'",
      "cxcywh, xyxy"),
