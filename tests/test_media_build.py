@@ -25,6 +25,7 @@ from qnn_tasks.stages import calibrate
 
 ALSA = Path("/usr/share/sounds/alsa/Front_Center.wav")
 SIZE, CLASSES, BANDS, FRAME = 32, 3, 32, 400
+STEPS, SYMBOLS = 32, 10  # the recogniser: 32 time steps, 10 symbols + the blank
 
 VISION_YAML = f"""\
 licence: test fixture
@@ -63,6 +64,51 @@ graphs:
       checks:
         - elements: {{output: logpower, tol: 0.05, min: 0.99}}
 """
+READER_YAML = f"""\
+licence: test fixture
+source: {{file: reader.onnx}}
+graphs:
+  reader:
+    inputs:
+      x: {{shape: [1, 1, 32, {4 * STEPS}], dtype: float32}}
+    outputs:
+      probs: {{shape: [1, {STEPS}, {SYMBOLS + 1}]}}
+    samples:
+      image: {{files: lines, resize: stretch, channels: grey, mean: 0.5, std: 0.5}}
+    socs: [SM8650]
+    verify:
+      checks:
+        - ctc: {{output: probs, blank: 0, alphabet: keys.txt, min: 0.75}}
+"""
+
+
+def reader_model() -> onnx.ModelProto:
+    """A CTC recogniser's shape: grey [1, 1, 32, 128] -> one column of 4 pixels per time step -> softmax over
+    the blank and 10 symbols, [1, 32, 11]."""
+    rng = np.random.default_rng(7)
+    weights = (rng.standard_normal((SYMBOLS + 1, 1, 32, 4)) * 0.4).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w"], ["columns"], strides=[32, 4]),         # [1, 11, 1, 32]
+             helper.make_node("Reshape", ["columns", "shape"], ["flat"]),               # [1, 11, 32]
+             helper.make_node("Transpose", ["flat"], ["steps"], perm=[0, 2, 1]),        # [1, 32, 11]
+             helper.make_node("Softmax", ["steps"], ["probs"], axis=-1)]
+    graph = helper.make_graph(nodes, "reader", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
+                                                                              [1, 1, 32, 4 * STEPS])],
+                              [helper.make_tensor_value_info("probs", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(weights, "w"),
+                               numpy_helper.from_array(np.array([1, SYMBOLS + 1, STEPS], np.int64), "shape")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def write_lines(folder: Path) -> None:
+    """Text lines drawn with Pillow's default font, black on white and white on grey (RGB: made grey by the loader)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, (text, colours) in enumerate([("0123 4567", ((255, 255, 255), (0, 0, 0))), ("8 90 12", ((90, 90, 90), (255,) * 3)),
+                                         ("3141 5926", ((240, 230, 200), (20, 20, 60))), ("77 08", ((255,) * 3, (0, 0, 0)))]):
+        img = Image.new("RGB", (160 + 20 * i, 36), colours[0])
+        ImageDraw.Draw(img).text((4, 10), text, fill=colours[1])
+        img.save(folder / f"line{i}.png")
 
 
 def vision_model() -> onnx.ModelProto:
@@ -165,6 +211,12 @@ def media_project(root: Path) -> Project:
     frontend.mkdir(parents=True)
     onnx.save(vision_model(), str(vision / "vision.onnx"))
     onnx.save(frontend_model(), str(frontend / "frontend.onnx"))
+    reader = root / "models" / "reader"
+    reader.mkdir(parents=True)
+    onnx.save(reader_model(), str(reader / "reader.onnx"))
+    write_lines(reader / "lines")
+    (reader / "keys.txt").write_text("".join(f"{d}\n" for d in "0123456789"))
+    (reader / "model.yaml").write_text(READER_YAML)
     write_images(vision / "images")
     write_clip(frontend / "clips")
     (vision / "model.yaml").write_text(VISION_YAML)
@@ -177,7 +229,7 @@ def test_image_and_audio_samples_build_and_verify_on_sm8650(tmp_path):
     result = project.doit()
     assert result.returncode == 0, result.stdout + result.stderr
     socs = load_socs(project.path("socs/socs.yaml"))
-    for model, graph, count in (("vision", "vision", 4), ("frontend", "frontend", 24)):
+    for model, graph, count in (("vision", "vision", 4), ("frontend", "frontend", 24), ("reader", "reader", 4)):
         cpucheck = json.loads(project.path(f"build/{model}/{graph}/cpucheck/cpucheck.json").read_text())
         assert cpucheck["status"] == "passed" and cpucheck["samples"] == count
         assert cpucheck["samples_from"].endswith(f"model.yaml: graphs.{graph}.samples")
@@ -199,8 +251,15 @@ def test_image_and_audio_samples_build_and_verify_on_sm8650(tmp_path):
     kept = sample_store.load(project.path("build/frontend/frontend/cpucheck/inputs.npz"))
     loud, quiet = (max(float(np.abs(k["audio"]).max()) for k in half) for half in (kept[:12], kept[12:]))
     assert 0 < quiet < 0.1 * loud
+    reader = json.loads(next(project.root.glob("build/reader/reader/*/*/SM8650/simverify/simverify.json")).read_text())
+    [ctc] = reader["checks"]
+    assert ctc["kind"] == "ctc" and "note" not in ctc and ctc["cer"] <= 0.25, ctc
     second = project.doit()
     assert second.returncode == 0 and not second.executed, second.stdout
+    # the alphabet is an input of the judgement only: editing it re-judges, nothing is simulated again
+    project.path("models/reader/keys.txt").write_text("".join(f"{c}\n" for c in "abcdefghij"))
+    relabelled = project.doit()
+    assert relabelled.returncode == 0 and relabelled.executed == {"simverify:reader-SM8650", "report"}, relabelled.stdout
     # a new image reruns cpucheck and what follows for the vision graph only
     write_images(project.path("models/vision/images"), count=5)
     third = project.doit("cpucheck:vision", "cpucheck:frontend")
