@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from qnn_tasks.judge import metrics
+from qnn_tasks.judge import metrics, taskchecks
 from qnn_tasks.spec.project import GraphSpec
 
 def judge(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, np.ndarray]],
@@ -41,10 +41,20 @@ def run_check(graph: GraphSpec, check: dict[str, Any], reference: list[dict[str,
               actual: list[dict[str, np.ndarray]]) -> dict[str, Any]:
     """One task-level check. Array checks see the stacked output; model checks see the graph and every sample."""
     kind = check["kind"]
-    if kind in CHECKS:
+    if kind in CHECKS or kind == "ctc":
         ref = np.stack([r[check["output"]] for r in reference])
         got = np.stack([a[check["output"]] for a in actual])
-        return CHECKS[kind](ref, got, check)
+        if check.get("slice"):  # a part of each sample's output, e.g. the score columns "..., 4:"
+            from qnn_tasks.spec.checkopts import parse_slice
+
+            index = (slice(None),) + parse_slice(check["slice"])
+            ref, got = ref[index], got[index]
+        if kind == "ctc":  # its alphabet file lives in the model folder
+            from qnn_tasks.judge.taskchecks import ctc
+
+            return ctc(ref, got, check, graph.model_dir)
+        result = CHECKS[kind](ref, got, check)
+        return {**result, "slice": check["slice"]} if check.get("slice") else result
     return _model_checks()[kind](graph, check, reference, actual)
 
 
@@ -97,7 +107,8 @@ def top1(ref: np.ndarray, got: np.ndarray, check: dict[str, Any]) -> dict[str, A
 
 
 # (ref, got, check) -> result: checks on the stacked output arrays alone
-CHECKS = {"agreement": agreement, "ranking": ranking, "top1": top1}
+CHECKS = {"agreement": agreement, "ranking": ranking, "top1": top1, "elements": taskchecks.elements,
+          "detection": taskchecks.detection}
 
 
 def _model_checks() -> dict[str, Any]:

@@ -161,6 +161,10 @@ class Planner:
         code = [os.path.relpath(graph.model_code, self.root)] if graph.has_code else []
         return code + ([source] if source else [])
 
+    def check_deps(self, graph: GraphSpec, verify: dict[str, Any]) -> list[str]:
+        """Files the task checks read (a ctc check's alphabet, in the model folder)."""
+        return [os.path.relpath(graph.model_dir / c["alphabet"], self.root) for c in verify["checks"] if c.get("alphabet")]
+
     def sample_deps(self, graph: GraphSpec) -> list[str]:
         """The declared sample files (model.yaml `samples:`), read by cpucheck and calibrate."""
         return [os.path.relpath(p, self.root) for p in graph.sample_files()]
@@ -329,7 +333,8 @@ def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     # of an identical judgement. The outputs are; the simulate record only lends its timing, and lint's
     # only adds hints to a failure message. A check that runs the model's code (wer) depends on that code.
     runs_code = any(check["kind"] in MODEL_CHECKS for check in ct.verify["checks"])
-    plan = chip_plan(p, stage, ct, [outputs, str(gt.reference)] + (p.code_deps(ct.graph) if runs_code else []), [],
+    plan = chip_plan(p, stage, ct, [outputs, str(gt.reference)] + (p.code_deps(ct.graph) if runs_code else [])
+                      + p.check_deps(ct.graph, ct.verify), [],
                       p.key(stage, None, ct.precision, settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
                                "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision,
@@ -363,8 +368,10 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
     chain = [{"graph": ct.graph, "ctx": p.context_files(ct), "config": p.config_files(ct)[0],
               "simplified": str(ct.graph_target.simplified)} for ct in pt.chips]
     first_inputs = str(pt.chips[0].graph_target.inputs)
-    file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]]
-    settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify}, sort_keys=True)
+    file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]] \
+        + p.check_deps(chain[-1]["graph"], spec.verify)
+    settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify,
+                           **({"glue": spec.glue} if spec.glue else {})}, sort_keys=True)
     soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
     binding = p.binding(pt)
     return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep,
@@ -373,7 +380,8 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                 args=lambda: {"graphs": [p.graph_dict(link["graph"]) for link in chain],
                               "ctx": [link["ctx"][0] for link in chain], "configs": [link["config"] for link in chain],
                               "simplified": [link["simplified"] for link in chain], "inputs": first_inputs,
-                              "feed": {k: list(v) for k, v in spec.feed.items()}, "verify": spec.verify},
+                              "feed": {k: list(v) for k, v in spec.feed.items()}, "verify": spec.verify,
+                              **({"glue": spec.glue} if spec.glue else {})},
                 base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),
                               "toolchain": {"id": binding.id, "profile": binding.profile.name, **binding.fingerprint}},
                 binding=binding)

@@ -21,18 +21,33 @@ DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
                       "w8a16": {"min_cosine": 0.99, "min_snr_db": 15.0}}
 VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
 CALIBRATION_KEYS = {"samples", "function", "per_channel"}
-CHECK_KINDS = {"agreement": {"output", "threshold", "min"}, "ranking": {"output", "top", "min"},
-               "top1": {"output", "min", "axis"}, "wer": {"output", "max_wer_increase", "min_identical", "show"}}
+CHECK_KINDS = {"agreement": {"output", "threshold", "min", "slice"}, "ranking": {"output", "top", "min", "slice"},
+               "top1": {"output", "min", "axis", "slice"}, "wer": {"output", "max_wer_increase", "min_identical", "show"},
+               "elements": {"output", "tol", "threshold", "min", "slice"},
+               "detection": {"output", "box_format", "transpose", "objectness", "score_threshold", "nms_iou",
+                             "match_iou", "max_detections", "min"},
+               "ctc": {"output", "blank", "alphabet", "axis", "min", "show"}}
 # option -> (type, lowest, highest): shares are in [0, 1]
 CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0.0, 1.0)},
                 "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)},
                 "top1": {"min": (float, 0.0, 1.0), "axis": (int, -8, 7)},
                 "wer": {"max_wer_increase": (float, 0.0, None), "min_identical": (float, 0.0, 1.0),
-                        "show": (int, 0, None)}}
+                        "show": (int, 0, None)},
+                "elements": {"tol": (float, 0.0, None), "threshold": (float, None, None), "min": (float, 0.0, 1.0)},
+                "detection": {"score_threshold": (float, 0.0, None), "nms_iou": (float, 0.0, 1.0),
+                              "match_iou": (float, 0.0, 1.0), "max_detections": (int, 1, 10000),
+                              "min": (float, 0.0, 1.0)},
+                "ctc": {"blank": (int, None, None), "axis": (int, -8, 7), "min": (float, 0.0, 1.0), "show": (int, 0, None)}}
 MODEL_CHECKS = ("wer",)  # checks that call the model's own code (transcribe, texts)
 # wer: fp16 must not lose a word; 8-bit weights may lose one word in a hundred, with different wording allowed
 CHECK_DEFAULTS = {"wer": {"fp16": {"max_wer_increase": 0.0, "min_identical": 1.0, "show": 5},
                           "w8a16": {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5}}}
+# the same for every precision (checks.py reads them filled in)
+SHARED_DEFAULTS = {"elements": {"min": 0.999},
+                   "detection": {"box_format": "cxcywh", "transpose": False, "objectness": False,
+                                 "score_threshold": 0.25, "nms_iou": 0.45, "match_iou": 0.5, "max_detections": 300,
+                                 "min": 0.95},
+                   "ctc": {"blank": 0, "axis": -1, "min": 0.99, "show": 5}}
 
 
 LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
@@ -66,7 +81,8 @@ def _calibration(data: Any, precisions: list[str], path: Path, key: str) -> dict
                                                                              f"{key}.per_channel")}
 
 
-def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, key: str) -> dict[str, Any]:
+def _verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tuple[int, ...]], where: Path,
+                    key: str) -> dict[str, Any]:
     """The graph's `verify:` settings for one precision, validated, with defaults filled in.
 
     A `w8a16:` subsection overrides the base settings for w8a16 targets only.
@@ -112,8 +128,19 @@ def _verify_section(data: Any, precision: str, outputs: set[str], where: Path, k
             if option in options:
                 check_key = f"{key}.checks[{i}].{kind}.{option}"
                 (_int if kind_of is int else _number)(options[option], where, check_key, low, high)
-        checks.append({"kind": kind, **CHECK_DEFAULTS.get(kind, {}).get(precision, {}), **options})
+        shape = outputs.get(options["output"]) if isinstance(outputs, dict) else None
+        _check_options(kind, options, shape, where, f"{key}.checks[{i}].{kind}")
+        checks.append({"kind": kind, **SHARED_DEFAULTS.get(kind, {}), **CHECK_DEFAULTS.get(kind, {}).get(precision, {}),
+                       **options})
     samples = verify.get("samples")
     if samples is not None:
         _int(samples, where, f"{key}.samples", 1, None)
     return {"samples": samples, "thresholds": thresholds, "per_output": per_output, "checks": checks}
+
+
+def _check_options(kind: str, options: dict[str, Any], shape: tuple[int, ...] | None, where: Path, key: str) -> None:
+    """What the ranges above cannot say: a slice that fits the output, one of tol/threshold, detection columns,
+    an alphabet file inside the model folder."""
+    from qnn_tasks.spec.checkopts import check_options
+
+    check_options(kind, options, shape, where, key)

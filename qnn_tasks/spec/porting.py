@@ -129,32 +129,75 @@ def _number_or_list(value: Any) -> bool:
     return isinstance(value, (int, float, bool))
 
 
-def samples(data: Any, path: Path, key: str, model_dir: Path) -> dict[str, Any] | None:
-    """`samples: {files: PATTERN or [PATTERNS]}`: .npz/.npy files (or folders of them) in the model folder."""
+def samples(data: Any, path: Path, key: str, model_dir: Path,
+            inputs: dict[str, tuple[tuple[int, ...], str]] | None = None) -> dict[str, Any] | None:
+    """`samples: {files: PATTERN or [PATTERNS]}`: .npz/.npy files (or folders of them) in the model folder;
+    or media sources (`image:`, `audio:`, `raw:`, `fill:`; specsamples.py) checked against the declared inputs."""
     if data is None:
         return None
-    fix = 'e.g. samples: {files: "samples/*.npz"} (paths relative to the model folder)'
+    fix = 'e.g. samples: {files: "samples/*.npz"} or samples: {image: {files: "images/*.png"}} (paths relative to the model folder)'
     if not isinstance(data, dict):
         raise SpecError(path, key, f"expected a mapping, got {type(data).__name__}", fix)
+    from qnn_tasks.spec import samples as specsamples
+
     for k in data:
-        if k not in SAMPLES_KEYS:
+        if k not in SAMPLES_KEYS and k not in specsamples.KINDS and k != "fill":
             raise SpecError(path, f"{key}.{k}", "unknown key", fix)
     if "files" not in data:
-        raise SpecError(path, f"{key}.files", "required key is missing", fix)
-    patterns = data["files"] if isinstance(data["files"], list) else [data["files"]]
+        if not any(k in data for k in specsamples.KINDS):
+            raise SpecError(path, f"{key}.files", "required key is missing", fix)
+        return specsamples.validate(data, path, key, inputs or {},
+                                    lambda value, k, kind: _patterns(value, path, k, model_dir, kind))
+    if len(data) > 1:
+        raise SpecError(path, f"{key}.{min(set(data) - {'files'})}", "files (.npz/.npy) already give every input",
+                        "use either files: or media sources (image, audio, raw, fill), not both")
+    return {"files": _patterns(data["files"], path, f"{key}.files", model_dir, None)}
+
+
+def _patterns(value: Any, path: Path, key: str, model_dir: Path, kind: str | None) -> list[str]:
+    """A `files:` value as a list of confined patterns, each matching at least one file of its kind."""
+    fix = 'e.g. samples: {files: "samples/*.npz"} (paths relative to the model folder)'
+    patterns = value if isinstance(value, list) else [value]
     if not patterns:
-        raise SpecError(path, f"{key}.files", "empty list", fix)
+        raise SpecError(path, key, "empty list", fix)
     for pattern in patterns:
-        confined(pattern, path, f"{key}.files", "the model folder")
-        found = sample_files(model_dir, [pattern])
-        if not found:
-            raise SpecError(path, f"{key}.files", f"'{pattern}' matches no .npz/.npy file in {model_dir}",
+        confined(pattern, path, key, "the model folder")
+        if not media_files(model_dir, [pattern], kind):
+            what = "file" if kind == "raw" else (f"{kind} file ({', '.join(_suffixes(kind))})" if kind
+                                                 else ".npz/.npy file")
+            raise SpecError(path, key, f"'{pattern}' matches no {what} in {model_dir}",
                             "add the sample files there or fix the pattern")
-    return {"files": patterns}
+    return list(patterns)
+
+
+def _suffixes(kind: str | None) -> tuple[str, ...] | None:
+    if kind is None:
+        return SAMPLE_SUFFIXES
+    from qnn_tasks.spec.samples import suffixes
+
+    return suffixes(kind)
 
 
 def sample_files(model_dir: Path, patterns: list[str]) -> list[Path]:
     """Files the patterns name, sorted, each once: a folder stands for the .npz/.npy files directly in it."""
+    return media_files(model_dir, patterns, None)
+
+
+def declared_files(model_dir: Path, samples: dict[str, Any] | None) -> list[Path]:
+    """Every file a validated `samples:` section reads (npz files, or each media source's files)."""
+    if not samples:
+        return []
+    if "files" in samples:
+        return sample_files(model_dir, samples["files"])
+    from qnn_tasks.spec.samples import KINDS
+
+    return [f for kind in KINDS if kind in samples for f in media_files(model_dir, samples[kind]["files"], kind)]
+
+
+def media_files(model_dir: Path, patterns: list[str], kind: str | None) -> list[Path]:
+    """Files the patterns name, sorted, each once: a folder stands for the files of the kind directly in it
+    (npz/npy for kind None, images, WAVs; any file for raw bytes)."""
+    wanted = _suffixes(kind)
     found: dict[str, Path] = {}
     root = Path(model_dir)
     for pattern in patterns:
@@ -162,7 +205,7 @@ def sample_files(model_dir: Path, patterns: list[str]) -> list[Path]:
             match_path = Path(match)
             candidates = sorted(match_path.iterdir()) if match_path.is_dir() else [match_path]
             for candidate in candidates:
-                if candidate.is_file() and candidate.suffix in SAMPLE_SUFFIXES:
+                if candidate.is_file() and (wanted is None or candidate.suffix.lower() in wanted):
                     found.setdefault(str(candidate), candidate)
     return list(found.values())
 

