@@ -19,6 +19,7 @@ from . import codeversion, specjson, toolchains
 from .matrix import (ChipTarget, GraphTarget, PipelineTarget, VariantTarget, chip_targets, graph_targets,
                      pipeline_targets, variant_targets)
 from .spec import GraphSpec, Project, ToolchainProfile
+from .specyaml import _name
 from .specverify import MODEL_CHECKS
 
 
@@ -83,7 +84,10 @@ class Planner:
         for index, profile in enumerate(project.toolchains or (project.toolchain,)):
             chain = toolchains.from_profile(profile)
             fingerprint = chain.fingerprint()
-            binding = Binding(profile=profile, toolchain=chain, id=chain.id(), fingerprint=fingerprint,
+            toolchain_id = _name(chain.id(), profile.file, "", "the toolchain id made from its kind and versions",
+                                 "check the versions it is made of (for qairt: the SDK folder name or sdk.yaml's "
+                                 "version and build)")
+            binding = Binding(profile=profile, toolchain=chain, id=toolchain_id, fingerprint=fingerprint,
                               fingerprint_json=json.dumps(fingerprint, sort_keys=True),
                               suffix="" if index == 0 else f"@{profile.name}")
             binding.variants = variant_targets(project, binding.id, binding.suffix, self.graphs)
