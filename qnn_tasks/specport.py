@@ -72,6 +72,16 @@ def check_source_file(source: dict[str, Any], path: Path, file_key: str) -> None
     if source.get("file") is not None:
         inside = f"package '{source['package']}'" if source.get("package") else "the model folder"
         confined(source["file"], path, file_key, inside)
+        if not source.get("package"):
+            stays_in_folder(path.parent / source["file"], path.parent, path, file_key)
+
+
+def stays_in_folder(file: Path, folder: Path, path: Path, key: str) -> None:
+    """A file named inside the model folder must be there once symlinks are followed, not merely look it."""
+    real = Path(file).resolve()
+    if not real.is_relative_to(Path(folder).resolve()):
+        raise SpecError(path, key, f"{Path(file).relative_to(folder)} is a symlink to {real}, outside the model "
+                        "folder", "copy the file into the model folder (paths stay in it)")
 
 
 def require_packaged_onnx(source: dict[str, Any], path: Path, key: str, file_key: str, samples: Any,
@@ -150,6 +160,8 @@ def samples(data: Any, path: Path, key: str, model_dir: Path) -> dict[str, Any] 
         if not found:
             raise SpecError(path, f"{key}.files", f"'{pattern}' matches no .npz/.npy file in {model_dir}",
                             "add the sample files there or fix the pattern")
+        for file in found:
+            stays_in_folder(file, model_dir, path, f"{key}.files")
     return {"files": patterns}
 
 

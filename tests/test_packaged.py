@@ -269,6 +269,51 @@ def test_non_onnx_source_file_named_at_export(fresh):
     assert "(fix: point it at an .onnx file" in line
 
 
+def test_source_file_symlink_outside_the_model_folder(fresh, tmp_path):
+    """`source.file: hazards.onnx` that is a symlink to a file elsewhere: the path looks inside, the file is not."""
+    onnx_file = fresh.path("models/hazards/hazards.onnx")
+    outside = tmp_path / "elsewhere.onnx"
+    onnx_file.rename(outside)
+    onnx_file.symlink_to(outside)
+    assert_spec_error(fresh, f"source.file: hazards.onnx is a symlink to {outside}, outside the model folder",
+                      "copy the file into the model folder")
+
+
+def test_sample_file_symlink_outside_the_model_folder(fresh, tmp_path):
+    sample = sorted(fresh.path("models/hazards/samples").glob("*.npz"))[0]
+    outside = tmp_path / "elsewhere.npz"
+    sample.rename(outside)
+    sample.symlink_to(outside)
+    assert_spec_error(fresh, f"graphs.hazards.samples.files: samples/{sample.name} is a symlink to {outside}, "
+                      "outside the model folder")
+
+
+@pytest.mark.parametrize("content, problem", [
+    pytest.param(b"", "is empty (0 bytes), not an ONNX model", id="empty"),
+    pytest.param(b"\x78\x01", "is not an ONNX model (it holds no graph or IR version)", id="protobuf-but-no-model"),
+])
+def test_empty_or_foreign_source_file_is_named(tmp_path, content, problem):
+    """main: a 0-byte ONNX loads as an empty model, then 'input x ... is not an input of the ONNX; its inputs: none'."""
+    from qnn_tasks.packaged import load_source
+
+    source = tmp_path / "model.onnx"
+    source.write_bytes(content)
+    with pytest.raises(StageError) as info:
+        load_source(sample_graph(tmp_path, ["*.npz"]), source)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'model.yaml'}: source.file: {source} {problem}"), message
+    assert "(fix: point it at an .onnx file" in message and "\n" not in message
+
+
+def test_non_finite_samples_from_export_py_name_the_sample():
+    from qnn_tasks.samples import check
+
+    specs = (TensorSpec("x", (1, 4), "float32"),)
+    with pytest.raises(StageError, match=r"^export.py:samples\(\): sample 1 'x' holds 1 NaN/Inf values \(fix: "):
+        check([{"x": np.zeros((1, 4), np.float32)}, {"x": np.array([[0, 0, np.nan, 0]], np.float32)}], specs,
+              "export.py:samples()")
+
+
 def test_spec_loading_imports_no_onnx(fresh):
     code = ("import sys; from pathlib import Path; from qnn_tasks.spec import load_project; "
             f"p = load_project(Path({str(fresh.root)!r})); g = p.graphs()[0]; "
@@ -410,6 +455,8 @@ def test_sample_files_a_folder_stacks_singles_and_casts(tmp_path):
     ({"x": np.zeros((1, 4), np.float32), "ids": np.full((1, 4), 2**40)}, "'ids' has dtype int64, model.yaml declares int32"),
     ({"x": np.zeros((2, 1, 4), np.float32), "ids": np.zeros((3, 1, 4), np.int32)}, "stack different numbers of samples [2, 3]"),
     ({"x": np.zeros((1, 4), np.complex64), "ids": np.zeros((1, 4), np.int32)}, "'x' has dtype complex64"),
+    ({"x": np.array([[[0, 0, 0, 0]], [[0, np.nan, np.inf, 0]]], np.float32), "ids": np.zeros((2, 1, 4), np.int32)},
+     "'x' holds 2 NaN/Inf values (first in sample 1)"),
 ])
 def test_sample_files_bad_content_is_one_line(tmp_path, arrays, problem):
     np.savez(tmp_path / "s.npz", **arrays)
