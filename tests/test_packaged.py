@@ -280,7 +280,7 @@ def test_source_file_symlink_outside_the_model_folder(fresh, tmp_path):
 
 
 def test_sample_file_symlink_outside_the_model_folder(fresh, tmp_path):
-    sample = sorted(fresh.path("models/hazards/samples").glob("*.npz"))[0]
+    sample = min(fresh.path("models/hazards/samples").glob("*.npz"))
     outside = tmp_path / "elsewhere.npz"
     sample.rename(outside)
     sample.symlink_to(outside)

@@ -6,6 +6,7 @@ loads every spec, so this is where a spec error surfaces), in a subprocess like 
 from __future__ import annotations
 
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -376,3 +377,18 @@ def test_exit_codes_are_distinct(fresh):
     assert fresh.doit("export:no-such-graph").returncode == 3  # doit's own: no such task
     fresh.edit(SOCS, "  SM8650:", "  SM=8650:")
     _one_error_line(fresh.doit("export:vad"), EXIT_SPEC)
+
+
+def test_unsafe_toolchain_id_from_an_sdk_yaml(fresh, tmp_path):
+    """The qairt id is the SDK's version from sdk.yaml (+ build id) when its folder is not named after one:
+    a build id with '/' would put every qairt build folder outside build/."""
+    sdk = tmp_path / "sdk"
+    shutil.copytree(Path(__file__).parent / "standins" / "qairt_sdk" / "qairt" / "2.40.0.251030", sdk, symlinks=True)
+    (sdk / "sdk.yaml").write_text("name: qairt\nversion: 2.40.0\nbuild_id: 1/../../../../../x\n")
+    profile = "toolchain/qairt-copy.yaml"
+    fresh.path(profile).write_text(f"kind: qairt\nsettings: {{sdk_root: {sdk}, python: {sys.executable}, "
+                                   "model_lib_targets: [x86_64-linux-clang]}\n")
+    line = _one_error_line(fresh.doit("list", env={"QNN_TOOLCHAIN": "qairt-copy", "QNN_SDK_ROOT": ""}))
+    assert line.startswith(f"error: {fresh.root / profile}: the toolchain id made from its kind and versions "
+                           "'qairt-2.40.0.1/../../../../../x' is not a safe name"), line
+    assert "sdk.yaml's version and build" in line
