@@ -35,7 +35,7 @@ def load_source(graph: GraphSpec, source: Path | None):
     if not graph.source or not graph.source.package:  # in the model folder: there once symlinks are followed
         real = Path(source).resolve()
         if not real.is_relative_to(Path(graph.model_dir).resolve()):
-            raise StageError(f"{where}: {source} is a symlink to {real}, outside the model folder "
+            raise StageError(f"{where}: {source} leads through a symlink to {real}, outside the model folder "
                              "(fix: copy the file into the model folder)")
     if Path(source).stat().st_size == 0:
         raise StageError(f"{where}: {source} is empty (0 bytes), not an ONNX model {fix}")

@@ -64,7 +64,7 @@ def read_declared(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
     result: list[dict[str, np.ndarray]] = []
     for path in files:
         if not path.resolve().is_relative_to(Path(graph.model_dir).resolve()):  # samples stay in the model folder
-            raise StageError(f"{where}: {path} is a symlink to {path.resolve()}, outside the model folder "
+            raise StageError(f"{where}: {path} leads through a symlink to {path.resolve()}, outside the model folder "
                              "(fix: copy the file into the model folder)")
         arrays = _arrays(path, graph, where)
         counts = set()

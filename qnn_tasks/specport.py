@@ -80,8 +80,8 @@ def stays_in_folder(file: Path, folder: Path, path: Path, key: str) -> None:
     """A file named inside the model folder must be there once symlinks are followed, not merely look it."""
     real = Path(file).resolve()
     if not real.is_relative_to(Path(folder).resolve()):
-        raise SpecError(path, key, f"{Path(file).relative_to(folder)} is a symlink to {real}, outside the model "
-                        "folder", "copy the file into the model folder (paths stay in it)")
+        raise SpecError(path, key, f"{Path(file).relative_to(folder)} leads through a symlink to {real}, outside "
+                        "the model folder", "copy the file into the model folder (paths stay in it)")
 
 
 def require_packaged_onnx(source: dict[str, Any], path: Path, key: str, file_key: str, samples: Any,

@@ -275,8 +275,8 @@ def test_source_file_symlink_outside_the_model_folder(fresh, tmp_path):
     outside = tmp_path / "elsewhere.onnx"
     onnx_file.rename(outside)
     onnx_file.symlink_to(outside)
-    assert_spec_error(fresh, f"source.file: hazards.onnx is a symlink to {outside}, outside the model folder",
-                      "copy the file into the model folder")
+    assert_spec_error(fresh, f"source.file: hazards.onnx leads through a symlink to {outside}, outside the model "
+                      "folder", "copy the file into the model folder")
 
 
 def test_sample_file_symlink_outside_the_model_folder(fresh, tmp_path):
@@ -284,8 +284,8 @@ def test_sample_file_symlink_outside_the_model_folder(fresh, tmp_path):
     outside = tmp_path / "elsewhere.npz"
     sample.rename(outside)
     sample.symlink_to(outside)
-    assert_spec_error(fresh, f"graphs.hazards.samples.files: samples/{sample.name} is a symlink to {outside}, "
-                      "outside the model folder")
+    assert_spec_error(fresh, f"graphs.hazards.samples.files: samples/{sample.name} leads through a symlink "
+                      f"to {outside}, outside the model folder")
 
 
 @pytest.mark.parametrize("content, problem", [
@@ -303,6 +303,24 @@ def test_empty_or_foreign_source_file_is_named(tmp_path, content, problem):
     message = str(info.value)
     assert message.startswith(f"{tmp_path / 'model.yaml'}: source.file: {source} {problem}"), message
     assert "(fix: point it at an .onnx file" in message and "\n" not in message
+
+
+def test_symlinks_out_of_the_model_folder_are_refused_when_read_too(tmp_path):
+    """The spec cache does not see a symlink made after it was written: the stages check again when they read."""
+    from qnn_tasks.packaged import load_source
+
+    folder, outside = tmp_path / "model", tmp_path / "elsewhere"
+    folder.mkdir()
+    outside.mkdir()
+    np.savez(outside / "s.npz", x=np.zeros((1, 4), np.float32), ids=np.zeros((1, 4), np.int32))
+    (outside / "m.onnx").write_bytes(b"\x08\x07")
+    (folder / "s.npz").symlink_to(outside / "s.npz")
+    (folder / "m.onnx").symlink_to(outside / "m.onnx")
+    graph = sample_graph(folder, ["*.npz"])
+    with pytest.raises(StageError, match=r"s\.npz leads through a symlink to .*elsewhere/s\.npz, outside the model"):
+        read_declared(graph)
+    with pytest.raises(StageError, match=r"m\.onnx leads through a symlink to .*elsewhere/m\.onnx, outside the model"):
+        load_source(graph, folder / "m.onnx")
 
 
 def test_non_finite_samples_from_export_py_name_the_sample():
