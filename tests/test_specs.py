@@ -27,7 +27,7 @@ PROFILE = "toolchain/ort-qnn.yaml"
 
 
 def assert_spec_error(project: Project, result, file: str, *fragments: str) -> str:
-    """Exit 2, exactly one line on stderr that names the file, the key/problem and a fix; no files written."""
+    """Exit EXIT_SPEC, exactly one line on stderr that names the file, the key/problem and a fix; no files written."""
     assert result.returncode == EXIT_SPEC, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
