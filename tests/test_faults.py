@@ -22,6 +22,7 @@ import pytest
 from conftest import Project, copy_project
 
 from qnn_tasks.run import records
+from qnn_tasks.errors import EXIT_BUSY
 
 SOCS = ("SM8650", "SM8750")
 INTERRUPT_LIMIT_S = 2.0  # Ctrl-C must stop every stage within this
@@ -198,7 +199,7 @@ def test_second_doit_refuses_naming_the_first_and_read_only_commands_work(built)
     first = Running(built, "simverify")
     first.wait_for(".  simulate:vad-SM8650")
     second = built.doit("simverify")
-    assert second.returncode == 3, second.stdout + second.stderr
+    assert second.returncode == EXIT_BUSY, second.stdout + second.stderr
     lines = [line for line in second.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "another doit is building this tree" in lines[0], second.stderr
     assert f"pid {first.proc.pid}" in lines[0] and "since " in lines[0] and "QNN_LOCK_WAIT" in lines[0]

@@ -21,7 +21,7 @@ import pytest
 
 from conftest import ROOT, Project
 from packaged_fixture import ALL_REWRITES, write_model_folder
-from qnn_tasks.errors import StageError
+from qnn_tasks.errors import EXIT_SPEC, StageError
 from qnn_tasks.judge.samples import read_declared
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
@@ -198,7 +198,7 @@ def fresh(tmp_path) -> Project:
 
 def assert_spec_error(project: Project, *fragments: str) -> str:
     result = project.doit("list")
-    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert result.returncode == EXIT_SPEC, (result.stdout, result.stderr)
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     line = lines[0]
@@ -267,6 +267,69 @@ def test_non_onnx_source_file_named_at_export(fresh):
     line = fresh.doit("export:hazards").failure_line("export:hazards")
     assert f"{YAML}: source.file: models/hazards/hazards.onnx is not an ONNX model" in line
     assert "(fix: point it at an .onnx file" in line
+
+
+def test_source_file_symlink_outside_the_model_folder(fresh, tmp_path):
+    """`source.file: hazards.onnx` that is a symlink to a file elsewhere: the path looks inside, the file is not."""
+    onnx_file = fresh.path("models/hazards/hazards.onnx")
+    outside = tmp_path / "elsewhere.onnx"
+    onnx_file.rename(outside)
+    onnx_file.symlink_to(outside)
+    assert_spec_error(fresh, f"source.file: hazards.onnx leads through a symlink to {outside}, outside the model "
+                      "folder", "copy the file into the model folder")
+
+
+def test_sample_file_symlink_outside_the_model_folder(fresh, tmp_path):
+    sample = min(fresh.path("models/hazards/samples").glob("*.npz"))
+    outside = tmp_path / "elsewhere.npz"
+    sample.rename(outside)
+    sample.symlink_to(outside)
+    assert_spec_error(fresh, f"graphs.hazards.samples.files: samples/{sample.name} leads through a symlink "
+                      f"to {outside}, outside the model folder")
+
+
+@pytest.mark.parametrize("content, problem", [
+    pytest.param(b"", "is empty (0 bytes), not an ONNX model", id="empty"),
+    pytest.param(b"\x78\x01", "is not an ONNX model (it holds no graph or IR version)", id="protobuf-but-no-model"),
+])
+def test_empty_or_foreign_source_file_is_named(tmp_path, content, problem):
+    """main: a 0-byte ONNX loads as an empty model, then 'input x ... is not an input of the ONNX; its inputs: none'."""
+    from qnn_tasks.graphs.packaged import load_source
+
+    source = tmp_path / "model.onnx"
+    source.write_bytes(content)
+    with pytest.raises(StageError) as info:
+        load_source(sample_graph(tmp_path, ["*.npz"]), source)
+    message = str(info.value)
+    assert message.startswith(f"{tmp_path / 'model.yaml'}: source.file: {source} {problem}"), message
+    assert "(fix: point it at an .onnx file" in message and "\n" not in message
+
+
+def test_symlinks_out_of_the_model_folder_are_refused_when_read_too(tmp_path):
+    """The spec cache does not see a symlink made after it was written: the stages check again when they read."""
+    from qnn_tasks.graphs.packaged import load_source
+
+    folder, outside = tmp_path / "model", tmp_path / "elsewhere"
+    folder.mkdir()
+    outside.mkdir()
+    np.savez(outside / "s.npz", x=np.zeros((1, 4), np.float32), ids=np.zeros((1, 4), np.int32))
+    (outside / "m.onnx").write_bytes(b"\x08\x07")
+    (folder / "s.npz").symlink_to(outside / "s.npz")
+    (folder / "m.onnx").symlink_to(outside / "m.onnx")
+    graph = sample_graph(folder, ["*.npz"])
+    with pytest.raises(StageError, match=r"s\.npz leads through a symlink to .*elsewhere/s\.npz, outside the model"):
+        read_declared(graph)
+    with pytest.raises(StageError, match=r"m\.onnx leads through a symlink to .*elsewhere/m\.onnx, outside the model"):
+        load_source(graph, folder / "m.onnx")
+
+
+def test_non_finite_samples_from_export_py_name_the_sample():
+    from qnn_tasks.judge.samples import check
+
+    specs = (TensorSpec("x", (1, 4), "float32"),)
+    with pytest.raises(StageError, match=r"^export.py:samples\(\): sample 1 'x' holds 1 NaN/Inf values \(fix: "):
+        check([{"x": np.zeros((1, 4), np.float32)}, {"x": np.array([[0, 0, np.nan, 0]], np.float32)}], specs,
+              "export.py:samples()")
 
 
 def test_spec_loading_imports_no_onnx(fresh):
@@ -410,6 +473,8 @@ def test_sample_files_a_folder_stacks_singles_and_casts(tmp_path):
     ({"x": np.zeros((1, 4), np.float32), "ids": np.full((1, 4), 2**40)}, "'ids' has dtype int64, model.yaml declares int32"),
     ({"x": np.zeros((2, 1, 4), np.float32), "ids": np.zeros((3, 1, 4), np.int32)}, "stack different numbers of samples [2, 3]"),
     ({"x": np.zeros((1, 4), np.complex64), "ids": np.zeros((1, 4), np.int32)}, "'x' has dtype complex64"),
+    ({"x": np.array([[[0, 0, 0, 0]], [[0, np.nan, np.inf, 0]]], np.float32), "ids": np.zeros((2, 1, 4), np.int32)},
+     "'x' holds 2 NaN/Inf values (first in sample 1)"),
 ])
 def test_sample_files_bad_content_is_one_line(tmp_path, arrays, problem):
     np.savez(tmp_path / "s.npz", **arrays)

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from conftest import copy_project
+from qnn_tasks.errors import EXIT_SPEC
 from qnn_tasks.spec import cache as speccache
 from qnn_tasks.spec.project import load_project
 
@@ -17,7 +18,7 @@ def test_warm_cache_gives_the_same_project_without_yaml(tmp_path):
     assert (project.root / speccache.CACHE).is_file()
     assert speccache.read(project.root, "ort-qnn") == first
     # a fresh interpreter listing tasks from the warm cache never imports PyYAML
-    probe = ("import sys; from pathlib import Path; from qnn_tasks.tasks import project_tasks; "
+    probe = ("import sys; from pathlib import Path; from qnn_tasks.tasks.project import project_tasks; "
              "project_tasks(Path('.').resolve()); print('yaml' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=project.root, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
@@ -38,7 +39,7 @@ def test_a_bad_edit_is_still_a_spec_error_after_a_warm_cache(tmp_path):
     assert project.doit("list").returncode == 0
     project.edit(VAD_YAML, "    precision: fp16\n", "    precision: fp16\n    frames: oops\n")
     result = project.doit("list")
-    assert result.returncode == 2 and "graphs.vad.frames: unknown key" in result.stderr
+    assert result.returncode == EXIT_SPEC and "graphs.vad.frames: unknown key" in result.stderr
 
 
 def test_a_corrupt_cache_falls_back_to_the_yaml(tmp_path):

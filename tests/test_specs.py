@@ -1,17 +1,24 @@
-"""Bad specs: every one is a one-line error naming the file, the key and the fix; exit 2; nothing written.
+"""Bad specs: every one is a one-line error naming the file, the key and the fix; exit EXIT_SPEC; nothing written.
 
 Each case edits one file of a fresh copy of the real project and runs `doit list` (task generation
 loads every spec, so this is where a spec error surfaces), in a subprocess like a user would.
 """
 from __future__ import annotations
 
+import resource
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
 from conftest import Project, copy_project
 
-from qnn_tasks.errors import SpecError
+from qnn_tasks.errors import EXIT_BUSY, EXIT_SPEC, SpecError
 from qnn_tasks.spec.project import load_project, load_toolchain
+from qnn_tasks.spec.yamlread import load_yaml
 
 MINILM = "models/minilm/model.yaml"
 VAD = "models/silero-vad/model.yaml"
@@ -20,8 +27,8 @@ PROFILE = "toolchain/ort-qnn.yaml"
 
 
 def assert_spec_error(project: Project, result, file: str, *fragments: str) -> str:
-    """Exit 2, exactly one line on stderr that names the file, the key/problem and a fix; no files written."""
-    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    """Exit EXIT_SPEC, exactly one line on stderr that names the file, the key/problem and a fix; no files written."""
+    assert result.returncode == EXIT_SPEC, (result.returncode, result.stdout, result.stderr)
     assert "Traceback" not in result.stderr, result.stderr
     lines = [line for line in result.stderr.splitlines() if line.strip()]
     assert len(lines) == 1, f"expected a one-line error, got:\n{result.stderr}"
@@ -128,6 +135,24 @@ CASES = [
                  ["packages", "pinned requirements", "onnxruntime-qnn==2.3.0"], id="profile-unpinned-package"),
     pytest.param(PROFILE, "options:", "upgrade: {cosine_margin: 2}\noptions:",
                  ["upgrade.cosine_margin", "2 is out of range"], id="profile-upgrade-margin"),
+    # names that become build folders and task names (issue 23, item 2): refused before doit sees them
+    pytest.param(VAD, "\n  vad:\n", '\n  "../../../x/a/b":\n',
+                 [": graphs: graph name '../../../x/a/b' is not a safe name", "build/", "rename the graph"],
+                 id="graph-name-leaves-build"),
+    pytest.param(VAD, "\n  vad:\n", "\n  vad=2:\n", [": graphs: graph name 'vad=2' is not a safe name"],
+                 id="graph-name-with-equals"),
+    pytest.param(VAD, "\n  vad:\n", "\n  vad*:\n", [": graphs: graph name 'vad*' is not a safe name"],
+                 id="graph-name-with-wildcard"),
+    pytest.param(VAD, "\n  vad:\n", "\n  vad:SM8650:\n", [": graphs: graph name 'vad:SM8650' is not a safe name"],
+                 id="graph-name-with-colon"),
+    pytest.param(SOCS, "  SM8650:", '  "../../../../x":',
+                 [": socs: SoC name '../../../../x' is not a safe name", "rename the row"], id="soc-name-leaves-build"),
+    pytest.param(SOCS, "  SM8650:", "  SM=8650:", [": socs: SoC name 'SM=8650' is not a safe name"],
+                 id="soc-name-with-equals"),
+    pytest.param(SOCS, "  SM8650:", '  "SM 8650*":', [": socs: SoC name 'SM 8650*' is not a safe name"],
+                 id="soc-name-with-space-and-wildcard"),
+    pytest.param(SOCS, "  SM8650:", '  ".hidden":', [": socs: SoC name '.hidden' is not a safe name"],
+                 id="soc-name-hidden"),
 ]
 
 
@@ -214,3 +239,156 @@ def test_load_project_raises_spec_error(fresh, file, old, new, key):
 def test_load_toolchain_unknown_profile(fresh):
     with pytest.raises(SpecError, match=r"toolchain/nope\.yaml: no toolchain profile 'nope' \(fix: use one of: ort-qnn"):
         load_toolchain(fresh.root, "nope")
+
+
+# ---------------------------------------------------------------- hostile input (issue 23: items 2, 10, 11)
+
+def _one_error_line(result, exit_code: int = EXIT_SPEC) -> str:
+    assert result.returncode == exit_code, (result.returncode, result.stdout, result.stderr)
+    assert "Traceback" not in result.stdout + result.stderr, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def _tree(folder: Path) -> set[str]:
+    return {str(p.relative_to(folder)) for p in folder.rglob("*")}
+
+
+def test_unsafe_graph_name_deletes_and_writes_nothing_outside_the_project(tmp_path):
+    """A graph named ../../../bait made `doit clean` delete bait/lint/lint.json beside the project, and a build
+    write there: now both stop at load with the spec error, and the folder around the project is untouched."""
+    project = copy_project(tmp_path / "w" / "project")
+    project.edit(VAD, "\n  vad:\n", "\n  ../../../bait:\n")
+    (project.root / "build" / "silero-vad").mkdir(parents=True)  # so build/silero-vad/../../../bait resolves
+    bait = tmp_path / "w" / "bait" / "lint" / "lint.json"
+    bait.parent.mkdir(parents=True)
+    bait.write_text("{}")
+    before = _tree(tmp_path / "w" / "bait")
+    for command in (["clean"], ["export"], ["lint"]):
+        line = _one_error_line(project.doit(*command))
+        assert f"{project.root / VAD}: graphs: graph name '../../../bait' is not a safe name" in line, line
+    assert bait.read_text() == "{}" and _tree(tmp_path / "w" / "bait") == before
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["bait", "project"]
+    assert not list((project.root / "build").rglob("*.json"))
+
+
+def test_unsafe_model_folder_name(fresh):
+    (fresh.root / "models" / "silero-vad").rename(fresh.root / "models" / "silero=vad")
+    line = _one_error_line(fresh.doit("list"))
+    assert "models/silero=vad/model.yaml: the model folder name 'silero=vad' is not a safe name" in line, line
+    assert "(fix: rename the folder" in line
+
+
+def test_unsafe_toolchain_profile_name(tmp_path):
+    """QNN_TOOLCHAIN names toolchain/<name>.yaml: a name with '/' would read a profile from anywhere."""
+    project = copy_project(tmp_path / "w" / "project")
+    (tmp_path / "w" / "evil.yaml").write_text("kind: ort-qnn\n")
+    line = _one_error_line(project.doit("list", env={"QNN_TOOLCHAIN": "ort-qnn,../../evil"}))
+    assert "$QNN_TOOLCHAIN: toolchain profile name '../../evil' is not a safe name" in line, line
+
+
+def test_every_target_stays_inside_build(fresh):
+    """What `doit clean` may delete is the tasks' targets: every one is a relative path under build/."""
+    from qnn_tasks.plan.stages import Planner
+    from qnn_tasks.tasks.project import TaskFactory
+
+    namespace = TaskFactory(Planner(load_project(fresh.root))).namespace()
+    targets = []
+    for name in namespace["DOIT_CONFIG"]["default_tasks"] + ["cache"]:
+        made = namespace[f"task_{name}"]()
+        targets += [t for task in ([made] if isinstance(made, dict) else made) for t in task.get("targets", [])]
+    assert len(targets) > 200  # every stage of every target of the example project
+    for target in targets:
+        parts = Path(target).parts
+        assert not Path(target).is_absolute() and parts[0] == "build" and ".." not in parts, target
+        assert (fresh.root / target).resolve().is_relative_to(fresh.root / "build"), target
+
+
+def _alias_bomb(levels: int = 9, width: int = 10) -> str:
+    """A billion laughs under graphs.vad.options: `width ** levels` (10^9) strings once every alias is expanded."""
+    lines = ["      l0: &l0 [" + ", ".join(['"lol"'] * width) + "]"]
+    lines += [f"      l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]" for i in range(1, levels)]
+    return "\n".join(lines) + "\n"
+
+
+def test_alias_bomb_is_refused_quickly_in_little_memory(fresh):
+    """Expanded, the options would be 10^9 nodes (main: MemoryError under a memory limit, or a hang)."""
+    fresh.edit(VAD, "    options:                 # passed to export.py's export() and samples()\n",
+               "    options:\n" + _alias_bomb())
+    start = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "doit", "list"], cwd=fresh.root, capture_output=True, text=True,
+                          check=False, timeout=60, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30)))
+    seconds = time.monotonic() - start
+    line = _one_error_line(proc)
+    assert f"{fresh.root / VAD}: line " in line and "expands to more than 100000 YAML nodes" in line, line
+    assert "alias bomb" in line and "(fix: " in line
+    assert seconds < 20, seconds  # doit's own start is most of it
+
+
+@pytest.mark.parametrize("text, problem", [
+    pytest.param("a: &x [1, *x]\n", "alias *x refers to the node that contains it", id="self-reference"),
+    pytest.param("a: " + "[" * 100_000 + "]" * 100_000 + "\n", "nests deeper than 100 levels", id="deep-nesting"),
+    pytest.param("a: &a [[[[[[[[[[1]]]]]]]]]]\n" + "".join(f"b{i}: &b{i} [*{'a' if i == 0 else f'b{i - 1}'}]\n"
+                                                           for i in range(120)), "nests deeper than 100 levels",
+                 id="deep-through-aliases"),
+])
+def test_yaml_expansion_bounds(tmp_path, text, problem):
+    """libyaml segfaults composing 10^5 nested lists; an alias inside itself never ends when walked."""
+    path = tmp_path / "model.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as info:
+        load_yaml(path)
+    message = str(info.value)
+    assert message.startswith(f"{path}: line ") and problem in message and "(fix: " in message, message
+
+
+def test_aliases_within_the_bound_still_load(tmp_path):
+    path = tmp_path / "model.yaml"
+    path.write_text("shape: &s [1, 128]\ninputs: {a: {shape: *s}, b: {shape: *s}}\n")
+    assert load_yaml(path) == {"shape": [1, 128], "inputs": {"a": {"shape": [1, 128]}, "b": {"shape": [1, 128]}}}
+
+
+@pytest.mark.parametrize("file", [MINILM, SOCS, PROFILE])
+def test_invalid_utf8_is_one_line_naming_the_byte(fresh, file):
+    """main: a 50-line UnicodeDecodeError traceback and exit 3 (doit's crash code, then also the lock's)."""
+    path = fresh.root / file
+    data = path.read_bytes()
+    path.write_bytes(data + b"# caf\xe9 au lait\n")
+    line = assert_spec_error(fresh, fresh.doit("list"), file, "not valid UTF-8 (0xe9",
+                             "save the file as UTF-8")
+    line_number = data.count(b"\n") + 1
+    assert f"{path}: byte {len(data) + 5} (line {line_number}): " in line, line
+
+
+def test_exit_codes_are_distinct(fresh):
+    """README "Results you can trust": a spec error, a busy tree and doit's own usage error each have their code."""
+    assert len({0, 1, 2, 3, 130, EXIT_SPEC, EXIT_BUSY}) == 7
+    hold = ("import sys, time; from pathlib import Path; from qnn_tasks.run import treelock; "
+            "treelock.acquire(Path(sys.argv[1]), ['doit']); print('held', flush=True); time.sleep(60)")
+    holder = subprocess.Popen([sys.executable, "-c", hold, str(fresh.root)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        busy = fresh.doit("export:vad")
+        assert "another doit is building this tree" in _one_error_line(busy, EXIT_BUSY)
+    finally:
+        holder.kill()
+        holder.wait()
+    assert fresh.doit("export:no-such-graph").returncode == 3  # doit's own: no such task
+    fresh.edit(SOCS, "  SM8650:", "  SM=8650:")
+    _one_error_line(fresh.doit("export:vad"), EXIT_SPEC)
+
+
+def test_unsafe_toolchain_id_from_an_sdk_yaml(fresh, tmp_path):
+    """The qairt id is the SDK's version from sdk.yaml (+ build id) when its folder is not named after one:
+    a build id with '/' would put every qairt build folder outside build/."""
+    sdk = tmp_path / "sdk"
+    shutil.copytree(Path(__file__).parent / "standins" / "qairt_sdk" / "qairt" / "2.40.0.251030", sdk, symlinks=True)
+    (sdk / "sdk.yaml").write_text("name: qairt\nversion: 2.40.0\nbuild_id: 1/../../../../../x\n")
+    profile = "toolchain/qairt-copy.yaml"
+    fresh.path(profile).write_text(f"kind: qairt\nsettings: {{sdk_root: {sdk}, python: {sys.executable}, "
+                                   "model_lib_targets: [x86_64-linux-clang]}\n")
+    line = _one_error_line(fresh.doit("list", env={"QNN_TOOLCHAIN": "qairt-copy", "QNN_SDK_ROOT": ""}))
+    assert line.startswith(f"error: {fresh.root / profile}: the toolchain id made from its kind and versions "
+                           "'qairt-2.40.0.1/../../../../../x' is not a safe name"), line
+    assert "sdk.yaml's version and build" in line

@@ -13,6 +13,7 @@ import shutil
 import pytest
 
 from conftest import Project, copy_project, only_fp16, restrict_socs
+from qnn_tasks.errors import EXIT_SPEC
 
 BOTH = "ort-qnn,ort-qnn-2.47"
 GRAPH_STAGES = ("export", "simplify", "lint", "cpucheck")
@@ -128,7 +129,7 @@ def test_a_pinned_environment_that_cannot_be_made_fails_in_one_line(tmp_path):
     project.path("toolchain/ort-qnn-9.yaml").write_text(
         "kind: ort-qnn\npackages: [onnxruntime-qnn==9.9.9, onnxruntime==1.24.4]\n")
     result = project.doit("list", env={"QNN_TOOLCHAIN": "ort-qnn-9", "QNN_ENVS_DIR": str(tmp_path / "envs")})
-    assert result.returncode == 2
+    assert result.returncode == EXIT_SPEC
     lines = [line for line in result.stderr.splitlines() if line.strip() and not line.startswith("creating ")]
     assert len(lines) == 1 and "Traceback" not in result.stderr, result.stderr
     assert "toolchain/ort-qnn-9.yaml: packages: cannot create the pinned environment (onnxruntime-qnn==9.9.9)" in lines[0]

@@ -31,12 +31,22 @@ def load_source(graph: GraphSpec, source: Path | None):
         raise StageError(f"{where}: no source file (fix: set it to the packaged .onnx)")
     if not Path(source).is_file():
         raise StageError(f"{where}: {source} not found (fix: reinstall the package or fix the path)")
+    fix = "(fix: point it at an .onnx file, or add export.py whose export() converts it)"
+    if not graph.source or not graph.source.package:  # in the model folder: there once symlinks are followed
+        real = Path(source).resolve()
+        if not real.is_relative_to(Path(graph.model_dir).resolve()):
+            raise StageError(f"{where}: {source} leads through a symlink to {real}, outside the model folder "
+                             "(fix: copy the file into the model folder)")
+    if Path(source).stat().st_size == 0:
+        raise StageError(f"{where}: {source} is empty (0 bytes), not an ONNX model {fix}")
     try:
-        return onnx.load(str(source))
+        model = onnx.load(str(source))
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        raise StageError(f"{where}: {source} is not an ONNX model ({type(err).__name__}: {first}) "
-                         f"(fix: point it at an .onnx file, or add export.py whose export() converts it)") from None
+        raise StageError(f"{where}: {source} is not an ONNX model ({type(err).__name__}: {first}) {fix}") from None
+    if not model.HasField("graph") or not model.ir_version:  # protobuf parses many byte strings as an empty model
+        raise StageError(f"{where}: {source} is not an ONNX model (it holds no graph or IR version) {fix}")
+    return model
 
 
 def export(graph: GraphSpec, source: Path | None, out_path: Path, skip: Iterable[str] = ()) -> dict[str, Any]:

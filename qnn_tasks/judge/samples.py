@@ -26,6 +26,9 @@ def check(samples: list[dict[str, np.ndarray]], specs: tuple[TensorSpec, ...], w
             if value.dtype.name != spec.dtype:
                 raise StageError(f"{what}: sample {i} '{spec.name}' has dtype {value.dtype.name}, "
                                  f"model.yaml says {spec.dtype}")
+            if value.dtype.kind == "f" and not np.isfinite(value).all():
+                raise StageError(f"{what}: sample {i} '{spec.name}' holds {int((~np.isfinite(value)).sum())} NaN/Inf "
+                                 "values (fix: give only finite inputs: a NaN input makes every comparison fail)")
 
 
 def save(path: Path, samples: list[dict[str, np.ndarray]]) -> None:
@@ -65,6 +68,9 @@ def read_declared(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
                          f"(fix: add .npz/.npy files to {graph.model_dir} or fix the pattern)")
     result: list[dict[str, np.ndarray]] = []
     for path in files:
+        if not path.resolve().is_relative_to(Path(graph.model_dir).resolve()):  # samples stay in the model folder
+            raise StageError(f"{where}: {path} leads through a symlink to {path.resolve()}, outside the model folder "
+                             "(fix: copy the file into the model folder)")
         arrays = _arrays(path, graph, where)
         counts = set()
         for spec in graph.inputs:
@@ -76,6 +82,7 @@ def read_declared(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
                                  f"declares {list(spec.shape)} (fix: save one sample of that shape, or a stack "
                                  f"(N, {', '.join(map(str, spec.shape))}))")
             arrays[spec.name] = _cast(arrays[spec.name], spec, f"{where}: {path.name}")
+            _finite(arrays[spec.name], spec, f"{where}: {path.name}")
             counts.add(len(arrays[spec.name]))
         if len(counts) != 1:
             raise StageError(f"{where}: {path.name}: its arrays stack different numbers of samples {sorted(counts)} "
@@ -103,6 +110,17 @@ def _arrays(path: Path, graph: GraphSpec, where: str) -> dict[str, np.ndarray]:
         raise StageError(f"{where}: {path.name}: holds arrays {sorted(arrays)}, model.yaml declares inputs {sorted(names)} "
                          f"(fix: name each array after its input)")
     return arrays
+
+
+def _finite(stack: np.ndarray, spec: TensorSpec, where: str) -> None:
+    """A sample file's NaN/Inf is the file's fault, not the export's: name the file, the input and the sample."""
+    if stack.dtype.kind != "f":
+        return
+    bad = ~np.isfinite(stack)
+    if bad.any():
+        first = int(np.argwhere(bad.reshape(len(stack), -1).any(axis=1))[0][0])
+        raise StageError(f"{where}: '{spec.name}' holds {int(bad.sum())} NaN/Inf values (first in sample {first}) "
+                         "(fix: replace or drop those samples: verification needs finite inputs)")
 
 
 def _cast(value: np.ndarray, spec: TensorSpec, where: str) -> np.ndarray:

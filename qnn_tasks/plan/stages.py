@@ -31,6 +31,7 @@ from qnn_tasks.plan.targets import (
 )
 from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
 from qnn_tasks.spec.checks import MODEL_CHECKS
+from qnn_tasks.spec.yamlread import _name
 
 
 @dataclass
@@ -100,7 +101,10 @@ class Planner:
         for index, profile in enumerate(project.toolchains or (project.toolchain,)):
             chain = toolchains.from_profile(profile)
             fingerprint = chain.fingerprint()
-            binding = Binding(profile=profile, toolchain=chain, id=chain.id(), fingerprint=fingerprint,
+            toolchain_id = _name(chain.id(), profile.file, "", "the toolchain id made from its kind and versions",
+                                 "check the versions it is made of (for qairt: the SDK folder name or sdk.yaml's "
+                                 "version and build)")
+            binding = Binding(profile=profile, toolchain=chain, id=toolchain_id, fingerprint=fingerprint,
                               fingerprint_json=json.dumps(fingerprint, sort_keys=True),
                               suffix="" if index == 0 else f"@{profile.name}")
             binding.variants = variant_targets(project, binding.id, binding.suffix, self.graphs)

@@ -72,6 +72,16 @@ def check_source_file(source: dict[str, Any], path: Path, file_key: str) -> None
     if source.get("file") is not None:
         inside = f"package '{source['package']}'" if source.get("package") else "the model folder"
         confined(source["file"], path, file_key, inside)
+        if not source.get("package"):
+            stays_in_folder(path.parent / source["file"], path.parent, path, file_key)
+
+
+def stays_in_folder(file: Path, folder: Path, path: Path, key: str) -> None:
+    """A file named inside the model folder must be there once symlinks are followed, not merely look it."""
+    real = Path(file).resolve()
+    if not real.is_relative_to(Path(folder).resolve()):
+        raise SpecError(path, key, f"{Path(file).relative_to(folder)} leads through a symlink to {real}, outside "
+                        "the model folder", "copy the file into the model folder (paths stay in it)")
 
 
 def require_packaged_onnx(source: dict[str, Any], path: Path, key: str, file_key: str, samples: Any,
@@ -162,11 +172,14 @@ def _patterns(value: Any, path: Path, key: str, model_dir: Path, kind: str | Non
         raise SpecError(path, key, "empty list", fix)
     for pattern in patterns:
         confined(pattern, path, key, "the model folder")
-        if not media_files(model_dir, [pattern], kind):
+        found = media_files(model_dir, [pattern], kind)
+        if not found:
             what = "file" if kind == "raw" else (f"{kind} file ({', '.join(_suffixes(kind))})" if kind
                                                  else ".npz/.npy file")
             raise SpecError(path, key, f"'{pattern}' matches no {what} in {model_dir}",
                             "add the sample files there or fix the pattern")
+        for file in found:
+            stays_in_folder(file, model_dir, path, key)
     return list(patterns)
 
 

@@ -18,6 +18,7 @@ from qnn_tasks.spec.yamlread import (
     _check_keys,
     _int,
     _mapping,
+    _name,
     _number,
     _package_version,
     _require,
@@ -174,6 +175,7 @@ def load_socs(path: Path) -> dict[str, Soc]:
     socs: dict[str, Soc] = {}
     chips: dict[tuple[int, str], str] = {}  # (soc_id, dsp_arch) -> first row naming it
     for name, row in table.items():
+        name = _name(name, path, "socs", "SoC name", "rename the row")
         key = f"socs.{name}"
         row = _mapping(row, path, key)
         _check_keys(row, SOC_KEYS, path, key)
@@ -203,6 +205,7 @@ def load_socs(path: Path) -> dict[str, Soc]:
 
 def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     path = model_dir / "model.yaml"
+    _name(model_dir.name, path, "", "the model folder name", f"rename the folder {model_dir}")
     data = _mapping(load_yaml(path), path, "")
     _check_keys(data, MODEL_KEYS, path, "")
     _require(data, ("licence", "source", "graphs"), path, "")
@@ -216,7 +219,8 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     graphs_data = _mapping(data["graphs"], path, "graphs")
     if not graphs_data:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
-    graphs = tuple(_load_graph(str(name), g, model_dir, path, socs, source_data) for name, g in graphs_data.items())
+    graphs = tuple(_load_graph(_name(name, path, "graphs", "graph name", "rename the graph"), g, model_dir, path, socs,
+                               source_data) for name, g in graphs_data.items())
     from qnn_tasks.spec import pipeline as specpipeline
 
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
@@ -314,6 +318,7 @@ def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorS
 
 
 def load_toolchain(root: Path, name: str) -> ToolchainProfile:
+    _name(name, "$QNN_TOOLCHAIN", "", "toolchain profile name", "name a profile file toolchain/<name>.yaml")
     path = root / "toolchain" / f"{name}.yaml"
     if not path.is_file():
         known = sorted(p.stem for p in (root / "toolchain").glob("*.yaml"))

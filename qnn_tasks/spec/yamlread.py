@@ -6,6 +6,7 @@ A safe YAML loader that rejects duplicate keys, and small checks that turn a wro
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any
 
@@ -36,19 +37,115 @@ def _yaml_loader():
     return yaml, Loader
 
 
+# Bounds on what a spec file may make us build in memory. Real specs are a few KB and a few hundred nodes; an
+# alias bomb (a billion laughs) is a few hundred bytes that expand to 10^9 nodes wherever the data is walked
+# (json.dumps of options, comparisons), and deep nesting crashes libyaml's composer (a segfault, no message).
+MAX_BYTES = 4 * 2**20
+MAX_NODES = 100_000   # after alias expansion: each use of an alias counts its whole node again
+MAX_DEPTH = 100       # after alias expansion
+
+
 def load_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text()
-    except FileNotFoundError:
-        raise SpecError(path, "", "file not found", "create it (see README: file formats)") from None
+    """The file's one YAML document, or a SpecError naming the file: missing, unreadable, too big, not UTF-8,
+    malformed, or expanding past MAX_NODES / MAX_DEPTH."""
+    text = read_text(path)
     try:
         yaml, loader = _yaml_loader()
+        _check_expansion(text, path)
         return yaml.load(text, Loader=loader)
     except _yaml_loader()[0].YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
         raise SpecError(path, where, f"malformed YAML: {problem}", "fix the YAML syntax there") from None
+
+
+def read_text(path: Path) -> str:
+    """A spec file's text: UTF-8, at most MAX_BYTES; anything else is one line naming the file (and the byte)."""
+    try:
+        with open(path, "rb") as fh:
+            data = fh.read(MAX_BYTES + 1)
+    except FileNotFoundError:
+        raise SpecError(path, "", "file not found", "create it (see README: file formats)") from None
+    except OSError as err:
+        raise SpecError(path, "", f"cannot be read: {err.strerror or err}", "make it a readable file") from None
+    if len(data) > MAX_BYTES:
+        raise SpecError(path, "", f"is larger than {MAX_BYTES // 2**20} MiB, far more than any spec",
+                        "check that this is the spec file meant; keep data in files the spec names")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise SpecError(path, f"byte {err.start} (line {line})",
+                        f"not valid UTF-8 (0x{data[err.start]:02x}: {err.reason})",
+                        "save the file as UTF-8") from None
+
+
+def _check_expansion(text: str, path: Path) -> None:
+    """Refuse YAML whose nodes, with every alias expanded, exceed MAX_NODES or MAX_DEPTH (or that refers to itself).
+
+    One pass over libyaml's events, before anything is composed: sizes and depths of anchored nodes are
+    remembered, so the expanded size is summed without expanding anything (time and memory grow with the
+    file, not with the expansion). Stops at the first bound passed (libyaml slows down on deep nesting).
+    """
+    import yaml
+    from yaml import events
+
+    anchors: dict[str, tuple[int, int]] = {}  # anchor -> (expanded size, expanded depth) of its node
+    stack: list[list[Any]] = []               # open collections: [anchor, expanded size so far, deepest child]
+
+    def refuse(event: Any, problem: str, fix: str) -> None:
+        mark = event.start_mark
+        raise SpecError(path, f"line {mark.line + 1}, column {mark.column + 1}", problem, fix)
+
+    def add(event: Any, size: int, depth: int) -> None:
+        if len(stack) + depth > MAX_DEPTH:
+            refuse(event, f"nests deeper than {MAX_DEPTH} levels (aliases expanded)", "flatten the structure")
+        if stack:
+            stack[-1][1] += size
+            stack[-1][2] = max(stack[-1][2], depth)
+            size = stack[-1][1]
+        if size > MAX_NODES:
+            refuse(event, f"expands to more than {MAX_NODES} YAML nodes (each use of an alias counts its "
+                   "whole node again: an alias bomb?)", "write the values out, or remove the aliases that repeat "
+                   "big blocks")
+
+    for event in yaml.parse(text, Loader=_yaml_loader()[1]):
+        if isinstance(event, events.AliasEvent):
+            if any(frame[0] == event.anchor for frame in stack):
+                refuse(event, f"alias *{event.anchor} refers to the node that contains it (endless expansion)",
+                       "remove the alias or point it at another node")
+            size, depth = anchors.get(event.anchor, (1, 0))  # an unknown anchor: the loader says so
+            add(event, size, depth)
+        elif isinstance(event, events.ScalarEvent):
+            if event.anchor:
+                anchors[event.anchor] = (1, 0)
+            add(event, 1, 0)
+        elif isinstance(event, events.CollectionStartEvent):
+            stack.append([event.anchor, 1, 0])
+            if len(stack) > MAX_DEPTH:
+                refuse(event, f"nests deeper than {MAX_DEPTH} levels", "flatten the structure")
+        elif isinstance(event, events.CollectionEndEvent):
+            anchor, size, deepest = stack.pop()
+            if anchor:
+                anchors[anchor] = (size, deepest + 1)
+            add(event, size, deepest + 1)
+
+
+# Names that become a folder under build/ and part of a doit task name (graphs, model folders, SoC rows,
+# toolchain profiles and ids): no '/', '..', '=', ':', '*', spaces or a leading '.'/'-', so every build path
+# stays inside build/ (and `doit clean` inside the project) and doit takes every task name as written.
+SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+SAFE_NAME_FIX = "use letters, digits, '.', '_' and '-' only, starting with a letter or digit, at most 100 characters"
+
+
+def _name(value: Any, path: object, key: str, what: str, fix: str = "rename it") -> str:
+    """`value` as a name that is safe as one path part and in task names, else one line naming the file and key."""
+    name = str(value)
+    if not SAFE_NAME.fullmatch(name):
+        raise SpecError(path, key, f"{what} {name!r} is not a safe name: it becomes a folder under build/ and part of "
+                        "task names", f"{fix}: {SAFE_NAME_FIX}")
+    return name
 
 
 def _package_version(package: str) -> str | None:

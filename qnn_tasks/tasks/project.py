@@ -21,7 +21,8 @@ from doit.exceptions import TaskFailed
 from doit.loader import create_after
 
 from qnn_tasks.run import interrupts, treelock
-from qnn_tasks.errors import QnnTasksError
+from qnn_tasks.errors import EXIT_BUSY, EXIT_SPEC, QnnTasksError
+from qnn_tasks.plan import paths
 from qnn_tasks.plan.stages import (
     ON_DEMAND,
     Plan,
@@ -33,7 +34,6 @@ from qnn_tasks.plan.stages import (
     targets_of,
 )
 from qnn_tasks.spec.project import load_project
-from qnn_tasks.plan import paths
 
 if TYPE_CHECKING:
     from qnn_tasks.run.calls import StageCall
@@ -51,7 +51,8 @@ def doit_config() -> dict[str, Any]:
 
 
 def project_tasks(root: Path) -> dict[str, Any]:
-    """Everything dodo.py exposes to doit. A spec error or a busy tree prints one line and exits 2 / 3."""
+    """Everything dodo.py exposes to doit. A spec error or a busy tree prints one line and exits
+    EXIT_SPEC / EXIT_BUSY (errors.py: distinct from doit's own codes)."""
     try:
         project = load_project(root, os.environ.get(TOOLCHAIN_ENV, DEFAULT_TOOLCHAIN))
         if treelock.needs_lock(sys.argv):
@@ -60,10 +61,10 @@ def project_tasks(root: Path) -> dict[str, Any]:
         planner = Planner(project)
     except treelock.TreeBusy as err:
         print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(3) from None
+        raise SystemExit(EXIT_BUSY) from None
     except QnnTasksError as err:
         print(f"error: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
+        raise SystemExit(EXIT_SPEC) from None
     # Everything loaded so far (doit, our modules, the specs, the planner) lives until the process ends:
     # moving it out of the collector's reach keeps the full collections that thousands of task dicts
     # trigger from walking it again and again (~40 ms of a no-op run's task loading, measured). Once per
