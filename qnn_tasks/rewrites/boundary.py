@@ -2,7 +2,8 @@
 
 `fix_io` edits the model in place to the I/O model.yaml declares (names, order, shapes) and
 returns what it changed; a mismatch it cannot fix (a missing tensor, another rank, a static dim
-that differs) raises BoundaryError with one line naming the tensor.
+that differs) raises BoundaryError with one line naming the tensor. An output's metadata is not
+trusted (the CPU run of the export is): a declared output shape replaces it, and the record says so.
 """
 from __future__ import annotations
 
@@ -90,7 +91,7 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
         if value is None:
             raise BoundaryError(f"output '{spec.name}' declared in model.yaml is not an output of the ONNX; its outputs: "
                                 f"{', '.join(actual_out) or 'none'}", "use the ONNX's output names in graphs.<graph>.outputs")
-        _fix_dims(value, spec.shape, f"output '{spec.name}'", report)
+        _fix_dims(value, spec.shape, f"output '{spec.name}'", report, output=True)
         if value.type.tensor_type.elem_type == INT64:
             inner = names(f"{spec.name}_int64")
             _rename_producer(graph, spec.name, inner)
@@ -117,20 +118,29 @@ def _constant(value, given: Any) -> np.ndarray:
     return array
 
 
-def _fix_dims(value, shape: tuple[int, ...], what: str, report: dict[str, Any]) -> None:
+def _fix_dims(value, shape: tuple[int, ...], what: str, report: dict[str, Any], output: bool = False) -> None:
+    """Give `value` the declared `shape`; only the ONNX's dynamic dims (a dim_param, none, or a non-positive
+    dim_value such as the -1 many exporters write) may be chosen.
+
+    An output's declared metadata may simply be stale (an exporter writes the dims it was traced
+    with): there the declaration replaces it, rank too, and the export's CPU run (stages/export.py
+    run_once) is what confirms or refuses the declared shape.
+    """
     tensor = value.type.tensor_type
+    before = None
     if tensor.HasField("shape"):
         dims = tensor.shape.dim
-        if len(dims) != len(shape):
+        before = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?") for d in dims]
+        fixed_differs = len(dims) != len(shape) or any(isinstance(old, int) and old != new
+                                                       for old, new in zip(before, shape))
+        if fixed_differs and output:
+            report.setdefault("stale_output_metadata", {})[what] = {"onnx": before, "computed": list(shape)}
+        elif len(dims) != len(shape):
             raise BoundaryError(f"{what} has rank {len(dims)} in the ONNX, model.yaml declares {list(shape)}",
                                 "give it as many dims as the ONNX has")
-        before = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
-        for old, new in zip(before, shape):
-            if isinstance(old, int) and old != new:
-                raise BoundaryError(f"{what} is {before} in the ONNX, model.yaml says {list(shape)}",
-                                    "keep the ONNX's fixed dims; only its dynamic ones can be chosen")
-    else:
-        before = None
+        elif fixed_differs:
+            raise BoundaryError(f"{what} is {before} in the ONNX, model.yaml says {list(shape)}",
+                                "keep the ONNX's fixed dims; only its dynamic ones can be chosen")
     if before != list(shape):
         report["dims"][what] = {"onnx": before, "declared": list(shape)}
     tensor.ClearField("shape")

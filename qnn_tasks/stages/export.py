@@ -67,8 +67,12 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
                   "exported_by": "export.py" if custom else "built-in", "log": str(log),
                   **ctx.export_record}
         unused = [r["name"] for r in record.get("rewrites", []) if r["count"] == 0]
-        record["warnings"] = [f"rewrite '{name}' found nothing to change in graph '{graph.name}' (fix: remove it "
-                              f"from graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml)" for name in unused]
+        stale = (record.get("boundary") or {}).get("stale_output_metadata", {})
+        record["warnings"] = [f"graph '{graph.name}': {tensor}: the ONNX's metadata said {dims['onnx']}, on CPU it computes {dims['computed']}: "
+                              f"metadata replaced (fix: none needed here; correct the ONNX's exporter to silence this)"
+                              for tensor, dims in stale.items()]
+        record["warnings"] += [f"rewrite '{name}' found nothing to change in graph '{graph.name}' (fix: remove it "
+                               f"from graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml)" for name in unused]
     return record
 
 

@@ -1,0 +1,109 @@
+"""Defects seen porting real packaged models with model.yaml alone (issue 22), each on a small model built in code.
+
+Real onnx, onnxruntime and doit; the one simulator run is the variance test (marked slow only if it must be).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from qnn_tasks import rewrites
+from qnn_tasks.errors import StageError
+from qnn_tasks.rewrites import boundary
+from qnn_tasks.spec import GraphSpec, Source, TensorSpec
+from qnn_tasks.stages import export as export_stage
+
+F = TensorProto.FLOAT
+RNG = np.random.default_rng(22)
+
+
+def model_of(nodes, inputs, outputs, initializers=(), opset=17):
+    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def const(name, value, dtype=np.float32):
+    return numpy_helper.from_array(np.asarray(value, dtype), name)
+
+
+def packaged_graph(model_dir: Path, inputs, outputs, name="g", **extra) -> GraphSpec:
+    """The GraphSpec spec.py makes for a YAML-only graph whose source is `model_dir/m.onnx`."""
+    fields = dict(name=name, model=model_dir.name, model_dir=model_dir, inputs=tuple(inputs), outputs=tuple(outputs),
+                  precisions=("fp16",), socs=None, export="export", options={}, simplify={}, cpucheck={}, lint={},
+                  verify={}, allow_cpu_fallback=False, calibration={}, source=Source(None, "m.onnx", None),
+                  has_code=False)
+    fields.update(extra)
+    return GraphSpec(**fields)
+
+
+# ================================================================ 1. -1 dims are dynamic
+
+def minus_one_model():
+    """A conv-net input as many exporters write it: [-1, 3, -1, -1] (dim_value -1, no dim_param)."""
+    nodes = [helper.make_node("Mul", ["x", "two"], ["y"])]
+    return model_of(nodes, [helper.make_tensor_value_info("x", F, [-1, 3, -1, -1])],
+                    [helper.make_tensor_value_info("y", F, [-1, 3, -1, -1])], [const("two", 2.0)])
+
+
+def test_minus_one_dims_take_the_declared_values():
+    model = minus_one_model()
+    report = boundary.fix_io(model, [TensorSpec("x", (1, 3, 48, 192), "float32")],
+                             [TensorSpec("y", (1, 3, 48, 192), "float32")])
+    onnx.checker.check_model(model, full_check=True)
+    dims = [[d.dim_value for d in v.type.tensor_type.shape.dim] for v in (model.graph.input[0], model.graph.output[0])]
+    assert dims == [[1, 3, 48, 192], [1, 3, 48, 192]]
+    assert report["dims"]["input 'x'"] == {"onnx": ["?", 3, "?", "?"], "declared": [1, 3, 48, 192]}
+
+
+def test_a_fixed_dim_next_to_minus_one_still_must_agree_and_the_message_says_which_are_dynamic():
+    with pytest.raises(boundary.BoundaryError) as info:
+        boundary.fix_io(minus_one_model(), [TensorSpec("x", (1, 4, 48, 192), "float32")],
+                        [TensorSpec("y", (1, 4, 48, 192), "float32")])
+    assert str(info.value) == "input 'x' is ['?', 3, '?', '?'] in the ONNX, model.yaml says [1, 4, 48, 192]"
+    assert info.value.fix == "keep the ONNX's fixed dims; only its dynamic ones can be chosen"
+
+
+# ================================================================ 2. stale output metadata: the CPU run is the truth
+
+def stale_output_model():
+    """Declares its output [1, seqlen] (what the exporter was traced with) but computes [seqlen, 1, 8]."""
+    nodes = [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]),          # [seqlen, 1]
+             helper.make_node("Unsqueeze", ["t", "axis"], ["u"]),             # [seqlen, 1, 1]
+             helper.make_node("Mul", ["u", "row"], ["y"])]                    # [seqlen, 1, 8]
+    return model_of(nodes, [helper.make_tensor_value_info("x", F, [1, "seqlen"])],
+                    [helper.make_tensor_value_info("y", F, [1, "seqlen"])],
+                    [const("axis", [2], np.int64), const("row", RNG.standard_normal((1, 1, 8)))])
+
+
+def _export(tmp_path: Path, outputs) -> dict:
+    model_dir = tmp_path / "models" / "stale"
+    model_dir.mkdir(parents=True, exist_ok=True)
+    onnx.save(stale_output_model(), str(model_dir / "m.onnx"))
+    graph = packaged_graph(model_dir, [TensorSpec("x", (1, 16), "float32")], outputs)
+    return export_stage.run(graph, model_dir / "m.onnx", tmp_path / "build" / "g.onnx")
+
+
+def test_stale_output_metadata_gives_one_truthful_error_then_is_replaced(tmp_path):
+    # first run: the metadata's shape, as declared: the CPU run says what it really is
+    with pytest.raises(StageError) as info:
+        _export(tmp_path, [TensorSpec("y", (1, 16), "float32")])
+    assert "output 'y' is [16, 1, 8] when run on CPU, model.yaml says [1, 16]" in str(info.value)
+    assert not (tmp_path / "build" / "g.onnx").exists()
+    # corrected to what it computes: no rank complaint from the stale metadata, the record says it was replaced
+    record = _export(tmp_path, [TensorSpec("y", (16, 1, 8), "float32")])
+    assert record["boundary"]["stale_output_metadata"] == {"output 'y'": {"onnx": [1, "seqlen"], "computed": [16, 1, 8]}}
+    assert record["io"]["outputs"] == [{"name": "y", "shape": [16, 1, 8], "dtype": "float32"}]
+    [warning] = [w for w in record["warnings"] if "metadata" in w]
+    assert "output 'y'" in warning and "[1, 'seqlen']" in warning and "[16, 1, 8]" in warning
+    # a declaration that is neither the metadata nor the truth is refused by the CPU run, one line
+    with pytest.raises(StageError) as info:
+        _export(tmp_path, [TensorSpec("y", (16, 8), "float32")])
+    assert "output 'y' is [16, 1, 8] when run on CPU, model.yaml says [16, 8]" in str(info.value)
+    assert "rank" not in str(info.value) and "\n" not in str(info.value)
