@@ -107,3 +107,63 @@ def test_stale_output_metadata_gives_one_truthful_error_then_is_replaced(tmp_pat
         _export(tmp_path, [TensorSpec("y", (16, 8), "float32")])
     assert "output 'y' is [16, 1, 8] when run on CPU, model.yaml says [16, 8]" in str(info.value)
     assert "rank" not in str(info.value) and "\n" not in str(info.value)
+
+
+# ================================================================ 5. the int8-in-ONNX refusal: one line per rule
+
+def int8_model():
+    """20 QuantizeLinear/DequantizeLinear pairs, then onnxruntime contrib quantized ops (com.microsoft): 44 nodes."""
+    ms = "com.microsoft"
+    nodes, a = [], "x"
+    for i in range(20):
+        nodes += [helper.make_node("QuantizeLinear", [a, "s", "zp"], [f"q{i}"], name=f"quant_{i}"),
+                  helper.make_node("DequantizeLinear", [f"q{i}", "s", "zp"], [f"dq{i}"], name=f"dequant_{i}")]
+        a = f"dq{i}"
+    nodes += [helper.make_node("DynamicQuantizeMatMul", [a, "w8", "ws"], ["mm"], name="dqmm", domain=ms),
+              helper.make_node("MatMulIntegerToFloat", ["mm_q", "w8", "s", "ws"], ["mm2"], name="mmitf", domain=ms),
+              helper.make_node("DynamicQuantizeLSTM", ["mm", "lw", "lr", "", "", "", "", "", "ws", "zp", "ws", "zp"],
+                               ["lstm"], name="lstm", domain=ms, hidden_size=8),
+              helper.make_node("QGemm", ["mm_q", "s", "zp", "w8", "ws", "zp"], ["gemm"], name="qgemm", domain=ms),
+              helper.make_node("Sum", ["lstm", "mm2", "gemm"], ["y"], name="sum")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", F, [1, 8]),
+                                           helper.make_tensor_value_info("mm_q", TensorProto.UINT8, [1, 8])],
+                              [helper.make_tensor_value_info("y", F, [1, 8])],
+                              [const("s", 0.1), const("zp", 0, np.uint8), const("w8", np.ones((8, 8)), np.int8),
+                               const("ws", 0.1), const("lw", np.ones((1, 8, 32)), np.int8),
+                               const("lr", np.ones((1, 8, 32)), np.int8)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(ms, 1)])
+    model.ir_version = 10
+    return model
+
+
+def test_every_contrib_quantized_op_is_int8_in_onnx():
+    from qnn_tasks import onnxinfo
+
+    for op in ("DynamicQuantizeLSTM", "DynamicQuantizeMatMul", "DynamicQuantizeLinear", "QLinearConv", "QLinearSigmoid",
+               "QLinearSoftmax", "QLinearConcat", "QLinearGlobalAveragePool", "QLinearLeakyRelu", "QLinearWhere",
+               "MatMulInteger", "MatMulIntegerToFloat", "ConvInteger", "QAttention", "QGemm", "QOrderedMatMul",
+               "QEmbedLayerNormalization", "QuantizeLinear", "DequantizeLinear", "MatMulNBits"):
+        assert onnxinfo.is_quantized(helper.make_node(op, ["a"], ["b"])), op
+    for op in ("MatMul", "Conv", "LSTM", "Gemm", "Attention", "Quantize"):
+        assert not onnxinfo.is_quantized(helper.make_node(op, ["a"], ["b"])), op
+
+
+def test_int8_refusal_is_one_line_per_rule_with_a_count_and_the_first_nodes(tmp_path):
+    model_dir = tmp_path / "models" / "q"
+    model_dir.mkdir(parents=True)
+    onnx.save(int8_model(), str(model_dir / "m.onnx"))
+    graph = packaged_graph(model_dir, [TensorSpec("x", (1, 8), "float32"), TensorSpec("mm_q", (1, 8), "uint8")],
+                           [TensorSpec("y", (1, 8), "float32")])
+    with pytest.raises(StageError) as info:
+        export_stage.run(graph, model_dir / "m.onnx", tmp_path / "build" / "g.onnx")
+    message = str(info.value)
+    assert message.count("[int8-in-onnx]") == 1 and message.count("(fix: export the float model") == 1
+    assert "44 sites (QuantizeLinear node 'quant_0', DequantizeLinear node 'dequant_0', QuantizeLinear node " \
+           "'quant_1' and 41 more)" in message
+    assert "\n" not in message and len(message) < 600
+    # every contrib op was found (the record of lint lists each node)
+    from qnn_tasks.stages.lint import find_problems
+
+    found = {f.where for f in find_problems(int8_model(), graph) if f.rule == "int8-in-onnx"}
+    assert {"DynamicQuantizeLSTM node 'lstm'", "DynamicQuantizeMatMul node 'dqmm'", "MatMulIntegerToFloat node 'mmitf'",
+            "QGemm node 'qgemm'"} <= found and len(found) == 44

@@ -21,7 +21,7 @@ from ..errors import StageError
 from ..fileio import atomic_path
 from ..nativelog import all_output_to
 from ..spec import GraphSpec
-from .lint import find_problems, io_mismatches
+from .lint import find_problems, io_mismatches, summary_lines
 
 HARD_RULES = {"dynamic-dim", "io-dtype", "control-flow", "int8-in-onnx"}
 
@@ -55,7 +55,7 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
             ctx.export_record = {"rewrites": packaged.rewrite_file(graph, tmp)} if graph.rewrites else {}
         model = onnxinfo.load(tmp, f"ONNX written by {what}", shown_as=out_onnx)
         problems = io_mismatches(model, graph)
-        problems += [f.line() for f in find_problems(model, graph) if f.rule in HARD_RULES]
+        problems += summary_lines([f for f in find_problems(model, graph) if f.rule in HARD_RULES])
         if not problems:
             with all_output_to(log):
                 problems = run_once(tmp, graph)
