@@ -153,7 +153,7 @@ def _diagnose(call: StageCall) -> dict[str, Any]:
     a = call.args
     return diagnose.run(graph(a), a["verify"], soc(a), toolchain(call), Path(a["model"]), Path(a["provider_options"]),
                         Path(a["inputs"]), Path(a["reference"]), Path(call.out_dir), shipped_failed=a["shipped_failed"],
-                        binary=a.get("binary"))
+                        binary=a.get("binary"), precision=a.get("precision", "fp16"))
 
 
 def _pipeline(call: StageCall) -> dict[str, Any]:

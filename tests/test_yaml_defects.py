@@ -167,3 +167,30 @@ def test_int8_refusal_is_one_line_per_rule_with_a_count_and_the_first_nodes(tmp_
     found = {f.where for f in find_problems(int8_model(), graph) if f.rule == "int8-in-onnx"}
     assert {"DynamicQuantizeLSTM node 'lstm'", "DynamicQuantizeMatMul node 'dqmm'", "MatMulIntegerToFloat node 'mmitf'",
             "QGemm node 'qgemm'"} <= found and len(found) == 44
+
+
+# ================================================================ 6. advice reads the target's own settings
+
+def test_w8a16_failure_hint_never_suggests_what_is_already_set(tmp_path):
+    from qnn_tasks.stages.simverify import quantized_hint
+
+    graph = packaged_graph(tmp_path, [TensorSpec("x", (1, 8), "float32")], [TensorSpec("y", (1, 8), "float32")],
+                           precisions=("w8a16",), calibration={"samples": 32, "function": "samples", "per_channel": True})
+    hint = quantized_hint(graph)
+    assert "per_channel" not in hint and "calibration.samples is 32" in hint
+    per_tensor = packaged_graph(tmp_path, graph.inputs, graph.outputs, precisions=("w8a16",),
+                                calibration={"samples": 8, "function": "samples", "per_channel": False})
+    assert "try calibration.per_channel: true" in quantized_hint(per_tensor)
+
+
+def test_diagnose_on_a_w8a16_build_does_not_advise_w8a16():
+    """The overflow seen in an STFT conv (CPU -670882, NPU -65536): fp16 is told of w8a16, a w8a16 build is not."""
+    from qnn_tasks.stages.diagnose import hazards
+
+    node = helper.make_node("Conv", ["x", "w"], ["y"], name="stft")
+    detail = {"cpu_value": -670882.0, "npu_value": -65536.0, "input_values": {"x": 3.0}}
+    [fp16] = hazards(node, detail, {}, "fp16")
+    [w8a16] = hazards(node, detail, {}, "w8a16")
+    assert fp16["hazard"] == w8a16["hazard"] == "fp16 overflow"
+    assert "use w8a16" in fp16["fix"]
+    assert "use w8a16" not in w8a16["fix"] and "w8a16 already" in w8a16["fix"]

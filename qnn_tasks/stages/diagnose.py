@@ -31,7 +31,8 @@ CAVEAT = ("Exposing every intermediate tensor as an output can change how QNN fu
 
 def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplified: Path, provider_options_file: Path, inputs_file: Path,
         reference_file: Path, out_dir: Path, shipped_failed: bool | None = None,
-        threshold: float = DEFAULT_THRESHOLD, limit: int | None = None, binary: str | None = None) -> dict[str, Any]:
+        threshold: float = DEFAULT_THRESHOLD, limit: int | None = None, binary: str | None = None,
+        precision: str = "fp16") -> dict[str, Any]:
     """Diagnose `graph` on `soc`; `toolchain` compiles variants with the chip's provider options.
 
     `shipped_failed` is the shipped binary's simverify verdict when known: if it failed and the
@@ -64,7 +65,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
         first = bisect(model, tensors, inputs, toolchain, options, out_dir, threshold) or first
     if first and method != "bisect":
         first = cancellation_source(model, nodes, first, cpu, threshold) or first
-    detail = explain(model, first, cpu, npu, inputs) if first else None
+    detail = explain(model, first, cpu, npu, inputs, precision) if first else None
     record = {"threshold_rel_max_abs": threshold, "jump_factor": JUMP, "samples": len(inputs), "method": method,
               "shipped_binary_failed": shipped_failed,
               "diagnostic_reproduces_failure": reproduced, "final_output_violations": final_violations,
@@ -254,7 +255,7 @@ def verdict(first: dict[str, Any] | None, nodes: list[dict[str, Any]], threshold
 
 # ------------------------------------------------------------------ explanation
 
-def explain(model, first: dict[str, Any], cpu, npu, inputs) -> dict[str, Any]:
+def explain(model, first: dict[str, Any], cpu, npu, inputs, precision: str = "fp16") -> dict[str, Any]:
     """The diverging node: op, inputs, attributes, worst element with CPU/NPU/input values, hazards."""
     from onnx import helper, numpy_helper
 
@@ -281,12 +282,16 @@ def explain(model, first: dict[str, Any], cpu, npu, inputs) -> dict[str, Any]:
     if worst is not None:
         detail.update(worst_element={"sample": worst[0], "index": list(worst[1:])},
                       cpu_value=float(ref[worst]), npu_value=float(got[worst]), input_values=input_values)
-    detail["hazards"] = hazards(node, detail, initializers)
+    detail["hazards"] = hazards(node, detail, initializers, precision)
     return detail
 
 
-def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -> list[dict[str, str]]:
-    """Known fp16/HTP hazards that fit what was observed, each with its export-time fix."""
+def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray],
+            precision: str = "fp16") -> list[dict[str, str]]:
+    """Known fp16/HTP hazards that fit what was observed, each with its export-time fix.
+
+    The fixes read the target's own precision: a w8a16 build is never told to use w8a16.
+    """
     found = []
     op = node.op_type
     values = [abs(v) for v in detail.get("input_values", {}).values() if isinstance(v, float)]
@@ -295,8 +300,9 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -
         found.append({"hazard": "fp16 overflow",
                       "why": f"the CPU value here is {cpu_value:.3g}, beyond fp16's range (65504): the NPU saturates "
                              f"(got {detail.get('npu_value', float('nan')):.6g})",
-                      "fix": "scale the input down at export, move the scale before the square/product, or use w8a16 "
-                             "with a calibrated range"})
+                      "fix": "scale the input down at export, or move the scale before the square/product"
+                             + (", or use w8a16 with a calibrated range" if precision != "w8a16" else
+                                " (this target is w8a16 already: its 16-bit activations need the same rescaling)")})
     if detail.get("cancellation") or (op == "Sub" and cpu_value is not None and values
                                       and abs(cpu_value) < CANCELLATION_RATIO * max(values)):
         found.append({"hazard": "cancellation in fp16",
