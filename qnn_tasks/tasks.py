@@ -15,9 +15,9 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from doit.exceptions import TaskFailed
+from doit.exceptions import InvalidCommand, TaskFailed
 from doit.loader import create_after
 
 from . import interrupts, treelock
@@ -60,7 +60,59 @@ def project_tasks(root: Path) -> dict[str, Any]:
     # process: a test session that loads projects in-process keeps collecting its own garbage.
     if gc.get_freeze_count() == 0:
         gc.freeze()
+    _suggest_task_names()
     return TaskFactory(planner).namespace()
+
+
+class UnknownTask(InvalidCommand):
+    """doit's "Invalid parameter" for a name that is no task or target, plus the nearest task names."""
+
+    def __init__(self, not_found: str, suggestions: list[str]) -> None:
+        super().__init__(not_found=not_found)
+        self.suggestions = suggestions
+
+    def __str__(self) -> str:
+        text = super().__str__().rstrip("\n")
+        if self.suggestions:
+            text += f"\nDid you mean: {', '.join(self.suggestions)}?"
+        return text + "\n"
+
+
+def nearest_tasks(name: str, known: Iterable[str], limit: int = 5) -> list[str]:
+    """The task names closest to a mistyped one: whole names first, then the part after `group:`."""
+    import difflib
+
+    names = [n for n in known if not n.startswith("_regex_target")]
+    found = difflib.get_close_matches(name, names, n=limit, cutoff=0.6)
+    group, _, sub = name.partition(":")
+    if sub and len(found) < limit:  # the group is right, the target is not: compare targets of that group
+        subs = {n.partition(":")[2]: n for n in names if n.startswith(f"{group}:")}
+        found += [subs[s] for s in difflib.get_close_matches(sub, list(subs), n=limit, cutoff=0.5)
+                  if subs[s] not in found][:limit - len(found)]
+    return found
+
+
+def _suggest_task_names() -> None:
+    """Wrap doit's task selection once, so a mistyped target names the nearest tasks.
+
+    Only the error path does any work: a valid selection and `doit list` cost one extra call frame.
+    """
+    from doit.control import TaskControl
+
+    original = TaskControl._filter_tasks
+    if getattr(original, "suggests", False):
+        return
+
+    def _filter_tasks(self, task_selection):
+        try:
+            return original(self, task_selection)
+        except InvalidCommand as err:
+            if err.not_found is None or isinstance(err, UnknownTask):
+                raise
+            raise UnknownTask(err.not_found, nearest_tasks(err.not_found, self.tasks)) from None
+
+    _filter_tasks.suggests = True
+    TaskControl._filter_tasks = _filter_tasks
 
 
 # ------------------------------------------------------------------ checkers and actions
@@ -301,7 +353,19 @@ def _on_demand(factory: TaskFactory, name: str) -> Any:
     """The tasks of an on-demand group, from tasks_ondemand.py (imported only when one is asked for)."""
     from .tasks_ondemand import OnDemand
 
-    return getattr(OnDemand(factory), f"{name}_tasks" if name != "compat" else "compat_task")()
+    made = getattr(OnDemand(factory), f"{name}_tasks" if name != "compat" else "compat_task")()
+    if isinstance(made, dict):
+        return made
+    made = list(made)
+    # doit accepts any `<group>:<name>` of a delayed group and then runs nothing for a name it never made (exit 0):
+    # a mistyped on-demand target is an error naming the nearest ones instead
+    names = [f"{name}:{t['name']}" for t in made if isinstance(t, dict) and "name" in t]
+    for asked in sys.argv[1:]:
+        if asked.startswith(f"{name}:") and asked not in names and not any(c in asked for c in "*?["):
+            from doit.exceptions import InvalidTask
+
+            raise InvalidTask(str(UnknownTask(asked, nearest_tasks(asked, names))).strip())
+    return (task for task in made)  # doit takes a generator or a dict, not a list
 
 
 def _renderer_files() -> list[str]:

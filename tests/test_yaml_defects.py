@@ -194,3 +194,66 @@ def test_diagnose_on_a_w8a16_build_does_not_advise_w8a16():
     assert fp16["hazard"] == w8a16["hazard"] == "fp16 overflow"
     assert "use w8a16" in fp16["fix"]
     assert "use w8a16" not in w8a16["fix"] and "w8a16 already" in w8a16["fix"]
+
+
+# ================================================================ a small YAML-only project (items 7 and 8)
+
+GOOD_YAML = """\
+licence: test
+source: {file: m.onnx}
+graphs:
+  scale:
+    inputs: {x: {shape: [1, 8], dtype: float32}}
+    outputs: {y: {shape: [1, 8]}}
+    precision: w8a16
+    calibration: {samples: 8}
+    samples: {files: "samples/*.npz"}
+"""
+
+
+def small_project(root: Path, models: dict[str, str]):
+    """dodo.py, one chip (SM8650), the toolchain profiles, and a folder per model: m.onnx (y = 2x), samples/, model.yaml."""
+    import shutil
+
+    from conftest import ROOT, Project
+
+    root.mkdir(parents=True)
+    shutil.copy2(ROOT / "dodo.py", root / "dodo.py")
+    shutil.copytree(ROOT / "toolchain", root / "toolchain")
+    (root / "socs").mkdir()
+    (root / "socs" / "socs.yaml").write_text("socs:\n  SM8650: {soc_id: 57, dsp_arch: v75, vtcm_mb: 8, fp16: true}\n")
+    for name, text in models.items():
+        folder = root / "models" / name
+        (folder / "samples").mkdir(parents=True)
+        onnx.save(model_of([helper.make_node("Mul", ["x", "two"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 8])],
+                           [helper.make_tensor_value_info("y", F, [1, 8])], [const("two", 2.0)]), str(folder / "m.onnx"))
+        np.savez(folder / "samples" / "a.npz", x=RNG.standard_normal((8, 1, 8)).astype(np.float32))
+        (folder / "model.yaml").write_text(text)
+    return Project(root)
+
+
+# ================================================================ 8. task names: the docs, and the nearest names for a typo
+
+def test_w8a16_alone_names_its_targets_without_a_suffix(tmp_path):
+    project = small_project(tmp_path / "p", {"good": GOOD_YAML})
+    listing = project.doit("list", "--all", check=True).stdout
+    names = {line.split()[0] for line in listing.splitlines() if line.strip()}
+    assert {"quantize:scale", "context:scale-SM8650", "simverify:scale-SM8650"} <= names
+    assert not any("w8a16" in n for n in names)
+
+
+def test_a_mistyped_target_names_the_nearest_tasks(tmp_path):
+    project = small_project(tmp_path / "p", {"good": GOOD_YAML})
+    for typo, nearest in (("simverify:scale-SM8560", "simverify:scale-SM8650"), ("contxt:scale-SM8650", "context:scale-SM8650"),
+                          ("quantize:scale-w8a16", "quantize:scale")):
+        result = project.doit(typo)
+        assert result.returncode == 3 and "Traceback" not in result.stderr, result.stderr
+        assert f'Invalid parameter: "{typo}"' in result.stderr
+        [hint] = [line for line in result.stderr.splitlines() if line.startswith("Did you mean: ")]
+        assert nearest in hint.split(": ", 1)[1].rstrip("?").split(", "), hint
+    # an on-demand group (created only when asked for): doit itself would run nothing and exit 0
+    result = project.doit("diagnose:scale-SM865")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output, output
+    assert 'Invalid parameter: "diagnose:scale-SM865"' in output and "Did you mean: diagnose:scale-SM8650?" in output
+    assert not (project.root / "build" / "good").exists()  # nothing was built
