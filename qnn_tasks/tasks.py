@@ -54,6 +54,8 @@ def project_tasks(root: Path) -> dict[str, Any]:
     except QnnTasksError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    for _, problem in project.broken:  # the bad model's one line, on every command; the rest still builds
+        print(f"error: {problem}", file=sys.stderr)
     # Everything loaded so far (doit, our modules, the specs, the planner) lives until the process ends:
     # moving it out of the collector's reach keeps the full collections that thousands of task dicts
     # trigger from walking it again and again (~40 ms of a no-op run's task loading, measured). Once per
@@ -213,6 +215,9 @@ class TaskFactory:
         stages = [(row.name, row.doc, lambda row=row: self.stage_tasks(row)) for row in build_stage_defs(self.planner)]
         stages.append(("report", "Write build/report/index.html, report.json and report.md from the stage records.",
                        self.report_task))
+        if self.project.broken:  # first, so that `doit` fails (exit 1) however the rest goes
+            stages.insert(0, ("spec", "Models whose model.yaml does not load: not buildable until it is fixed.",
+                              self.broken_tasks))
         config = doit_config()
         config["default_tasks"] = [name for name, _, _ in stages]
         namespace: dict[str, Any] = {"DOIT_CONFIG": config}
@@ -268,6 +273,13 @@ class TaskFactory:
         return {"name": plan.name, "actions": [action], "targets": [plan.record],
                 "uptodate": [Fresh(_key({"skip": plan.skip}), [plan.record])],
                 "doc": f"SKIPPED: {plan.skip}", "clean": True}
+
+    def broken_tasks(self) -> Iterator[dict]:
+        """One failing task per model whose spec does not load: its one line, and a non-zero `doit`."""
+        for model, problem in self.project.broken:
+            message = f"spec:{model}: not buildable: {problem}"
+            yield {"name": model, "actions": [lambda message=message: TaskFailed(message)], "uptodate": [False],
+                   "doc": f"NOT BUILDABLE: {problem}"}
 
     # ---------------------------------------------------------- the shared cache (doit cache:stats / cache:gc)
     def cache_tasks(self) -> Iterator[dict]:
@@ -325,7 +337,8 @@ class TaskFactory:
             # No file_dep on the records: a failed stage must not block the report of it. A damaged output
             # re-renders it too (to show `stale`): in a build, the stage tasks' own checks have caught it
             # already; for `doit report` alone the outputs are checked here.
-            targets = "\n".join(f"{ct.name}:{ct.skip_reason}" for ct in planner.chips)  # added/removed targets too
+            targets = "\n".join([f"{ct.name}:{ct.skip_reason}" for ct in planner.chips]  # added/removed targets too
+                                + [f"broken {m}: {e}" for m, e in planner.project.broken])
             signature = f"{_signature(record_paths(planner) + _renderer_files())}:{_key({'targets': targets})}"
             task.value_savers.append(lambda: {"records": signature, "outputs": outputs_signature()})
             if values.get("records") != signature or not (REPORT_DIR / "report.json").is_file():

@@ -103,7 +103,7 @@ def test_too_few_calibration_samples_is_a_spec_error(tmp_path):
     project = copy_project(tmp_path / "project")
     project.edit(MINILM_YAML, "calibration: {samples: 8}", "calibration: {samples: 3}")
     result = project.doit("list")
-    assert result.returncode == 2
+    assert result.returncode == 0 and "spec " in result.stdout  # minilm is unbuildable, the VAD is not
     assert "graphs.minilm.calibration.samples" in result.stderr and "at least 8" in result.stderr
 
 

@@ -257,3 +257,37 @@ def test_a_mistyped_target_names_the_nearest_tasks(tmp_path):
     assert result.returncode != 0 and "Traceback" not in output, output
     assert 'Invalid parameter: "diagnose:scale-SM865"' in output and "Did you mean: diagnose:scale-SM8650?" in output
     assert not (project.root / "build" / "good").exists()  # nothing was built
+
+
+# ================================================================ 7. one model's bad spec does not stop the others
+
+def test_a_bad_model_is_not_buildable_and_the_rest_builds(tmp_path):
+    good = GOOD_YAML.replace("    precision: w8a16\n    calibration: {samples: 8}\n", "    socs: [SM8650]\n")
+    bad = GOOD_YAML.replace("scale:", "other:").replace("samples/*.npz", "recordings/*.npz")  # no such folder
+    project = small_project(tmp_path / "p", {"good": good, "bad": bad})
+    listing = project.doit("list", "--all")
+    assert listing.returncode == 0, listing.stderr
+    [line] = [line for line in listing.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"error: {project.root / 'models/bad/model.yaml'}: graphs.other.samples.files: ") \
+        and "(fix: " in line, line
+    names = {row.split()[0] for row in listing.stdout.splitlines() if row.strip()}
+    assert {"export:scale", "simverify:scale-SM8650", "spec:bad"} <= names and not any("other" in n for n in names)
+    # `doit` builds and verifies the good model, fails on the bad one (non-zero), and the report says why
+    result = project.doit()
+    assert result.returncode != 0 and "Traceback" not in result.stdout + result.stderr
+    assert "simverify:scale-SM8650: passed" in result.stdout + result.stderr
+    assert any(row.startswith("spec:bad: ") and "recordings/*.npz" in row
+               for row in (result.stdout + result.stderr).splitlines()), result.stdout + result.stderr
+    import json
+
+    report = json.loads((project.root / "build/report/report.json").read_text())
+    assert report["summary"]["models_not_buildable"] == 1 and report["summary"]["passed"] == 1
+    [entry] = report["models_not_buildable"]
+    assert entry["model"] == "bad" and entry["error"] == line.removeprefix("error: ")
+    assert "## Models not buildable" in (project.root / "build/report/report.md").read_text()
+    assert "not-buildable" in (project.root / "build/report/index.html").read_text()
+    # fixed: the model is loaded again (no stale spec cache), and builds
+    (project.root / "models/bad/recordings").mkdir()
+    (project.root / "models/bad/samples/a.npz").rename(project.root / "models/bad/recordings/a.npz")
+    listing = project.doit("list")
+    assert listing.returncode == 0 and listing.stderr == "" and "spec" not in listing.stdout.split()
