@@ -24,7 +24,7 @@ MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
               "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
-TENSOR_KEYS = {"shape", "dtype"}
+TENSOR_KEYS = {"shape", "dtype", "onnx_name"}
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
 LINT_KEYS = {"allow", "max_fp16_params"}
@@ -54,9 +54,15 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    onnx_name: str | None = None  # the tensor's name in the source ONNX when model.yaml renames it (`onnx_name:`)
+
+    @property
+    def source_name(self) -> str:
+        return self.onnx_name or self.name
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        named = {"onnx_name": self.onnx_name} if self.onnx_name else {}
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, **named}
 
 
 @dataclass(frozen=True)
@@ -301,7 +307,9 @@ def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorS
             raise SpecError(path, f"{tkey}.dtype", "int64 is not supported on HTP", "export int32 instead")
         if dtype not in IO_DTYPES:
             raise SpecError(path, f"{tkey}.dtype", f"unsupported dtype '{dtype}'", f"use one of {', '.join(IO_DTYPES)}")
-        tensors.append(TensorSpec(name=str(name), shape=tuple(shape), dtype=dtype))
+        tensors.append(TensorSpec(name=str(name), shape=tuple(shape), dtype=dtype,
+                                  onnx_name=specport.onnx_name(tdata.get("onnx_name"), path, f"{tkey}.onnx_name")))
+    specport.unique_onnx_names(tensors, path, key)
     return tuple(tensors)
 
 

@@ -211,8 +211,9 @@ graphs:
 """
 
 
-def small_project(root: Path, models: dict[str, str]):
-    """dodo.py, one chip (SM8650), the toolchain profiles, and a folder per model: m.onnx (y = 2x), samples/, model.yaml."""
+def small_project(root: Path, models: dict[str, str], io: tuple[str, str] = ("x", "y")):
+    """dodo.py, one chip (SM8650), the toolchain profiles, and a folder per model: m.onnx (y = 2x, the ONNX's own
+    I/O names `io`), samples/, model.yaml."""
     import shutil
 
     from conftest import ROOT, Project
@@ -225,8 +226,8 @@ def small_project(root: Path, models: dict[str, str]):
     for name, text in models.items():
         folder = root / "models" / name
         (folder / "samples").mkdir(parents=True)
-        onnx.save(model_of([helper.make_node("Mul", ["x", "two"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 8])],
-                           [helper.make_tensor_value_info("y", F, [1, 8])], [const("two", 2.0)]), str(folder / "m.onnx"))
+        onnx.save(model_of([helper.make_node("Mul", [io[0], "two"], [io[1]])], [helper.make_tensor_value_info(io[0], F, [1, 8])],
+                           [helper.make_tensor_value_info(io[1], F, [1, 8])], [const("two", 2.0)]), str(folder / "m.onnx"))
         np.savez(folder / "samples" / "a.npz", x=RNG.standard_normal((8, 1, 8)).astype(np.float32))
         (folder / "model.yaml").write_text(text)
     return Project(root)
@@ -240,6 +241,12 @@ def test_w8a16_alone_names_its_targets_without_a_suffix(tmp_path):
     names = {line.split()[0] for line in listing.splitlines() if line.strip()}
     assert {"quantize:scale", "context:scale-SM8650", "simverify:scale-SM8650"} <= names
     assert not any("w8a16" in n for n in names)
+    # ... and README's task table says so (it said `quantize:<graph>-w8a16` whatever the precision list)
+    from conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    assert "| `doit quantize:<graph>-w8a16` |" not in readme and "| `doit quantize:<variant>` |" in readme
+    assert "with `precision: w8a16` alone they are `quantize:<graph>` and\n`simverify:<graph>-SM8650`" in readme
 
 
 def test_a_mistyped_target_names_the_nearest_tasks(tmp_path):
@@ -463,3 +470,77 @@ def test_diagnose_names_the_cancelling_sub_upstream_of_a_diverging_reciprocal():
     first = next(r for r in rows if r["tensor"] == "inv")
     found = cancellation_source(model, rows, first, cpu, threshold=0.05)
     assert found is not None and found["node"] == "variance" and found["cancellation"]  # explain() adds the hazard
+
+
+# ================================================================ 4. names with dots: pipeline.feed, and renaming I/O
+
+def test_pipeline_feed_splits_graph_and_tensor_on_the_first_dot(tmp_path):
+    from qnn_tasks import specpipeline
+
+    first = packaged_graph(tmp_path, [TensorSpec("x", (1, 8), "float32")], [TensorSpec("conv2d_19", (1, 8), "float32")],
+                           name="g1")
+    second = packaged_graph(tmp_path, [TensorSpec("x.1", (1, 8), "float32")], [TensorSpec("y", (1, 8), "float32")],
+                            name="g2")
+    spec = specpipeline.load({"graphs": ["g1", "g2"], "feed": {"g2.x.1": "g1.conv2d_19"}}, (first, second), "m",
+                             tmp_path / "model.yaml")
+    assert spec.feed == {"g2.x.1": ("g1", "conv2d_19")}
+
+
+def renamed_io_model():
+    """An exporter's names: input 'x.1', output '387' (y = 2x + 1)."""
+    nodes = [helper.make_node("Mul", ["x.1", "two"], ["t"]), helper.make_node("Add", ["t", "one"], ["387"])]
+    return model_of(nodes, [helper.make_tensor_value_info("x.1", F, ["batch", 8])],
+                    [helper.make_tensor_value_info("387", F, ["batch", 8])], [const("two", 2.0), const("one", 1.0)])
+
+
+def test_model_yaml_renames_inputs_and_outputs_and_the_record_keeps_the_onnx_names():
+    model = renamed_io_model()
+    x = RNG.standard_normal((1, 8)).astype(np.float32)
+    before = _run_cpu(model, {"x.1": x})
+    report = boundary.fix_io(model, [TensorSpec("x", (1, 8), "float32", onnx_name="x.1")],
+                             [TensorSpec("logits", (1, 8), "float32", onnx_name="387")])
+    onnx.checker.check_model(model, full_check=True)
+    assert [v.name for v in model.graph.input] == ["x"] and [v.name for v in model.graph.output] == ["logits"]
+    assert report["renamed"] == {"input 'x'": "x.1", "output 'logits'": "387"}
+    np.testing.assert_array_equal(_run_cpu(model, {"x": x})[0], before[0])
+    with pytest.raises(boundary.BoundaryError) as info:  # a declared name that already means something else
+        boundary.fix_io(renamed_io_model(), [TensorSpec("t", (1, 8), "float32", onnx_name="x.1")],
+                        [TensorSpec("387", (1, 8), "float32")])
+    assert "input 'x.1' is renamed to 't', a name the ONNX already uses" in str(info.value)
+
+
+RENAMED_YAML = """\
+licence: test
+source: {file: m.onnx}
+graphs:
+  scale:
+    inputs: {x: {shape: [1, 8], dtype: float32, onnx_name: x.1}}
+    outputs: {y: {shape: [1, 8], onnx_name: "387"}}
+    samples: {files: "samples/*.npz"}
+    socs: [SM8650]
+"""
+
+
+def test_renamed_io_through_export_and_cpucheck_with_doit(tmp_path):
+    """YAML only: samples and checks use the new names; the reference runs the original ONNX under its own."""
+    import json
+
+    project = small_project(tmp_path / "p", {"renamed": RENAMED_YAML}, io=("x.1", "387"))
+    result = project.doit("cpucheck:scale")
+    assert result.returncode == 0, result.stdout + result.stderr
+    export = json.loads((project.root / "build/renamed/scale/export/export.json").read_text())
+    assert export["boundary"]["renamed"] == {"input 'x'": "x.1", "output 'y'": "387"}
+    assert [t["name"] for t in export["io"]["inputs"]] == ["x"] and [t["name"] for t in export["io"]["outputs"]] == ["y"]
+    cpucheck = json.loads((project.root / "build/renamed/scale/cpucheck/cpucheck.json").read_text())
+    assert cpucheck["status"] == "passed"
+
+
+def test_onnx_name_spec_errors(tmp_path):
+    project = small_project(tmp_path / "p", {"renamed": RENAMED_YAML.replace(
+        "    outputs: {y: {shape: [1, 8], onnx_name: \"387\"}}",
+        "    outputs: {y: {shape: [1, 8], onnx_name: \"387\"}, z: {shape: [1, 8], onnx_name: \"387\"}}")},
+        io=("x.1", "387"))
+    result = project.doit("list")
+    [line] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert "graphs.scale.outputs.z: stands for ONNX tensor '387', as graphs.scale.outputs.y does" in line
+    assert "(fix: " in line

@@ -39,7 +39,7 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
     report: dict[str, Any] = {"dims": {}, "casts": [], "constant_inputs": {}}
     initializers = {t.name for t in graph.initializer}
     actual = {v.name: v for v in graph.input if v.name not in initializers}
-    declared = {t.name for t in inputs}
+    declared = {t.source_name for t in inputs}  # names in the ONNX (a declared `onnx_name:` renames)
 
     for name in constant_inputs:
         if name not in actual:
@@ -59,10 +59,16 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
 
     new_inputs, input_casts, output_casts = [], [], []
     for spec in inputs:
-        value = actual.get(spec.name)
+        value = actual.get(spec.source_name)
         if value is None:
-            raise BoundaryError(f"input '{spec.name}' declared in model.yaml is not an input of the ONNX; its inputs: "
-                                f"{', '.join(actual) or 'none'}", "use the ONNX's input names in graphs.<graph>.inputs")
+            raise BoundaryError(f"input '{spec.source_name}' declared in model.yaml is not an input of the ONNX; its "
+                                f"inputs: {', '.join(actual) or 'none'}",
+                                "use the ONNX's input names in graphs.<graph>.inputs (or as their onnx_name:)")
+        if spec.onnx_name and spec.onnx_name != spec.name:
+            _free(names, spec, "input")
+            _rename_uses(graph, spec.onnx_name, spec.name)
+            value.name = spec.name
+            report.setdefault("renamed", {})[f"input '{spec.name}'"] = spec.onnx_name
         _fix_dims(value, spec.shape, f"input '{spec.name}'", report)
         elem = value.type.tensor_type.elem_type
         wanted = helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype))
@@ -81,16 +87,22 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
     graph.input.extend(new_inputs)
 
     actual_out = {v.name: v for v in graph.output}
-    extra = [name for name in actual_out if name not in {t.name for t in outputs}]
+    extra = [name for name in actual_out if name not in {t.source_name for t in outputs}]
     if extra:
         raise BoundaryError(f"output '{extra[0]}' of the ONNX is not declared in model.yaml",
                             "declare it under graphs.<graph>.outputs")
     new_outputs = []
     for spec in outputs:
-        value = actual_out.get(spec.name)
+        value = actual_out.get(spec.source_name)
         if value is None:
-            raise BoundaryError(f"output '{spec.name}' declared in model.yaml is not an output of the ONNX; its outputs: "
-                                f"{', '.join(actual_out) or 'none'}", "use the ONNX's output names in graphs.<graph>.outputs")
+            raise BoundaryError(f"output '{spec.source_name}' declared in model.yaml is not an output of the ONNX; its "
+                                f"outputs: {', '.join(actual_out) or 'none'}",
+                                "use the ONNX's output names in graphs.<graph>.outputs (or as their onnx_name:)")
+        if spec.onnx_name and spec.onnx_name != spec.name:
+            _free(names, spec, "output")
+            _rename_producer(graph, spec.onnx_name, spec.name)
+            value.name = spec.name
+            report.setdefault("renamed", {})[f"output '{spec.name}'"] = spec.onnx_name
         _fix_dims(value, spec.shape, f"output '{spec.name}'", report, output=True)
         if value.type.tensor_type.elem_type == INT64:
             inner = names(f"{spec.name}_int64")
@@ -107,6 +119,14 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
     graph.node.extend(nodes)
     infer_shapes(model)
     return report
+
+
+def _free(names: Names, spec, kind: str) -> None:
+    """The declared name must not already name another tensor of the ONNX."""
+    if spec.name in names.taken:
+        raise BoundaryError(f"{kind} '{spec.onnx_name}' is renamed to '{spec.name}', a name the ONNX already uses",
+                            f"choose another name for {kind}s.{spec.name} in graphs.<graph>")
+    names.taken.add(spec.name)
 
 
 def _constant(value, given: Any) -> np.ndarray:
