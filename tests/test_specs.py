@@ -75,7 +75,7 @@ CASES = [
                  ["source.pakage: unknown key", "package"], id="unknown-key-source"),
     pytest.param(MINILM, "input_ids: {shape: [1, 128], dtype: int32}",
                  "input_ids: {shape: [1, 128], dtype: int32, layout: NC}",
-                 ["graphs.minilm.inputs.input_ids.layout: unknown key", "dtype, shape"], id="unknown-key-tensor"),
+                 ["graphs.minilm.inputs.input_ids.layout: unknown key", "dtype, onnx_name, shape"], id="unknown-key-tensor"),
     pytest.param(MINILM, "licence: Apache-2.0\n", "",
                  [": licence: required key is missing", "add it"], id="missing-key-model"),
     pytest.param(MINILM, "input_ids: {shape: [1, 128], dtype: int32}", "input_ids: {shape: [1, 128]}",
