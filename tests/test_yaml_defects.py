@@ -167,6 +167,14 @@ def test_int8_refusal_is_one_line_per_rule_with_a_count_and_the_first_nodes(tmp_
     found = {f.where for f in find_problems(int8_model(), graph) if f.rule == "int8-in-onnx"}
     assert {"DynamicQuantizeLSTM node 'lstm'", "DynamicQuantizeMatMul node 'dqmm'", "MatMulIntegerToFloat node 'mmitf'",
             "QGemm node 'qgemm'"} <= found and len(found) == 44
+    # the lint stage refuses the same way (its record still lists every node)
+    from qnn_tasks.stages import lint
+
+    onnx.save(int8_model(), str(tmp_path / "int8.onnx"))
+    with pytest.raises(StageError) as info:
+        lint.run(graph, tmp_path / "int8.onnx")
+    assert str(info.value).count("[int8-in-onnx]") == 1 and "44 sites (" in str(info.value)
+    assert len([f for f in info.value.record["findings"] if f["rule"] == "int8-in-onnx"]) == 44
 
 
 # ================================================================ 6. advice reads the target's own settings
