@@ -17,7 +17,6 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import Project, copy_project
-from qnn_tasks.errors import EXIT_SPEC
 
 TIME, DIM, CLASSES = 16, 64, 10
 YAML = "models/chain/model.yaml"
@@ -148,7 +147,7 @@ def test_pipeline_spec_errors(tmp_path, edit, fragments):
     project = chain_project(tmp_path / "project", "[centred-variance]")
     project.edit(YAML, *edit)
     result = project.doit("list")
-    assert result.returncode == EXIT_SPEC, result.stderr
+    assert result.returncode == 0 and "spec " in result.stdout, result.stderr  # this model is unbuildable
     line = result.stderr.strip()
     assert "\n" not in line and str(project.path(YAML)) in line and "(fix: " in line
     for fragment in fragments:

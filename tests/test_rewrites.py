@@ -218,9 +218,14 @@ def test_centred_variance(square, mean_square, opset):
     assert_same_outputs(model, after, x_feeds(loc=0.5), rtol=1e-4, atol=1e-4)
 
 
-def test_centred_variance_needs_kept_dims():
-    sites, _ = rewritten(layer_norm(keepdims=0), "centred-variance")
-    assert sites == []
+def test_centred_variance_without_kept_dims_adds_a_kept_mean():
+    model = layer_norm(keepdims=0)
+    sites, after = rewritten(model, "centred-variance")
+    assert sites == ["variance"]
+    kept = next(n for n in after.graph.node if n.name == "variance_mean_kept")
+    assert kept.op_type == "ReduceMean" and helper.get_attribute_value(kept.attribute[0]) == 1
+    feeds = {"x": (0.5 + np.random.default_rng(7).standard_normal((1, 8, 16))).astype(np.float32)}  # RNG kept for others
+    assert_same_outputs(model, after, feeds, rtol=1e-4, atol=1e-4)
 
 
 def test_centred_variance_is_more_exact_in_low_precision():

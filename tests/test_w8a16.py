@@ -4,7 +4,6 @@ from __future__ import annotations
 import pytest
 
 from conftest import copy_project
-from qnn_tasks.errors import EXIT_SPEC
 from qnn_tasks.fileio import read_json
 
 MINILM_YAML = "models/minilm/model.yaml"
@@ -104,7 +103,7 @@ def test_too_few_calibration_samples_is_a_spec_error(tmp_path):
     project = copy_project(tmp_path / "project")
     project.edit(MINILM_YAML, "calibration: {samples: 8}", "calibration: {samples: 3}")
     result = project.doit("list")
-    assert result.returncode == EXIT_SPEC
+    assert result.returncode == 0 and "spec " in result.stdout  # minilm is unbuildable, the VAD is not
     assert "graphs.minilm.calibration.samples" in result.stderr and "at least 8" in result.stderr
 
 

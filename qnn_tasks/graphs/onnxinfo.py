@@ -7,8 +7,21 @@ from typing import Any
 from qnn_tasks.errors import StageError
 
 CONTROL_FLOW_OPS = {"If", "Loop", "Scan"}
+# Quantized ops, standard and onnxruntime's contrib (com.microsoft) ones: QNN quantizes itself, so none
+# may be inside the ONNX. Families by prefix (QLinearConv/Add/Mul/Sigmoid/Softmax/..., QOrdered*,
+# DynamicQuantize*: DynamicQuantizeLinear/MatMul/LSTM), the rest by name.
 INT8_OPS = {"QuantizeLinear", "DequantizeLinear", "DynamicQuantizeLinear", "QLinearConv",
-            "QLinearMatMul", "MatMulInteger", "ConvInteger", "QLinearAdd", "QLinearMul"}
+            "QLinearMatMul", "MatMulInteger", "ConvInteger", "QLinearAdd", "QLinearMul",
+            "DynamicQuantizeMatMul", "DynamicQuantizeLSTM", "MatMulIntegerToFloat", "MatMulInteger16",
+            "QAttention", "QGemm", "QEmbedLayerNormalization", "QMoE", "MulInteger", "ReduceSumInteger",
+            "QuantizeWithOrder", "DequantizeWithOrder", "MatMulNBits", "MatMulBnb4", "GatherBlockQuantized",
+            "MatMulFpQ4", "QuantizeBFP", "DequantizeBFP"}
+INT8_PREFIXES = ("QLinear", "QOrdered", "DynamicQuantize")
+
+
+def is_quantized(node) -> bool:
+    """A node doing quantized (int8/int4) arithmetic inside the ONNX."""
+    return node.op_type in INT8_OPS or node.op_type.startswith(INT8_PREFIXES)
 
 
 def load(path: Path, what: str = "ONNX file", shown_as: Path | None = None):

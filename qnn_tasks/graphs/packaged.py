@@ -95,10 +95,13 @@ def reference(graph: GraphSpec, source: Path | None, inputs: list[dict[str, np.n
     constants = {name: np.asarray(value, dtype=_np_type(types[name])).reshape(_shape(session, name, value))
                  for name, value in graph.constant_inputs.items()}
     names = [t.name for t in graph.outputs]
+    fetch = [t.source_name for t in graph.outputs]  # the original's own names (model.yaml may rename: onnx_name)
+    source_names = {t.name: t.source_name for t in graph.inputs}
     outs = []
     for sample in inputs:
-        feeds = {name: np.asarray(value).astype(_np_type(types[name])) for name, value in sample.items()}
-        outs.append(dict(zip(names, session.run(names, {**feeds, **constants}))))
+        feeds = {source_names.get(name, name): np.asarray(value).astype(_np_type(types[source_names.get(name, name)]))
+                 for name, value in sample.items()}
+        outs.append(dict(zip(names, session.run(fetch, {**feeds, **constants}))))
     return outs
 
 

@@ -362,7 +362,8 @@ def plan_diagnose(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
                       p.chip_key(stage, ct, verify=ct.verify),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "soc": specjson.soc_to_dict(ct.soc),
                                "model": model, "provider_options": config, "inputs": str(gt.inputs),
-                               "reference": str(gt.reference), "shipped_failed": _failed(verdict), "binary": binary},
+                               "reference": str(gt.reference), "shipped_failed": _failed(verdict), "binary": binary,
+                               "precision": ct.variant.precision},
                       f"find where {ct.graph.name} diverges on {ct.soc.name}: per-node CPU vs NPU error")
 
 

@@ -80,14 +80,17 @@ def collect(planner) -> dict[str, Any]:
     from qnn_tasks.report import upgrade_diff as compare
 
     pipelines = [pipeline_entry(pt) for pt in planner.pipelines]
+    broken = [{"model": model, "status": "not buildable", "error": problem} for model, problem in planner.project.broken]
     data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,
                         "graphs_failed": sum(1 for g in graph_entries if g["status"] in ("failed", "stale")),
                         "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache")),
-                        "pipelines_failed": sum(1 for p in pipelines if p["status"] in ("failed", "stale"))},
+                        "pipelines_failed": sum(1 for p in pipelines if p["status"] in ("failed", "stale")),
+                        "models_not_buildable": len(broken)},
             "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
             "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines,
+            "models_not_buildable": broken,
             "precision_comparison": precision_comparison(targets)}
     data["comparison"] = compare.upgrade_diff(data)
     data["compatibility"] = records.read(COMPAT_RECORD)
@@ -169,7 +172,7 @@ def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def gate_problems(data: dict[str, Any]) -> list[str]:
     """What fails the report task itself: stale targets, and upgrade regressions of a gating toolchain."""
-    problems = []
+    problems = [f"model {b['model']} is not buildable: {b['error']}" for b in data.get("models_not_buildable", [])]
     stale = [t["name"] for t in data["targets"] + data.get("pipelines", []) if t["status"] == "stale"]
     if stale:
         problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "
@@ -217,6 +220,8 @@ def summary_line(data: dict[str, Any]) -> str:
     s = data["summary"]
     line = (f"{s['targets']} targets: {s['passed']} passed, {s['warning']} with warnings, {s['failed']} failed, "
             f"{s['skipped']} skipped, {s['pending']} not built yet")
+    if s.get("models_not_buildable"):
+        line += f"; {s['models_not_buildable']} model(s) NOT BUILDABLE (spec errors)"
     if s.get("stale"):
         line += f", {s['stale']} STALE"
     if s.get("from_cache"):

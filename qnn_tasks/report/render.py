@@ -37,6 +37,9 @@ def markdown(data: dict[str, Any]) -> str:
     socs = soc_names(data)
     lines = ["# NPU build report", "", f"Generated {data['generated']}. " + summary_line(data), "",
              "| graph | " + " | ".join(socs) + " |", "|---|" + "---|" * len(socs)]
+    if data.get("models_not_buildable"):
+        lines[4:4] = ["## Models not buildable", ""] + [f"- **{b['model']}**: {b['error']}"
+                                                        for b in data["models_not_buildable"]] + [""]
     for variant in data["variants"]:
         cells = [cell_text(data, variant["name"], soc) for soc in socs]
         lines.append(f"| {variant['model']}/{variant['name']} ({variant['precision']}) | " + " | ".join(cells) + " |")

@@ -4,6 +4,7 @@
       graphs: [features, classifier]        # in order, at least two graphs of this model
       feed: {classifier.x: features.y}      # optional: <graph>.<input>: <graph>.<output> where names differ
       # or with glue:  classifier.x: {from: features.y, reshape: true, scale: 0.1, offset: 2.0}
+                                            # (split on the first dot: `classifier.x.1` is input `x.1`)
       verify:                               # the last graph's outputs vs the same chain on CPU
         thresholds: {min_cosine: 0.99}
         checks: [{top1: {output: logits, min: 0.95}}]
@@ -62,7 +63,7 @@ def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | Non
                               "scale": _number(value.get("scale", 1.0), path, f"pipeline.feed.{key}.scale"),
                               "offset": _number(value.get("offset", 0.0), path, f"pipeline.feed.{key}.offset")}
             value = value["from"]
-        target, source = str(key).split("."), str(value).split(".")
+        target, source = _split(str(key), names), _split(str(value), names)
         if len(target) != 2 or len(source) != 2 or target[0] not in names or source[0] not in names \
                 or names.index(source[0]) >= names.index(target[0]):
             raise SpecError(path, f"pipeline.feed.{key}", f"'{key}: {value}' does not feed a later graph's input "
@@ -101,6 +102,16 @@ def _size(shape) -> int:
     for dim in shape:
         count *= dim
     return count
+
+
+def _split(ref: str, graphs: list) -> list[str]:
+    """`<graph>.<tensor>` -> [graph, tensor]: the graph part is a graph of the chain, the rest is the tensor's name,
+    dots and all (`classifier.x.1` is input `x.1`); split on the first dot when no graph matches."""
+    known = [g for g in graphs if isinstance(g, str) and ref.startswith(f"{g}.") and len(ref) > len(g) + 1]
+    if known:
+        graph = max(known, key=len)
+        return [graph, ref[len(graph) + 1:]]
+    return ref.split(".", 1)
 
 
 def _output(graph, name: str) -> tuple[str, tuple[int, ...]] | None:

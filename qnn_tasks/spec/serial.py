@@ -38,7 +38,8 @@ def graph_to_dict(graph: GraphSpec, root: Path) -> dict[str, Any]:
 
 def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
     def tensors(items: list[dict[str, Any]]) -> tuple[TensorSpec, ...]:
-        return tuple(TensorSpec(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"]) for t in items)
+        return tuple(TensorSpec(name=t["name"], shape=tuple(t["shape"]), dtype=t["dtype"], onnx_name=t.get("onnx_name"))
+                     for t in items)
 
     return GraphSpec(name=data["name"], model=data["model"], model_dir=Path(data["model_dir"]),
                      inputs=tensors(data["inputs"]), outputs=tensors(data["outputs"]),

@@ -36,7 +36,8 @@ CAVEAT = ("Exposing every intermediate tensor as an output can change how QNN fu
 
 def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplified: Path, provider_options_file: Path, inputs_file: Path,
         reference_file: Path, out_dir: Path, shipped_failed: bool | None = None,
-        threshold: float = DEFAULT_THRESHOLD, limit: int | None = None, binary: str | None = None) -> dict[str, Any]:
+        threshold: float = DEFAULT_THRESHOLD, limit: int | None = None, binary: str | None = None,
+        precision: str = "fp16") -> dict[str, Any]:
     """Diagnose `graph` on `soc`; `toolchain` compiles variants with the chip's provider options.
 
     `shipped_failed` is the shipped binary's simverify verdict when known: if it failed and the
@@ -69,7 +70,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
         first = bisect(model, tensors, inputs, toolchain, options, out_dir, threshold) or first
     if first and method != "bisect":
         first = cancellation_source(model, nodes, first, cpu, threshold) or first
-    detail = explain(model, first, cpu, npu, inputs) if first else None
+    detail = explain(model, first, cpu, npu, inputs, precision) if first else None
     record = {"threshold_rel_max_abs": threshold, "jump_factor": JUMP, "samples": len(inputs), "method": method,
               "shipped_binary_failed": shipped_failed,
               "diagnostic_reproduces_failure": reproduced, "final_output_violations": final_violations,
@@ -210,7 +211,7 @@ def cancellation_source(model, nodes: list[dict[str, Any]], first: dict[str, Any
     """
     by_tensor = {n["tensor"]: n for n in nodes}
     producers = {o: i for i, node in enumerate(model.graph.node) for o in node.output}
-    frontier, seen = [model.graph.node[first["index"]]], set()
+    frontier, seen, quiet = [model.graph.node[first["index"]]], set(), None
     for _ in range(4):  # a few hops up: Sub -> Add(eps) -> Sqrt -> Reciprocal
         nxt = []
         for node in frontier:
@@ -221,12 +222,15 @@ def cancellation_source(model, nodes: list[dict[str, Any]], first: dict[str, Any
                 seen.add(index)
                 upstream = model.graph.node[index]
                 row = by_tensor.get(upstream.output[0])
-                if upstream.op_type == "Sub" and row and row["rel_max_abs"] > threshold / JUMP \
-                        and _cancels(upstream, cpu):
-                    return {**row, "cancellation": True}
+                if upstream.op_type == "Sub" and row and _cancels(upstream, cpu):
+                    if row["rel_max_abs"] > threshold / JUMP:
+                        return {**row, "cancellation": True}
+                    # its own error looks small (its output is tiny), yet a difference of two large nearly equal
+                    # values feeding the diverging node is the known cause: named if nothing carries more error
+                    quiet = quiet or {**row, "cancellation": True}
                 nxt.append(upstream)
         frontier = nxt
-    return None
+    return quiet
 
 
 def _cancels(node, cpu) -> bool:
@@ -259,7 +263,7 @@ def verdict(first: dict[str, Any] | None, nodes: list[dict[str, Any]], threshold
 
 # ------------------------------------------------------------------ explanation
 
-def explain(model, first: dict[str, Any], cpu, npu, inputs) -> dict[str, Any]:
+def explain(model, first: dict[str, Any], cpu, npu, inputs, precision: str = "fp16") -> dict[str, Any]:
     """The diverging node: op, inputs, attributes, worst element with CPU/NPU/input values, hazards."""
     from onnx import helper, numpy_helper
 
@@ -286,12 +290,16 @@ def explain(model, first: dict[str, Any], cpu, npu, inputs) -> dict[str, Any]:
     if worst is not None:
         detail.update(worst_element={"sample": worst[0], "index": list(worst[1:])},
                       cpu_value=float(ref[worst]), npu_value=float(got[worst]), input_values=input_values)
-    detail["hazards"] = hazards(node, detail, initializers)
+    detail["hazards"] = hazards(node, detail, initializers, precision)
     return detail
 
 
-def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -> list[dict[str, str]]:
-    """Known fp16/HTP hazards that fit what was observed, each with its export-time fix."""
+def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray],
+            precision: str = "fp16") -> list[dict[str, str]]:
+    """Known fp16/HTP hazards that fit what was observed, each with its export-time fix.
+
+    The fixes read the target's own precision: a w8a16 build is never told to use w8a16.
+    """
     found = []
     op = node.op_type
     values = [abs(v) for v in detail.get("input_values", {}).values() if isinstance(v, float)]
@@ -300,8 +308,9 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray]) -
         found.append({"hazard": "fp16 overflow",
                       "why": f"the CPU value here is {cpu_value:.3g}, beyond fp16's range (65504): the NPU saturates "
                              f"(got {detail.get('npu_value', float('nan')):.6g})",
-                      "fix": "scale the input down at export, move the scale before the square/product, or use w8a16 "
-                             "with a calibrated range"})
+                      "fix": "scale the input down at export, or move the scale before the square/product"
+                             + (", or use w8a16 with a calibrated range" if precision != "w8a16" else
+                                " (this target is w8a16 already: its 16-bit activations need the same rescaling)")})
     if detail.get("cancellation") or (op == "Sub" and cpu_value is not None and values
                                       and abs(cpu_value) < CANCELLATION_RATIO * max(values)):
         found.append({"hazard": "cancellation in fp16",
@@ -426,4 +435,4 @@ def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run(calls.graph(a), a["verify"], calls.soc(a), toolchains_calls.toolchain(call), Path(a["model"]),
                Path(a["provider_options"]), Path(a["inputs"]), Path(a["reference"]), Path(call.out_dir),
-               shipped_failed=a["shipped_failed"], binary=a.get("binary"))
+               shipped_failed=a["shipped_failed"], binary=a.get("binary"), precision=a.get("precision", "fp16"))

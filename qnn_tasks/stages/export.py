@@ -24,6 +24,7 @@ from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.stages.lint import find_problems, io_mismatches
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.stages.lint import summary_lines
 
 HARD_RULES = {"dynamic-dim", "io-dtype", "control-flow", "int8-in-onnx"}
 
@@ -57,7 +58,7 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
             ctx.export_record = {"rewrites": packaged.rewrite_file(graph, tmp)} if graph.rewrites else {}
         model = onnxinfo.load(tmp, f"ONNX written by {what}", shown_as=out_onnx)
         problems = io_mismatches(model, graph)
-        problems += [f.line() for f in find_problems(model, graph) if f.rule in HARD_RULES]
+        problems += summary_lines([f for f in find_problems(model, graph) if f.rule in HARD_RULES])
         if not problems:
             with all_output_to(log):
                 problems = run_once(tmp, graph)
@@ -69,8 +70,12 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
                   "exported_by": "export.py" if custom else "built-in", "log": str(log),
                   **ctx.export_record}
         unused = [r["name"] for r in record.get("rewrites", []) if r["count"] == 0]
-        record["warnings"] = [f"rewrite '{name}' found nothing to change in graph '{graph.name}' (fix: remove it "
-                              f"from graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml)" for name in unused]
+        stale = (record.get("boundary") or {}).get("stale_output_metadata", {})
+        record["warnings"] = [f"graph '{graph.name}': {tensor}: the ONNX's metadata said {dims['onnx']}, on CPU it computes {dims['computed']}: "
+                              f"metadata replaced (fix: none needed here; correct the ONNX's exporter to silence this)"
+                              for tensor, dims in stale.items()]
+        record["warnings"] += [f"rewrite '{name}' found nothing to change in graph '{graph.name}' (fix: remove it "
+                               f"from graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml)" for name in unused]
     return record
 
 

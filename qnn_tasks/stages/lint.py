@@ -51,6 +51,28 @@ class Finding:
         return f"[{self.rule}] {self.where}: {self.message}{matters} (fix: {self.fix})"
 
 
+SHOWN_SITES = 3  # a refusal names this many sites of a rule, then counts the rest
+
+
+def summary_lines(findings: list[Finding]) -> list[str]:
+    """One line per rule and finding text: the count and the first few sites, not the same line per node.
+
+    A packaged int8 model repeated "[int8-in-onnx] ... (fix: ...)" for each of its 44 nodes (9,335 characters).
+    """
+    groups: dict[tuple[str, str, str, str], list[str]] = {}
+    for f in findings:
+        groups.setdefault((f.rule, f.message, f.fix, f.why), []).append(f.where)
+    lines = []
+    for (rule, message, fix, why), wheres in groups.items():
+        if len(wheres) == 1:
+            where = wheres[0]
+        else:
+            more = f" and {len(wheres) - SHOWN_SITES} more" if len(wheres) > SHOWN_SITES else ""
+            where = f"{len(wheres)} sites ({', '.join(wheres[:SHOWN_SITES])}{more})"
+        lines.append(Finding(rule, "error", where, message, fix, why).line())
+    return lines
+
+
 def find_problems(model, graph: GraphSpec) -> list[Finding]:
     """Every finding on the model, with its severity before `allow` is applied."""
     findings = _io_findings(model) + _node_findings(model, graph) + _rewrite_findings(model, graph) \
@@ -73,7 +95,7 @@ def run(graph: GraphSpec, simplified: Path) -> dict[str, Any]:
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         raise StageError(f"lint found {len(errors)} problem(s) in graph '{graph.name}' ({simplified}): "
-                         + "; ".join(f.line() for f in errors), record)
+                         + "; ".join(summary_lines(errors)), record)
     return record
 
 
@@ -115,7 +137,7 @@ def _node_findings(model, graph: GraphSpec) -> list[Finding]:
             findings.append(Finding("control-flow", "error", where, "control flow does not run on HTP",
                                     _control_flow_fix(conditions.get(node.name or node.output[0]), graph),
                                     "compatibility: the graph does not compile with it"))
-        elif node.op_type in onnxinfo.INT8_OPS:
+        elif onnxinfo.is_quantized(node):
             findings.append(Finding("int8-in-onnx", "error", where, "int8 quantization inside the ONNX",
                                     "export the float model and quantize in QNN (precision: w8a16)",
                                     "compatibility: QNN quantizes itself"))

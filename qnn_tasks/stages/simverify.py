@@ -16,8 +16,15 @@ from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 
-QUANTIZED_HINT = ("; 8-bit weights lose accuracy here: try calibration.per_channel: true, more and more varied "
-                  "calibration samples, a finite mask constant (e.g. -1e4) at export, or keep this graph fp16")
+def quantized_hint(graph: GraphSpec) -> str:
+    """What to try when 8-bit weights fail, from the graph's own calibration settings (never what is already set)."""
+    calibration = graph.calibration or {}
+    tries = [] if calibration.get("per_channel") else ["calibration.per_channel: true"]
+    samples = calibration.get("samples")
+    tries += [f"more and more varied calibration samples (calibration.samples is {samples})" if samples
+              else "more and more varied calibration samples",
+              "a finite mask constant (e.g. -1e4) at export", "or keep this graph fp16"]
+    return "; 8-bit weights lose accuracy here: try " + ", ".join(tries)
 
 
 def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_file: Path, simulation: Path,
@@ -31,7 +38,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
               "violations": violations}
     if violations:
         raise StageError(f"simverify of {target} failed: " + "; ".join(violations)
-                         + (QUANTIZED_HINT if precision == "w8a16" else "") + (accuracy_hints(lint_record) if lint_record else "")
+                         + (quantized_hint(graph) if precision == "w8a16" else "") + (accuracy_hints(lint_record) if lint_record else "")
                          + f" (to find the first diverging node: doit diagnose:{target})", record)
     return record
 

@@ -13,11 +13,12 @@ import gc
 import hashlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
-from doit.exceptions import TaskFailed
+from doit.exceptions import InvalidCommand, TaskFailed
 from doit.loader import create_after
 
 from qnn_tasks.run import interrupts, treelock
@@ -65,13 +66,67 @@ def project_tasks(root: Path) -> dict[str, Any]:
     except QnnTasksError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(EXIT_SPEC) from None
+    for _, problem in project.broken:  # the bad model's one line, on every command; the rest still builds
+        print(f"error: {problem}", file=sys.stderr)
     # Everything loaded so far (doit, our modules, the specs, the planner) lives until the process ends:
     # moving it out of the collector's reach keeps the full collections that thousands of task dicts
     # trigger from walking it again and again (~40 ms of a no-op run's task loading, measured). Once per
     # process: a test session that loads projects in-process keeps collecting its own garbage.
     if gc.get_freeze_count() == 0:
         gc.freeze()
+    _suggest_task_names()
     return TaskFactory(planner).namespace()
+
+
+class UnknownTask(InvalidCommand):
+    """doit's "Invalid parameter" for a name that is no task or target, plus the nearest task names."""
+
+    def __init__(self, not_found: str, suggestions: list[str]) -> None:
+        super().__init__(not_found=not_found)
+        self.suggestions = suggestions
+
+    def __str__(self) -> str:
+        text = super().__str__().rstrip("\n")
+        if self.suggestions:
+            text += f"\nDid you mean: {', '.join(self.suggestions)}?"
+        return text + "\n"
+
+
+def nearest_tasks(name: str, known: Iterable[str], limit: int = 5) -> list[str]:
+    """The task names closest to a mistyped one: whole names first, then the part after `group:`."""
+    import difflib
+
+    names = [n for n in known if not n.startswith("_regex_target")]
+    found = difflib.get_close_matches(name, names, n=limit, cutoff=0.6)
+    group, _, sub = name.partition(":")
+    if sub and len(found) < limit:  # the group is right, the target is not: compare targets of that group
+        subs = {n.partition(":")[2]: n for n in names if n.startswith(f"{group}:")}
+        found += [subs[s] for s in difflib.get_close_matches(sub, list(subs), n=limit, cutoff=0.5)
+                  if subs[s] not in found][:limit - len(found)]
+    return found
+
+
+def _suggest_task_names() -> None:
+    """Wrap doit's task selection once, so a mistyped target names the nearest tasks.
+
+    Only the error path does any work: a valid selection and `doit list` cost one extra call frame.
+    """
+    from doit.control import TaskControl
+
+    original = TaskControl._filter_tasks
+    if getattr(original, "suggests", False):
+        return
+
+    def _filter_tasks(self, task_selection):
+        try:
+            return original(self, task_selection)
+        except InvalidCommand as err:
+            if err.not_found is None or isinstance(err, UnknownTask):
+                raise
+            raise UnknownTask(err.not_found, nearest_tasks(err.not_found, self.tasks)) from None
+
+    _filter_tasks.suggests = True
+    TaskControl._filter_tasks = _filter_tasks
 
 
 # ------------------------------------------------------------------ checkers and actions
@@ -172,6 +227,9 @@ class TaskFactory:
         stages = [(row.name, row.doc, lambda row=row: self.stage_tasks(row)) for row in build_stage_defs(self.planner)]
         stages.append(("report", "Write build/report/index.html, report.json and report.md from the stage records.",
                        self.report_task))
+        if self.project.broken:  # first, so that `doit` fails (exit 1) however the rest goes
+            stages.insert(0, ("spec", "Models whose model.yaml does not load: not buildable until it is fixed.",
+                              self.broken_tasks))
         config = doit_config()
         config["default_tasks"] = [name for name, _, _ in stages]
         namespace: dict[str, Any] = {"DOIT_CONFIG": config}
@@ -230,6 +288,14 @@ class TaskFactory:
                 "uptodate": [Fresh(_key({"skip": plan.skip}), [plan.record])],
                 "doc": f"SKIPPED: {plan.skip}", "clean": True}
 
+    def broken_tasks(self) -> Iterator[dict]:
+        """One failing task per model whose spec does not load: its one line, and a non-zero `doit`."""
+        for model, problem in self.project.broken:
+            name = re.sub(r"[^A-Za-z0-9._-]", "_", model)  # the folder name itself may be what is wrong with it
+            message = f"spec:{name}: not buildable: {problem}"
+            yield {"name": name, "actions": [lambda message=message: TaskFailed(message)], "uptodate": [False],
+                   "doc": f"NOT BUILDABLE: {problem}"}
+
     # ---------------------------------------------------------- the shared cache (doit cache:stats / cache:gc)
     def cache_tasks(self) -> Iterator[dict]:
         def store():
@@ -286,7 +352,8 @@ class TaskFactory:
             # No file_dep on the records: a failed stage must not block the report of it. A damaged output
             # re-renders it too (to show `stale`): in a build, the stage tasks' own checks have caught it
             # already; for `doit report` alone the outputs are checked here.
-            targets = "\n".join(f"{ct.name}:{ct.skip_reason}" for ct in planner.chips)  # added/removed targets too
+            targets = "\n".join([f"{ct.name}:{ct.skip_reason}" for ct in planner.chips]  # added/removed targets too
+                                + [f"broken {m}: {e}" for m, e in planner.project.broken])
             signature = f"{_signature(record_paths(planner))}:{renderer_code()}:{_key({'targets': targets})}"
             task.value_savers.append(lambda: {"records": signature, "outputs": outputs_signature()})
             if values.get("records") != signature or not (REPORT_DIR / "report.json").is_file():
@@ -304,7 +371,19 @@ def _on_demand(factory: TaskFactory, name: str) -> Any:
     """The tasks of an on-demand group, from tasks_ondemand.py (imported only when one is asked for)."""
     from qnn_tasks.tasks.ondemand import OnDemand
 
-    return getattr(OnDemand(factory), f"{name}_tasks" if name != "compat" else "compat_task")()
+    made = getattr(OnDemand(factory), f"{name}_tasks" if name != "compat" else "compat_task")()
+    if isinstance(made, dict):
+        return made
+    made = list(made)
+    # doit accepts any `<group>:<name>` of a delayed group and then runs nothing for a name it never made (exit 0):
+    # a mistyped on-demand target is an error naming the nearest ones instead
+    names = [f"{name}:{t['name']}" for t in made if isinstance(t, dict) and "name" in t]
+    for asked in sys.argv[1:]:
+        if asked.startswith(f"{name}:") and asked not in names and not any(c in asked for c in "*?["):
+            from doit.exceptions import InvalidTask
+
+            raise InvalidTask(str(UnknownTask(asked, nearest_tasks(asked, names))).strip())
+    return (task for task in made)  # doit takes a generator or a dict, not a list
 
 
 def renderer_code() -> str:

@@ -2,7 +2,8 @@
 
 `fix_io` edits the model in place to the I/O model.yaml declares (names, order, shapes) and
 returns what it changed; a mismatch it cannot fix (a missing tensor, another rank, a static dim
-that differs) raises BoundaryError with one line naming the tensor.
+that differs) raises BoundaryError with one line naming the tensor. An output's metadata is not
+trusted (the CPU run of the export is): a declared output shape replaces it, and the record says so.
 """
 from __future__ import annotations
 
@@ -38,7 +39,7 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
     report: dict[str, Any] = {"dims": {}, "casts": [], "constant_inputs": {}}
     initializers = {t.name for t in graph.initializer}
     actual = {v.name: v for v in graph.input if v.name not in initializers}
-    declared = {t.name for t in inputs}
+    declared = {t.source_name for t in inputs}  # names in the ONNX (a declared `onnx_name:` renames)
 
     for name in constant_inputs:
         if name not in actual:
@@ -58,10 +59,16 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
 
     new_inputs, input_casts, output_casts = [], [], []
     for spec in inputs:
-        value = actual.get(spec.name)
+        value = actual.get(spec.source_name)
         if value is None:
-            raise BoundaryError(f"input '{spec.name}' declared in model.yaml is not an input of the ONNX; its inputs: "
-                                f"{', '.join(actual) or 'none'}", "use the ONNX's input names in graphs.<graph>.inputs")
+            raise BoundaryError(f"input '{spec.source_name}' declared in model.yaml is not an input of the ONNX; its "
+                                f"inputs: {', '.join(actual) or 'none'}",
+                                "use the ONNX's input names in graphs.<graph>.inputs (or as their onnx_name:)")
+        if spec.onnx_name and spec.onnx_name != spec.name:
+            _free(names, spec, "input")
+            _rename_uses(graph, spec.onnx_name, spec.name)
+            value.name = spec.name
+            report.setdefault("renamed", {})[f"input '{spec.name}'"] = spec.onnx_name
         _fix_dims(value, spec.shape, f"input '{spec.name}'", report)
         elem = value.type.tensor_type.elem_type
         wanted = helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype))
@@ -80,17 +87,23 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
     graph.input.extend(new_inputs)
 
     actual_out = {v.name: v for v in graph.output}
-    extra = [name for name in actual_out if name not in {t.name for t in outputs}]
+    extra = [name for name in actual_out if name not in {t.source_name for t in outputs}]
     if extra:
         raise BoundaryError(f"output '{extra[0]}' of the ONNX is not declared in model.yaml",
                             "declare it under graphs.<graph>.outputs")
     new_outputs = []
     for spec in outputs:
-        value = actual_out.get(spec.name)
+        value = actual_out.get(spec.source_name)
         if value is None:
-            raise BoundaryError(f"output '{spec.name}' declared in model.yaml is not an output of the ONNX; its outputs: "
-                                f"{', '.join(actual_out) or 'none'}", "use the ONNX's output names in graphs.<graph>.outputs")
-        _fix_dims(value, spec.shape, f"output '{spec.name}'", report)
+            raise BoundaryError(f"output '{spec.source_name}' declared in model.yaml is not an output of the ONNX; its "
+                                f"outputs: {', '.join(actual_out) or 'none'}",
+                                "use the ONNX's output names in graphs.<graph>.outputs (or as their onnx_name:)")
+        if spec.onnx_name and spec.onnx_name != spec.name:
+            _free(names, spec, "output")
+            _rename_producer(graph, spec.onnx_name, spec.name)
+            value.name = spec.name
+            report.setdefault("renamed", {})[f"output '{spec.name}'"] = spec.onnx_name
+        _fix_dims(value, spec.shape, f"output '{spec.name}'", report, output=True)
         if value.type.tensor_type.elem_type == INT64:
             inner = names(f"{spec.name}_int64")
             _rename_producer(graph, spec.name, inner)
@@ -108,6 +121,14 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
     return report
 
 
+def _free(names: Names, spec, kind: str) -> None:
+    """The declared name must not already name another tensor of the ONNX."""
+    if spec.name in names.taken:
+        raise BoundaryError(f"{kind} '{spec.onnx_name}' is renamed to '{spec.name}', a name the ONNX already uses",
+                            f"choose another name for {kind}s.{spec.name} in graphs.<graph>")
+    names.taken.add(spec.name)
+
+
 def _constant(value, given: Any) -> np.ndarray:
     dtype = helper.tensor_dtype_to_np_dtype(value.type.tensor_type.elem_type)
     array = np.asarray(given, dtype=dtype)
@@ -117,20 +138,29 @@ def _constant(value, given: Any) -> np.ndarray:
     return array
 
 
-def _fix_dims(value, shape: tuple[int, ...], what: str, report: dict[str, Any]) -> None:
+def _fix_dims(value, shape: tuple[int, ...], what: str, report: dict[str, Any], output: bool = False) -> None:
+    """Give `value` the declared `shape`; only the ONNX's dynamic dims (a dim_param, none, or a non-positive
+    dim_value such as the -1 many exporters write) may be chosen.
+
+    An output's declared metadata may simply be stale (an exporter writes the dims it was traced
+    with): there the declaration replaces it, rank too, and the export's CPU run (stages/export.py
+    run_once) is what confirms or refuses the declared shape.
+    """
     tensor = value.type.tensor_type
+    before = None
     if tensor.HasField("shape"):
         dims = tensor.shape.dim
-        if len(dims) != len(shape):
+        before = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?") for d in dims]
+        fixed_differs = len(dims) != len(shape) or any(isinstance(old, int) and old != new
+                                                       for old, new in zip(before, shape))
+        if fixed_differs and output:
+            report.setdefault("stale_output_metadata", {})[what] = {"onnx": before, "computed": list(shape)}
+        elif len(dims) != len(shape):
             raise BoundaryError(f"{what} has rank {len(dims)} in the ONNX, model.yaml declares {list(shape)}",
                                 "give it as many dims as the ONNX has")
-        before = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]
-        for old, new in zip(before, shape):
-            if isinstance(old, int) and old != new:
-                raise BoundaryError(f"{what} is {before} in the ONNX, model.yaml says {list(shape)}",
-                                    "keep the ONNX's fixed dims; only its dynamic ones can be chosen")
-    else:
-        before = None
+        elif fixed_differs:
+            raise BoundaryError(f"{what} is {before} in the ONNX, model.yaml says {list(shape)}",
+                                "keep the ONNX's fixed dims; only its dynamic ones can be chosen")
     if before != list(shape):
         report["dims"][what] = {"onnx": before, "declared": list(shape)}
     tensor.ClearField("shape")

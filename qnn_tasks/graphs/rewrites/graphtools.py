@@ -144,13 +144,16 @@ def tensor_elem_type(model: onnx.ModelProto, name: str) -> int | None:
 
 
 def static_shapes(model: onnx.ModelProto) -> dict[str, tuple[int, ...]]:
-    """Fully static shapes known for tensors (inputs, outputs, value_info after shape inference)."""
+    """Fully static shapes known for tensors (inputs, outputs, value_info after shape inference).
+
+    A non-positive dim_value (the -1 many exporters write) is dynamic, like a dim_param.
+    """
     graph = model.graph
     shapes = {t.name: tuple(t.dims) for t in graph.initializer}
     for value in itertools.chain(graph.input, graph.value_info, graph.output):
         tensor = value.type.tensor_type
         if value.type.HasField("tensor_type") and tensor.HasField("shape") and \
-                all(d.HasField("dim_value") for d in tensor.shape.dim):
+                all(d.HasField("dim_value") and d.dim_value > 0 for d in tensor.shape.dim):
             shapes[value.name] = tuple(d.dim_value for d in tensor.shape.dim)
     return shapes
 
