@@ -233,8 +233,7 @@ class Store:
         for name in manifest["files"]:
             problem = unsafe_name(name, str(out_dir)) or _symlink_on_the_way(root, name, str(out_dir))
             if problem:
-                raise BadEntry(f"{where}: files: {name!r} {problem}: refused, the stage is built instead (fix: "
-                               f"someone who can write to the store wrote this entry: check who, then `doit cache:gc`)")
+                raise BadEntry(f"{where}: files: {name[:200]!r} {problem}")
         staging = root / out_dir / f".cache-restore-{os.getpid()}"
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
@@ -256,7 +255,7 @@ class Store:
                     final.parent.mkdir(parents=True, exist_ok=True)
                     os.replace(local, final)
             except OSError as err:  # e.g. one name a file, another a folder below it
-                raise BadEntry(f"{where}: files: cannot be put in place ({err}): the stage is built instead") from None
+                raise BadEntry(f"{where}: files: cannot be put in place ({err})") from None
             return True
         finally:
             shutil.rmtree(staging, ignore_errors=True)
@@ -374,6 +373,9 @@ def _shape_problem(manifest: dict[str, Any], key: str) -> str | None:
     if len(files) > FILES_LIMIT:
         return f"files: more than {FILES_LIMIT} names"
     for name, facts in files.items():
+        unsafe = unsafe_name(name, "")  # the stage's folder is checked on restore; this much holds for any entry
+        if unsafe:
+            return f"files: {name[:200]!r} {unsafe}"
         if not isinstance(facts, dict) or not SHA256.fullmatch(str(facts.get("sha256"))):
             return f"files: {name[:200]!r}: no sha256 digest"
         size = facts.get("size")

@@ -87,7 +87,8 @@ def _restore(call: StageCall, record: dict[str, Any], cache, start: float, task:
         cache.go_offline(err)
         return None
     except BadEntry as err:
-        console.note(f"{task}: cache entry not used: {err}")
+        console.note(f"{task}: cache entry not used: {err}: refused, the stage is built instead (fix: check who can "
+                     f"write to the store; `doit cache:gc` drops entries of the wrong shape)")
         return key
     cached = dict(manifest["record"])
     cached["from_cache"] = {"store": cache.url, "key": key, "built_at": manifest.get("built_at"),

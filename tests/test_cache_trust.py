@@ -82,11 +82,10 @@ def test_restore_refuses_a_name_outside_the_stage_folder_and_writes_nothing(tmp_
              name: {"sha256": add_blob(store_dir, b"owned"), "size": 5}}
     write_manifest(store_dir, KEY, json.dumps(entry(KEY, files)).encode())
     store = Store(str(store_dir))
-    manifest = store.lookup(KEY)
-    with pytest.raises(BadEntry) as err:
-        store.restore(manifest, Path(STAGE), root=project)
+    with pytest.raises(BadEntry) as err:  # by its shape (any entry), or on restore (this stage's folder)
+        store.restore(store.lookup(KEY), Path(STAGE), root=project)
     line = str(err.value)
-    assert "\n" not in line and repr(name) in line and "refused" in line and f"ac/ab/{KEY}.json" in line, line
+    assert "\n" not in line and f"ac/ab/{KEY}.json: files: {name!r} " in line, line
     assert not (outside / "owned.txt").exists() and not list(tmp_path.rglob("owned.txt"))
     assert not (project / legit).exists()  # refused as a whole: nothing of it is put in place
     assert not list(project.rglob(".cache-restore*"))
@@ -163,11 +162,12 @@ def test_gc_drops_unusable_entries_and_only_their_blobs(tmp_path):
     bad = [write_manifest(store_dir, key * 32, data) for key, data in
            (("cd", b"[]"), ("ef", b"\xff\xfe not utf-8"),
             ("12", json.dumps({k: v for k, v in entry("12" * 32, {}).items() if k != "files"}).encode()),
-            ("34", json.dumps(entry("34" * 32, {f"{STAGE}/x": {"sha256": orphan, "size": 25}}, record=[])).encode()))]
+            ("34", json.dumps(entry("34" * 32, {f"{STAGE}/x": {"sha256": orphan, "size": 25}}, record=[])).encode()),
+            ("56", json.dumps(entry("56" * 32, {"../../x": {"sha256": orphan, "size": 25}})).encode()))]
     stats = store.stats()
-    assert stats["entries"] == 1 and stats["bad"] == 4, stats
+    assert stats["entries"] == 1 and stats["bad"] == 5, stats
     result = store.gc(keep_days=30)
-    assert result == {"entries_dropped": 0, "entries_bad": 4, "entries_kept": 1, "blobs_removed": 1,
+    assert result == {"entries_dropped": 0, "entries_bad": 5, "entries_kept": 1, "blobs_removed": 1,
                       "bytes_freed": 25}, result
     assert not any(p.exists() for p in bad)
     assert store.lookup(KEY)["files"] == record["files"]  # the good entry and its blob are kept
