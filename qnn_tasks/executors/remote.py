@@ -91,7 +91,8 @@ def run_remote(call_json: str, inputs: dict[str, str], store_url: str, key: str,
     from distributed import get_worker
 
     from .. import records
-    from ..cache import Store, unsafe_name
+    from ..cache import Store
+    from ..cacheentry import unsafe_name
 
     call = StageCall.from_json(call_json)
     worker = get_worker().address
