@@ -82,9 +82,21 @@ def for_build(profile_cache: str | None = None, profile_file: object = "toolchai
         return None
 
 
-def _is_connection_error(err: BaseException) -> bool:
-    return (isinstance(err, (ConnectionError, TimeoutError, EOFError, socket.gaierror, socket.herror))
-            or (isinstance(err, OSError) and err.errno in _CONNECTION_ERRNOS))
+def _is_connection_error(err: BaseException | None) -> bool:
+    """A refused, reset or timed-out connection or an unknown host, whichever library raised it.
+
+    Builtin socket errors, or the backends' own (requests, urllib3, aiohttp and botocore name theirs
+    `*Connection*`, `*Connect*`, `*Timeout*`), also as the cause of what the backend raised.
+    """
+    for _ in range(8):  # the chain of causes, bounded
+        if err is None:
+            return False
+        if (isinstance(err, (ConnectionError, TimeoutError, EOFError, socket.gaierror, socket.herror))
+                or (isinstance(err, OSError) and err.errno in _CONNECTION_ERRNOS)
+                or any("Connect" in cls.__name__ or "Timeout" in cls.__name__ for cls in type(err).__mro__)):
+            return True
+        err = err.__cause__ or err.__context__
+    return False
 
 
 class Store:
@@ -113,7 +125,7 @@ class Store:
         """Turn a backend's connection failure into StoreUnreachable; other errors pass through."""
         try:
             yield
-        except (OSError, EOFError) as err:
+        except Exception as err:  # backends raise their own types (botocore's are no OSError)
             if _is_connection_error(err):
                 raise StoreUnreachable.of(self.url, err, self.source) from None
             raise
