@@ -310,3 +310,12 @@ def test_doit_refuses_a_tampered_entry_and_builds_the_stage(built_graphs, sessio
                             project_copy.root) == []
     repaired = Store(str(store)).lookup(manifest_path.stem)  # the build put a good entry in its place
     assert sorted(repaired["files"]) == [f"build/silero-vad/vad/export/{n}" for n in ("export.log", "vad.onnx")]
+
+
+def test_a_dask_workers_inputs_must_be_plain_project_relative_names():
+    """The worker writes each input under its scratch folder by name: `models/../../x` must not pass (it did)."""
+    from qnn_tasks.cacheentry import unsafe_name
+
+    assert unsafe_name("models/m/.data/x.onnx", "", hidden_ok=True) is None
+    for name in ("models/../../../etc/cron.d/x", "/etc/passwd", "../x", "models//x", "models\\..\\x"):
+        assert unsafe_name(name, "", hidden_ok=True), name
