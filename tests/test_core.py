@@ -146,9 +146,11 @@ def test_cache_put_lookup_restore_and_a_corrupted_blob(tmp_path: Path, monkeypat
     (out / "g.bin").write_bytes(b"binary" * 100)
     (out / "context.json").write_text("{}")  # the record is not stored as a file
     store = Store(str(tmp_path / "store"))
-    manifest = store.put("k1", "context", "g-SM8650", out, {"status": "passed"})
+    (out / "notes.txt").write_text("a user's own file")  # not the stage's: never uploaded
+    record = {"status": "passed", "files": {"build/m/g/context/g.bin": {"sha256": "x", "size": 600}}}
+    manifest = store.put("k1", "context", "g-SM8650", out, record)
     assert set(manifest["files"]) == {"build/m/g/context/g.bin"}
-    assert store.lookup("k1")["record"] == {"status": "passed"} and store.lookup("nope") is None
+    assert store.lookup("k1")["record"] == record and store.lookup("nope") is None
     (out / "g.bin").unlink()
     assert store.restore(store.lookup("k1"), out) and (out / "g.bin").read_bytes() == b"binary" * 100
     blob = Path(store.blob(manifest["files"]["build/m/g/context/g.bin"]["sha256"]))

@@ -32,8 +32,10 @@ def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | N
     treelock.sweep(out_dir)
     interrupts.running(task, call.out_dir)
     record: dict[str, Any] = {"stage": call.stage, "target": call.target, **base}
+    if cache is not None and cache.offline:  # it stopped answering earlier in this run (said then)
+        cache = None
     try:
-        cache_key = _restore(call, record, cache, start) if cache else None
+        cache_key = _restore(call, record, cache, start, task) if cache else None
         if cache_key is None and record.get("from_cache"):
             return None
         outcome = executors.for_call(call, root, cache).run(call, console.progress_sink(task))
@@ -56,22 +58,38 @@ def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | N
     record.update(status="warning" if record.get("warnings") else "passed", seconds=seconds,
                   files=records.vouch(call.outputs))
     records.write(call.record, record)
-    if cache is not None and cache_key and not outcome.get("stored"):
-        try:
+    if cache is not None and cache_key and not outcome.get("stored") and cache.writable:
+        from qnn_tasks.run.cache import StoreUnreachable
+
+        try:  # a full, read-only or unreachable store costs the cache entry, not the build: said once per run
             cache.put(cache_key, call.stage, call.target, out_dir, record)
-        except OSError as err:  # a full or unreachable store costs the cache entry, not the build
-            console.note(f"{task}: not cached: {err}")
+        except StoreUnreachable as err:
+            cache.go_offline(err)
+        except OSError as err:
+            cache.write_failed(err)
     console.finished(task, record)
     return None
 
 
-def _restore(call: StageCall, record: dict[str, Any], cache, start: float) -> str | None:
-    """Restore the call's outputs from the cache if it has them; return the action key (None after a hit)."""
-    from qnn_tasks.run.cache import action_key
+def _restore(call: StageCall, record: dict[str, Any], cache, start: float, task: str) -> str | None:
+    """Restore the call's outputs from the cache if it has them; return the action key (None after a hit).
+
+    An entry the store cannot give (unreachable, a manifest of the wrong shape, a file name outside
+    the stage's folder) is a miss, said in one line: the stage is built as if the cache were empty.
+    """
+    from qnn_tasks.run.cache import BadEntry, StoreUnreachable, action_key
 
     key = action_key(call.stage, call.key, call.out_dir, call.inputs)
-    manifest = cache.lookup(key)
-    if manifest is None or not cache.restore(manifest, Path(call.out_dir)):
+    try:
+        manifest = cache.lookup(key)
+        if manifest is None or not cache.restore(manifest, Path(call.out_dir)):
+            return key
+    except StoreUnreachable as err:
+        cache.go_offline(err)
+        return None
+    except BadEntry as err:
+        console.note(f"{task}: cache entry not used: {err}: refused, the stage is built instead (fix: check who can "
+                     f"write to the store; `doit cache:gc` drops entries of the wrong shape)")
         return key
     cached = dict(manifest["record"])
     cached["from_cache"] = {"store": cache.url, "key": key, "built_at": manifest.get("built_at"),

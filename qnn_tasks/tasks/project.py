@@ -15,6 +15,7 @@ import json
 import os
 import re
 import sys
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 
@@ -213,13 +214,18 @@ class TaskFactory:
         self.project = planner.project
         self.root = str(planner.root)
         self._cache: list[Any] = []
+        self._cache_lock = threading.Lock()  # `-n 8 -P thread`: opened (and an unreachable store said) once
 
     def cache(self) -> Any:
-        """The shared artifact cache ($QNN_CACHE or the first profile's `cache:`), opened on first use."""
-        if not self._cache:
-            from qnn_tasks.run.cache import configured
+        """The shared artifact cache ($QNN_CACHE or the first profile's `cache:`), opened on first use.
 
-            self._cache.append(configured(self.project.toolchain.cache))
+        None when none is configured, or when the store cannot be reached (said once; the build goes on).
+        """
+        with self._cache_lock:
+            if not self._cache:
+                from qnn_tasks.run.cache import for_build
+
+                self._cache.append(for_build(self.project.toolchain.cache, self.project.toolchain.file))
         return self._cache[0]
 
     def namespace(self) -> dict[str, Any]:
@@ -299,7 +305,9 @@ class TaskFactory:
     # ---------------------------------------------------------- the shared cache (doit cache:stats / cache:gc)
     def cache_tasks(self) -> Iterator[dict]:
         def store():
-            cache = self.cache()
+            from qnn_tasks.run.cache import configured
+
+            cache = configured(self.project.toolchain.cache, self.project.toolchain.file)  # unreachable: one line
             if cache is None:
                 raise QnnTasksError("no cache store configured (fix: set QNN_CACHE=<folder or fsspec URL>, or `cache:` "
                                     "in the toolchain profile)")
@@ -308,20 +316,21 @@ class TaskFactory:
         def stats() -> TaskFailed | None:
             try:
                 s = store().stats()
-            except QnnTasksError as err:
+            except (QnnTasksError, OSError) as err:
                 return TaskFailed(f"cache:stats: {err}")
             stages = ", ".join(f"{k} {v}" for k, v in s["by_stage"].items()) or "none"
-            print(f"cache {s['store']}: {s['entries']} entries ({stages}), {s['blobs']} blobs, "
+            bad = f" (+ {s['bad']} unusable: `doit cache:gc` drops them)" if s["bad"] else ""
+            print(f"cache {s['store']}: {s['entries']} entries ({stages}){bad}, {s['blobs']} blobs, "
                   f"{s['bytes'] / 2**20:.1f} MiB; built {s['oldest'] or '-'} .. {s['newest'] or '-'}")
             return None
 
         def gc(keep_days: float) -> TaskFailed | None:
             try:
                 result = store().gc(keep_days)
-            except QnnTasksError as err:
+            except (QnnTasksError, OSError) as err:
                 return TaskFailed(f"cache:gc: {err}")
             print(f"cache:gc: kept {result['entries_kept']} entries, dropped {result['entries_dropped']} older than "
-                  f"{keep_days:g} days, removed {result['blobs_removed']} unused blobs "
+                  f"{keep_days:g} days and {result['entries_bad']} unusable, removed {result['blobs_removed']} unused blobs "
                   f"({result['bytes_freed'] / 2**20:.1f} MiB)")
             return None
 

@@ -92,6 +92,7 @@ def run_remote(call_json: str, inputs: dict[str, str], store_url: str, key: str,
 
     from qnn_tasks.run import records
     from qnn_tasks.run.cache import Store
+    from qnn_tasks.run.cacheentry import unsafe_name
 
     call = StageCall.from_json(call_json)
     worker = get_worker().address
@@ -103,7 +104,7 @@ def run_remote(call_json: str, inputs: dict[str, str], store_url: str, key: str,
     scratch = Path(tempfile.mkdtemp(prefix="qnn-dask-"))
     try:
         for name, sha in inputs.items():
-            if os.path.isabs(name) or name.startswith(".."):
+            if unsafe_name(name, "", hidden_ok=True):  # a plain project-relative name, or it could land anywhere
                 return {"ok": False, "error": f"input {name} lies outside the project: not shippable to a worker",
                         "record": {}, "executor": executor}
             store.download(sha, scratch / name)
@@ -118,8 +119,12 @@ def run_remote(call_json: str, inputs: dict[str, str], store_url: str, key: str,
         record = {"stage": call.stage, "target": call.target, **outcome["record"], "executor": executor,
                   "status": "warning" if outcome["record"].get("warnings") else "passed",
                   "files": records.vouch(call.outputs, scratch)}
-        store.put(key, call.stage, call.target, Path(call.out_dir), json.loads(json.dumps(record, default=str)),
-                  root=scratch)
+        try:
+            store.put(key, call.stage, call.target, Path(call.out_dir), json.loads(json.dumps(record, default=str)),
+                      root=scratch)
+        except OSError as err:  # the client restores from the store: without the entry, the call did not happen
+            return {"ok": False, "error": f"Dask worker {worker} could not store its outputs in {store_url}: {err}",
+                    "record": {}, "executor": executor}
         return outcome
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
