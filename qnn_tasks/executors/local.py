@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from .. import calls, progress
+from .. import calls, interrupts, progress
 from ..calls import StageCall
 from ..errors import QnnTasksError, ToolchainError
 
@@ -58,6 +58,7 @@ class _Worker:
         self.proc = subprocess.Popen([python, "-m", "qnn_tasks.executors.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True, text=True,
                                      bufsize=1)
+        interrupts.child_started(self.proc.pid)  # its own session: pid == process group
 
     def call(self, call: StageCall, sink, cwd: str | None) -> dict[str, Any]:
         self.proc.stdin.write(json.dumps({"call": call.to_json(), "cwd": cwd}) + "\n")
@@ -77,6 +78,7 @@ class _Worker:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        interrupts.child_ended(self.proc.pid)
 
 
 class Child:
