@@ -1,4 +1,4 @@
-"""Ctrl-C and SIGTERM: stop at once, say one line, keep nothing half-written, exit 128 + the signal.
+"""Ctrl-C and SIGTERM: stop at once, say one line, keep nothing half-written, exit 130 (143 for SIGTERM).
 
 doit itself lets KeyboardInterrupt escape as a traceback after saving its state. Here the first
 SIGINT or SIGTERM raises KeyboardInterrupt in the main thread and wakes a watcher thread, which
@@ -16,19 +16,22 @@ from __future__ import annotations
 
 import itertools
 import os
+import select
 import signal
 import sys
 import threading
 import time
 from pathlib import Path
 
-EXIT_CODE = 130  # Ctrl-C; a run ended by a signal exits with 128 + the first signal's number
+from . import executors, treelock  # imported now: an import inside a handler can wait for a lock its frame holds
+
+EXIT_CODE = 130  # Ctrl-C; 143 (128 + SIGTERM) when a SIGTERM reached the run
 GRACE_S = 1.2    # the first signal's graceful path (doit saving its state) gets this long; then _exit_now
 _running: dict[int, tuple[str, str]] = {}  # thread id -> ("stage:target", its out_dir) being run
 _last: list[str] = []
 _children: set[int] = set()  # process groups of the child workers alive (killed without a lock)
-_first: list[int] = []       # set by the first handler to run (Python runs pending handlers by number)
-_arrived: list[int] = []     # the first signal as it arrived (the C handler writes it to the wakeup fd)
+_first: list[int] = []       # the signals whose Python handler ran
+_arrived: list[int] = []     # the signals that reached the process (the C handler writes them to the wakeup fd)
 _said = itertools.count()    # the interrupted line is printed by whoever draws 0 (next() is atomic)
 _wake: list[int] = []        # the watcher's pipe: [read fd, write fd]
 
@@ -38,8 +41,9 @@ def install() -> None:
     if threading.current_thread() is not threading.main_thread() or getattr(install, "done", False):
         return
     _wake[:] = os.pipe()
-    os.set_blocking(_wake[1], False)
-    signal.set_wakeup_fd(_wake[1], warn_on_full_buffer=False)  # each signal's number, in arrival order
+    for fd in _wake:
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(_wake[1], warn_on_full_buffer=False)  # each signal's number as it reaches us
     threading.Thread(target=_watch, name="qnn-interrupts", daemon=True).start()
     signal.signal(signal.SIGINT, _on_signal)
     signal.signal(signal.SIGTERM, _on_signal)
@@ -73,12 +77,25 @@ def child_ended(pgid: int) -> None:
 
 
 def exit_code() -> int:
-    """128 + the first signal that arrived (two signals can be pending before any handler runs)."""
-    deadline = time.monotonic() + 0.2
-    while _first and not _arrived and time.monotonic() < deadline:
-        time.sleep(0.005)  # the watcher reads the wakeup byte the C handler wrote before any Python handler ran
-    first = _arrived or _first
-    return 128 + first[0] if first else EXIT_CODE
+    """143 when a SIGTERM reached the run (alone or with Ctrl-C), else 130.
+
+    Not "the first signal": two signals pending at once run their handlers in an order of the
+    kernel's and Python's choosing, not the order they were sent.
+    """
+    _drain()
+    return 128 + signal.SIGTERM if signal.SIGTERM in set(_arrived) | set(_first) else EXIT_CODE
+
+
+def _drain() -> None:
+    """Every signal number the C handler has written to the wakeup fd so far (no lock, never blocks)."""
+    while _wake:
+        try:
+            data = os.read(_wake[0], 64)
+        except (BlockingIOError, OSError):
+            return
+        if not data:
+            return
+        _arrived.extend(b for b in data if b in (signal.SIGINT, signal.SIGTERM))
 
 
 def _on_signal(signum, frame) -> None:
@@ -92,13 +109,11 @@ def _watch() -> None:
     """Wait for the first signal; stop every executor; end the process if the graceful path overruns."""
     while not _arrived:
         try:
-            data = os.read(_wake[0], 64)
+            select.select([_wake[0]], [], [])
         except OSError:
             return
-        _arrived.extend(b for b in data if b in (signal.SIGINT, signal.SIGTERM))
+        _drain()
     deadline = time.monotonic() + GRACE_S
-    from . import executors
-
     threading.Thread(target=executors.stop_all, name="qnn-stop", daemon=True).start()  # Dask may take its time
     time.sleep(max(0.0, deadline - time.monotonic()))
     _exit_now()
@@ -113,8 +128,6 @@ def _what() -> tuple[list[tuple[str, str]], str]:
 
 def _exit_now() -> None:
     """End the process at once, taking no lock (see the module's doc)."""
-    from . import treelock
-
     for pgid in tuple(_children):
         try:
             os.killpg(pgid, signal.SIGKILL)
@@ -132,9 +145,7 @@ def _exit_now() -> None:
 
 
 def finish() -> None:
-    """One line, release the tree, exit 128 + the signal (called when KeyboardInterrupt reaches the top)."""
-    from . import executors, treelock
-
+    """One line, release the tree, exit 130 or 143 (called when KeyboardInterrupt reaches the top)."""
     executors.stop_all()
     active, line = _what()
     for _, out_dir in active:  # what the interrupted stages had begun (their records were removed first)

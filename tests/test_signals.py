@@ -2,8 +2,9 @@
 
 Real doit runs of a real simulate stage (a child process running the HTP simulator) on the tiny
 project; two signals 1-10 ms apart (and bursts of five) for every pair kind. Each run must exit
-with 128 + the first signal's number (130 for SIGINT, 143 for SIGTERM), print one line, release
-the tree's lock, and the next `doit` must repair the tree.
+130, or 143 when a SIGTERM reached it (signals pending at once are handled in an order of the
+kernel's choosing, so "the first one sent" cannot be the contract), print one line, release the
+tree's lock, and the next `doit` must repair the tree.
 """
 from __future__ import annotations
 
@@ -68,7 +69,10 @@ def interrupt(project: Project, signals: list[int], gap_s: float) -> None:
     run._reader.join(timeout=10)
     stderr = run.proc.stderr.read()
     what = f"signals {[signal.Signals(s).name for s in signals]} {gap_s * 1000:.0f} ms apart"
-    assert code == 128 + signals[0], (what, code, stderr)
+    if signals[0] == INT and TERM in signals:  # the run may have ended before the SIGTERM reached it
+        assert code in (130, 143), (what, code, stderr)
+    else:  # a SIGTERM sent first reaches the run before anything else is decided
+        assert code == (143 if TERM in signals else 130), (what, code, stderr)
     assert took < LIMIT_S, (what, f"took {took:.2f} s")
     lines = [line for line in stderr.splitlines() if "interrupted" in line]
     assert lines == [f"interrupted during {TASK}; nothing half-written kept"], (what, stderr)
