@@ -152,3 +152,81 @@ def test_an_unreachable_scheduler_costs_its_timeout_once_per_run(tmp_path):
         assert f"cannot reach the Dask scheduler at {address}" in line and "(fix: " in line, line
     seconds = sorted(r["seconds"] for r in records_of(project, "context").values())
     assert len(seconds) == 2 and seconds[0] < 2 and seconds[1] >= CONNECT_TIMEOUT_S - 1, seconds  # paid once
+
+
+# ------------------------------------------------------------------ TLS: only certificate holders run code
+
+def make_certs(dest: Path) -> Path:
+    """cluster/tls/make-certs.sh for 127.0.0.1; returns the Dask config folder it wrote."""
+    subprocess.run(["bash", str(CLUSTER / "tls" / "make-certs.sh"), str(dest), "127.0.0.1"], check=True,
+                   capture_output=True, text=True)
+    return dest / "config"
+
+
+def listening(proc: subprocess.Popen) -> set[str]:
+    """The IP addresses every listening socket of the process and its descendants is bound to."""
+    found = set()
+    root = psutil.Process(proc.pid)
+    for p in [root] + root.children(recursive=True):
+        for conn in p.net_connections(kind="inet"):
+            if conn.status == psutil.CONN_LISTEN:
+                found.add(conn.laddr.ip)
+    return found
+
+
+def test_tls_cluster_runs_a_stage_call_binds_to_its_interface_and_refuses_strangers(tmp_path):
+    from distributed import Client
+    from distributed.security import Security
+
+    config = make_certs(tmp_path / "certs")
+    stranger = make_certs(tmp_path / "stranger-certs")  # a CA and certificates the cluster never saw
+    certs = tmp_path / "certs"
+    ours = Security(tls_ca_file=str(certs / "ca.pem"), tls_client_cert=str(certs / "client.pem"), require_encryption=True)
+    cluster = start_cluster(tmp_path, config, protocol="tls")
+    try:
+        wait_for_workers(cluster, security=ours)
+        assert cluster["address"].startswith("tls://127.0.0.1:")
+        for name in ("scheduler", "worker"):  # every port (scheduler, nanny, worker, their http servers)
+            assert listening(cluster[name]) == {"127.0.0.1"}, (name, listening(cluster[name]))
+
+        project = tiny_project(tmp_path / "project")
+        env = {"QNN_EXECUTOR": cluster["address"], "QNN_CACHE": str(tmp_path / "store"), "DASK_CONFIG": str(config)}
+        built = project.doit("context", env=env)
+        assert built.returncode == 0, built.stdout + built.stderr
+        record = records_of(project, "context")["context:tiny-SM8650"]
+        assert record["status"] == "passed" and record["executor"]["kind"] == "dask", record
+        assert record["executor"]["worker"].startswith("tls://127.0.0.1:"), record["executor"]
+
+        # clients without a certificate of this cluster's CA are refused, before any code runs
+        for name, security in [("another CA", Security(tls_ca_file=str(stranger.parent / "ca.pem"),
+                                                       tls_client_cert=str(stranger.parent / "client.pem"),
+                                                       require_encryption=True)),
+                               ("our CA, a foreign certificate", Security(tls_ca_file=str(certs / "ca.pem"),
+                                                                          tls_client_cert=str(stranger.parent / "client.pem"),
+                                                                          require_encryption=True))]:
+            with pytest.raises(OSError):
+                Client(cluster["address"], timeout=5, security=security, set_as_default=False)
+        import socket
+        import ssl
+
+        no_cert = ssl.create_default_context(cafile=str(certs / "ca.pem"))
+        no_cert.check_hostname = False
+        with socket.create_connection(("127.0.0.1", cluster["port"]), timeout=5) as raw:
+            with pytest.raises((ssl.SSLError, OSError)):
+                with no_cert.wrap_socket(raw) as tls:  # a TLS client that shows no certificate at all
+                    tls.sendall(b"\0" * 8)
+                    assert tls.recv(8) == b""
+                    raise OSError("closed by the scheduler")
+        with pytest.raises(OSError):
+            Client(cluster["address"].replace("tls://", "tcp://"), timeout=5, set_as_default=False,
+                   security=Security(require_encryption=False))  # plain tcp to a TLS scheduler
+
+        project.doit("forget", "context:tiny-SM8650", check=True)
+        for config_dir, expected in [(CLUSTER, "a tls:// scheduler needs the cluster's CA and this client's certificate"),
+                                     (stranger, f"cannot reach the Dask scheduler at {cluster['address']}")]:
+            refused = project.doit("context", env={**env, "DASK_CONFIG": str(config_dir),
+                                                   "QNN_CACHE": str(tmp_path / "empty-store")})  # no hit: a call
+            line = refused.failure_line("context:tiny-SM8650")  # one line, no traceback
+            assert expected in line and "(fix: " in line, line
+    finally:
+        stop_cluster(cluster)
