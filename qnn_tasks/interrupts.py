@@ -26,7 +26,7 @@ from pathlib import Path
 from . import executors, treelock  # imported now: an import inside a handler can wait for a lock its frame holds
 
 EXIT_CODE = 130  # Ctrl-C; 143 (128 + SIGTERM) when a SIGTERM reached the run
-GRACE_S = 1.2    # the first signal's graceful path (doit saving its state) gets this long; then _exit_now
+GRACE_S = 1.5    # the first signal's graceful path (doit saving its state) gets this long; then _exit_now
 _running: dict[int, tuple[str, str]] = {}  # thread id -> ("stage:target", its out_dir) being run
 _last: list[str] = []
 _children: set[int] = set()  # process groups of the child workers alive (killed without a lock)

@@ -13,6 +13,7 @@ on another worker, and nothing half-written was ever put in the store.
 """
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
 from concurrent.futures import CancelledError
@@ -130,6 +131,8 @@ class DaskExecutor:
         self.lost = (f"lost the Dask scheduler at {self.address} ({reason}); the calls sent to it failed and none "
                      f"was kept (fix: restart `dask scheduler` and its workers, or unset QNN_EXECUTOR to build "
                      f"here; then run doit again)")
+        # the line above says it: not Dask's own 'failed to reconnect' error (and traceback) 20 s later
+        logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
         return ToolchainError(self.lost)
 
     def stop(self) -> None:
