@@ -9,7 +9,10 @@ Workers must run the same code and toolchain as the client: on connect every wor
 code version and the fingerprints of this run's toolchains; a worker that differs is refused with
 one line and never gets a call (the check is repeated on the worker for each call, for workers
 that join later). A worker lost mid-call is Dask's to handle: the scheduler runs the call again
-on another worker, and nothing half-written was ever put in the store.
+on another worker, and nothing half-written was ever put in the store. The scheduler lost
+mid-run fails the calls in flight, and every later call of the run, with one line; a scheduler
+that cannot be reached is tried once per run (executors._cached). `tls://host:port` connects with
+Dask's TLS security from its config (distributed.comm.tls.*; cluster/tls/make-certs.sh).
 """
 from __future__ import annotations
 
