@@ -46,9 +46,9 @@ def lock_is_free(project: Project) -> bool:
         os.close(fd)
 
 
-def interrupt(project: Project, signals: list[int], gap_s: float) -> None:
+def interrupt(project: Project, signals: list[int], gap_s: float, *options: str) -> None:
     """Start `doit simulate`, send `signals` `gap_s` apart inside the stage; check how it ended."""
-    run = Running(project, TASK)
+    run = Running(project, *options, TASK)
     run.wait_for(f".  {TASK}")
     time.sleep(0.7)  # inside the stage: the child runs the simulator
     start = time.monotonic()
@@ -68,7 +68,7 @@ def interrupt(project: Project, signals: list[int], gap_s: float) -> None:
     took = time.monotonic() - start
     run._reader.join(timeout=10)
     stderr = run.proc.stderr.read()
-    what = f"signals {[signal.Signals(s).name for s in signals]} {gap_s * 1000:.0f} ms apart"
+    what = f"signals {[signal.Signals(s).name for s in signals]} {gap_s * 1000:.0f} ms apart {' '.join(options)}"
     if signals[0] == INT and TERM in signals:  # the run may have ended before the SIGTERM reached it
         assert code in (130, 143), (what, code, stderr)
     else:  # a SIGTERM sent first reaches the run before anything else is decided
@@ -95,6 +95,10 @@ def test_any_number_of_signals_at_any_gap_end_the_run_and_the_next_run_repairs(t
             interrupt(tiny, list(pair), gap_ms / 1000)
     interrupt(tiny, [INT] * 5, 0.002)  # a burst: a held-down Ctrl-C
     interrupt(tiny, [TERM, INT, TERM, INT, TERM], 0.001)
+    parallel = ("-n", "2", "-P", "thread")  # the stage runs in one of doit's threads, not the main one
+    interrupt(tiny, [INT], 0, *parallel)
+    interrupt(tiny, [INT, TERM], 0.003, *parallel)
+    interrupt(tiny, [TERM, TERM], 0.001, *parallel)
 
     again = tiny.doit(TASK)  # the lock is free and the tree is repaired by the next run
     assert again.returncode == 0, again.stdout + again.stderr
