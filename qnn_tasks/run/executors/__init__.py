@@ -2,8 +2,9 @@
 
 `QNN_EXECUTOR` picks one for the heavy stages: `child` (default: a persistent child process per
 interpreter, so Ctrl-C stops native work at once and pinned toolchain environments get their own
-interpreter), `inprocess` (debugging), or `dask://host:port` (a Dask cluster; needs a shared
-cache store, QNN_CACHE). Light stages always run in this process.
+interpreter), `inprocess` (debugging), or `dask://host:port` (a Dask cluster; `tls://host:port` for
+one that speaks TLS, with Dask's distributed.comm.tls.* config; needs a shared cache store,
+QNN_CACHE). Light stages always run in this process.
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any, Callable, Protocol
 
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.errors import SpecError
+from qnn_tasks.errors import QnnTasksError
 
 ENV = "QNN_EXECUTOR"
 Sink = Callable[[int, int, str], None]
@@ -25,6 +27,7 @@ class Executor(Protocol):
 
 
 _chosen: dict[str, Executor] = {}
+_unusable: dict[str, QnnTasksError] = {}
 
 
 def for_call(call: StageCall, root: str, cache=None) -> Executor:
@@ -40,18 +43,24 @@ def for_call(call: StageCall, root: str, cache=None) -> Executor:
         return _cached("inprocess", local.InProcess)
     if spec == "child":
         return _cached("child", lambda: local.Child(root))
-    if spec.startswith(("dask://", "tcp://")):
+    if spec.startswith(("dask://", "tcp://", "tls://")):
         if not call.remote:
             return _cached("child", lambda: local.Child(root))
         from qnn_tasks.run.executors.dask import DaskExecutor
 
         return _cached(spec, lambda: DaskExecutor(spec, root, cache))
-    raise SpecError(f"${ENV}", "", f"unknown executor '{spec}'", "use child, inprocess or dask://host:port")
+    raise SpecError(f"${ENV}", "", f"unknown executor '{spec}'", "use child, inprocess, dask://host:port or tls://host:port")
 
 
 def _cached(name: str, make: Callable[[], Executor]) -> Executor:
+    if name in _unusable:  # an unreachable scheduler costs its timeout once per run, not once per call
+        raise _unusable[name]
     if name not in _chosen:
-        _chosen[name] = make()
+        try:
+            _chosen[name] = make()
+        except QnnTasksError as err:
+            _unusable[name] = err
+            raise
     return _chosen[name]
 
 

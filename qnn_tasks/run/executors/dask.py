@@ -9,12 +9,17 @@ Workers must run the same code and toolchain as the client: on connect every wor
 code version and the fingerprints of this run's toolchains; a worker that differs is refused with
 one line and never gets a call (the check is repeated on the worker for each call, for workers
 that join later). A worker lost mid-call is Dask's to handle: the scheduler runs the call again
-on another worker, and nothing half-written was ever put in the store.
+on another worker, and nothing half-written was ever put in the store. The scheduler lost
+mid-run fails the calls in flight, and every later call of the run, with one line; a scheduler
+that cannot be reached is tried once per run (executors._cached). `tls://host:port` connects with
+Dask's TLS security from its config (distributed.comm.tls.*; cluster/tls/make-certs.sh).
 """
 from __future__ import annotations
 
+import logging
 import threading
 import uuid
+from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +29,20 @@ from qnn_tasks.errors import SpecError, ToolchainError
 from qnn_tasks.run.executors import remote
 
 CONNECT_TIMEOUT_S = 20
+
+
+def _security(address: str):
+    """For a tls:// scheduler: Dask's Security from its config (distributed.comm.tls.*), which must name our cert."""
+    if not address.startswith("tls://"):
+        return None
+    from distributed.security import Security
+
+    security = Security()  # DASK_CONFIG's yaml or DASK_DISTRIBUTED__COMM__TLS__* variables
+    if not (security.tls_ca_file and security.tls_client_cert):
+        raise ToolchainError(f"{address}: a tls:// scheduler needs the cluster's CA and this client's certificate, "
+                             f"and Dask's config names neither (fix: DASK_CONFIG=<the folder cluster/tls/make-certs.sh "
+                             f"wrote>, or set distributed.comm.tls.ca-file and distributed.comm.tls.client.cert/key)")
+    return security
 
 
 class DaskExecutor:
@@ -40,14 +59,19 @@ class DaskExecutor:
         self.address = address.replace("dask://", "tcp://", 1)
         self.root = root
         self.cache = cache
+        security = _security(self.address)
         try:
-            self.client = Client(self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False)
+            self.client = Client(self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False, security=security)
         except (OSError, TimeoutError) as err:
             raise ToolchainError(f"cannot reach the Dask scheduler at {self.address}: {err} (fix: start it with "
-                                 f"`dask scheduler`, or check QNN_EXECUTOR)") from None
+                                 f"`dask scheduler`, or check QNN_EXECUTOR"
+                                 + (" and that the scheduler trusts this client's certificate" if security else "")
+                                 + ")") from None
         self._checked: dict[str, list[str]] = {}   # toolchain fingerprint json -> workers that match
         self._lock = threading.Lock()
         self._futures: set = set()
+        self.lost: str | None = None  # the one line once the scheduler went away mid-run
+        self.stopped = False
 
     def _workers_for(self, call: StageCall) -> list[str]:
         """Workers whose code and toolchain equal this client's; the others are refused once, with one line."""
@@ -71,6 +95,8 @@ class DaskExecutor:
     def run(self, call: StageCall, sink) -> dict[str, Any]:
         from qnn_tasks.run.cache import action_key
 
+        if self.lost:
+            raise ToolchainError(self.lost)  # once per run: every later call fails at once, not after a timeout
         workers = self._workers_for(call)
         key = action_key(call.stage, call.key, call.out_dir, call.inputs)
         inputs = {name: self.cache.upload(name) for name in sorted(set(call.inputs))}
@@ -81,6 +107,14 @@ class DaskExecutor:
             self._futures.add(future)
         try:
             outcome = future.result()
+        except CancelledError as err:
+            if self.stopped:
+                raise KeyboardInterrupt from None
+            raise self._lost(getattr(err, "reason", None) or "cancelled") from None
+        except (OSError, TimeoutError) as err:  # the comm to the scheduler broke under the call
+            if self.stopped:
+                raise KeyboardInterrupt from None
+            raise self._lost(f"{type(err).__name__}: {err}") from None
         finally:
             with self._lock:
                 self._futures.discard(future)
@@ -94,8 +128,19 @@ class DaskExecutor:
             outcome["stored"] = True
         return outcome
 
+    def _lost(self, reason: str) -> ToolchainError:
+        """The scheduler went away under a call: say so once, in one line, and fail every later call with it."""
+        reason = reason.replace("scheduler-connection-lost", "the connection was lost")
+        self.lost = (f"lost the Dask scheduler at {self.address} ({reason}); the calls sent to it failed and none "
+                     f"was kept (fix: restart `dask scheduler` and its workers, or unset QNN_EXECUTOR to build "
+                     f"here; then run doit again)")
+        # the line above says it: not Dask's own 'failed to reconnect' error (and traceback) 20 s later
+        logging.getLogger("distributed.client").setLevel(logging.CRITICAL)
+        return ToolchainError(self.lost)
+
     def stop(self) -> None:
         """Ctrl-C: cancel the calls in flight (their workers drop them; nothing was stored)."""
+        self.stopped = True
         with self._lock:
             futures = list(self._futures)
         for future in futures:

@@ -22,6 +22,7 @@ from typing import Any
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.errors import QnnTasksError, ToolchainError
+from qnn_tasks.run import interrupts
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding qnn_tasks/
 
@@ -58,6 +59,7 @@ class _Worker:
         self.proc = subprocess.Popen([python, "-m", "qnn_tasks.run.executors.worker"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, cwd=cwd, env=env, start_new_session=True, text=True,
                                      bufsize=1)
+        interrupts.child_started(self.proc.pid)  # its own session: pid == process group
 
     def call(self, call: StageCall, sink, cwd: str | None) -> dict[str, Any]:
         self.proc.stdin.write(json.dumps({"call": call.to_json(), "cwd": cwd}) + "\n")
@@ -77,6 +79,7 @@ class _Worker:
         except (ProcessLookupError, PermissionError):
             pass
         self.proc.wait()
+        interrupts.child_ended(self.proc.pid)
 
 
 class Child:

@@ -2,7 +2,8 @@
 
 These functions run inside `dask worker` processes (a worker started with the same install:
 `PYTHONPATH` or `pip install` of this project). Each call runs in a scratch folder laid out like
-the project, through a persistent child process (executors/local.Child), as on the client.
+the project (inside the worker's Dask directory), through a persistent child process
+(executors/local.Child), as on the client.
 """
 from __future__ import annotations
 
@@ -95,13 +96,16 @@ def run_remote(call_json: str, inputs: dict[str, str], store_url: str, key: str,
     from qnn_tasks.run.cacheentry import unsafe_name
 
     call = StageCall.from_json(call_json)
-    worker = get_worker().address
+    here = get_worker()
+    worker = here.address
     executor = {"kind": "dask", "worker": worker, "host": socket.gethostname(), "pid": os.getpid()}
     problem = mismatch(expected, worker_versions(call.toolchain))
     if problem:
         return {"ok": False, "error": f"refused by Dask worker {worker}: {problem}", "record": {}, "executor": executor}
     store = Store(store_url)
-    scratch = Path(tempfile.mkdtemp(prefix="qnn-dask-"))
+    # in the worker's own Dask directory: if the worker is killed mid-call, the next worker started on that
+    # --local-directory purges it with the dead worker's folder (a folder in /tmp would stay forever)
+    scratch = Path(tempfile.mkdtemp(prefix="qnn-dask-", dir=here.local_directory))
     try:
         for name, sha in inputs.items():
             if unsafe_name(name, "", hidden_ok=True):  # a plain project-relative name, or it could land anywhere
