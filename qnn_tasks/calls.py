@@ -136,7 +136,8 @@ def _simulate(call: StageCall) -> dict[str, Any]:
 
     a = call.args
     return simulate.run(graph(a), Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["inputs"]),
-                        a["samples"], Path(call.out_dir), Path(a["reference"]), a["title"], a["soc_name"])
+                        a["samples"], Path(call.out_dir), Path(a["reference"]), a["title"], a["soc_name"],
+                        binary=path(a, "binary"), soc=soc(a) if a.get("soc") else None, target=call.target)
 
 
 def _simverify(call: StageCall) -> dict[str, Any]:

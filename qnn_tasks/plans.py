@@ -298,7 +298,8 @@ def plan_simulate(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
                       p.chip_key(stage, ct, samples=ct.verify["samples"]),
                       lambda: {"graph": p.graph_dict(ct.graph), "ctx_onnx": ctx_files[0], "provider_options": config,
                                "inputs": str(gt.inputs), "samples": ct.verify["samples"], "reference": str(gt.reference),
-                               "title": ct.name, "soc_name": ct.soc.name},
+                               "title": ct.name, "soc_name": ct.soc.name, "soc": specjson.soc_to_dict(ct.soc),
+                               "binary": next((f for f in ctx_files if f.endswith(".bin")), None)},
                       f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator; keep the outputs")
 
 
@@ -394,7 +395,8 @@ CHIP_STAGES = (
     StageDef("context", "chip", "Compile each graph to a QNN context binary per chip; check CPU fallback and the chip "
              "it was built for.", (), plan_context, remote=True, toolchain=True),
     StageDef("simulate", "chip", "Run each binary on the host HTP simulator and keep its outputs (judged by "
-             "simverify).", ("stages/simulate.py", "devices/simulator.py", "samples.py", "plots.py"), plan_simulate,
+             "simverify).", ("stages/simulate.py", "devices/simulator.py", "samples.py", "plots.py", "binchip.py"),
+             plan_simulate,
              remote=True, toolchain=True),
     StageDef("simverify", "chip", "Judge each binary's simulator outputs against the CPU reference (metrics, "
              "thresholds, checks).", ("stages/simverify.py", "verification.py", "metrics.py", "samples.py",

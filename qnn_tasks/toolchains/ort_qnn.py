@@ -53,7 +53,7 @@ class OrtQnnToolchain:
     kind = "ort-qnn"
     # the code of this toolchain: part of the key of every stage it runs (codeversion.py)
     code_modules = ("toolchains/ort_qnn.py", "toolchains/ort_quantize.py", "toolchains/base.py", "qnnbin.py",
-                    "qnnbin_layout.py")
+                    "qnnbin_layout.py", "binchip.py")
 
     def __init__(self, profile: ToolchainProfile) -> None:
         self.profile = profile
@@ -272,11 +272,9 @@ def cpu_partition(ctx_onnx: Path) -> dict[str, Any]:
 
 def check_chip(info: dict[str, Any], soc: Soc, bin_path: Path, record: dict[str, Any]) -> None:
     """The binary must say it was built for the target row's soc_model and arch."""
-    problems = []
-    if info.get("soc_model") != soc.soc_id:
-        problems.append(f"socModel {info.get('soc_model')} != soc_id {soc.soc_id}")
-    if info.get("dsp_arch") != soc.dsp_arch:
-        problems.append(f"arch {info.get('dsp_arch')} != dsp_arch {soc.dsp_arch}")
+    from ..binchip import mismatch
+
+    problems = mismatch(info, soc)
     if problems:
         raise StageError(f"{bin_path}: built for the wrong chip for {soc.name}: {', '.join(problems)} "
                          f"(fix: check the {soc.name} row of socs/socs.yaml)", record)

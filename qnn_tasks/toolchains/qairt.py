@@ -63,7 +63,7 @@ NO_DIAGNOSE = ("diagnose compiles many derived graphs (per-node taps, graph cuts
 class QairtToolchain:
     kind = "qairt"
     code_modules = ("toolchains/qairt.py", "toolchains/qairt_sdk.py", "toolchains/qairt_tools.py", "toolchains/base.py",
-                    "epcontext.py", "qnnbin.py", "qnnbin_layout.py")
+                    "epcontext.py", "qnnbin.py", "qnnbin_layout.py", "binchip.py")
 
     def __init__(self, profile: ToolchainProfile) -> None:
         self.profile = profile
