@@ -163,7 +163,9 @@ def _pipeline(call: StageCall) -> dict[str, Any]:
     a = call.args
     return pipeline.run([specjson.graph_from_dict(g) for g in a["graphs"]], [Path(p) for p in a["ctx"]],
                         [Path(p) for p in a["configs"]], [Path(p) for p in a["simplified"]], Path(a["inputs"]),
-                        a["feed"], a["verify"], call.target, Path(call.out_dir))
+                        a["feed"], a["verify"], call.target, Path(call.out_dir),
+                        binaries=[(Path(b), target) for b, target in a.get("binaries") or [] if b],
+                        soc=soc(a) if a.get("soc") else None)
 
 
 def _socscheck(call: StageCall) -> dict[str, Any]:

@@ -344,7 +344,7 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
     """The model's graphs chained on the simulator: each fed the NPU outputs of the one before."""
     spec = pt.pipeline
     chain = [{"graph": ct.graph, "ctx": p.context_files(ct), "config": p.config_files(ct)[0],
-              "simplified": str(ct.graph_target.simplified)} for ct in pt.chips]
+              "simplified": str(ct.graph_target.simplified), "target": ct.name} for ct in pt.chips]
     first_inputs = str(pt.chips[0].graph_target.inputs)
     file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]]
     settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify}, sort_keys=True)
@@ -356,7 +356,10 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                 args=lambda: {"graphs": [p.graph_dict(link["graph"]) for link in chain],
                               "ctx": [link["ctx"][0] for link in chain], "configs": [link["config"] for link in chain],
                               "simplified": [link["simplified"] for link in chain], "inputs": first_inputs,
-                              "feed": {k: list(v) for k, v in spec.feed.items()}, "verify": spec.verify},
+                              "feed": {k: list(v) for k, v in spec.feed.items()}, "verify": spec.verify,
+                              "soc": specjson.soc_to_dict(pt.soc),
+                              "binaries": [[next((f for f in link["ctx"] if f.endswith(".bin")), None), link["target"]]
+                                           for link in chain]},
                 base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),
                               "toolchain": {"id": binding.id, "profile": binding.profile.name, **binding.fingerprint}},
                 binding=binding)
@@ -406,7 +409,7 @@ CHIP_STAGES = (
 PIPELINE = StageDef("pipeline", "pipeline", "Chain each model's pipeline graphs on the host simulator (each fed the "
                     "previous one's NPU outputs) and judge the end against the same chain on CPU.",
                     ("stages/pipeline.py", "devices/simulator.py", "verification.py", "metrics.py", "samples.py",
-                     "stages/cpucheck.py"), plan_pipeline, remote=True, toolchain=True)
+                     "stages/cpucheck.py", "binchip.py"), plan_pipeline, remote=True, toolchain=True)
 DIAGNOSE = StageDef("diagnose", "chip", "Find the first node where the NPU diverges from the CPU, and why (on demand, "
                     "not in the default run).", ("stages/diagnose.py", "devices/simulator.py", "metrics.py",
                                                  "verification.py", "stages/cpucheck.py"),

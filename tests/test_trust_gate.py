@@ -197,6 +197,20 @@ def test_simulate_refuses_another_chips_binary_before_running_it(built):
     assert outputs.stat().st_mtime_ns == kept  # nothing was simulated
 
 
+def test_pipeline_refuses_another_chips_binary_before_running_anything(verified):
+    from qnn_tasks.errors import StageError
+    from qnn_tasks.spec import load_socs
+    from qnn_tasks.stages import pipeline
+
+    sm8650 = load_socs(verified.path("socs/socs.yaml"))["SM8650"]
+    other = one(verified, f"{VAD}/SM8750/context/vad_ctx_qnn.bin")
+    with pytest.raises(StageError) as err:  # nothing else is given: the check comes before any input is read
+        pipeline.run([], [], [], [], Path("no-inputs.npz"), {}, {}, "vad-SM8650", Path("no-out"),
+                     binaries=[(other, "vad-SM8650")], soc=sm8650)
+    assert "not a binary for SM8650: socModel 69 != soc_id 57" in str(err.value)
+    assert "(fix: rebuild it: doit context:vad-SM8650)" in str(err.value)
+
+
 def test_a_copied_tree_stays_up_to_date(built):
     """Copying (new inodes and ctimes, mtimes kept) costs one digest check, not a rebuild."""
     result = built.doit()
@@ -222,6 +236,7 @@ def test_ctrl_c_during_doit_report_is_one_line_and_exit_130(built, tmp_path):
     for attempt in range(3):
         project = copy_project(tmp_path / f"try{attempt}", source=built.root, with_build=True)
         (project.root / "build" / ".qnn-digests.json").unlink(missing_ok=True)  # cold: the report hashes everything
+        (project.root / "build" / "report" / "report.json").unlink()  # so that it renders
         run = Running(project, "report")
         run.wait_for(".  report")
         code, took, stderr = run.stop(signal.SIGINT)

@@ -12,15 +12,19 @@ from typing import Any
 
 import numpy as np
 
-from .. import fileio, metrics, progress, samples as sample_store, verification
+from .. import binchip, fileio, metrics, progress, samples as sample_store, verification
 from ..devices import simulator
 from ..errors import StageError
-from ..spec import GraphSpec
+from ..spec import GraphSpec, Soc
 from .cpucheck import run_onnx_cpu
 
 
 def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], simplified: list[Path], inputs_file: Path,
-        feed: dict[str, list[str]], verify: dict[str, Any], target: str, out_dir: Path) -> dict[str, Any]:
+        feed: dict[str, list[str]], verify: dict[str, Any], target: str, out_dir: Path,
+        binaries: list[tuple[Path, str]] | None = None, soc: Soc | None = None) -> dict[str, Any]:
+    if soc is not None:  # every link's binary (and its chip target) must be this chip's before any of them runs
+        for binary, chip_target in binaries or []:
+            binchip.refuse_other_chip(binary, soc, chip_target)
     first = sample_store.load(inputs_file, limit=verify["samples"])
     cpu_in, npu_in = first, first
     produced_cpu: list[dict[str, np.ndarray]] = [{} for _ in first]
