@@ -297,10 +297,10 @@ class TaskFactory:
         planner = self.planner
 
         def render() -> TaskFailed | None:
-            from . import report
-
             interrupts.running("report", str(REPORT_DIR))  # Ctrl-C here: "interrupted during report", exit 130
             try:
+                from . import report
+
                 data = report.collect(planner)
                 paths = report.write(REPORT_DIR, data)
             finally:

@@ -192,7 +192,8 @@ def test_report_json_matches_the_documented_schema(verified):
     data = load_report(verified)
     assert report_problems(data, verified) == []
     assert data["summary"] == {"targets": 4, "passed": 4, "warning": 0, "failed": 0, "stale": 0, "skipped": 0,
-                               "pending": 0, "graphs_failed": 0, "from_cache": 0, "pipelines_failed": 0}
+                               "pending": 0, "graphs_failed": 0, "from_cache": 0, "pipelines_failed": 0,
+                               "complete": True, "current": True, "superseded_by": None}
     assert {t["name"] for t in data["targets"]} == {f"{g}-{s}" for g in GRAPHS for s in SOCS}
     assert {g["graph"]: g["model"] for g in data["graphs"]} == {g: m for g, (m, _) in GRAPHS.items()}
     for t in data["targets"]:
