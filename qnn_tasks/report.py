@@ -182,6 +182,11 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
     if stale:
         problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "
                         f"{_names(stale)}); run doit to rebuild them")
+    for block in data.get("comparison") or []:
+        if block.get("gate") and block.get("regressions"):
+            names = ", ".join(r["target"] for r in block["regressions"][:5])
+            problems.append(f"upgrade gate: {len(block['regressions'])} regression(s) from {block['baseline']} to "
+                            f"{block['candidate']}: {names} (see the report's upgrade section)")
     failed = [t["name"] for t in entries if t["status"] == "failed"]
     if failed:
         problems.append(f"{len(failed)} target(s) failed ({_names(failed)}; the report says why)")
@@ -189,11 +194,6 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
     if pending:
         problems.append(f"{len(pending)} target(s) not verified (no verdict: not built, or their run was interrupted "
                         f"or lost: {_names(pending)}); run doit to build them")
-    for block in data.get("comparison") or []:
-        if block.get("gate") and block.get("regressions"):
-            names = ", ".join(r["target"] for r in block["regressions"][:5])
-            problems.append(f"upgrade gate: {len(block['regressions'])} regression(s) from {block['baseline']} to "
-                            f"{block['candidate']}: {names} (see the report's upgrade section)")
     return problems
 
 

@@ -318,6 +318,8 @@ class TaskFactory:
             # already; for `doit report` alone the outputs are checked here. By content (digests cached by
             # size, mtime, inode and ctime): a file replaced with its size and mtime kept (`cp -p`) counts,
             # a copied tree does not. The report itself too: a run that marked it superseded re-renders it.
+            interrupts.running("report")  # from here on, Ctrl-C is "interrupted during report" (checks take time)
+            interrupts.running(None)
             targets = "\n".join(f"{ct.name}:{ct.skip_reason}" for ct in planner.chips)  # added/removed targets too
             signature = f"{_content_signature(record_paths(planner) + _renderer_files())}:{_key({'targets': targets})}"
             task.value_savers.append(lambda: {"records": signature, "outputs": outputs_signature(),
