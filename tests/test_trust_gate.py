@@ -15,17 +15,15 @@ import re
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, Project, copy_project
-
-from test_faults import Running  # a doit in the background, its stdout lines as they come
+from test_faults import Running
 
 VAD = "build/silero-vad/vad/*/fp16"
+# (Running: a doit in the background whose stdout lines arrive as they are printed)
 
 
 @pytest.fixture
@@ -48,7 +46,7 @@ def gate_passes(project: Project) -> bool:
     report = project.path("build/report/report.json")
     expression = readme_gate()
     if shutil.which("jq"):
-        run = subprocess.run(["jq", "-e", expression, str(report)], capture_output=True, text=True)
+        run = subprocess.run(["jq", "-e", expression, str(report)], capture_output=True, text=True, check=False)
         assert run.returncode in (0, 1), run.stderr  # 0: true, 1: false; anything else is a broken gate
         return run.returncode == 0
     data = json.loads(report.read_text())
