@@ -72,6 +72,15 @@ def server():
         yield srv
 
 
+def report_of_partial_build(project: Project) -> None:
+    """`doit report` here (built up to context; simulate and simverify not run) renders every record and fails
+    only the gate, on the targets the simulator has not verified (phone results never count for it)."""
+    result = project.doit("report")
+    output = result.stdout + result.stderr
+    assert result.returncode != 0 and "Traceback" not in output and output.count("TaskFailed") == 1, output
+    assert "target(s) not verified" in output and "target(s) failed" not in output, output
+
+
 def doit(project: Project, server, *args: str, libs: Path | None = None, **env: str):
     base = {"ANDROID_ADB_SERVER_PORT": str(server.port) if server else "", "QNN_RUNTIME_LIBS": str(libs or ""),
             "QNN_VERIFY_ROUNDS": "1", "QNN_VERIFY_INFERENCES": "20", "QNN_DEVICES": "", "QNN_KEEP_DEVICE_FILES": ""}
@@ -221,12 +230,12 @@ def test_two_phones_of_different_chips_in_one_run(project, server, libs, tmp_pat
         assert clean.returncode == 0 and record(project, "SM8650")["devices"][0]["device_files"] == "removed"
         assert device_dirs(a) == []
 
-    report = project.doit("report", check=True)
+    report_of_partial_build(project)
     data = json.loads((project.root / "build/report/report.json").read_text())
     target = next(t for t in data["targets"] if t["name"] == "vad-SM8750")
     assert target["device"]["verify"]["devices"][0]["serial"] == b.serial
     md = (project.root / "build/report/report.md").read_text()
-    assert "## On phones" in md and b.serial in md and report.returncode == 0
+    assert "## On phones" in md and b.serial in md
     assert b.serial in (project.root / "build/report/index.html").read_text()
 
 
@@ -421,6 +430,6 @@ def test_power_run_records_battery_and_conditions(project, server, libs, tmp_pat
     assert "screen" in rec["conditions"] and "brightness" in rec["conditions"] and "thermal" in rec["conditions"]
     assert rec["status"] == "warning" and "powered" in dev["warnings"][0]  # the stand-in phone is on USB power
     assert "hold these fixed" in result.stdout
-    project.doit("report", check=True)  # failed, partial and power records render too
+    report_of_partial_build(project)  # failed, partial and power records render too
     html = (project.root / "build/report/index.html").read_text()
     assert "Power run (doit power:vad-SM8650)" in html and "On phones" in html

@@ -324,7 +324,8 @@ def plan_simulate(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
                       p.chip_key(stage, ct, samples=ct.verify["samples"]),
                       lambda: {"graph": p.graph_dict(ct.graph), "ctx_onnx": ctx_files[0], "provider_options": config,
                                "inputs": str(gt.inputs), "samples": ct.verify["samples"], "reference": str(gt.reference),
-                               "title": ct.name, "soc_name": ct.soc.name},
+                               "title": ct.name, "soc_name": ct.soc.name, "soc": specjson.soc_to_dict(ct.soc),
+                               "binary": next((f for f in ctx_files if f.endswith(".bin")), None)},
                       f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator; keep the outputs")
 
 
@@ -371,7 +372,7 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
     """The model's graphs chained on the simulator: each fed the NPU outputs of the one before."""
     spec = pt.pipeline
     chain = [{"graph": ct.graph, "ctx": p.context_files(ct), "config": p.config_files(ct)[0],
-              "simplified": str(ct.graph_target.simplified)} for ct in pt.chips]
+              "simplified": str(ct.graph_target.simplified), "target": ct.name} for ct in pt.chips]
     first_inputs = str(pt.chips[0].graph_target.inputs)
     file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]] \
         + p.check_deps(chain[-1]["graph"], spec.verify)
@@ -386,6 +387,9 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                               "ctx": [link["ctx"][0] for link in chain], "configs": [link["config"] for link in chain],
                               "simplified": [link["simplified"] for link in chain], "inputs": first_inputs,
                               "feed": {k: list(v) for k, v in spec.feed.items()}, "verify": spec.verify,
+                              "soc": specjson.soc_to_dict(pt.soc),
+                              "binaries": [[next((f for f in link["ctx"] if f.endswith(".bin")), None), link["target"]]
+                                           for link in chain],
                               **({"glue": spec.glue} if spec.glue else {})},
                 base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),
                               "toolchain": {"id": binding.id, "profile": binding.profile.name, **binding.fingerprint}},

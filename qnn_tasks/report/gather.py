@@ -2,7 +2,10 @@
 
 A record is believed only while the files it vouches for are there with the size and digest it
 names (records.problems); otherwise its stage shows `stale`, the target is `stale` (counted, and
-failing the report task: the gate). Rendering (report.md, index.html, plots) is report_render.py.
+failing the report task: the gate). `summary.complete` says whether every expected target has a
+verdict (none pending or stale); the report task fails on any target not verified (gate_problems),
+and reportmark.py marks a report superseded while a run that may change it has not finished.
+Rendering (report.md, index.html, plots) is report_render.py.
 report.json has one stable schema for CI gates (README: "report.json").
 """
 from __future__ import annotations
@@ -47,7 +50,11 @@ def _variant_stages(planner, ct: ChipTarget) -> tuple[str, ...]:
 def read_checked(path: Path | str) -> dict[str, Any] | None:
     """A record as the report shows it: `stale` (with why) when its outputs are not what it vouches for."""
     record = records.read(path)
-    if record is None or record.get("status") not in ("passed", "warning"):
+    if record is None:
+        why = records.damage(path)  # a file there that is not a record is stale, not "not built yet"
+        return None if why is None else {"status": "stale", "stale": [why],
+                                         "error": f"stale: {why} (rerun doit to rebuild it)"}
+    if record.get("status") not in ("passed", "warning"):
         return record
     problems = records.problems(record, path)
     if problems:
@@ -81,12 +88,15 @@ def collect(planner) -> dict[str, Any]:
 
     pipelines = [pipeline_entry(pt) for pt in planner.pipelines]
     broken = [{"model": model, "status": "not buildable", "error": problem} for model, problem in planner.project.broken]
+    # complete: every expected (not skipped) target and pipeline has a verdict its outputs still back
+    no_verdict = [t["name"] for t in targets + pipelines if t["status"] in ("pending", "stale")]
     data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,
                         "graphs_failed": sum(1 for g in graph_entries if g["status"] in ("failed", "stale")),
                         "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache")),
                         "pipelines_failed": sum(1 for p in pipelines if p["status"] in ("failed", "stale")),
-                        "models_not_buildable": len(broken)},
+                        "models_not_buildable": len(broken),
+                        "complete": not no_verdict and not broken, "current": True, "superseded_by": None},
             "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
             "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines,
@@ -171,17 +181,26 @@ def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def gate_problems(data: dict[str, Any]) -> list[str]:
-    """What fails the report task itself: stale targets, and upgrade regressions of a gating toolchain."""
+    """What fails the report task itself (the README's gate): any expected target or pipeline that is not
+    verified (stale, failed or pending), and upgrade regressions of a gating toolchain."""
     problems = [f"model {b['model']} is not buildable: {b['error']}" for b in data.get("models_not_buildable", [])]
-    stale = [t["name"] for t in data["targets"] + data.get("pipelines", []) if t["status"] == "stale"]
+    entries = data["targets"] + data.get("pipelines", [])
+    stale = [t["name"] for t in entries if t["status"] == "stale"]
     if stale:
         problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "
-                        f"{', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}); run doit to rebuild them")
+                        f"{_names(stale)}); run doit to rebuild them")
     for block in data.get("comparison") or []:
         if block.get("gate") and block.get("regressions"):
             names = ", ".join(r["target"] for r in block["regressions"][:5])
             problems.append(f"upgrade gate: {len(block['regressions'])} regression(s) from {block['baseline']} to "
                             f"{block['candidate']}: {names} (see the report's upgrade section)")
+    failed = [t["name"] for t in entries if t["status"] == "failed"]
+    if failed:
+        problems.append(f"{len(failed)} target(s) failed ({_names(failed)}; the report says why)")
+    pending = [t["name"] for t in entries if t["status"] == "pending"]
+    if pending:
+        problems.append(f"{len(pending)} target(s) not verified (no verdict: not built, or their run was interrupted "
+                        f"or lost: {_names(pending)}); run doit to build them")
     return problems
 
 
@@ -210,6 +229,10 @@ def combine(stage_records) -> str:
         if status in statuses:
             return status
     return "passed"
+
+
+def _names(names: list[str], first: int = 5) -> str:
+    return ", ".join(names[:first]) + (f" and {len(names) - first} more" if len(names) > first else "")
 
 
 def _first_error(stage_records) -> str | None:

@@ -1,6 +1,6 @@
 """The one failure funnel every stage goes through, whatever executor runs it.
 
-In order: the tree lock must be ours; the old record is removed (a record never outlives the
+In order: the tree lock must be ours; the previous report is marked superseded (reportmark.py); the old record is removed (a record never outlives the
 run that made it, interrupted or not) and leftovers of killed runs in the stage's folder are
 swept; a cache hit restores the outputs byte-identically; otherwise the executor runs the call.
 A success writes the record last, naming the size and digest of each output it vouches for, and
@@ -19,6 +19,7 @@ from qnn_tasks.run import console, executors, records
 from qnn_tasks.run import interrupts, treelock
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.errors import QnnTasksError
+from qnn_tasks.report import mark as reportmark
 
 
 def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | None:
@@ -28,6 +29,7 @@ def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | N
         return f"{task}: this doit does not hold the build tree's lock; no record written"
     start = time.perf_counter()
     out_dir = Path(call.out_dir)
+    reportmark.supersede(root)  # the last report is not this run's verdict until this run writes its own
     Path(call.record).unlink(missing_ok=True)
     treelock.sweep(out_dir)
     interrupts.running(task, call.out_dir)

@@ -3,35 +3,21 @@
 A record is written last, after the outputs it vouches for are in place, and names each of them
 with its size and SHA-256 (`files`). Whoever reads a record (the report, a downstream stage)
 believes it only while those files are still there with that size and content; otherwise the
-record is `stale`. Content is re-hashed only for files modified after the record was written,
-so checking a fresh tree costs a `stat` per file.
+record is `stale`. Every check compares content: digests are cached by size, mtime, inode and
+ctime (digests.py), so checking an unchanged tree costs a `stat` per file, and a file replaced
+with its size and mtime kept (`cp -p`) is hashed again.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import read_json, write_json
+from qnn_tasks.run.digests import sha256
 
-CHUNK = 1 << 20
-
-
-_DIGESTS: dict[tuple[str, int, int], str] = {}  # (path, size, mtime_ns) -> digest: each file hashed once per process
-
-
-def sha256(path: Path | str) -> str:
-    st = os.stat(path)
-    memo = (os.path.abspath(path), st.st_size, st.st_mtime_ns)
-    if memo not in _DIGESTS:
-        h = hashlib.sha256()
-        with open(path, "rb") as fh:
-            while chunk := fh.read(CHUNK):
-                h.update(chunk)
-        _DIGESTS[memo] = h.hexdigest()
-    return _DIGESTS[memo]
+__all__ = ["damage", "problems", "read", "sha256", "trusted", "vouch", "write"]
 
 
 def vouch(paths: list[str], root: Path | str = ".") -> dict[str, dict[str, Any]]:
@@ -44,10 +30,29 @@ def write(path: Path | str, record: dict[str, Any]) -> None:
 
 
 def read(path: Path | str) -> dict[str, Any] | None:
+    """The record, or None when there is none or the file is not a record (see `damage`)."""
     try:
-        return read_json(Path(path))
-    except (FileNotFoundError, ValueError):
+        record = read_json(Path(path))
+    except (OSError, ValueError):  # ValueError: not JSON, or not UTF-8 (UnicodeDecodeError)
         return None
+    return record if isinstance(record, dict) else None
+
+
+def damage(path: Path | str) -> str | None:
+    """Why a record file that exists is not a record (None: it is one, or there is no file)."""
+    try:
+        data = read_json(Path(path))
+    except FileNotFoundError:
+        return None
+    except UnicodeDecodeError as err:
+        return f"{path} is not UTF-8 (byte {err.start})"
+    except ValueError as err:
+        return f"{path} is not JSON ({err})"
+    except OSError as err:
+        return f"{path} cannot be read ({err.strerror})"
+    if not isinstance(data, dict):
+        return f"{path} holds a JSON {type(data).__name__}, not a record (an object)"
+    return None
 
 
 def problems(record: dict[str, Any], record_path: Path | str, root: Path | str = ".") -> list[str]:
@@ -55,13 +60,14 @@ def problems(record: dict[str, Any], record_path: Path | str, root: Path | str =
     files = record.get("files")
     if not files:
         return []
-    try:
-        written = os.stat(record_path).st_mtime_ns
-    except FileNotFoundError:
-        written = 0
+    if not isinstance(files, dict):
+        return [f"{record_path}: `files` is not a mapping of output -> size and sha256"]
     found = []
     for name, facts in files.items():
         path = Path(root) / name
+        if not isinstance(facts, dict) or not isinstance(facts.get("size"), int) or not isinstance(facts.get("sha256"), str):
+            found.append(f"{name}: its record names no size and sha256")
+            continue
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -69,8 +75,8 @@ def problems(record: dict[str, Any], record_path: Path | str, root: Path | str =
             continue
         if st.st_size != facts["size"]:
             found.append(f"{name} has {st.st_size} bytes, its record says {facts['size']}")
-        elif st.st_mtime_ns > written and sha256(path) != facts["sha256"]:
-            found.append(f"{name} changed since its record was written")
+        elif sha256(path) != facts["sha256"]:
+            found.append(f"{name} changed since its record was written (its SHA-256 is not the record's)")
     return found
 
 
@@ -78,7 +84,8 @@ def trusted(path: Path | str, fix: str) -> dict[str, Any]:
     """A passed record whose outputs are intact, or a StageError saying what to rerun."""
     record = read(path)
     if record is None:
-        raise StageError(f"{path}: no record (run {fix})")
+        why = damage(path)
+        raise StageError(f"{why or f'{path}: no record'} (run {fix})")
     if record.get("status") not in ("passed", "warning"):
         raise StageError(f"{path}: the stage {record.get('status', 'did not finish')} (run {fix})")
     bad = problems(record, path)

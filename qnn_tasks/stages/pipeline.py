@@ -21,11 +21,17 @@ from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.stages.cpucheck import run_onnx_cpu
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.qnn import chipcheck as binchip
+from qnn_tasks.spec.project import Soc
 
 
 def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], simplified: list[Path], inputs_file: Path,
         feed: dict[str, list[str]], verify: dict[str, Any], target: str, out_dir: Path,
-        glue: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+        glue: dict[str, dict[str, Any]] | None = None,
+        binaries: list[tuple[Path, str]] | None = None, soc: Soc | None = None) -> dict[str, Any]:
+    if soc is not None:  # every link's binary (and its chip target) must be this chip's before any of them runs
+        for binary, chip_target in binaries or []:
+            binchip.refuse_other_chip(binary, soc, chip_target)
     first = sample_store.load(inputs_file, limit=verify["samples"])
     cpu_in, npu_in = first, first
     produced_cpu: list[dict[str, np.ndarray]] = [{} for _ in first]
@@ -85,4 +91,6 @@ def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run([calls.graph({"graph": g}) for g in a["graphs"]], [Path(p) for p in a["ctx"]],
                [Path(p) for p in a["configs"]], [Path(p) for p in a["simplified"]], Path(a["inputs"]), a["feed"],
-               a["verify"], call.target, Path(call.out_dir), glue=a.get("glue"))
+               a["verify"], call.target, Path(call.out_dir), glue=a.get("glue"),
+               binaries=[(Path(b), target) for b, target in a.get("binaries") or [] if b],
+               soc=calls.soc(a) if a.get("soc") else None)

@@ -1,7 +1,8 @@
 """simulate: run the compiled binary on the host HTP simulator and keep its outputs.
 
 The outputs are judged by the next stage (simverify), so a change to thresholds or checks
-re-judges these kept outputs instead of simulating again. Only the binary, the inputs, the CPU
+re-judges these kept outputs instead of simulating again. The binary must say it is for the
+target's chip (binchip.py) before it is loaded. Only the binary, the inputs, the CPU
 reference or the number of samples make this stage run again. The CPU vs NPU plot is drawn here,
 once per simulation, so it is cached with the outputs it shows.
 """
@@ -19,6 +20,8 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.qnn import chipcheck as binchip
+from qnn_tasks.spec.project import Soc
 
 SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
 OUTPUTS_FILE = "outputs.npz"
@@ -26,7 +29,10 @@ PLOT_FILE = "cpu_vs_npu.png"
 
 
 def run(graph: GraphSpec, ctx_onnx: Path, provider_options_file: Path, inputs_file: Path, limit: int | None,
-        out_dir: Path, reference_file: Path, title: str, soc_name: str) -> dict[str, Any]:
+        out_dir: Path, reference_file: Path, title: str, soc_name: str, binary: Path | None = None,
+        soc: Soc | None = None, target: str = "") -> dict[str, Any]:
+    if binary is not None and soc is not None:  # before anything runs it: the file may not be the one compiled
+        binchip.refuse_other_chip(binary, soc, target or title)
     inputs = sample_store.load(inputs_file, limit=limit)
     options = fileio.read_json(provider_options_file)
     log = out_dir / "simulator.log"
@@ -60,4 +66,5 @@ def timing(seconds: list[float]) -> dict[str, Any]:
 def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run(calls.graph(a), Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["inputs"]), a["samples"],
-               Path(call.out_dir), Path(a["reference"]), a["title"], a["soc_name"])
+               Path(call.out_dir), Path(a["reference"]), a["title"], a["soc_name"],
+               binary=calls.path(a, "binary"), soc=calls.soc(a) if a.get("soc") else None, target=call.target)

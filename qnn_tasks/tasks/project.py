@@ -36,6 +36,7 @@ from qnn_tasks.plan.stages import (
     targets_of,
 )
 from qnn_tasks.spec.project import load_project
+from qnn_tasks.run import digests
 
 if TYPE_CHECKING:
     from qnn_tasks.run.calls import StageCall
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 TOOLCHAIN_ENV = "QNN_TOOLCHAIN"
 DEFAULT_TOOLCHAIN = "ort-qnn"
 REPORT_DIR = Path(paths.REPORT_DIR)
+REPORT_JSON = REPORT_DIR / "report.json"
 
 
 def doit_config() -> dict[str, Any]:
@@ -57,9 +59,10 @@ def project_tasks(root: Path) -> dict[str, Any]:
     EXIT_SPEC / EXIT_BUSY (errors.py: distinct from doit's own codes)."""
     try:
         project = load_project(root, os.environ.get(TOOLCHAIN_ENV, DEFAULT_TOOLCHAIN))
+        interrupts.install()  # `doit report` alone too: Ctrl-C is one line and exit 130 for every command
         if treelock.needs_lock(sys.argv):
-            interrupts.install()
             treelock.acquire(root, sys.argv)
+        digests.persist(root)
         planner = Planner(project)
     except treelock.TreeBusy as err:
         print(f"error: {err}", file=sys.stderr)
@@ -140,17 +143,28 @@ def _stats(paths: list[str]) -> Iterator[tuple[str, os.stat_result | None]]:
             yield path, None
 
 
-def _signature(paths: list[str]) -> int:
-    """Cheap change detector for files: their (mtime, size), -1 for a missing one.
+def _content_signature(paths: list[str]) -> str:
+    """The files' contents, one digest: each file is hashed once (digests.py caches by size, mtime, inode, ctime)."""
+    from qnn_tasks.run.digests import sha256
 
-    Python's hash of a tuple of ints is the same in every process (only str/bytes hashing is
-    salted), so it can be stored in .doit.db and compared by the next run; no digest, no formatting:
-    this runs for every task of every no-op `doit`.
-    """
-    stamps: list[int] = []
+    h = hashlib.md5()
+    for path, st in _stats(paths):
+        h.update(f"{path}\0{sha256(path) if st is not None else '-'}\n".encode())
+    return h.hexdigest()
+
+
+def _signatures(paths: list[str]) -> tuple[int, int]:
+    """(mtime, size) and (inode, ctime) signatures of the files, from one `stat` each."""
+    times: list[int] = []
+    ids: list[int] = []
     for _, st in _stats(paths):
-        stamps += (st.st_mtime_ns, st.st_size) if st else (-1,)
-    return hash(tuple(stamps))
+        if st is None:
+            times.append(-1)
+            ids.append(-1)
+        else:
+            times += (st.st_mtime_ns, st.st_size)
+            ids += (st.st_ino, st.st_ctime_ns)
+    return hash(tuple(times)), hash(tuple(ids))
 
 
 _checked_this_run: list[bool] = []  # set once a build task's outputs were checked in this doit run
@@ -160,20 +174,46 @@ class Fresh:
     """doit `uptodate`: the stage's key is unchanged and its files are what the last success left.
 
     Like doit's own `config_changed`, plus the outputs: a target truncated, replaced or deleted by
-    hand makes its task run again.
+    hand makes its task run again. Size and mtime must be as saved; when a file's inode or ctime
+    is not (`cp -p`, `rsync -t` and `tar` keep size and mtime, not these; so does copying the
+    whole tree), the outputs must still have the digests their record names, for this target.
     """
 
-    def __init__(self, key: str, paths: list[str]) -> None:
+    def __init__(self, key: str, paths: list[str], record: str | None = None) -> None:
         self.key = key
         self.paths = paths
+        self.record = record
 
     def __call__(self, task, values) -> bool:
         _checked_this_run[:] = [True]
-        task.value_savers.append(lambda: {"key": self.key, "files": _signature(self.paths)})
+        task.value_savers.append(lambda: dict(zip(("files", "ids"), _signatures(self.paths)), key=self.key))
+        if values.get("key") != self.key:
+            return False
         stored = values.get("files")
         if isinstance(stored, str):  # saved by a version before 2026-12 (an md5): compare it its way
-            return values.get("key") == self.key and stored == _md5_signature(self.paths)
-        return values.get("key") == self.key and stored == _signature(self.paths)
+            return stored == _md5_signature(self.paths) and self.vouched(task.name)
+        times, ids = _signatures(self.paths)
+        if stored != times:
+            return False
+        return values.get("ids") == ids or self.vouched(task.name)
+
+    def vouched(self, task_name: str) -> bool:
+        """The record is this task's, passed, and names every output with the digest it has now."""
+        if self.record is None:
+            return False
+        from qnn_tasks.run import records
+
+        record = records.read(self.record)
+        stage, _, target = task_name.partition(":")
+        if record is None or record.get("stage") != stage or record.get("target") != target:
+            return False
+        if record.get("status") == "skipped":
+            return True
+        outputs = [p for p in self.paths if p != self.record]
+        files = record.get("files")
+        if record.get("status") not in ("passed", "warning") or not isinstance(files, dict):
+            return False
+        return set(outputs) <= set(files) and records.problems(record, self.record) == []
 
 
 def _md5_signature(paths: list[str]) -> str:
@@ -276,7 +316,7 @@ class TaskFactory:
 
         task = {"name": plan.name, "actions": [stage_action(call, plan.base, self.root, self.cache)],
                 "file_dep": plan.file_dep, "targets": plan.outputs + [record],
-                "uptodate": [Fresh(plan.key, plan.outputs + [record])], "doc": plan.doc, "clean": True}
+                "uptodate": [Fresh(plan.key, plan.outputs + [record], record)], "doc": plan.doc, "clean": True}
         if plan.task_dep:
             task["task_dep"] = plan.task_dep
         return task
@@ -291,7 +331,7 @@ class TaskFactory:
             print(f"{row.name}:{plan.name}: skipped: {plan.skip}")
 
         return {"name": plan.name, "actions": [action], "targets": [plan.record],
-                "uptodate": [Fresh(_key({"skip": plan.skip}), [plan.record])],
+                "uptodate": [Fresh(_key({"skip": plan.skip}), [plan.record], plan.record)],
                 "doc": f"SKIPPED: {plan.skip}", "clean": True}
 
     def broken_tasks(self) -> Iterator[dict]:
@@ -346,26 +386,37 @@ class TaskFactory:
         planner = self.planner
 
         def render() -> TaskFailed | None:
-            from qnn_tasks.report import gather as report
+            interrupts.running("report", str(REPORT_DIR))  # Ctrl-C here: "interrupted during report", exit 130
+            try:
+                from qnn_tasks.report import gather as report
 
-            data = report.collect(planner)
-            paths = report.write(REPORT_DIR, data)
+                data = report.collect(planner)
+                paths = report.write(REPORT_DIR, data)
+            finally:
+                interrupts.running(None)
             print(f"report: {paths['html']} ({report.summary_line(data)})")
             problems = report.gate_problems(data)
             return TaskFailed("report: " + "; ".join(problems)) if problems else None
 
         def outputs_signature() -> str:
-            return _signature(all_outputs(planner))
+            return _content_signature(all_outputs(planner))
 
         def records_unchanged(task, values) -> bool:
             # No file_dep on the records: a failed stage must not block the report of it. A damaged output
             # re-renders it too (to show `stale`): in a build, the stage tasks' own checks have caught it
-            # already; for `doit report` alone the outputs are checked here.
+            # already; for `doit report` alone the outputs are checked here. By content (digests cached by
+            # size, mtime, inode and ctime): a file replaced with its size and mtime kept (`cp -p`) counts,
+            # a copied tree does not. The report itself too: a run that marked it superseded re-renders it.
+            interrupts.running("report")  # from here on, Ctrl-C is "interrupted during report" (checks take time)
+            interrupts.running(None)
             targets = "\n".join([f"{ct.name}:{ct.skip_reason}" for ct in planner.chips]  # added/removed targets too
                                 + [f"broken {m}: {e}" for m, e in planner.project.broken])
-            signature = f"{_signature(record_paths(planner))}:{renderer_code()}:{_key({'targets': targets})}"
-            task.value_savers.append(lambda: {"records": signature, "outputs": outputs_signature()})
-            if values.get("records") != signature or not (REPORT_DIR / "report.json").is_file():
+            signature = f"{_content_signature(record_paths(planner))}:{renderer_code()}:{_key({'targets': targets})}"
+            task.value_savers.append(lambda: {"records": signature, "outputs": outputs_signature(),
+                                              "report": _content_signature([str(REPORT_JSON)])})
+            if values.get("records") != signature or not REPORT_JSON.is_file():
+                return False
+            if values.get("report") != _content_signature([str(REPORT_JSON)]):
                 return False
             return bool(_checked_this_run) or values.get("outputs") == outputs_signature()
 

@@ -264,11 +264,9 @@ def cpu_partition(ctx_onnx: Path) -> dict[str, Any]:
 
 def check_chip(info: dict[str, Any], soc: Soc, bin_path: Path, record: dict[str, Any]) -> None:
     """The binary must say it was built for the target row's soc_model and arch."""
-    problems = []
-    if info.get("soc_model") != soc.soc_id:
-        problems.append(f"socModel {info.get('soc_model')} != soc_id {soc.soc_id}")
-    if info.get("dsp_arch") != soc.dsp_arch:
-        problems.append(f"arch {info.get('dsp_arch')} != dsp_arch {soc.dsp_arch}")
+    from qnn_tasks.qnn.chipcheck import mismatch
+
+    problems = mismatch(info, soc)
     if problems:
         raise StageError(f"{bin_path}: built for the wrong chip for {soc.name}: {', '.join(problems)} "
                          f"(fix: check the {soc.name} row of socs/socs.yaml)", record)
