@@ -20,7 +20,9 @@ def _fingerprint(root: Path, toolchain: str) -> tuple:
              Path(__file__).with_name("specyaml.py"), Path(__file__).with_name("specverify.py"),
              Path(__file__).with_name("specport.py"), Path(__file__).with_name("specpipeline.py"),
              Path(__file__).with_name("rewrites") / "__init__.py"]
-    files += [root / "toolchain" / f"{name.strip()}.yaml" for name in toolchain.split(",")]
+    files += [Path(__file__).with_name("data") / "socs.yaml"]  # the packaged table under the project's rows
+    for name in toolchain.split(","):  # the project's profile and the packaged one it may override
+        files += [root / "toolchain" / f"{name.strip()}.yaml", Path(__file__).with_name("data") / "toolchain" / f"{name.strip()}.yaml"]
     for model_yaml in sorted((root / "models").glob("*/model.yaml")):
         files += [model_yaml, model_yaml.with_name("export.py")]
     stats = []

@@ -279,7 +279,7 @@ def check_chip(info: dict[str, Any], soc: Soc, bin_path: Path, record: dict[str,
         problems.append(f"arch {info.get('dsp_arch')} != dsp_arch {soc.dsp_arch}")
     if problems:
         raise StageError(f"{bin_path}: built for the wrong chip for {soc.name}: {', '.join(problems)} "
-                         f"(fix: check the {soc.name} row of socs/socs.yaml)", record)
+                         f"(fix: check {soc.where()})", record)
 
 
 def check_fallback(graph: GraphSpec, soc: Soc, partition: dict[str, Any], record: dict[str, Any]) -> None:
