@@ -9,7 +9,10 @@
 """
 from __future__ import annotations
 
+import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -152,3 +155,48 @@ def test_project_toolchain_overrides_the_packaged_profile(tmp_path):
     # an unknown profile lists the packaged ones too
     with pytest.raises(SpecError, match=r"no toolchain profile 'nope' \(fix: use one of: ort-qnn, ort-qnn-2\.47, qairt"):
         load_toolchain(project.root, "nope")
+
+
+def test_socscheck_compiles_what_each_row_runs(tmp_path):
+    """Real compiles: SM7550 (quantized only) at w8a16, SM8650 at fp16 and w8a16; a row claiming float on
+    SM7550 fails with QNN's 3110 turned into the fix."""
+    table = tmp_path / "socs.yaml"
+    table.write_text("socs:\n"
+                     "  SM7550: {soc_id: 64, dsp_arch: v73, vtcm_mb: 8, runs: [w8a16]}\n"
+                     "  SM8650: {soc_id: 57, dsp_arch: v75, vtcm_mb: 8, runs: [fp16, w8a16]}\n"
+                     "  SM7550F: {soc_id: 64, dsp_arch: v73, vtcm_mb: 8, runs: [fp16, w8a16], alias_of: SM7550}\n")
+    proc = subprocess.run([sys.executable, "-m", "qnn_tasks.socscheck", "--socs", str(table), "--json"],
+                          capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert proc.returncode == 1, proc.stderr
+    rows = {r["soc"]["name"]: r for r in json.loads(proc.stdout)}
+    assert rows["SM7550"]["ok"] and list(rows["SM7550"]["precisions"]) == ["w8a16"]
+    assert rows["SM7550"]["precisions"]["w8a16"] == {"recorded_soc_model": 64, "recorded_arch": "v73", "ok": True}
+    assert rows["SM8650"]["ok"] and list(rows["SM8650"]["precisions"]) == ["fp16", "w8a16"]
+    assert all(p["recorded_soc_model"] == 57 and p["recorded_arch"] == "v75" for p in rows["SM8650"]["precisions"].values())
+    wrong = rows["SM7550F"]
+    assert not wrong["ok"] and wrong["precisions"]["w8a16"]["ok"]
+    assert "QNN error 3110 (QNN_OP_PACKAGE_ERROR_VALIDATION_FAILURE)" in wrong["error"]
+    assert f"set runs: [w8a16] on its row ({table})" in wrong["error"]
+    assert "do not match the compiled binaries: SM7550F" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_quantized_only_chip_builds_and_verifies_w8a16_with_fp16_skipped_in_the_report(tmp_path):
+    """Real doit on the simulator: a YAML-only model at [fp16, w8a16] on SM7550 (packaged row, w8a16 only)."""
+    from tiny_packaged import write_model
+
+    project = Project(tmp_path / "project")
+    project.root.mkdir()
+    shutil.copy2(EXAMPLES / "dodo.py", project.root / "dodo.py")
+    write_model(project.root / "models" / "tiny", samples=8,
+                extra="    precision: [fp16, w8a16]\n    calibration: {samples: 8}\n    socs: [SM7550]\n")
+    result = project.doit()
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "context:tiny-w8a16-SM7550" in result.executed
+    assert not list(project.root.glob("build/tiny/tiny/*/fp16/SM7550/**/*.bin"))  # the skip compiled nothing
+    assert list(project.root.glob("build/tiny/tiny/*/w8a16/SM7550/context/tiny_ctx_qnn.bin"))
+    report = json.loads(project.path("build/report/report.json").read_text())
+    status = {(t["precision"], t["soc"]["name"]): t for t in report["targets"]}
+    assert status[("w8a16", "SM7550")]["status"] == "passed"
+    skipped = status[("fp16", "SM7550")]
+    assert skipped["status"] == "skipped" and "QNN rejects its float ops: error 3110" in skipped["reason"]
+    assert "**tiny-SM7550** (skipped): SM7550 (v73) cannot run fp16 graphs" in project.path("build/report/report.md").read_text()
