@@ -104,5 +104,5 @@ def table_markdown() -> str:
 
 
 def _fix_cell(fix: dict[str, Any]) -> str:
-    when = ", ".join(f"{k} {v}" for k, v in (fix.get("when") or {}).items())
+    when = ", ".join(f"{k} {str(v).lower() if isinstance(v, bool) else v}" for k, v in (fix.get("when") or {}).items())
     return (f"*{when}:* " if when else "") + fix["text"].replace("|", "\\|")

@@ -465,13 +465,22 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
     return project
 
 
+def _declares_something(model_yaml: Path) -> bool:
+    """False for a model.yaml of only comments and blank lines (`init`'s example before it is uncommented)."""
+    try:
+        with open(model_yaml, errors="replace") as fh:
+            return any(line.strip() and not line.lstrip().startswith("#") for line in fh)
+    except OSError:
+        return True  # let the loader report it
+
+
 def _load_project(root: Path, toolchain: str) -> Project:
     names = [n.strip() for n in toolchain.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
         raise SpecError("$QNN_TOOLCHAIN", "", f"'{toolchain}' names no toolchain or one twice",
                         "e.g. QNN_TOOLCHAIN=ort-qnn or QNN_TOOLCHAIN=ort-qnn,ort-qnn-2.47")
     socs, default_socs = load_soc_table(root)
-    model_dirs = sorted(p.parent for p in (root / "models").glob("*/model.yaml"))
+    model_dirs = sorted(p.parent for p in (root / "models").glob("*/model.yaml") if _declares_something(p))
     models = tuple(load_model(d, socs) for d in model_dirs)
     seen: dict[str, Path] = {}
     for model in models:
