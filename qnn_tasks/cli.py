@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except QnnTasksError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `qnn-npu-compile socs | head`
+        sys.stderr.close()
+        return 0
 
 
 def _init(target: Path) -> int:
