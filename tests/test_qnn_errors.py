@@ -162,3 +162,53 @@ def test_unknown_and_repeated_codes():
     assert qnnerrors.explain("2026-12-01 08:11:53 error code 4242; soc_model 3110 x", "compile") == []
     text = "error code 3110\nerror code 3110\nQNN_CONTEXT_ERROR_INVALID_ARGUMENT"
     assert qnnerrors.find_codes(text) == [3110, 5000]
+
+
+def l2_model(path: Path, written_out: bool) -> None:
+    """MatMul then an L2 normalisation (MiniLM's last step): ReduceL2, or the same norm written out."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((16, 32)) * 0.2).astype(np.float32), "w"),
+             numpy_helper.from_array(np.array(1e-12, np.float32), "eps"),
+             numpy_helper.from_array(np.array([-1], np.int64), "axes")]
+    norm = ([helper.make_node("Mul", ["m", "m"], ["sq"]), helper.make_node("ReduceSum", ["sq", "axes"], ["ss"], keepdims=1),
+             helper.make_node("Sqrt", ["ss"], ["n"])] if written_out else
+            [helper.make_node("ReduceL2", ["m"], ["n"], axes=[-1], keepdims=1)])
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]), *norm, helper.make_node("Clip", ["n", "eps"], ["nc"]),
+             helper.make_node("Div", ["m", "nc"], ["y"])]
+    graph = helper.make_graph(nodes, "l2", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32])], inits)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_3110_float_op_inside_a_w8a16_graph_on_a_quantized_only_chip(tmp_path):
+    """SPEC 1's MiniLM case in small: at w8a16 ReduceL2 falls back to CPU on SM7550 (3110 in compile.log), not on
+    SM8650; the message says why and how to write it; written out, it runs on HTP on SM7550 too."""
+    import numpy as np
+
+    project = Project(tmp_path / "project")
+    model_dir = project.root / "models" / "l2"
+    (model_dir / "samples").mkdir(parents=True)
+    (project.root / "dodo.py").write_text((EXAMPLES / "dodo.py").read_text())
+    l2_model(model_dir / "l2.onnx", written_out=False)
+    np.savez(model_dir / "samples" / "inputs.npz", x=np.random.default_rng(1).standard_normal((8, 1, 16)).astype(np.float32))
+    (model_dir / "model.yaml").write_text(
+        "licence: test fixture\nsource: {file: l2.onnx}\ngraphs:\n  l2:\n    inputs:\n      x: {shape: [1, 16], dtype: float32}\n"
+        "    outputs:\n      y: {shape: [1, 32]}\n    samples: {files: \"samples/*.npz\"}\n    precision: w8a16\n"
+        "    calibration: {samples: 8}\n    socs: [SM7550, SM8650]\n")
+    result = project.doit("context")
+    assert "context:l2-SM8650" in result.executed and "context:l2-SM7550" in result.executed
+    line = result.failure_line("context:l2-SM7550")
+    assert "3 node(s) of graph 'l2' fall back to CPU on SM7550" in line and "ReduceL2 'ReduceL2_1'" in line
+    assert "write it as Sqrt(ReduceSum(Mul(x, x))) at export" in line
+    assert ("QNN error 3110 (QNN_OP_PACKAGE_ERROR_VALIDATION_FAILURE): QNN's HTP backend rejected an op's configuration "
+            "for this chip: SM7550 runs only quantized ops: float ops left inside the w8a16 graph") in line
+    log = next(project.root.glob("build/l2/l2/*/w8a16/SM7550/context/compile.log")).read_text()
+    assert "`ReduceL2_1ElementWiseMultiply` of type `ElementWiseMultiply` with error code 3110" in log
+    assert "context:l2-SM8650: failed" not in result.stdout + result.stderr  # the same graph is all on HTP there
+    # the fix the message gives works: written out, the norm runs on HTP on SM7550
+    l2_model(model_dir / "l2.onnx", written_out=True)
+    fixed = project.doit("context")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr

@@ -43,6 +43,9 @@ FALLBACK_HINTS = {
     "If": 'add "rewrites: [fold-if]" to the graph in model.yaml (with constant_inputs for what its condition reads), '
           "or constant-fold the condition at export",
     "Loop": "unroll at export", "Scan": "unroll at export",
+    # measured on SM7550 (w8a16 only): ReduceL2's inner multiply stays float and is refused (3110);
+    # the same norm written out quantizes and runs on HTP
+    "ReduceL2": "on a chip that runs only quantized graphs, write it as Sqrt(ReduceSum(Mul(x, x))) at export",
 }
 # ops whose fallback a built-in rewrite fixes: the message names the graph's own model.yaml line
 FALLBACK_REWRITES = {"Neg": "neg", "ReduceSumSquare": "reduce-sum-square", "Clip": "clip-computed",
