@@ -32,7 +32,8 @@ def tiny_model(path: Path) -> None:
         [helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
         "socscheck", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 16, 16])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 16, 16])], [weight])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    # IR 10: what every onnxruntime of a pinned older toolchain reads (1.24 stops at IR 13)
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=10), str(path))
 
 
 def tiny_qdq_model(float_model: Path, path: Path) -> None:

@@ -200,3 +200,19 @@ def test_quantized_only_chip_builds_and_verifies_w8a16_with_fp16_skipped_in_the_
     skipped = status[("fp16", "SM7550")]
     assert skipped["status"] == "skipped" and "QNN rejects its float ops: error 3110" in skipped["reason"]
     assert "**tiny-SM7550** (skipped): SM7550 (v73) cannot run fp16 graphs" in project.path("build/report/report.md").read_text()
+
+
+@pytest.mark.slow
+def test_socscheck_confirms_the_packaged_table_under_both_qnn_versions(tmp_path):
+    """`doit socscheck` with QNN 2.51 and QNN 2.47 (pinned environment): every packaged row, each precision it runs."""
+    project = bare_project(tmp_path / "p")
+    result = project.doit("socscheck", env={"QNN_TOOLCHAIN": "ort-qnn,ort-qnn-2.47"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.executed == {"socscheck:ort-qnn", "socscheck:ort-qnn-2.47"}
+    table = load_soc_table(project.root)[0]
+    for record in ("build/socscheck.json", "build/socscheck-ort-qnn-2.47.json"):
+        rows = {r["soc"]["name"]: r for r in json.loads(project.path(record).read_text())["rows"]}
+        assert list(rows) == list(table), record
+        for name, soc in table.items():
+            assert rows[name]["ok"] and list(rows[name]["precisions"]) == list(soc.runs), (record, rows[name])
+        assert list(rows["SM7550"]["precisions"]) == ["w8a16"] and rows["SM8735"]["recorded_arch"] == "v73"
