@@ -272,18 +272,15 @@ def load_soc_table(root: Path) -> tuple[dict[str, Soc], tuple[str, ...]]:
     rows the project file writes (a table written before the packaged one existed builds as it did),
     else the packaged `default:`.
     """
-    packaged, default, _ = load_soc_file(packaged_socs_file())
+    socs, default, _ = load_soc_file(packaged_socs_file())
     own = root / "socs" / "socs.yaml"
-    if not own.is_file():
-        return packaged, tuple(default if isinstance(default, list) else packaged)
-    socs, own_default, own_rows = load_soc_file(own, packaged)
-    if own_default == "all" or (own_default is None and default == "all"):
-        return socs, tuple(socs)
-    if own_default is not None:
-        return socs, tuple(own_default)
-    if not own_rows:
-        return socs, tuple(default if isinstance(default, list) else socs)
-    return socs, tuple(name for name in socs if name in set(own_rows))
+    if own.is_file():
+        socs, own_default, own_rows = load_soc_file(own, socs)
+        if own_default is not None:
+            default = own_default
+        elif own_rows:
+            return socs, tuple(name for name in socs if name in set(own_rows))
+    return socs, tuple(socs) if default in ("all", None) else tuple(dict.fromkeys(default))  # listed twice: built once
 
 
 def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
