@@ -35,8 +35,8 @@ def test_init_refuses_to_overwrite_and_writes_nothing(tmp_path):
     refused = cli("init", ".", cwd=tmp_path)
     assert refused.returncode == 2 and refused.stdout == ""
     line, = refused.stderr.splitlines()
-    assert line == (f"error: .: init would overwrite socs/socs.yaml, .gitignore (fix: init an empty folder, or move "
-                    f"those files away first; nothing was written)")
+    assert line == ("error: .: init would overwrite socs/socs.yaml, .gitignore (fix: init an empty folder, or move "
+                    "those files away first; nothing was written)")
     assert (tmp_path / ".gitignore").read_text() == "mine\n"
     assert not (tmp_path / "dodo.py").exists() and not (tmp_path / "models").exists()
 

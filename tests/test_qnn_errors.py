@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import onnx
@@ -143,8 +142,8 @@ def test_5000_newer_binary_on_the_older_runtime(tiny, tmp_path):
 
 @pytest.mark.parametrize("text, code, fragment", [
     # documentation only: the forms public reports show (no phone, no weight-shared binary loads here)
-    ("QnnDsp <E> Failed to find available PD for contextId 1 on deviceId 0 coreId 0 with context size estimate 1842"
-     "\nQnnDsp <E> Failed to create context from binary with err 1002", 1002, "each weight-shared binary may take a PD"),
+    (("QnnDsp <E> Failed to find available PD for contextId 1 on deviceId 0 coreId 0 with context size estimate 1842"
+      "\nQnnDsp <E> Failed to create context from binary with err 1002"), 1002, "each weight-shared binary may take a PD"),
     ("<E> Failed to create context from binary with err 0x138c", 5004, "same QAIRT version"),
     ("QnnGraph_execute failed: error code 6001", 6001, "python -m qnn_tasks.qnnbin"),
     ("QnnDevice_create returned 0x36b1 (QNN_DEVICE_ERROR_INVALID_CONFIG)", 14001, "ADSP_LIBRARY_PATH"),

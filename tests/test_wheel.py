@@ -47,8 +47,8 @@ def venv(tmp_path_factory) -> tuple[Path, dict]:
 def test_wheel_installs_inits_and_builds_a_packaged_onnx(venv, tmp_path):
     venv_dir, env = venv
     python = venv_dir / "bin" / "python"
-    where = run([python, "-c", "import qnn_tasks, qnn_tasks.spec as s; print(qnn_tasks.__file__); "
-                               "print(s.packaged_socs_file().is_file())"], tmp_path, env)
+    code = "import qnn_tasks, qnn_tasks.spec as s; print(qnn_tasks.__file__); print(s.packaged_socs_file().is_file())"
+    where = run([python, "-c", code], tmp_path, env)
     assert where.returncode == 0, where.stderr
     module, data = where.stdout.split()
     assert Path(module).resolve().is_relative_to(venv_dir.resolve()), module  # the wheel's copy, not the repo's
@@ -93,8 +93,7 @@ def test_wheel_installs_inits_and_builds_a_packaged_onnx(venv, tmp_path):
 
     # the commented example is a valid spec once uncommented, short of the samples the user supplies
     example = project / "models" / "example" / "model.yaml"
-    example.write_text("".join(line[2:] if line.startswith("# ") else line
-                               for line in example.read_text().splitlines(keepends=True)))
+    example.write_text("".join(line.removeprefix("# ") for line in example.read_text().splitlines(keepends=True)))
     listing = run([python, "-m", "doit", "list"], project, env)
     assert listing.returncode == 2
     assert "models/example/model.yaml: graphs.vad.samples.files: 'samples/*.npz' matches no .npz/.npy file" in listing.stderr
