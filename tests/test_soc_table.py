@@ -216,3 +216,19 @@ def test_socscheck_confirms_the_packaged_table_under_both_qnn_versions(tmp_path)
         for name, soc in table.items():
             assert rows[name]["ok"] and list(rows[name]["precisions"]) == list(soc.runs), (record, rows[name])
         assert list(rows["SM7550"]["precisions"]) == ["w8a16"] and rows["SM8735"]["recorded_arch"] == "v73"
+
+
+def test_messages_name_the_file_of_the_row(tmp_path):
+    """A wrong packaged row is fixed by overriding it in the project; a project row, in the project's file."""
+    packaged = load_socs(PACKAGED)["SM8650"]
+    assert packaged.where() == (f"the SM8650 row of {PACKAGED} (the packaged table: override the row in your "
+                                "socs/socs.yaml)")
+    project = bare_project(tmp_path / "p", "socs:\n  SM8650: {soc_id: 57, dsp_arch: v75, vtcm_mb: 8, runs: [fp16]}\n"
+                                           "default: [SM8650, SM8650]\n")
+    loaded = load_project(project.root)
+    own = project.root / "socs" / "socs.yaml"
+    assert loaded.socs["SM8650"].where() == f"the SM8650 row of {own}"
+    assert loaded.default_socs == ("SM8650",)  # listed twice, built once
+    assert loaded.socs["SM8650"].row()["runs"] == ["fp16"]  # a set `fp16:` cannot say is keyed as itself
+    assert loaded.socs["SM8650"].skip_reason("w8a16") == \
+        "SM8650 (v75) cannot run w8a16 graphs, only fp16 (runs: ['fp16'])"
