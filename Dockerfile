@@ -3,6 +3,7 @@
 #
 #   docker build --platform linux/amd64 -t qnn-npu-compile .
 #   docker run --rm -v "$PWD":/work -v /path/to/qairt:/opt/qairt qnn-npu-compile doit
+#   docker run --rm -v "$PWD":/work qnn-npu-compile qnn-npu-compile init .     # scaffold a project in $PWD
 #
 # /path/to/qairt is the folder that holds the SDK's version folder (qairt/2.40.0.251030/ ...). The SDK
 # is NOT in the image: its licence does not allow redistributing it; download it yourself. For another
@@ -43,7 +44,7 @@ ENV ANDROID_NDK_ROOT=/opt/android-ndk
 
 # The SDK converter's own interpreter: Python 3.10 with numpy<2 and onnx==1.17.0 (not this tool's 3.11).
 # bookworm has no python3.10 package, so uv installs a standalone CPython 3.10 into a venv at the path
-# toolchain/qairt.yaml names (settings.python). The extra packages are what the SDK's
+# the packaged qairt profile names (settings.python; a project's toolchain/qairt.yaml may override it). The extra packages are what the SDK's
 # bin/check-python-dependency asks for (sherpa-onnx installs the same list).
 ENV UV_PYTHON_INSTALL_DIR=/opt/uv-python
 RUN pip install "uv==${UV_VERSION}" \
@@ -53,14 +54,20 @@ RUN pip install "uv==${UV_VERSION}" \
       "numpy<2" onnx==1.17.0 onnxruntime onnxsim \
       packaging protobuf pyyaml pandas psutil pydantic rich scipy six tabulate typing-extensions
 
-# This tool (Python 3.11). torch is pinned and taken from PyTorch's CPU index: an unpinned torch pulls a
-# multi-GB CUDA build. (Only here: the image is built outside the project's machines, where the pinned
-# wheel is local.)
+# This tool (Python 3.11), installed from its wheel exactly as a team installs it (not editable, not a copy
+# of the repository): the wheel carries the SoC table and toolchain profiles (qnn_tasks/data/), and the
+# mounted project's own socs/ and toolchain/ add to or override them. The wheel and the sources are
+# removed in the same layer, so the image holds only the installed package. torch is pinned and taken from PyTorch's CPU
+# index: an unpinned torch pulls a multi-GB CUDA build (only here: the image is built outside the
+# project's machines, where the pinned wheel is local).
 WORKDIR /opt/qnn-npu-compile
 COPY pyproject.toml README.md ./
 COPY qnn_tasks ./qnn_tasks
-RUN pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
- && pip install ".[examples,test]"
+RUN pip wheel --no-deps -w /tmp/dist . \
+ && pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu \
+ && pip install "$(ls /tmp/dist/qnn_npu_compile-*.whl)[examples,test]" \
+ && cd / && rm -rf /tmp/dist /opt/qnn-npu-compile \
+ && qnn-npu-compile socs /tmp >/dev/null
 
 # The SDK is mounted at /opt/qairt by the user; QNN_SDK_ROOT is what `source .../bin/envsetup.sh` sets.
 ENV QNN_TOOLCHAIN=qairt \

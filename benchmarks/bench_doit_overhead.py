@@ -112,7 +112,7 @@ Stages = dict[str, list[dict]]  # stage -> its task dicts
 # ------------------------------------------------------------------ projects
 
 def make_qnn_project(root: Path, n_models: int = N_MODELS) -> Path:
-    """socs.yaml with 6 chips, n_models models of 3 graphs (all chips), the repo's toolchain profile."""
+    """socs.yaml with 6 chips, n_models models of 3 graphs (all chips), the packaged toolchain profile as a project file."""
     (root / "socs").mkdir(parents=True)
     rows = "\n".join(f"  {n}: {{soc_id: {i}, dsp_arch: {a}, vtcm_mb: 8, fp16: true}}" for n, (i, a) in SOCS.items())
     (root / "socs" / "socs.yaml").write_text(f"socs:\n{rows}\n")
@@ -126,7 +126,7 @@ def make_qnn_project(root: Path, n_models: int = N_MODELS) -> Path:
         # numpy: an installed package with no `file:`, so the spec is valid without a real model.
         (model_dir / "model.yaml").write_text(f"licence: MIT\nsource:\n  package: numpy\ngraphs:\n{graphs}")
     (root / "toolchain").mkdir()
-    shutil.copy(REPO / "toolchain" / "ort-qnn.yaml", root / "toolchain" / "ort-qnn.yaml")
+    shutil.copy(REPO / "qnn_tasks" / "data" / "toolchain" / "ort-qnn.yaml", root / "toolchain" / "ort-qnn.yaml")
     shutil.copy(REPO / "dodo.py", root / "dodo.py")
     (root / "dodo_bench.py").write_text(BENCH_DODO)
     return root / "dodo_bench.py"

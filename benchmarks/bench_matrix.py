@@ -36,6 +36,8 @@ def project(dest: Path, socs: list[str], models: tuple[str, ...] = MATRIX_MODELS
     dest.mkdir(parents=True)
     for name in ("dodo.py", "socs", "toolchain"):
         src = REPO / name
+        if not src.exists():  # toolchain/: the repo uses the packaged profiles (qnn_tasks/data/toolchain)
+            continue
         (shutil.copytree if src.is_dir() else shutil.copy2)(src, dest / name)
     for model in models:
         shutil.copytree(REPO / "models" / model, dest / "models" / model, ignore=shutil.ignore_patterns("__pycache__"))

@@ -4,7 +4,7 @@
 #     chromium (the report's headless-browser check) and adb (doit verify; its tests).
 #   - Python packages: this project with its example models, Dask and test tools. torch is pinned
 #     first: an unpinned torch would pull a multi-GB CUDA build.
-#   - The pinned environment of toolchain/ort-qnn-2.47.yaml (an older onnxruntime-qnn, made with uv).
+#   - The pinned environment of the packaged toolchain profile ort-qnn-2.47 (an older onnxruntime-qnn, made with uv).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
@@ -25,7 +25,7 @@ fi
 
 "$PYTHON" -m pip install -q torch==2.13.0
 "$PYTHON" -m pip install -q -e '.[examples,team,test]'
-# The older QNN side by side (toolchain/ort-qnn-2.47.yaml: onnxruntime-qnn 2.3.0 + onnxruntime 1.24.4) in its own
+# The older QNN side by side (profile ort-qnn-2.47, qnn_tasks/data/toolchain/: onnxruntime-qnn 2.3.0 + onnxruntime 1.24.4) in its own
 # environment, made with uv once; the tests build the examples under both toolchains.
-"$PYTHON" -m qnn_tasks.toolchains.envs toolchain/ort-qnn-2.47.yaml
+"$PYTHON" -m qnn_tasks.toolchains.envs ort-qnn-2.47
 echo "installed: $("$PYTHON" -m doit --version | head -1), onnxruntime-qnn $("$PYTHON" -c 'import importlib.metadata as m; print(m.version("onnxruntime-qnn"))')"

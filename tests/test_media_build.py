@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from conftest import ROOT, Project
+from conftest import EXAMPLES, Project
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image, ImageDraw
 
@@ -205,7 +205,7 @@ def write_clip(folder: Path) -> None:
 def media_project(root: Path) -> Project:
     root.mkdir(parents=True)
     for name in ("dodo.py", "socs", "toolchain"):
-        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, root / name)
+        (shutil.copytree if (EXAMPLES / name).is_dir() else shutil.copy2)(EXAMPLES / name, root / name)
     vision, frontend = root / "models" / "vision", root / "models" / "frontend"
     vision.mkdir(parents=True)
     frontend.mkdir(parents=True)

@@ -19,7 +19,8 @@ from qnn_tasks.judge.samples import read_declared
 from qnn_tasks.spec.project import load_model, load_socs
 
 ROOT = Path(__file__).resolve().parent.parent
-SOCS = load_socs(ROOT / "socs" / "socs.yaml")
+EXAMPLES = ROOT / "tests" / "examples"
+SOCS = load_socs(EXAMPLES / "socs" / "socs.yaml")
 ALSA = Path("/usr/share/sounds/alsa/Front_Center.wav")
 
 

@@ -35,6 +35,7 @@ import qnn_tasks.toolchains.ort_qnn as ort_qnn
 from conftest import EXAMPLES, GRAPH_STAGES, DoitResult, Project, copy_project, only_fp16
 from qnn_tasks import toolchains
 from qnn_tasks.spec.project import load_socs, load_toolchain
+from qnn_tasks.spec.project import load_soc_table
 
 TESTS = Path(__file__).resolve().parent
 GELU_FIXTURE = TESTS / "models" / "gelu-conv"
@@ -520,7 +521,7 @@ def test_ep_devices_when_the_ep_is_already_registered():
 
 def test_socscheck_confirms_the_real_table_and_catches_a_wrong_row(tmp_path):
     project = copy_project(tmp_path / "project")
-    socs = load_socs(project.path("socs/socs.yaml"))
+    socs = load_soc_table(project.root)[0]  # the packaged table with the project's rows over it
     result = project.doit("socscheck")
     assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
     assert result.executed == {"socscheck:ort-qnn"}  # one subtask per toolchain of the run

@@ -19,7 +19,7 @@ import numpy as np
 import onnx
 import pytest
 
-from conftest import ROOT, Project
+from conftest import EXAMPLES, Project
 from packaged_fixture import ALL_REWRITES, write_model_folder
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge.samples import read_declared
@@ -34,7 +34,7 @@ def packaged_project(root: Path, rewrites: str = ALL_REWRITES) -> Project:
     """dodo.py, socs, toolchain and one model folder: model.yaml + hazards.onnx + samples/*.npz (no export.py)."""
     root.mkdir(parents=True)
     for name in ("dodo.py", "socs", "toolchain"):
-        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, root / name)
+        (shutil.copytree if (EXAMPLES / name).is_dir() else shutil.copy2)(EXAMPLES / name, root / name)
     write_model_folder(root / "models" / "hazards", rewrites)
     return Project(root)
 
@@ -407,7 +407,7 @@ def export(ctx):
 def tiny_project(root: Path, export: str, out: int = 4, extra: str = "") -> Project:
     root.mkdir(parents=True)
     for name in ("dodo.py", "socs", "toolchain"):
-        (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, root / name)
+        (shutil.copytree if (EXAMPLES / name).is_dir() else shutil.copy2)(EXAMPLES / name, root / name)
     model = root / "models" / "tinym"
     model.mkdir(parents=True)
     (model / "model.yaml").write_text(MODEL_YAML.replace("OUT", str(out)) + extra)

@@ -394,6 +394,19 @@ def test_runner_failure_is_surfaced(project, server, libs, tmp_path):
         assert rec["devices"][0]["device_files"] == "removed" and not (a.sandbox / "project" / "vad-SM8650").exists()
 
 
+def test_qnn_error_code_in_the_phone_log_is_explained(project, server, libs, tmp_path):
+    """A code in qnn-net-run's output on the phone becomes one line with the fix (qnn_tasks/data/qnn_errors.yaml)."""
+    message = "QnnContext_createFromBinary failed with err 5005 (stand-in induced)"
+    with phone(tmp_path, "a", server, "SM8650", env={"STANDIN_QNN_NET_RUN_FAIL": message}):
+        result = doit(project, server, "verify:vad-SM8650", libs=libs)
+        assert result.returncode != 0
+        error = record(project, "SM8650")["devices"][0]["error"]
+        assert message in error
+        assert ("QNN error 5005 (QNN_CONTEXT_ERROR_CREATE_FROM_BINARY): the runtime could not create a context from "
+                "the binary") in error
+        assert "build with the same QAIRT version as the runtime libs you ship, for this phone's chip" in error
+
+
 def test_unplug_mid_run_fails_that_target_keeps_its_measurements(project, server, libs, tmp_path):
     with phone(tmp_path, "a", server, "SM8650"), \
             phone(tmp_path, "b", server, "SM8750", env={"STANDIN_QNN_NET_RUN_STALL": "60"}) as b:

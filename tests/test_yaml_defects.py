@@ -224,11 +224,11 @@ def small_project(root: Path, models: dict[str, str], io: tuple[str, str] = ("x"
     I/O names `io`), samples/, model.yaml."""
     import shutil
 
-    from conftest import ROOT, Project
+    from conftest import EXAMPLES, Project
 
     root.mkdir(parents=True)
-    shutil.copy2(ROOT / "dodo.py", root / "dodo.py")
-    shutil.copytree(ROOT / "toolchain", root / "toolchain")
+    shutil.copy2(EXAMPLES / "dodo.py", root / "dodo.py")
+    shutil.copytree(EXAMPLES / "toolchain", root / "toolchain")
     (root / "socs").mkdir()
     (root / "socs" / "socs.yaml").write_text("socs:\n  SM8650: {soc_id: 57, dsp_arch: v75, vtcm_mb: 8, fp16: true}\n")
     for name, text in models.items():
@@ -408,7 +408,7 @@ def _simulate(model, path: Path, feeds: list[dict], toolchain, options) -> list[
 def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tmp_path, mean, features, loc, diagnosis):
     """The issue's form (ReduceSum(x*x) * (1/N) - (ReduceSum(x) * (1/N))^2), fp16 on SM8650, real compiles and
     simulator runs: the figures README's rewrite table states for the built-in rewrite are measured here."""
-    from conftest import ROOT
+    from conftest import EXAMPLES
 
     from qnn_tasks.judge import metrics, samples
     from qnn_tasks.spec.project import load_socs, load_toolchain
@@ -421,8 +421,8 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
     rng = np.random.default_rng(30)
     feeds = [{"x": (loc + 0.5 * rng.standard_normal(shape)).astype(np.float32)} for _ in range(4)]
     cpu = [_run_cpu(model, f)[0] for f in feeds]
-    soc = load_socs(ROOT / "socs" / "socs.yaml")["SM8650"]
-    toolchain = from_profile(load_toolchain(ROOT, "ort-qnn"))
+    soc = load_socs(EXAMPLES / "socs" / "socs.yaml")["SM8650"]
+    toolchain = from_profile(load_toolchain(EXAMPLES, "ort-qnn"))
     graph = packaged_graph(tmp_path, [TensorSpec("x", shape, "float32")], [TensorSpec("y", shape, "float32")])
     options = toolchain.write_config(graph, "fp16", soc, tmp_path)["provider_options"]
 

@@ -32,6 +32,9 @@ def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str,
         message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         hint = (" (the context binary beside it is damaged or not a QNN context: rebuild it with doit context)"
                 if "binary info" in message or "context cache" in message else "")
+        from qnn_tasks.qnn.errorcodes import explain, explain_file, suffix
+
+        hint += suffix(explain_file(log, "load") or explain(message, "load"))
         raise StageError(f"{ctx_onnx}: failed to load on the HTP simulator: {message}{hint} (log: {log})") from None
     names = [o.name for o in session.get_outputs()]
     signature = {o.name: list(o.shape) for o in session.get_outputs()}

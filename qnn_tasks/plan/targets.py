@@ -143,17 +143,16 @@ def chip_targets(project: Project, toolchain_id: str, suffix: str = "",
                  variants: list[VariantTarget] | None = None) -> list[ChipTarget]:
     """Every (graph variant, chip) pair the graph asks for; chips that can't run it carry a skip reason.
 
-    A graph without `socs:` builds for every chip in the table; those that can't run its
-    precision are still listed (skipped, with the reason) so nothing disappears silently.
+    A graph without `socs:` builds for the table's default chips (socs.yaml `default:`); those that
+    can't run its precision (a chip that runs only quantized graphs, for fp16) are still listed
+    (skipped, with the reason) so nothing disappears silently.
     """
     targets = []
+    default = project.default_socs if project.default_socs is not None else tuple(project.socs)
     for vt in variants if variants is not None else variant_targets(project, toolchain_id, suffix):
-        for soc_name in vt.graph.socs or tuple(project.socs):
+        for soc_name in vt.graph.socs or default:
             soc = project.socs[soc_name]
-            reason = None
-            if not soc.supports(vt.precision):
-                reason = (f"{soc.name} ({soc.dsp_arch}) cannot run {vt.precision} graphs "
-                          f"(no fp16 on HTP {soc.dsp_arch})")
+            reason = soc.skip_reason(vt.precision)
             targets.append(ChipTarget(variant=vt, soc=soc, toolchain_id=toolchain_id,
                                       dir=vt.dir / soc.name, skip_reason=reason))
     return targets

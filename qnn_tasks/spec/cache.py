@@ -18,8 +18,10 @@ CACHE = ".qnn-specs.cache"
 def _fingerprint(root: Path, toolchain: str) -> tuple:
     from qnn_tasks.plan import codekeys
 
-    files = [root / "socs" / "socs.yaml"]
-    files += [root / "toolchain" / f"{name.strip()}.yaml" for name in toolchain.split(",")]
+    data = Path(__file__).resolve().parents[1] / "data"  # the packaged table and profiles under the project's
+    files = [root / "socs" / "socs.yaml", data / "socs.yaml"]
+    for name in toolchain.split(","):  # the project's profile and the packaged one it may override
+        files += [root / "toolchain" / f"{name.strip()}.yaml", data / "toolchain" / f"{name.strip()}.yaml"]
     for model_yaml in sorted((root / "models").glob("*/model.yaml")):
         files += [model_yaml, model_yaml.with_name("export.py")]
     stats = []

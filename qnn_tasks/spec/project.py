@@ -28,7 +28,10 @@ from qnn_tasks.spec.yamlread import (
 
 
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
-SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "fp16", "note", "alias_of"}
+SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "runs", "fp16", "note", "alias_of"}
+SOC_TABLE_KEYS = {"socs", "default"}
+LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
+PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
 MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
@@ -47,15 +50,40 @@ class Soc:
     soc_id: int
     dsp_arch: str
     vtcm_mb: int
-    fp16: bool
+    runs: tuple[str, ...]  # the precisions this HTP compiles, e.g. ("fp16", "w8a16") or ("w8a16",)
     note: str = ""
+    file: str = ""         # the socs.yaml that holds this row (the packaged table or the project's), for messages
+
+    @property
+    def fp16(self) -> bool:
+        return "fp16" in self.runs
 
     def row(self) -> dict[str, Any]:
-        return {"name": self.name, "soc_id": self.soc_id, "dsp_arch": self.dsp_arch,
-                "vtcm_mb": self.vtcm_mb, "fp16": self.fp16}
+        """The row as chip stages key on it. `runs` appears only where `fp16` alone does not say it,
+        so rows written as `fp16: true/false` before `runs:` existed keep their keys (no rebuild)."""
+        row = {"name": self.name, "soc_id": self.soc_id, "dsp_arch": self.dsp_arch,
+               "vtcm_mb": self.vtcm_mb, "fp16": self.fp16}
+        if self.runs not in LEGACY_RUNS.values():
+            row["runs"] = list(self.runs)
+        return row
 
     def supports(self, precision: str) -> bool:
-        return self.fp16 if precision == "fp16" else True
+        return precision in self.runs
+
+    def where(self) -> str:
+        """The file to fix this row in, for messages: the project's socs.yaml, or the packaged table."""
+        if not self.file or Path(self.file).resolve() != (PACKAGED_DATA / "socs.yaml").resolve():
+            return f"the {self.name} row of {self.file or 'socs/socs.yaml'}"
+        return f"the {self.name} row of {self.file} (the packaged table: override the row in your socs/socs.yaml)"
+
+    def skip_reason(self, precision: str) -> str | None:
+        """Why this chip builds no `precision` target (None: it does)."""
+        if self.supports(precision):
+            return None
+        if precision == "fp16" and self.dsp_arch == "v68":  # the wording before `runs:` existed (same task keys)
+            return f"{self.name} ({self.dsp_arch}) cannot run fp16 graphs (no fp16 on HTP {self.dsp_arch})"
+        why = "QNN rejects its float ops: error 3110" if precision == "fp16" else f"runs: {list(self.runs)}"
+        return f"{self.name} ({self.dsp_arch}) cannot run {precision} graphs, only {', '.join(self.runs)} ({why})"
 
 
 @dataclass(frozen=True)
@@ -168,6 +196,7 @@ class Project:
     toolchain: ToolchainProfile                 # the first (primary) toolchain of this run
     toolchains: tuple[ToolchainProfile, ...] = ()  # every toolchain of this run, primary first
     broken: tuple[tuple[str, str], ...] = ()       # (model, its one-line spec error): not buildable, the rest builds
+    default_socs: tuple[str, ...] | None = None  # the chips a graph without `socs:` builds for (None: every row)
 
     def graphs(self) -> list[GraphSpec]:
         return [g for m in self.models for g in m.graphs]
@@ -175,39 +204,100 @@ class Project:
 
 # ---------------------------------------------------------------- loading
 
-def load_socs(path: Path) -> dict[str, Soc]:
+def load_socs(path: Path, base: dict[str, Soc] | None = None) -> dict[str, Soc]:
+    """One socs.yaml's rows. With `base` (the packaged table), they add to or override its rows by name."""
+    return load_soc_file(path, base)[0]
+
+
+def load_soc_file(path: Path, base: dict[str, Soc] | None = None
+                  ) -> tuple[dict[str, Soc], list[str] | str | None, list[str]]:
+    """The merged table (`base` with this file's rows over it), this file's `default:` (None if absent)
+    and the names of the rows this file writes."""
     data = _mapping(load_yaml(path), path, "")
+    _check_keys(data, SOC_TABLE_KEYS, path, "")
     table = _mapping(data.get("socs"), path, "socs")
-    _check_keys(data, {"socs"}, path, "")
-    socs: dict[str, Soc] = {}
-    chips: dict[tuple[int, str], str] = {}  # (soc_id, dsp_arch) -> first row naming it
+    base = dict(base or {})
+    socs: dict[str, Soc] = {name: soc for name, soc in base.items()}
+    # (soc_id, dsp_arch) -> the row naming it; a base row this file overrides no longer counts
+    chips: dict[tuple[int, str], str] = {}
+    for soc in base.values():
+        if soc.name not in table:
+            chips.setdefault((soc.soc_id, soc.dsp_arch), soc.name)
     for name, row in table.items():
         name = _name(name, path, "socs", "SoC name", "rename the row")
         key = f"socs.{name}"
         row = _mapping(row, path, key)
         _check_keys(row, SOC_KEYS, path, key)
-        _require(row, ("soc_id", "dsp_arch", "vtcm_mb", "fp16"), path, key)
+        _require(row, ("soc_id", "dsp_arch", "vtcm_mb"), path, key)
         soc = Soc(name=str(name), soc_id=_int(row["soc_id"], path, f"{key}.soc_id", 1, 1023),
                   dsp_arch=str(row["dsp_arch"]), vtcm_mb=_int(row["vtcm_mb"], path, f"{key}.vtcm_mb", 1, 64),
-                  fp16=_bool(row["fp16"], path, f"{key}.fp16"), note=str(row.get("note", "")))
+                  runs=_runs(row, path, key), note=str(row.get("note", "")), file=str(path))
         if not re.fullmatch(r"v\d+", soc.dsp_arch):
             raise SpecError(path, f"{key}.dsp_arch", f"'{row['dsp_arch']}' is not a Hexagon arch", "write e.g. v75")
         alias = row.get("alias_of")
         same = chips.get((soc.soc_id, soc.dsp_arch))
+        where = f" ({socs[same].file})" if same is not None and socs[same].file != str(path) else ""
         if alias is not None:
-            if alias not in socs:
+            if alias not in socs or alias == soc.name:
                 raise SpecError(path, f"{key}.alias_of", f"'{alias}' is not a row above this one",
                                 "name the row this chip shares soc_id and dsp_arch with")
             if (socs[alias].soc_id, socs[alias].dsp_arch) != (soc.soc_id, soc.dsp_arch):
                 raise SpecError(path, f"{key}.alias_of", f"{alias} has soc_id {socs[alias].soc_id}/{socs[alias].dsp_arch}, "
                                 f"this row {soc.soc_id}/{soc.dsp_arch}", "an alias repeats its row's soc_id and dsp_arch")
-        elif same is not None:
-            raise SpecError(path, f"{key}.soc_id", f"soc_id {soc.soc_id} with {soc.dsp_arch} is already row {same}: "
+        elif same is not None and same != soc.name:
+            raise SpecError(path, f"{key}.soc_id", f"soc_id {soc.soc_id} with {soc.dsp_arch} is already row {same}{where}: "
                             "the same binary would be built twice under two names",
                             f"fix the soc_id, or add alias_of: {same} if both names are really one chip")
         chips.setdefault((soc.soc_id, soc.dsp_arch), soc.name)
         socs[soc.name] = soc
-    return socs
+    default = data.get("default")
+    if default is not None:
+        if default != "all" and not (isinstance(default, list) and all(isinstance(n, str) for n in default)):
+            raise SpecError(path, "default", f"must be a list of SoC names or 'all', got {default!r}",
+                            "e.g. default: [SM8650, SM8750], or default: all")
+        for chip in default if isinstance(default, list) else ():
+            if chip not in socs:
+                raise SpecError(path, "default", f"unknown SoC '{chip}'", f"use rows of the table: {', '.join(socs)}")
+    return socs, default, [str(name) for name in table]
+
+
+def _runs(row: dict, path: Path, key: str) -> tuple[str, ...]:
+    """`runs: [fp16, w8a16]` (or the older `fp16: true/false`): what the chip's HTP compiles."""
+    if "runs" in row and "fp16" in row:
+        raise SpecError(path, f"{key}.fp16", "both runs: and fp16: given", "keep runs: (fp16: is the older spelling)")
+    if "fp16" in row:
+        return LEGACY_RUNS[_bool(row["fp16"], path, f"{key}.fp16")]
+    if "runs" not in row:
+        raise SpecError(path, f"{key}.runs", "required key is missing",
+                        "add runs: [fp16, w8a16], or runs: [w8a16] for a chip that runs only quantized graphs")
+    runs = row["runs"]
+    if not isinstance(runs, list) or not runs or len(set(map(str, runs))) != len(runs) \
+            or not all(r in PRECISIONS for r in runs):
+        raise SpecError(path, f"{key}.runs", f"{runs!r} is not a list of precisions",
+                        f"a non-empty list of {', '.join(PRECISIONS)} without repeats, e.g. runs: [fp16, w8a16]")
+    return tuple(r for r in PRECISIONS if r in runs)  # canonical order: keys do not depend on how it was written
+
+
+def packaged_socs_file() -> Path:
+    return PACKAGED_DATA / "socs.yaml"
+
+
+def load_soc_table(root: Path) -> tuple[dict[str, Soc], tuple[str, ...]]:
+    """The packaged table with the project's socs/socs.yaml (if any) over it, and the default chips.
+
+    Default chips (for graphs without `socs:`): the project file's `default:` if it has one, else the
+    rows the project file writes (a table written before the packaged one existed builds as it did),
+    else the packaged `default:`.
+    """
+    socs, default, _ = load_soc_file(packaged_socs_file())
+    own = root / "socs" / "socs.yaml"
+    if own.is_file():
+        socs, own_default, own_rows = load_soc_file(own, socs)
+        if own_default is not None:
+            default = own_default
+        elif own_rows:
+            return socs, tuple(name for name in socs if name in set(own_rows))
+    return socs, tuple(socs) if default in ("all", None) else tuple(dict.fromkeys(default))  # listed twice: built once
 
 
 def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
@@ -326,12 +416,26 @@ def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorS
     return tuple(tensors)
 
 
+def toolchain_file(root: Path, name: str) -> Path:
+    """The project's toolchain/<name>.yaml when it has one (it overrides), else the packaged profile."""
+    own = root / "toolchain" / f"{name}.yaml"
+    if own.is_file() or "/" in name or name.startswith("."):
+        return own
+    packaged = PACKAGED_DATA / "toolchain" / f"{name}.yaml"
+    return packaged if packaged.is_file() else own
+
+
+def toolchain_names(root: Path) -> list[str]:
+    """Every profile name this project can select: its own toolchain/*.yaml and the packaged ones."""
+    return sorted({p.stem for d in (root / "toolchain", PACKAGED_DATA / "toolchain") for p in d.glob("*.yaml")})
+
+
 def load_toolchain(root: Path, name: str) -> ToolchainProfile:
     _name(name, "$QNN_TOOLCHAIN", "", "toolchain profile name", "name a profile file toolchain/<name>.yaml")
-    path = root / "toolchain" / f"{name}.yaml"
+    path = toolchain_file(root, name)
     if not path.is_file():
-        known = sorted(p.stem for p in (root / "toolchain").glob("*.yaml"))
-        raise SpecError(path, "", f"no toolchain profile '{name}'", f"use one of: {', '.join(known) or 'none found'}")
+        raise SpecError(path, "", f"no toolchain profile '{name}'",
+                        f"use one of: {', '.join(toolchain_names(root)) or 'none found'}, or write toolchain/{name}.yaml")
     data = _mapping(load_yaml(path), path, "")
     _check_keys(data, PROFILE_KEYS, path, "")
     _require(data, ("kind",), path, "")
@@ -387,13 +491,22 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
     return project
 
 
+def _declares_something(model_yaml: Path) -> bool:
+    """False for a model.yaml of only comments and blank lines (`init`'s example before it is uncommented)."""
+    try:
+        with open(model_yaml, errors="replace") as fh:
+            return any(line.strip() and not line.lstrip().startswith("#") for line in fh)
+    except OSError:
+        return True  # let the loader report it
+
+
 def _load_project(root: Path, toolchain: str) -> Project:
     names = [n.strip() for n in toolchain.split(",") if n.strip()]
     if not names or len(set(names)) != len(names):
         raise SpecError("$QNN_TOOLCHAIN", "", f"'{toolchain}' names no toolchain or one twice",
                         "e.g. QNN_TOOLCHAIN=ort-qnn or QNN_TOOLCHAIN=ort-qnn,ort-qnn-2.47")
-    socs = load_socs(root / "socs" / "socs.yaml")
-    model_dirs = sorted(p.parent for p in (root / "models").glob("*/model.yaml"))
+    socs, default_socs = load_soc_table(root)
+    model_dirs = sorted(p.parent for p in (root / "models").glob("*/model.yaml") if _declares_something(p))
     loaded, broken = [], []
     for model_dir in model_dirs:  # one model's bad spec makes that model unbuildable, not the project
         try:
@@ -414,4 +527,4 @@ def _load_project(root: Path, toolchain: str) -> Project:
     models = tuple(models)
     profiles = tuple(load_toolchain(root, name) for name in names)
     return Project(root=root, socs=socs, models=models, toolchain=profiles[0], toolchains=profiles,
-                   broken=tuple(broken))
+                   broken=tuple(broken), default_socs=default_socs)

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.spec.project import GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
+from qnn_tasks.spec.project import LEGACY_RUNS
 
 
 def relative(path: Path | str | None, root: Path) -> str | None:
@@ -54,12 +55,13 @@ def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
 
 
 def soc_to_dict(soc: Soc) -> dict[str, Any]:
-    return {**soc.row(), "note": soc.note}
+    return {**soc.row(), "runs": list(soc.runs), "note": soc.note, "file": soc.file}
 
 
 def soc_from_dict(data: dict[str, Any]) -> Soc:
     return Soc(name=data["name"], soc_id=data["soc_id"], dsp_arch=data["dsp_arch"], vtcm_mb=data["vtcm_mb"],
-               fp16=data["fp16"], note=data.get("note", ""))
+               runs=tuple(data["runs"]) if "runs" in data else LEGACY_RUNS[data["fp16"]], note=data.get("note", ""),
+               file=data.get("file", ""))
 
 
 def profile_to_dict(profile: ToolchainProfile, root: Path) -> dict[str, Any]:

@@ -80,8 +80,8 @@ class OnDemand:
                                            f" (binary says socModel {r['recorded_soc_model']}, {r['recorded_arch']})")
                        for r in results if not r["ok"]]
                 if bad:
-                    return TaskFailed(f"socscheck:{name}: socs/socs.yaml rows that don't match the binaries of "
-                                      f"{binding.id}: {'; '.join(bad)}")
+                    return TaskFailed(f"socscheck:{name}: SoC table rows (socs/socs.yaml over the packaged table) that "
+                                      f"don't match the binaries of {binding.id}: {'; '.join(bad)}")
                 print(f"socscheck:{name}: all {len(results)} rows match with {binding.id} ({record})")
                 return None
 

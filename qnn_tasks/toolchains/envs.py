@@ -13,7 +13,7 @@ imports (numpy, onnx, PyYAML, matplotlib); qnn_tasks itself comes from this chec
 PYTHONPATH, so both sides run the same code. Versions are read from the environment's package
 metadata without starting it.
 
-    python -m qnn_tasks.toolchains.envs toolchain/ort-qnn-2.47.yaml    # create it now (install.sh does)
+    python -m qnn_tasks.toolchains.envs ort-qnn-2.47    # create it now (install.sh does)
 """
 from __future__ import annotations
 
@@ -138,12 +138,14 @@ def main(argv: list[str] | None = None) -> int:
 
     args = sys.argv[1:] if argv is None else argv
     if not args:
-        print("usage: python -m qnn_tasks.toolchains.envs toolchain/<profile>.yaml ...", file=sys.stderr)
+        print("usage: python -m qnn_tasks.toolchains.envs <profile>|toolchain/<profile>.yaml ...", file=sys.stderr)
         return 2
     for arg in args:
         path = Path(arg)
+        # toolchain/<name>.yaml (the project's, else the packaged one of that name), or just <name>
+        root, name = (path.resolve().parent.parent, path.stem) if arg.endswith(".yaml") else (Path.cwd(), arg)
         try:
-            profile = load_toolchain(path.resolve().parent.parent, path.stem)
+            profile = load_toolchain(root, name)
             if not profile.packages:
                 print(f"{arg}: no packages: pinned, uses this interpreter")
                 continue

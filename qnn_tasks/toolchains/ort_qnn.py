@@ -43,6 +43,9 @@ FALLBACK_HINTS = {
     "If": 'add "rewrites: [fold-if]" to the graph in model.yaml (with constant_inputs for what its condition reads), '
           "or constant-fold the condition at export",
     "Loop": "unroll at export", "Scan": "unroll at export",
+    # measured on SM7550 (w8a16 only): ReduceL2's inner multiply stays float and is refused (3110);
+    # the same norm written out quantizes and runs on HTP
+    "ReduceL2": "on a chip that runs only quantized graphs, write it as Sqrt(ReduceSum(Mul(x, x))) at export",
 }
 # ops whose fallback a built-in rewrite fixes: the message names the graph's own model.yaml line
 FALLBACK_REWRITES = {"Neg": "neg", "ReduceSumSquare": "reduce-sum-square", "Clip": "clip-computed",
@@ -109,7 +112,8 @@ class OrtQnnToolchain:
         staging.mkdir()
         try:
             ctx_onnx = staging / f"{graph.name}_ctx.onnx"
-            seconds = _compile(source, ctx_onnx, options, log)
+            precision = "w8a16" if source.name.endswith("_qdq.onnx") else "fp16"  # quantized_outputs() names it
+            seconds = _compile(source, ctx_onnx, options, log, context={"soc": soc, "graph": graph, "precision": precision})
             partition = cpu_partition(ctx_onnx)
             bin_path = staging / f"{graph.name}_ctx_qnn.bin"
             if not bin_path.is_file():
@@ -121,7 +125,7 @@ class OrtQnnToolchain:
             record = {"compile_seconds": round(seconds, 3), "provider_options": options, "partition": partition,
                       "bin_size": bin_path.stat().st_size, "binary": info, "log": str(log), "warnings": []}
             check_chip(info, soc, bin_path, record)
-            check_fallback(graph, soc, partition, record)
+            check_fallback(graph, soc, partition, record, log, precision)
             for name in self.context_files(graph):
                 (staging / name).replace(out_dir / name)
             record["binary"]["path"] = str(out_dir / f"{graph.name}_ctx_qnn.bin")
@@ -221,8 +225,15 @@ def session_options(provider_options: dict[str, str], disable_cpu_fallback: bool
     return so
 
 
-def _compile(model: Path, out: Path, options: dict[str, str], log: Path) -> float:
+def _compile(model: Path, out: Path, options: dict[str, str], log: Path,
+             context: dict[str, Any] | None = None) -> float:
+    """Compile; a failure is one line with the first logged error and what each QNN code in the log means.
+
+    `context` (soc, graph, precision) makes the QNN error explanations name this chip and graph.
+    """
     import onnxruntime as ort
+
+    from qnn_tasks.qnn.errorcodes import explain_file, suffix
 
     start = time.perf_counter()
     try:
@@ -235,8 +246,9 @@ def _compile(model: Path, out: Path, options: dict[str, str], log: Path) -> floa
             fh.write(f"\n# FAILED: {type(err).__name__}: {err}\n")
         message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
         cause = first_logged_error(log)
+        hints = suffix(explain_file(log, "compile", **(context or {})))
         raise ToolchainError(f"compile of {model} failed: {message}" + (f"; first error in the log: {cause}" if cause else "")
-                             + f" (full log: {log})") from None
+                             + hints + f" (full log: {log})") from None
     return time.perf_counter() - start
 
 
@@ -269,16 +281,21 @@ def check_chip(info: dict[str, Any], soc: Soc, bin_path: Path, record: dict[str,
     problems = mismatch(info, soc)
     if problems:
         raise StageError(f"{bin_path}: built for the wrong chip for {soc.name}: {', '.join(problems)} "
-                         f"(fix: check the {soc.name} row of socs/socs.yaml)", record)
+                         f"(fix: check {soc.where()})", record)
 
 
-def check_fallback(graph: GraphSpec, soc: Soc, partition: dict[str, Any], record: dict[str, Any]) -> None:
+def check_fallback(graph: GraphSpec, soc: Soc, partition: dict[str, Any], record: dict[str, Any],
+                   log: Path | None = None, precision: str | None = None) -> None:
     nodes = partition["cpu_nodes"]
     if not nodes:
         return
     listing = "; ".join(f"{n['op_type']} '{n['name']}'" + (f" ({_graph_hint(graph, n)})" if n["hint"] else "")
                         for n in nodes)
     message = f"{len(nodes)} node(s) of graph '{graph.name}' fall back to CPU on {soc.name}: {listing}"
+    if log is not None:  # why QNN refused them (e.g. 3110: float ops inside a quantized graph on a mid-range HTP)
+        from qnn_tasks.qnn.errorcodes import explain_file, suffix
+
+        message += suffix(explain_file(log, "fallback", soc=soc, graph=graph, precision=precision))
     if graph.allow_cpu_fallback:
         record["warnings"].append(message)
         return

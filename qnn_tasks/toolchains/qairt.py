@@ -264,8 +264,12 @@ class QairtToolchain:
         try:
             if run["returncode"] != 0 or not bin_path.is_file():
                 errors = tools.errors_in(log)
+                from qnn_tasks.qnn.errorcodes import explain_file, suffix
+
+                hints = suffix(explain_file(log, "compile", soc=soc, graph=graph))  # QNN codes in the SDK log
                 raise StageError(f"qnn-context-binary-generator failed for '{name}' on {soc.name} (exit "
-                                 f"{run['returncode']}): {errors[-1] if errors else tools.tail(log)} (log: {log})", record)
+                                 f"{run['returncode']}): {errors[-1] if errors else tools.tail(log)}{hints} (log: {log})",
+                                 record)
             try:
                 info = qnnbin.read_binary_info(bin_path).to_dict()
             except qnnbin.QnnBinError as err:

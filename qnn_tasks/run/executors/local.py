@@ -24,7 +24,7 @@ from qnn_tasks.run.calls import StageCall
 from qnn_tasks.errors import QnnTasksError, ToolchainError
 from qnn_tasks.run import interrupts
 
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])  # the folder holding qnn_tasks/
+PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])  # the folder holding qnn_tasks/
 
 
 def run_here(call: StageCall, sink) -> dict[str, Any]:

@@ -19,7 +19,7 @@ from typing import Any
 
 from qnn_tasks.run.calls import StageCall
 
-PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE = Path(__file__).resolve().parents[2]  # qnn_tasks/
 
 
 @functools.lru_cache(maxsize=1)

@@ -144,7 +144,7 @@ def _runner_args(bin_name: str, input_list: str, out: str, native: bool, extra: 
     return args + list(extra)
 
 
-def _require_ok(run: RunResult, phone: adb.Phone, what: str, log_file: Path) -> None:
+def _require_ok(run: RunResult, phone: adb.Phone, what: str, log_file: Path, soc: Any = None) -> None:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.write_text(run.output + "\n")
     if run.returncode == 0:
@@ -152,6 +152,9 @@ def _require_ok(run: RunResult, phone: adb.Phone, what: str, log_file: Path) -> 
     tail = "\n".join(run.output.splitlines()[-15:]) or "(no output)"
     hint = {126: " (not executable: is it the aarch64-android build?)", 127: " (not found or cannot start)",
             97: " (the device folder is gone)"}.get(run.returncode, "")
+    from qnn_tasks.qnn.errorcodes import explain, suffix
+
+    hint += suffix(explain(run.output, "phone", soc=soc))  # e.g. 5000/5005: runtime libs older than the compiler
     raise StageError(f"{RUNNER} exited with {run.returncode}{hint} on {phone.info.label()} during {what}; its "
                      f"output: {tail} (full log: {log_file})")
 

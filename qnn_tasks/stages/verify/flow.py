@@ -140,7 +140,7 @@ def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtime
         timeout = 600 + 60 * payload.samples
         run = run_on_device(phone, workdir, _runner_args(payload.bin_name, payload.input_list, "out", payload.native_inputs),
                             "run.log", "the verification run", settings.cpu_sample_seconds, timeout)
-        _require_ok(run, phone, "the verification run", local / "qnn-net-run.log")
+        _require_ok(run, phone, "the verification run", local / "qnn-net-run.log", job.soc)
         entry.update(runner_log=str(local / "qnn-net-run.log"), accuracy_run={"seconds": run.seconds, "cpu": run.cpu})
         entry["phase"] = "pull"
         save()

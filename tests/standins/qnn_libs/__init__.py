@@ -50,7 +50,8 @@ def runner_wrapper(socs_yaml: Path | None) -> str:
 
 
 def make_qnn_libs(dest: Path, version: str, archs=("v75", "v79"), *, runner: bool = True, skip: tuple[str, ...] = (),
-                  version_file: bool = True, socs_yaml: Path | None = REPO / "socs" / "socs.yaml") -> Path:
+                  version_file: bool = True,
+                  socs_yaml: Path | None = REPO / "qnn_tasks" / "data" / "socs.yaml") -> Path:  # the packaged table
     """A stand-in qnn-libs folder at `dest`; `skip` leaves out files by name (e.g. libQnnHtpV79Skel.so)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
