@@ -165,6 +165,14 @@ def _pipeline(call: StageCall) -> dict[str, Any]:
                         a["feed"], a["verify"], call.target, Path(call.out_dir))
 
 
+def _loop(call: StageCall) -> dict[str, Any]:
+    from .stages import loop
+
+    a = call.args
+    return loop.run(graph(a), a["loop"], Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["simplified"]),
+                    Path(a["inputs"]), call.target, a["soc_name"], Path(call.out_dir))
+
+
 def _socscheck(call: StageCall) -> dict[str, Any]:
     from .socscheck import check_table
 
@@ -183,7 +191,7 @@ RUNNERS: dict[str, Callable[[StageCall], dict[str, Any]]] = {
     "export": _export, "simplify": _simplify, "lint": _lint, "cpucheck": _cpucheck, "calibrate": _calibrate,
     "quantize": _graph_stage, "convert": _graph_stage, "modellib": _graph_stage,
     "config": _config, "context": _context, "simulate": _simulate, "simverify": _simverify, "diagnose": _diagnose,
-    "pipeline": _pipeline, "socscheck": _socscheck, "compat": _compat,
+    "pipeline": _pipeline, "loop": _loop, "socscheck": _socscheck, "compat": _compat,
 }
 
 

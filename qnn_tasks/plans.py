@@ -361,6 +361,32 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                 binding=binding)
 
 
+def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
+    """The model's `loop:` graph run step after step on the chip's simulator and on CPU, each carrying its state."""
+    loop = p.model(ct.graph).loop
+    if loop is None or loop.graph != ct.graph.name:
+        return None
+    gt = ct.graph_target
+    ctx_files = p.context_files(ct)
+    config = p.config_files(ct)[0]
+    settings = loop.settings(ct.precision)
+    code = p.code_deps(ct.graph) if loop.step or any(c["kind"] in MODEL_CHECKS for c in settings["verify"]["checks"]) else []
+    out = f"{ct.dir_str}/{stage.name}"
+    return _chip_plan(p, stage, ct, ctx_files + [config, str(gt.simplified), str(gt.inputs)] + code,
+                      [f"{out}/outputs.npz", f"{out}/reference.npz", f"{out}/per_step_error.png"],
+                      p.chip_key(stage, ct, loop=settings),
+                      lambda: {"graph": p.graph_dict(ct.graph), "loop": settings, "ctx_onnx": ctx_files[0],
+                               "provider_options": config, "simplified": str(gt.simplified), "inputs": str(gt.inputs),
+                               "soc_name": ct.soc.name},
+                      f"run {ct.graph.name} as a loop on {ct.soc.name}'s simulator (the NPU carrying its own state) "
+                      "and on CPU; judge every step")
+
+
+def loop_chips(planner: Planner) -> list[ChipTarget]:
+    """The chip targets whose graph is its model's `loop:` graph (each has a loop stage)."""
+    return [ct for ct in planner.chips if (loop := planner.model(ct.graph).loop) and loop.graph == ct.graph.name]
+
+
 def _failed(record: str) -> bool | None:
     """A stage record's verdict: True if it failed, False if it passed, None if there is none."""
     try:
@@ -405,6 +431,10 @@ PIPELINE = StageDef("pipeline", "pipeline", "Chain each model's pipeline graphs 
                     "previous one's NPU outputs) and judge the end against the same chain on CPU.",
                     ("stages/pipeline.py", "devices/simulator.py", "verification.py", "metrics.py", "samples.py",
                      "stages/cpucheck.py"), plan_pipeline, remote=True, toolchain=True)
+LOOP = StageDef("loop", "chip", "Run each model's loop: graph step after step on the host simulator (its outputs fed "
+                "back, the NPU carrying its own state) and on CPU; error per step, the whole run judged.",
+                ("stages/loop.py", "devices/simulator.py", "verification.py", "metrics.py", "samples.py", "plots.py",
+                 "modelcode.py", "speech.py"), plan_loop, toolchain=True)
 DIAGNOSE = StageDef("diagnose", "chip", "Find the first node where the NPU diverges from the CPU, and why (on demand, "
                     "not in the default run).", ("stages/diagnose.py", "devices/simulator.py", "metrics.py",
                                                  "verification.py", "stages/cpucheck.py"),
@@ -427,7 +457,8 @@ def build_stage_defs(planner: Planner) -> list[StageDef]:
     rows = list(GRAPH_STAGES)
     if not any("w8a16" in gt.graph.precisions for gt in planner.graphs):
         rows = [r for r in rows if r.name != "calibrate"]
-    return rows + variant_stage_defs(planner) + list(CHIP_STAGES) + ([PIPELINE] if planner.pipelines else [])
+    return (rows + variant_stage_defs(planner) + list(CHIP_STAGES) + ([PIPELINE] if planner.pipelines else [])
+            + ([LOOP] if any(m.loop for m in planner.project.models) else []))
 
 
 def targets_of(planner: Planner, stage: StageDef) -> list:
@@ -457,4 +488,5 @@ def record_paths(planner: Planner) -> list[str]:
                      for s in planner.binding(ct).toolchain.graph_stages(ct.precision)})
     paths += [f"{ct.dir_str}/{stage.name}/{stage.name}.json" for ct in planner.chips for stage in CHIP_STAGES + (DIAGNOSE,)]
     paths += [f"{pt.dir}/pipeline/pipeline.json" for pt in planner.pipelines]
+    paths += [f"{ct.dir_str}/loop/loop.json" for ct in loop_chips(planner)]
     return paths + [DEVICE_STAMP, COMPAT_RECORD]  # one file for all device records (not 2 stats per target)

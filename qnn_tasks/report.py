@@ -13,7 +13,7 @@ from typing import Any
 
 from . import records
 from .matrix import ChipTarget, GraphTarget
-from .plans import COMPAT_RECORD
+from .plans import COMPAT_RECORD, loop_chips
 
 SCHEMA = "qnn-npu-compile/report/v1"
 GRAPH_STAGES = ("export", "simplify", "lint", "cpucheck")
@@ -79,14 +79,16 @@ def collect(planner) -> dict[str, Any]:
     from . import compare
 
     pipelines = [pipeline_entry(pt) for pt in planner.pipelines]
+    loops = [loop_entry(ct) for ct in loop_chips(planner)]
     data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,
                         "graphs_failed": sum(1 for g in graph_entries if g["status"] in ("failed", "stale")),
                         "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache")),
-                        "pipelines_failed": sum(1 for p in pipelines if p["status"] in ("failed", "stale"))},
+                        "pipelines_failed": sum(1 for p in pipelines if p["status"] in ("failed", "stale")),
+                        "loops_failed": sum(1 for p in loops if p["status"] in ("failed", "stale"))},
             "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
-            "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines,
+            "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines, "loops": loops,
             "precision_comparison": precision_comparison(targets)}
     data["comparison"] = compare.upgrade_diff(data)
     data["compatibility"] = records.read(COMPAT_RECORD)
@@ -119,6 +121,15 @@ def pipeline_entry(pt) -> dict[str, Any]:
     return {"name": pt.name, "model": pt.pipeline.model, "graphs": list(pt.pipeline.graphs), "soc": pt.soc.row(),
             "toolchain_id": pt.chips[0].toolchain_id, "status": combine([record]),
             "reason": _first_error([record]), "record": record}
+
+
+def loop_entry(ct: ChipTarget) -> dict[str, Any]:
+    """A graph's loop on one chip: its record (per-step error against the CPU loop, the run's metrics and checks)."""
+    record = read_checked(ct.stage_dir("loop") / "loop.json")
+    return {"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
+            "precision": ct.precision, "toolchain_id": ct.toolchain_id,
+            "status": "skipped" if ct.skip_reason else combine([record]),
+            "reason": ct.skip_reason or _first_error([record]), "record": record}
 
 
 def provenance(stages: dict[str, Any]) -> dict[str, Any]:
@@ -169,7 +180,7 @@ def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def gate_problems(data: dict[str, Any]) -> list[str]:
     """What fails the report task itself: stale targets, and upgrade regressions of a gating toolchain."""
     problems = []
-    stale = [t["name"] for t in data["targets"] + data.get("pipelines", []) if t["status"] == "stale"]
+    stale = [t["name"] for t in data["targets"] + data.get("pipelines", []) + data.get("loops", []) if t["status"] == "stale"]
     if stale:
         problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "
                         f"{', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}); run doit to rebuild them")

@@ -20,7 +20,7 @@ from .specyaml import (_bool, _check_keys, _int, _mapping, _number, _package_ver
 
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
 SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "fp16", "note", "alias_of"}
-MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline"}
+MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline", "loop"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
               "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
@@ -131,6 +131,7 @@ class ModelSpec:
     source: Source
     graphs: tuple[GraphSpec, ...]
     pipeline: Any = None  # specpipeline.PipelineSpec: the graphs chained, verified end to end
+    loop: Any = None      # specloop.LoopSpec: one graph run repeatedly, outputs fed back
 
 
 @dataclass(frozen=True)
@@ -209,11 +210,12 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     if not graphs_data:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
     graphs = tuple(_load_graph(str(name), g, model_dir, path, socs, source_data) for name, g in graphs_data.items())
-    from . import specpipeline
+    from . import specloop, specpipeline
 
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs,
-                     pipeline=specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path))
+                     pipeline=specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path),
+                     loop=specloop.load(data.get("loop"), graphs, model_dir.name, path))
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],

@@ -19,6 +19,7 @@ def _fingerprint(root: Path, toolchain: str) -> tuple:
     files = [root / "socs" / "socs.yaml", Path(__file__), Path(__file__).with_name("spec.py"),
              Path(__file__).with_name("specyaml.py"), Path(__file__).with_name("specverify.py"),
              Path(__file__).with_name("specport.py"), Path(__file__).with_name("specpipeline.py"),
+             Path(__file__).with_name("specloop.py"),
              Path(__file__).with_name("rewrites") / "__init__.py"]
     files += [root / "toolchain" / f"{name.strip()}.yaml" for name in toolchain.split(",")]
     for model_yaml in sorted((root / "models").glob("*/model.yaml")):

@@ -83,7 +83,7 @@ STAGE_RECORD = {"type": ["object", "null"], "required": ["stage", "target", "sta
 REPORT_SCHEMA = {  # README "Verification and the report"
     "type": "object", "additionalProperties": False,
     "required": ["schema", "generated", "summary", "toolchains", "graphs", "variants", "targets", "pipelines",
-                 "precision_comparison", "comparison", "compatibility"],
+                 "loops", "precision_comparison", "comparison", "compatibility"],
     "properties": {
         "schema": {"const": "qnn-npu-compile/report/v1"},
         "toolchains": {"type": "array", "items": {"type": "object", "required": ["profile", "id", "suffix", "qnn",
@@ -100,9 +100,9 @@ REPORT_SCHEMA = {  # README "Verification and the report"
                                            "min_cosine", "checks_passed"]}},
         "generated": {"type": "string"},
         "summary": {"type": "object", "additionalProperties": False,
-                    "required": ["targets", *STATUSES, "graphs_failed", "from_cache", "pipelines_failed"],
+                    "required": ["targets", *STATUSES, "graphs_failed", "from_cache", "pipelines_failed", "loops_failed"],
                     "properties": {k: {"type": "integer", "minimum": 0}
-                                   for k in ["targets", *STATUSES, "graphs_failed", "from_cache", "pipelines_failed"]}},
+                                   for k in ["targets", *STATUSES, "graphs_failed", "from_cache", "pipelines_failed", "loops_failed"]}},
         "pipelines": {"type": "array", "items": {"type": "object", "required": ["name", "model", "graphs", "soc",
                                                                                "toolchain_id", "status", "reason", "record"]}},
         "graphs": {"type": "array", "items": {
@@ -186,7 +186,8 @@ def test_report_json_matches_the_documented_schema(verified):
     data = load_report(verified)
     assert report_problems(data, verified) == []
     assert data["summary"] == {"targets": 4, "passed": 4, "warning": 0, "failed": 0, "stale": 0, "skipped": 0,
-                               "pending": 0, "graphs_failed": 0, "from_cache": 0, "pipelines_failed": 0}
+                               "pending": 0, "graphs_failed": 0, "from_cache": 0, "pipelines_failed": 0,
+                               "loops_failed": 0}
     assert {t["name"] for t in data["targets"]} == {f"{g}-{s}" for g in GRAPHS for s in SOCS}
     assert {g["graph"]: g["model"] for g in data["graphs"]} == {g: m for g, (m, _) in GRAPHS.items()}
     for t in data["targets"]:

@@ -1,0 +1,174 @@
+"""loop: one graph run step after step, its outputs fed back, on the simulator and on the CPU.
+
+The NPU loop carries its own state (each step's inputs come from the NPU's previous outputs) and
+the CPU loop carries its own (the simplified ONNX on onnxruntime's CPU provider): neither is fed
+the other's numbers, so the error that builds up through the state is what is measured. Every
+step's outputs are compared (cosine, max-abs per output and step: where the error starts to grow),
+and the whole run is judged with the loop's thresholds and task checks, the steps taking the
+place of samples (the VAD's agreement is over the whole stream).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import fileio, metrics, modelcode, plots, progress, verification
+from .. import samples as sample_store
+from ..devices import simulator
+from ..errors import StageError
+from ..nativelog import native_output_to
+from ..spec import GraphSpec
+from .simulate import SIMULATOR_LABEL
+
+OUTPUTS_FILE = "outputs.npz"
+REFERENCE_FILE = "reference.npz"
+PLOT_FILE = "per_step_error.png"
+
+Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options: Path, simplified: Path,
+        inputs_file: Path, target: str, soc_name: str, out_dir: Path) -> dict[str, Any]:
+    where = f"{graph.model_dir / 'model.yaml'}: loop"
+    stream = sample_store.load(inputs_file)
+    steps = loop["steps"] or len(stream)
+    if loop["step"] is None and steps > len(stream):
+        raise StageError(f"{where}.steps: {steps} steps, but the stream has only {len(stream)} samples "
+                         f"(fix: lower loop.steps, give the graph more samples, or drive the loop with a step function)")
+    log = out_dir / "simulator.log"
+    session = simulator.open_session(ctx_onnx, fileio.read_json(provider_options), log)
+    npu_names = [o.name for o in session.get_outputs()]
+    seconds: list[float] = []
+
+    def npu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        start = time.perf_counter()
+        with native_output_to(log):
+            values = session.run(None, inputs)
+        seconds.append(time.perf_counter() - start)
+        return dict(zip(npu_names, values))
+
+    cpu_session = _cpu_session(simplified)
+    cpu_names = [o.name for o in cpu_session.get_outputs()]
+
+    def cpu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(cpu_names, cpu_session.run(None, inputs)))
+
+    reference = drive(graph, loop, stream, steps, cpu, "cpu", where, lambda i: None)
+    actual = drive(graph, loop, stream, steps, npu, "npu", where, lambda i: progress.step(i, steps, "step"))
+    common = min(len(reference), len(actual))
+    per_step = per_step_errors(graph, reference[:common], actual[:common])
+    result, violations = verification.judge(graph, loop["verify"], reference[:common], actual[:common])
+    if len(reference) != len(actual):
+        violations.append(f"the NPU loop ran {len(actual)} steps, the CPU loop {len(reference)} (its step function "
+                          f"stopped them at different steps)")
+    first = first_differing_step(result["checks"], len(reference), len(actual))
+    sample_store.save(out_dir / OUTPUTS_FILE, actual)
+    sample_store.save(out_dir / REFERENCE_FILE, reference)
+    plot = plots.loop_error_plot(out_dir / PLOT_FILE, f"loop {target}", f"NPU ({soc_name}) vs CPU loop", per_step, first)
+    total = float(np.sum(seconds))
+    record = {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"},
+              "steps": len(actual), "steps_cpu": len(reference), "feed": loop["feed"], "step_function": loop["step"],
+              "per_step": per_step, "growth": growth(per_step), "first_differing_step": first, **result,
+              "violations": violations,
+              "timing": {"label": SIMULATOR_LABEL, "steps_per_second": len(seconds) / total if total else None,
+                         "per_step_median_s": float(np.median(seconds)), "total_s": total, "runs": len(seconds)},
+              "outputs_file": str(out_dir / OUTPUTS_FILE), "reference_file": str(out_dir / REFERENCE_FILE),
+              "plot": str(plot), "log": str(log)}
+    if violations:
+        at = f"; a task result first differed at step {first}" if first is not None else ""
+        raise StageError(f"loop {target} failed after {len(actual)} steps: " + "; ".join(violations) + at
+                         + f" (per-step error: {out_dir / PLOT_FILE})", record)
+    return record
+
+
+def drive(graph: GraphSpec, loop: dict[str, Any], stream: list[dict[str, np.ndarray]], steps: int, run_step: Runner,
+          side: str, where: str, tick: Callable[[int], None]) -> list[dict[str, np.ndarray]]:
+    """Run one loop: step 0 is the stream's first sample; then fed-back outputs, the step function, the stream."""
+    ctx = modelcode.context_for(graph) if loop["step"] else None
+    inputs = dict(stream[0])
+    produced: list[dict[str, np.ndarray]] = []
+    for index in range(steps):
+        outputs = {name: np.array(value) for name, value in run_step(inputs).items()}
+        produced.append(outputs)
+        tick(index + 1)
+        if index + 1 == steps:
+            break
+        upcoming = dict(stream[index + 1]) if index + 1 < len(stream) else dict(inputs)
+        upcoming.update({name: outputs[source] for name, source in loop["feed"].items()})
+        if ctx is not None:
+            ctx.step, ctx.side = index, side
+            chosen = modelcode.call(graph, loop["step"], ctx, dict(inputs), dict(outputs))
+            if chosen is None:
+                break
+            if not isinstance(chosen, dict):
+                raise StageError(f"{graph.model_code}:{loop['step']}() returned {type(chosen).__name__}, not a dict "
+                                 f"of the next step's inputs or None (fix: return {{input name: array}} or None to stop)")
+            upcoming.update(chosen)
+        inputs = _checked(graph, upcoming, where, index + 1)
+    return produced
+
+
+def _checked(graph: GraphSpec, inputs: dict[str, Any], where: str, index: int) -> dict[str, np.ndarray]:
+    """The next step's inputs, exactly the declared ones, each of its declared shape and dtype."""
+    declared = {t.name: t for t in graph.inputs}
+    unknown = sorted(set(inputs) - set(declared))
+    if unknown:
+        raise StageError(f"{where}: step {index} was given {unknown}, which graph '{graph.name}' has no input for "
+                         f"(fix: return only its inputs: {', '.join(declared)})")
+    result = {}
+    for name, tensor in declared.items():
+        value = np.asarray(inputs[name])
+        if tuple(value.shape) != tuple(tensor.shape):
+            raise StageError(f"{where}: step {index}: input '{name}' is {list(value.shape)}, model.yaml declares "
+                             f"{list(tensor.shape)} (fix: feed it a value of the declared shape)")
+        result[name] = value.astype(tensor.dtype, copy=False)
+    return result
+
+
+def per_step_errors(graph: GraphSpec, reference: list[dict[str, np.ndarray]],
+                    actual: list[dict[str, np.ndarray]]) -> dict[str, dict[str, list[float]]]:
+    """Per output: the cosine and max-abs of the NPU loop against the CPU loop at every step."""
+    found: dict[str, dict[str, list[float]]] = {}
+    for tensor in graph.outputs:
+        cos, worst = [], []
+        for ref, got in zip(reference, actual):
+            m = metrics.compare(ref[tensor.name], got[tensor.name])
+            cos.append(m["cosine"])
+            worst.append(m["max_abs"])
+        found[tensor.name] = {"cosine": cos, "max_abs": worst}
+    return found
+
+
+def growth(per_step: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    """How the max-abs error moved from the first tenth of the steps to the last tenth (mean of each)."""
+    found = {}
+    for name, series in per_step.items():
+        values = np.asarray(series["max_abs"], dtype=np.float64)
+        if not len(values) or not np.isfinite(values).all():
+            found[name] = {"first": None, "last": None, "peak": None, "peak_step": None, "ratio": None}
+            continue
+        tenth = max(1, len(values) // 10)
+        first, last = float(values[:tenth].mean()), float(values[-tenth:].mean())
+        found[name] = {"first": first, "last": last, "peak": float(values.max()), "peak_step": int(values.argmax()),
+                       "ratio": last / first if first > 0 else None}
+    return found
+
+
+def first_differing_step(checks: list[dict[str, Any]], cpu_steps: int, npu_steps: int) -> int | None:
+    """The first step where a task check's result differed between the loops (or where one of them stopped)."""
+    steps = [min(c["disagreeing_samples"]) for c in checks if c.get("disagreeing_samples")]
+    if cpu_steps != npu_steps:
+        steps.append(min(cpu_steps, npu_steps))
+    return min(steps) if steps else None
+
+
+def _cpu_session(simplified: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(simplified), options, providers=["CPUExecutionProvider"])

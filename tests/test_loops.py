@@ -1,0 +1,174 @@
+"""Loops: one graph run step after step with its outputs fed back, on the simulator and on CPU (real builds).
+
+The model is built in code: an accumulator `accN = acc + x @ W` (with `level = mean(accN)`), ported
+with YAML only. Fed back, `acc` grows step after step; the NPU keeps it in fp16, so its distance
+from the CPU loop's float32 `acc` grows with the step count — the per-step record must show that.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import Project, copy_project
+from onnx import TensorProto, helper, numpy_helper
+
+DIM, STEPS = 16, 60
+YAML = "models/acc/model.yaml"
+MODEL_YAML = """\
+licence: test fixture
+source: {{file: acc.onnx}}
+graphs:
+  acc:
+    inputs:
+      x: {{shape: [1, {d}], dtype: float32}}
+      acc: {{shape: [1, {d}], dtype: float32}}
+    outputs:
+      accN: {{shape: [1, {d}]}}
+      level: {{shape: [1, 1]}}
+    samples: {{files: samples.npz}}
+    socs: [SM8650]
+loop:
+  graph: acc
+  feed: {{acc: accN}}
+{extra}  verify:
+    thresholds: {{min_cosine: 0.99, min_snr_db: 10}}
+    checks:
+      - agreement: {{output: level, threshold: 0.0, min: 1.0}}
+"""
+
+
+def accumulator() -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    weights = (np.abs(rng.standard_normal((DIM, DIM))) * 0.7).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["step"]),
+             helper.make_node("Add", ["acc", "step"], ["accN"]),
+             helper.make_node("ReduceMean", ["accN"], ["level"], axes=[1], keepdims=1)]
+    graph = helper.make_graph(nodes, "acc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, DIM]),
+                                             helper.make_tensor_value_info("acc", TensorProto.FLOAT, [1, DIM])],
+                              [helper.make_tensor_value_info("accN", TensorProto.FLOAT, [1, DIM]),
+                               helper.make_tensor_value_info("level", TensorProto.FLOAT, [1, 1])],
+                              [numpy_helper.from_array(weights, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+STEP_CODE = '''\
+import numpy as np
+
+
+def step(ctx, inputs, outputs):
+    """Autoregressive: the next x is made from this step's output; stop after 12 steps."""
+    if ctx.step + 1 >= 12:
+        return None
+    return {"x": (np.tanh(outputs["accN"] * 0.05) + 0.5).astype(np.float32)}
+'''
+
+
+def acc_project(root: Path, extra: str = "", code: str | None = None) -> Project:
+    project = copy_project(root)
+    for model in ("silero-vad", "minilm"):  # only the accumulator: keeps the build short
+        shutil.rmtree(project.path(f"models/{model}"))
+    folder = project.path("models/acc")
+    folder.mkdir(parents=True)
+    onnx.save(accumulator(), str(folder / "acc.onnx"))
+    rng = np.random.default_rng(8)
+    np.savez(folder / "samples.npz", x=(1.0 + 0.3 * rng.standard_normal((STEPS, 1, DIM))).astype(np.float32),
+             acc=np.zeros((STEPS, 1, DIM), np.float32))
+    (folder / "model.yaml").write_text(MODEL_YAML.format(d=DIM, extra=extra))
+    if code is not None:
+        (folder / "export.py").write_text(code)
+    return project
+
+
+def loop_record(project: Project) -> dict:
+    return project.one_json("build/acc/acc/*/fp16/SM8650/loop/loop.json")
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory) -> Project:
+    project = acc_project(tmp_path_factory.mktemp("loop-stream") / "project")
+    project.result = project.doit()
+    return project
+
+
+def test_the_npu_carries_its_own_state_and_its_error_grows_per_step(stream):
+    assert stream.result.returncode == 0, stream.result.stdout + stream.result.stderr
+    assert "loop:acc-SM8650" in stream.result.executed
+    rec = loop_record(stream)
+    assert rec["status"] == "passed" and rec["steps"] == rec["steps_cpu"] == STEPS and rec["feed"] == {"acc": "accN"}
+    errors = rec["per_step"]["accN"]["max_abs"]
+    assert len(errors) == STEPS and len(rec["per_step"]["accN"]["cosine"]) == STEPS  # one figure per step
+    first, last = np.mean(errors[:5]), np.mean(errors[-5:])
+    assert last > 10 * first > 0, errors  # fp16 state: the error grows with the step count
+    assert rec["growth"]["accN"]["ratio"] > 10
+    # the loop really fed its outputs back: the CPU loop's state is the running sum of x @ W
+    reference = np.load(stream.path(rec["reference_file"]))["accN"]
+    assert reference[-1].mean() > 30 * reference[0].mean()
+    agreement = next(c for c in rec["checks"] if c["kind"] == "agreement")
+    assert agreement["passed"] and rec["first_differing_step"] is None
+    assert rec["timing"]["steps_per_second"] > 0 and "not phone latency" in rec["timing"]["label"]
+    assert stream.path(rec["plot"]).stat().st_size > 10_000
+    report = json.loads(stream.path("build/report/report.json").read_text())
+    assert [(e["name"], e["status"]) for e in report["loops"]] == [("acc-SM8650", "passed")]
+    assert report["summary"]["loops_failed"] == 0
+    md = stream.path("build/report/report.md").read_text()
+    assert "## Loops" in md and "| acc-SM8650 | 60 | passed |" in md
+    html = stream.path("build/report/index.html").read_text()
+    assert "per-step error of the loop acc-SM8650" in html
+    assert stream.doit("loop").executed == set()
+
+
+def test_a_task_check_that_breaks_names_the_first_differing_step(stream, tmp_path):
+    """The same loop judged by a decision the fp16 state flips: the failure says at which step it first differed."""
+    project = copy_project(tmp_path / "project", source=stream.root, with_build=True)
+    reference = np.load(project.path(loop_record(stream)["reference_file"]))["level"].reshape(-1)
+    npu = np.load(project.path(loop_record(stream)["outputs_file"]))["level"].reshape(-1)
+    step = STEPS // 2
+    assert npu[step] != reference[step], "the NPU loop matched the CPU loop exactly there"
+    assert (np.diff(reference) > 0).all() and (np.diff(npu) > 0).all()  # the level rises at every step
+    # a threshold between the two loops' values at that step: the decisions differ there, and only there
+    threshold = float((npu[step] + reference[step]) / 2)
+    project.edit(YAML, "threshold: 0.0", f"threshold: {threshold!r}")
+    result = project.doit("loop:acc-SM8650")
+    line = result.failure_line("loop:acc-SM8650")
+    assert "check agreement on 'level'" in line and f"a task result first differed at step {step}" in line, line
+    rec = loop_record(project)
+    assert rec["status"] == "failed" and rec["first_differing_step"] == step
+
+
+def test_a_step_function_drives_the_loop(tmp_path):
+    project = acc_project(tmp_path / "project", extra="  step: step\n", code=STEP_CODE)
+    result = project.doit("loop:acc-SM8650")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rec = loop_record(project)
+    assert rec["status"] == "passed" and rec["steps"] == rec["steps_cpu"] == 12 and rec["step_function"] == "step"
+    outputs = np.load(project.path(rec["reference_file"]))
+    assert outputs["accN"].shape == (12, 1, DIM)
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (("feed: {acc: accN}", "feed: {acc: accM}"), ["loop.feed.acc", "'accM' is not an output of graph 'acc'", "accN"]),
+    (("feed: {acc: accN}", "feed: {state: accN}"), ["loop.feed.state", "'state' is not an input"]),
+    (("feed: {acc: accN}", "feed: {acc: level}"), ["loop.feed.acc", "output 'level' is [1, 1]", "is [1, 16]"]),
+    (("graph: acc", "graph: decoder"), ["loop.graph", "'decoder' is not a graph of this model"]),
+    (("feed: {acc: accN}", "feed: {}"), ["loop.feed", "feeds nothing back"]),
+    (("feed: {acc: accN}", "feed: {acc: accN}\n  steps: 0"), ["loop.steps"]),
+    (("feed: {acc: accN}", "feed: {acc: accN}\n  step: step"), ["loop.step", "export.py"]),
+    (("feed: {acc: accN}", "feed: {acc: accN}\n  unroll: 2"), ["loop.unroll"]),
+    (("output: level, threshold", "output: levels, threshold"), ["loop.verify.checks[0].agreement"]),
+])
+def test_wrong_loop_declarations_stop_doit_with_one_line(tmp_path, edit, fragments):
+    project = acc_project(tmp_path / "project")
+    project.edit(YAML, *edit)
+    result = project.doit("list")
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and str(project.path(YAML)) in line and "(fix: " in line, line
+    for fragment in fragments:
+        assert fragment in line, line
