@@ -104,6 +104,7 @@ def test_the_npu_carries_its_own_state_and_its_error_grows_per_step(stream):
     assert rec["status"] == "passed" and rec["steps"] == rec["steps_cpu"] == STEPS and rec["feed"] == {"acc": "accN"}
     errors = rec["per_step"]["accN"]["max_abs"]
     assert len(errors) == STEPS and len(rec["per_step"]["accN"]["cosine"]) == STEPS  # one figure per step
+    assert rec["per_step"]["level"]["cosine"] is None and len(rec["per_step"]["level"]["max_abs"]) == STEPS
     first, last = np.mean(errors[:5]), np.mean(errors[-5:])
     assert last > 10 * first > 0, errors  # fp16 state: the error grows with the step count
     assert rec["growth"]["accN"]["ratio"] > 10
@@ -172,3 +173,39 @@ def test_wrong_loop_declarations_stop_doit_with_one_line(tmp_path, edit, fragmen
     assert "\n" not in line and str(project.path(YAML)) in line and "(fix: " in line, line
     for fragment in fragments:
         assert fragment in line, line
+
+
+VAD_LOOP = """\
+loop:
+  graph: vad
+  feed: {state: stateN}
+  verify:
+    per_output:
+      output: {max_abs: 0.05}
+    checks:
+      - agreement: {output: output, threshold: 0.5, min: 0.99}
+"""  # as in models/silero-vad/model.yaml
+
+
+@pytest.mark.slow
+def test_the_vads_state_carried_by_the_npu_over_the_whole_stream(tmp_path):
+    """The Silero VAD over its 231 real audio frames with the NPU's own state, against the same loop on CPU."""
+    from conftest import restrict_socs
+
+    project = copy_project(tmp_path / "project")
+    shutil.rmtree(project.path("models/minilm"))
+    restrict_socs(project, ["SM8650"])
+    yaml = project.path("models/silero-vad/model.yaml")
+    yaml.write_text(yaml.read_text() + VAD_LOOP)
+    result = project.doit("loop:vad-SM8650", "simverify:vad-SM8650")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rec = project.one_json("build/silero-vad/vad/*/fp16/SM8650/loop/loop.json")
+    per_frame = project.one_json("build/silero-vad/vad/*/fp16/SM8650/simverify/simverify.json")
+    assert rec["status"] == "passed" and rec["steps"] == per_frame["samples"] == 231
+    agreement = next(c for c in rec["checks"] if c["kind"] == "agreement")
+    assert agreement["value"] >= 0.99
+    assert len(rec["per_step"]["stateN"]["max_abs"]) == 231 and rec["per_step"]["output"]["cosine"] is None
+    # the state the NPU carries drifts from the CPU's: what feeding the CPU's state to every frame never shows
+    assert rec["growth"]["stateN"]["ratio"] > 3
+    assert rec["metrics"]["stateN"]["max_abs"] > per_frame["metrics"]["stateN"]["max_abs"]
+    assert rec["timing"]["steps_per_second"] > 0

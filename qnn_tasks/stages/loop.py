@@ -131,15 +131,18 @@ def _checked(graph: GraphSpec, inputs: dict[str, Any], where: str, index: int) -
 
 def per_step_errors(graph: GraphSpec, reference: list[dict[str, np.ndarray]],
                     actual: list[dict[str, np.ndarray]]) -> dict[str, dict[str, list[float]]]:
-    """Per output: the cosine and max-abs of the NPU loop against the CPU loop at every step."""
-    found: dict[str, dict[str, list[float]]] = {}
+    """Per output: the cosine and max-abs of the NPU loop against the CPU loop at every step.
+
+    A one-element output has no cosine to speak of (it is 1, 0 or -1): its `cosine` is None.
+    """
+    found: dict[str, dict[str, list[float] | None]] = {}
     for tensor in graph.outputs:
         cos, worst = [], []
         for ref, got in zip(reference, actual):
             m = metrics.compare(ref[tensor.name], got[tensor.name])
             cos.append(m["cosine"])
             worst.append(m["max_abs"])
-        found[tensor.name] = {"cosine": cos, "max_abs": worst}
+        found[tensor.name] = {"cosine": cos if int(np.prod(tensor.shape)) > 1 else None, "max_abs": worst}
     return found
 
 
