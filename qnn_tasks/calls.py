@@ -170,7 +170,7 @@ def _loop(call: StageCall) -> dict[str, Any]:
 
     a = call.args
     return loop.run(graph(a), a["loop"], Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["simplified"]),
-                    Path(a["inputs"]), call.target, a["soc_name"], Path(call.out_dir))
+                    Path(a["inputs"]), call.target, a["soc_name"], Path(call.out_dir), a.get("start"))
 
 
 def _socscheck(call: StageCall) -> dict[str, Any]:

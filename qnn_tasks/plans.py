@@ -366,25 +366,36 @@ def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
     loop = p.model(ct.graph).loop
     if loop is None or loop.graph != ct.graph.name:
         return None
+    start, start_files, task_dep = None, [], []
+    if loop.start:  # encoder once -> decoder loop: each run starts from the pipeline's kept outputs on this chip
+        pt = next((pt for pt in p.pipelines if pt.pipeline.model == ct.graph.model and pt.soc.name == ct.soc.name
+                   and pt.chips[0].variant.suffix == ct.variant.suffix), None)
+        if pt is None:
+            return None  # the pipeline is not built for this chip or precision: no run to start from
+        chain = pt.stage_dir("pipeline")
+        start = {"npu": f"{chain}/outputs.npz", "cpu": f"{chain}/reference.npz", "inputs": loop.start}
+        start_files, task_dep = [start["npu"], start["cpu"]], [f"pipeline:{pt.name}"]
     gt = ct.graph_target
     ctx_files = p.context_files(ct)
     config = p.config_files(ct)[0]
     settings = loop.settings(ct.precision)
     code = p.code_deps(ct.graph) if loop.step or any(c["kind"] in MODEL_CHECKS for c in settings["verify"]["checks"]) else []
     out = f"{ct.dir_str}/{stage.name}"
-    return _chip_plan(p, stage, ct, ctx_files + [config, str(gt.simplified), str(gt.inputs)] + code,
+    return _chip_plan(p, stage, ct, ctx_files + [config, str(gt.simplified), str(gt.inputs)] + start_files + code,
                       [f"{out}/outputs.npz", f"{out}/reference.npz", f"{out}/per_step_error.png"],
                       p.chip_key(stage, ct, loop=settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "loop": settings, "ctx_onnx": ctx_files[0],
                                "provider_options": config, "simplified": str(gt.simplified), "inputs": str(gt.inputs),
-                               "soc_name": ct.soc.name},
+                               "soc_name": ct.soc.name, "start": start},
                       f"run {ct.graph.name} as a loop on {ct.soc.name}'s simulator (the NPU carrying its own state) "
-                      "and on CPU; judge every step")
+                      "and on CPU; judge every step" + (" (each run started by the pipeline's outputs)" if start else ""),
+                      task_dep=task_dep)
 
 
 def loop_chips(planner: Planner) -> list[ChipTarget]:
     """The chip targets whose graph is its model's `loop:` graph (each has a loop stage)."""
-    return [ct for ct in planner.chips if (loop := planner.model(ct.graph).loop) and loop.graph == ct.graph.name]
+    return [ct for ct in planner.chips if (loop := planner.model(ct.graph).loop) and loop.graph == ct.graph.name
+            and (not loop.start or plan_loop(planner, LOOP, ct) is not None)]
 
 
 def _failed(record: str) -> bool | None:

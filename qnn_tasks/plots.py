@@ -51,7 +51,7 @@ def outputs_plot(png: Path, title: str, npu_label: str, npu: dict[str, np.ndarra
 
 
 def loop_error_plot(png: Path, title: str, label: str, per_step: dict[str, dict[str, list[float]]],
-                    first_differing: int | None) -> Path:
+                    first_differing: int | None, run_starts: list[int] = ()) -> Path:
     """A loop's error against the CPU loop at every step, log scale: max-abs and 1 - cosine, a line per output."""
     import matplotlib
 
@@ -69,6 +69,8 @@ def loop_error_plot(png: Path, title: str, label: str, per_step: dict[str, dict[
             values = 1.0 - values if metric == "cosine" else values
             ax.plot(np.arange(len(values)), np.maximum(np.nan_to_num(values, nan=1.0, posinf=1e30), floor),
                     label=name, linewidth=1.2)
+        for index, begin in enumerate(run_starts):  # several runs (one per pipeline sample) side by side
+            ax.axvline(begin, color="#999999", linewidth=0.8, label="next run" if index == 0 else None)
         if first_differing is not None:
             ax.axvline(first_differing, color="#cc3311", linestyle="--", linewidth=1,
                        label=f"task result first differs (step {first_differing})")

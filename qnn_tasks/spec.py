@@ -212,10 +212,10 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     graphs = tuple(_load_graph(str(name), g, model_dir, path, socs, source_data) for name, g in graphs_data.items())
     from . import specloop, specpipeline
 
+    pipeline = specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
-                     description=str(data.get("description", "")), source=source, graphs=graphs,
-                     pipeline=specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path),
-                     loop=specloop.load(data.get("loop"), graphs, model_dir.name, path))
+                     description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
+                     loop=specloop.load(data.get("loop"), graphs, model_dir.name, path, pipeline))
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],

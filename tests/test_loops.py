@@ -209,3 +209,108 @@ def test_the_vads_state_carried_by_the_npu_over_the_whole_stream(tmp_path):
     assert rec["growth"]["stateN"]["ratio"] > 3
     assert rec["metrics"]["stateN"]["max_abs"] > per_frame["metrics"]["stateN"]["max_abs"]
     assert rec["timing"]["steps_per_second"] > 0
+
+
+CHAIN_YAML = """\
+licence: test fixture
+source: {{file: pre.onnx}}
+graphs:
+  pre:
+    inputs: {{z: {{shape: [1, {d}], dtype: float32}}}}
+    outputs: {{h: {{shape: [1, {d}]}}}}
+    samples: {{files: pre.npz}}
+    socs: [SM8650]
+  post:
+    source: {{file: post.onnx}}
+    inputs: {{h: {{shape: [1, {d}], dtype: float32}}}}
+    outputs: {{y: {{shape: [1, {d}]}}}}
+    samples: {{files: post.npz}}
+    socs: [SM8650]
+  dec:
+    source: {{file: dec.onnx}}
+    inputs:
+      x: {{shape: [1, {d}], dtype: float32}}
+      acc: {{shape: [1, {d}], dtype: float32}}
+      b: {{shape: [1, {d}], dtype: float32}}
+    outputs:
+      accN: {{shape: [1, {d}]}}
+    samples: {{files: dec.npz}}
+    socs: [SM8650]
+pipeline:
+  graphs: [pre, post]
+loop:
+  graph: dec
+  feed: {{acc: accN}}
+  start: {{b: post.y}}
+  verify:
+    thresholds: {{min_cosine: 0.99, min_snr_db: 10}}
+"""
+
+
+def _graph(name: str, nodes: list, inputs: list[str], outputs: list[str], weights: dict) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(i, TensorProto.FLOAT, [1, DIM]) for i in inputs],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, DIM]) for o in outputs],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def chain_loop_project(root: Path) -> Project:
+    project = copy_project(root)
+    for model in ("silero-vad", "minilm"):
+        shutil.rmtree(project.path(f"models/{model}"))
+    folder = project.path("models/chained")
+    folder.mkdir(parents=True)
+    half, one = np.full((1, DIM), 0.5, np.float32), np.ones((1, DIM), np.float32)
+    weights = (np.random.default_rng(9).standard_normal((DIM, DIM)) * 0.5).astype(np.float32)
+    onnx.save(_graph("pre", [helper.make_node("Mul", ["z", "half"], ["h"])], ["z"], ["h"], {"half": half}),
+              str(folder / "pre.onnx"))
+    onnx.save(_graph("post", [helper.make_node("Add", ["h", "one"], ["y"])], ["h"], ["y"], {"one": one}),
+              str(folder / "post.onnx"))
+    onnx.save(_graph("dec", [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["acc", "xw"], ["s"]),
+                             helper.make_node("Add", ["s", "b"], ["accN"])], ["x", "acc", "b"], ["accN"], {"w": weights}),
+              str(folder / "dec.onnx"))
+    rng = np.random.default_rng(10)
+    np.savez(folder / "pre.npz", z=rng.standard_normal((3, 1, DIM)).astype(np.float32))
+    np.savez(folder / "post.npz", h=rng.standard_normal((2, 1, DIM)).astype(np.float32))
+    np.savez(folder / "dec.npz", x=rng.standard_normal((10, 1, DIM)).astype(np.float32),
+             acc=np.zeros((10, 1, DIM), np.float32), b=np.zeros((10, 1, DIM), np.float32))
+    (folder / "model.yaml").write_text(CHAIN_YAML.format(d=DIM))
+    project.weights = weights
+    return project
+
+
+def test_a_loop_started_by_a_pipeline_runs_once_per_pipeline_sample(tmp_path):
+    """Encoder once -> decoder loop: each run of the loop holds an input at the pipeline's outputs (NPU or CPU chain)."""
+    project = chain_loop_project(tmp_path / "project")
+    result = project.doit("loop:dec-SM8650", "report")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {"pipeline:chained-SM8650", "loop:dec-SM8650"} <= result.executed
+    rec = project.one_json("build/chained/dec/*/fp16/SM8650/loop/loop.json")
+    assert rec["status"] == "passed" and rec["start"] == {"b": "y"}
+    assert [(r["first"], r["steps"], r["steps_cpu"]) for r in rec["runs"]] == [(0, 10, 10), (10, 10, 10), (20, 10, 10)]
+    assert len(rec["per_step"]["accN"]["max_abs"]) == 30
+    chain_cpu = np.load(next(project.root.glob("build/chained/pipeline/*/SM8650/pipeline/reference.npz")))["y"]
+    x0 = np.load(project.path("build/chained/dec/cpucheck/inputs.npz"))["x"][0]
+    loop_cpu = np.load(project.path(rec["reference_file"]))["accN"]
+    for run in range(3):  # step 0 of each run: acc 0 + x0 @ W + the CPU chain's y of that sample, held
+        np.testing.assert_allclose(loop_cpu[run * 10], x0 @ project.weights + chain_cpu[run], rtol=1e-5, atol=1e-5)
+    report = json.loads(project.path("build/report/report.json").read_text())
+    assert [e["name"] for e in report["loops"]] == ["dec-SM8650"]
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (("pipeline:\n  graphs: [pre, post]\n", ""), ["loop.start", "has none"]),
+    (("start: {b: post.y}", "start: {b: pre.h}"), ["loop.start.b", "last graph 'post'"]),
+    (("start: {b: post.y}", "start: {acc: post.y}"), ["loop.start.acc", "not fed back"]),
+])
+def test_wrong_loop_starts_stop_doit_with_one_line(tmp_path, edit, fragments):
+    project = chain_loop_project(tmp_path / "project")
+    project.edit("models/chained/model.yaml", *edit)
+    result = project.doit("list")
+    assert result.returncode == 2, result.stdout + result.stderr
+    line = result.stderr.strip()
+    assert "\n" not in line and "models/chained/model.yaml" in line and "(fix: " in line, line
+    for fragment in fragments:
+        assert fragment in line, line

@@ -32,7 +32,8 @@ Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 
 def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options: Path, simplified: Path,
-        inputs_file: Path, target: str, soc_name: str, out_dir: Path) -> dict[str, Any]:
+        inputs_file: Path, target: str, soc_name: str, out_dir: Path,
+        start: dict[str, Any] | None = None) -> dict[str, Any]:
     where = f"{graph.model_dir / 'model.yaml'}: loop"
     stream = sample_store.load(inputs_file)
     steps = loop["steps"] or len(stream)
@@ -45,10 +46,10 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
     seconds: list[float] = []
 
     def npu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        start = time.perf_counter()
+        began = time.perf_counter()
         with native_output_to(log):
             values = session.run(None, inputs)
-        seconds.append(time.perf_counter() - start)
+        seconds.append(time.perf_counter() - began)
         return dict(zip(npu_names, values))
 
     cpu_session = _cpu_session(simplified)
@@ -57,21 +58,34 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
     def cpu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return dict(zip(cpu_names, cpu_session.run(None, inputs)))
 
-    reference = drive(graph, loop, stream, steps, cpu, "cpu", where, lambda i: None)
-    actual = drive(graph, loop, stream, steps, npu, "npu", where, lambda i: progress.step(i, steps, "step"))
-    common = min(len(reference), len(actual))
-    per_step = per_step_errors(graph, reference[:common], actual[:common])
-    result, violations = verification.judge(graph, loop["verify"], reference[:common], actual[:common])
-    if len(reference) != len(actual):
-        violations.append(f"the NPU loop ran {len(actual)} steps, the CPU loop {len(reference)} (its step function "
-                          f"stopped them at different steps)")
-    first = first_differing_step(result["checks"], len(reference), len(actual))
+    held = starts(start)
+    reference, actual, runs, violations = [], [], [], []
+    for index, (cpu_held, npu_held) in enumerate(held):
+        done = len(actual)
+        ref = drive(graph, loop, stream, steps, cpu, "cpu", where, lambda i: None, cpu_held)
+        got = drive(graph, loop, stream, steps, npu, "npu", where,
+                    lambda i, done=done: progress.step(done + i, steps * len(held), "step"), npu_held)
+        common = min(len(ref), len(got))
+        runs.append({"run": index, "first": len(reference), "steps": len(got), "steps_cpu": len(ref)})
+        if len(ref) != len(got):
+            runs[-1]["stopped_apart_at"] = len(reference) + common
+            violations.append(f"run {index}: the NPU loop ran {len(got)} steps, the CPU loop {len(ref)} (its step "
+                              f"function stopped them at different steps)")
+        reference += ref[:common]
+        actual += got[:common]
+    per_step = per_step_errors(graph, reference, actual)
+    result, judged = verification.judge(graph, loop["verify"], reference, actual)
+    violations = judged + violations
+    first = first_differing_step(result["checks"], [r["stopped_apart_at"] for r in runs if "stopped_apart_at" in r])
     sample_store.save(out_dir / OUTPUTS_FILE, actual)
     sample_store.save(out_dir / REFERENCE_FILE, reference)
-    plot = plots.loop_error_plot(out_dir / PLOT_FILE, f"loop {target}", f"NPU ({soc_name}) vs CPU loop", per_step, first)
+    plot = plots.loop_error_plot(out_dir / PLOT_FILE, f"loop {target}", f"NPU ({soc_name}) vs CPU loop", per_step, first,
+                                 [r["first"] for r in runs[1:]])
     total = float(np.sum(seconds))
     record = {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"},
-              "steps": len(actual), "steps_cpu": len(reference), "feed": loop["feed"], "step_function": loop["step"],
+              "steps": sum(r["steps"] for r in runs), "steps_cpu": sum(r["steps_cpu"] for r in runs),
+              "compared_steps": len(actual), "runs": runs, "feed": loop["feed"], "step_function": loop["step"],
+              "start": (start or {}).get("inputs"),
               "per_step": per_step, "growth": growth(per_step), "first_differing_step": first, **result,
               "violations": violations,
               "timing": {"label": SIMULATOR_LABEL, "steps_per_second": len(seconds) / total if total else None,
@@ -80,16 +94,19 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
               "plot": str(plot), "log": str(log)}
     if violations:
         at = f"; a task result first differed at step {first}" if first is not None else ""
-        raise StageError(f"loop {target} failed after {len(actual)} steps: " + "; ".join(violations) + at
+        raise StageError(f"loop {target} failed after {record['steps']} steps: " + "; ".join(violations) + at
                          + f" (per-step error: {out_dir / PLOT_FILE})", record)
     return record
 
 
 def drive(graph: GraphSpec, loop: dict[str, Any], stream: list[dict[str, np.ndarray]], steps: int, run_step: Runner,
-          side: str, where: str, tick: Callable[[int], None]) -> list[dict[str, np.ndarray]]:
-    """Run one loop: step 0 is the stream's first sample; then fed-back outputs, the step function, the stream."""
+          side: str, where: str, tick: Callable[[int], None],
+          held: dict[str, np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
+    """Run one loop: step 0 is the stream's first sample (with the held inputs); each next step takes the next
+    sample (or this step's inputs), the held inputs, the fed-back outputs, then what the step function returns."""
+    held = held or {}
     ctx = modelcode.context_for(graph) if loop["step"] else None
-    inputs = dict(stream[0])
+    inputs = _checked(graph, {**stream[0], **held}, where, 0)
     produced: list[dict[str, np.ndarray]] = []
     for index in range(steps):
         outputs = {name: np.array(value) for name, value in run_step(inputs).items()}
@@ -97,7 +114,7 @@ def drive(graph: GraphSpec, loop: dict[str, Any], stream: list[dict[str, np.ndar
         tick(index + 1)
         if index + 1 == steps:
             break
-        upcoming = dict(stream[index + 1]) if index + 1 < len(stream) else dict(inputs)
+        upcoming = {**(stream[index + 1] if index + 1 < len(stream) else inputs), **held}
         upcoming.update({name: outputs[source] for name, source in loop["feed"].items()})
         if ctx is not None:
             ctx.step, ctx.side = index, side
@@ -161,12 +178,21 @@ def growth(per_step: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, A
     return found
 
 
-def first_differing_step(checks: list[dict[str, Any]], cpu_steps: int, npu_steps: int) -> int | None:
+def first_differing_step(checks: list[dict[str, Any]], stopped_apart: list[int]) -> int | None:
     """The first step where a task check's result differed between the loops (or where one of them stopped)."""
-    steps = [min(c["disagreeing_samples"]) for c in checks if c.get("disagreeing_samples")]
-    if cpu_steps != npu_steps:
-        steps.append(min(cpu_steps, npu_steps))
+    steps = [min(c["disagreeing_samples"]) for c in checks if c.get("disagreeing_samples")] + stopped_apart
     return min(steps) if steps else None
+
+
+def starts(start: dict[str, Any] | None) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """(CPU, NPU) held inputs of each run: one run per pipeline sample, or one run holding nothing."""
+    if not start:
+        return [({}, {})]
+    sides = []
+    for side in ("cpu", "npu"):
+        kept = sample_store.load(Path(start[side]))
+        sides.append([{name: sample[output] for name, output in start["inputs"].items()} for sample in kept])
+    return list(zip(*sides))
 
 
 def _cpu_session(simplified: Path):
