@@ -22,6 +22,7 @@ from ..devices import simulator
 from ..errors import StageError
 from ..nativelog import native_output_to
 from ..spec import GraphSpec
+from ..specverify import MODEL_CHECKS
 from .simulate import SIMULATOR_LABEL
 
 OUTPUTS_FILE = "outputs.npz"
@@ -60,6 +61,7 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
 
     held = starts(start)
     reference, actual, runs, violations = [], [], [], []
+    whole_runs: tuple[list, list] = ([], [])  # each run's outputs stacked over its steps (CPU, NPU)
     for index, (cpu_held, npu_held) in enumerate(held):
         done = len(actual)
         ref = drive(graph, loop, stream, steps, cpu, "cpu", where, lambda i: None, cpu_held)
@@ -73,8 +75,21 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
                               f"function stopped them at different steps)")
         reference += ref[:common]
         actual += got[:common]
+        for side, outputs in zip(whole_runs, (ref, got)):
+            side.append({name: np.stack([o[name] for o in outputs]) for name in outputs[0]})
     per_step = per_step_errors(graph, reference, actual)
-    result, judged = verification.judge(graph, loop["verify"], reference, actual)
+    # checks on arrays judge every step (decisions, tokens); checks that run the model's code (wer) judge each
+    # run as a whole: the model's transcribe() gets a run's outputs stacked over its steps
+    by_step = {**loop["verify"], "checks": [c for c in loop["verify"]["checks"] if c["kind"] not in MODEL_CHECKS]}
+    result, judged = verification.judge(graph, by_step, reference, actual)
+    for check in loop["verify"]["checks"]:
+        if check["kind"] in MODEL_CHECKS:
+            outcome = verification.run_check(graph, check, whole_runs[0], whole_runs[1])
+            outcome["judged"] = "per run"
+            result["checks"].append(outcome)
+            if not outcome["passed"]:
+                judged.append(f"check {outcome['kind']} on '{check['output']}' over {len(runs)} run(s): "
+                              + (outcome.get("failure") or f"{outcome['value']:.4g}"))
     violations = judged + violations
     first = first_differing_step(result["checks"], [r["stopped_apart_at"] for r in runs if "stopped_apart_at" in r])
     sample_store.save(out_dir / OUTPUTS_FILE, actual)
