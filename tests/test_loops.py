@@ -314,3 +314,43 @@ def test_wrong_loop_starts_stop_doit_with_one_line(tmp_path, edit, fragments):
     assert "\n" not in line and "models/chained/model.yaml" in line and "(fix: " in line, line
     for fragment in fragments:
         assert fragment in line, line
+
+
+@pytest.mark.slow
+def test_whisper_decoded_on_the_npu_by_a_loop(tmp_path):
+    """Whisper tiny.en fully on the NPU for one window: encoder -> cross K/V (the pipeline) -> the decoder loop with
+    its own KV cache and tokens; the same graphs on CPU; judged by identical tokens and by words."""
+    from conftest import EXAMPLES
+
+    project = Project(tmp_path / "project")
+    project.root.mkdir()
+    for name in ("dodo.py", "socs", "toolchain"):
+        src = EXAMPLES / name
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, project.root / name)
+    shutil.copytree(EXAMPLES / "speech" / "whisper-tiny-en", project.root / "models" / "whisper-tiny-en",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    # onnxsim's batched Gemm fusion halves the encoder's simulator time (test_whisper does the same)
+    project.edit("models/whisper-tiny-en/model.yaml", ", fuse_matmul_add_bias_into_gemm_batched]}", "]}")
+    result = project.doit("loop:decoder-SM8650")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {"pipeline:whisper-tiny-en-SM8650", "context:decoder-SM8650", "loop:decoder-SM8650"} <= result.executed
+    context = project.one_json("build/whisper-tiny-en/decoder/*/fp16/SM8650/context/context.json")
+    assert context["partition"]["cpu_nodes"] == []
+    rec = project.one_json("build/whisper-tiny-en/decoder/*/fp16/SM8650/loop/loop.json")
+    assert rec["status"] == "passed" and len(rec["runs"]) == 1 and rec["steps"] == rec["steps_cpu"] > 5
+    top1 = next(c for c in rec["checks"] if c["kind"] == "top1")
+    assert top1["value"] == 1.0 and rec["first_differing_step"] is None  # the same token at every step
+    wer = next(c for c in rec["checks"] if c["kind"] == "wer")
+    assert wer["passed"] and wer["judged"] == "per run" and wer["samples"] == 1
+    transcript = wer["transcripts"][0]
+    assert transcript["npu"] == transcript["cpu"] and transcript["reference_text"] == "The birch canoe slid on the smooth planks."
+    assert len(set(speech_words(transcript["npu"])) & set(speech_words(transcript["reference_text"]))) >= 3
+    assert len(rec["per_step"]["logits"]["cosine"]) == rec["steps"] and min(rec["per_step"]["logits"]["cosine"]) > 0.999
+    print(f"whisper loop: {rec['steps']} steps, {rec['timing']['per_step_median_s']:.2f} s per step (simulator), "
+          f"NPU transcript {transcript['npu']!r}, binary {context['bin_size']} bytes")
+
+
+def speech_words(text: str) -> list[str]:
+    from qnn_tasks import speech
+
+    return speech.words(text)
