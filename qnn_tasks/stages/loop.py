@@ -133,7 +133,9 @@ def drive(graph: GraphSpec, loop: dict[str, Any], stream: list[dict[str, np.ndar
         upcoming.update({name: outputs[source] for name, source in loop["feed"].items()})
         if ctx is not None:
             ctx.step, ctx.side = index, side
-            chosen = modelcode.call(graph, loop["step"], ctx, dict(inputs), dict(outputs))
+            # copies: a step function that edits its arguments in place must not change the stream the other
+            # loop starts from
+            chosen = modelcode.call(graph, loop["step"], ctx, {k: v.copy() for k, v in inputs.items()}, dict(outputs))
             if chosen is None:
                 break
             if not isinstance(chosen, dict):
