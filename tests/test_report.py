@@ -105,6 +105,8 @@ REPORT_SCHEMA = {  # README "Verification and the report"
                                    for k in ["targets", *STATUSES, "graphs_failed", "from_cache", "pipelines_failed", "loops_failed"]}},
         "pipelines": {"type": "array", "items": {"type": "object", "required": ["name", "model", "graphs", "soc",
                                                                                "toolchain_id", "status", "reason", "record"]}},
+        "loops": {"type": "array", "items": {"type": "object", "required": ["name", "model", "graph", "soc", "precision",
+                                                                           "toolchain_id", "status", "reason", "record"]}},
         "graphs": {"type": "array", "items": {
             "type": "object", "required": ["model", "graph", "precision", "source", "status", "stages"],
             "properties": {
