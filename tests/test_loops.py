@@ -153,6 +153,19 @@ def test_a_step_function_drives_the_loop(tmp_path):
     assert outputs["accN"].shape == (12, 1, DIM)
 
 
+@pytest.mark.parametrize("returned, fragments", [
+    ('{"x": np.zeros((1, 8), np.float32)}', ["loop: step 1: input 'x' is [1, 8], model.yaml declares [1, 16]"]),
+    ('{"y": outputs["accN"]}', ["step 1 was given ['y']", "has no input for"]),
+    ('[outputs["accN"]]', ["step() returned list, not a dict"]),
+])
+def test_a_broken_step_function_fails_the_loop_with_one_line(tmp_path, returned, fragments):
+    code = f"import numpy as np\n\n\ndef step(ctx, inputs, outputs):\n    return {returned}\n"
+    project = acc_project(tmp_path / "project", extra="  step: step\n", code=code)
+    line = project.doit("loop:acc-SM8650").failure_line("loop:acc-SM8650")
+    for fragment in fragments:
+        assert fragment in line, line
+
+
 @pytest.mark.parametrize("edit, fragments", [
     (("feed: {acc: accN}", "feed: {acc: accM}"), ["loop.feed.acc", "'accM' is not an output of graph 'acc'", "accN"]),
     (("feed: {acc: accN}", "feed: {state: accN}"), ["loop.feed.state", "'state' is not an input"]),
