@@ -22,20 +22,7 @@ def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str,
     CPU fallback stays disabled for verification; diagnosis allows it (a node that fell back
     simply shows no error).
     """
-    from qnn_tasks.toolchains.ort_qnn import session_options
-    import onnxruntime as ort
-
-    try:
-        with native_output_to(log):
-            session = ort.InferenceSession(str(ctx_onnx), session_options(provider_options, disable_cpu_fallback=not allow_cpu_fallback))
-    except Exception as err:
-        message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
-        hint = (" (the context binary beside it is damaged or not a QNN context: rebuild it with doit context)"
-                if "binary info" in message or "context cache" in message else "")
-        from qnn_tasks.qnn.errorcodes import explain, explain_file, suffix
-
-        hint += suffix(explain_file(log, "load") or explain(message, "load"))
-        raise StageError(f"{ctx_onnx}: failed to load on the HTP simulator: {message}{hint} (log: {log})") from None
+    session = open_session(ctx_onnx, provider_options, log, allow_cpu_fallback)
     names = [o.name for o in session.get_outputs()]
     signature = {o.name: list(o.shape) for o in session.get_outputs()}
     outputs, seconds = [], []
@@ -47,3 +34,21 @@ def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str,
             outputs.append(dict(zip(names, values)))
             progress.step(i + 1, len(inputs))
     return outputs, seconds, signature
+
+
+def open_session(ctx_onnx: Path, provider_options: dict[str, str], log: Path, allow_cpu_fallback: bool = False):
+    """An onnxruntime session of the compiled model on the simulator (a loop keeps one for all its steps)."""
+    from qnn_tasks.toolchains.ort_qnn import session_options
+    import onnxruntime as ort
+
+    try:
+        with native_output_to(log):
+            return ort.InferenceSession(str(ctx_onnx), session_options(provider_options, disable_cpu_fallback=not allow_cpu_fallback))
+    except Exception as err:
+        message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        hint = (" (the context binary beside it is damaged or not a QNN context: rebuild it with doit context)"
+                if "binary info" in message or "context cache" in message else "")
+        from qnn_tasks.qnn.errorcodes import explain, explain_file, suffix
+
+        hint += suffix(explain_file(log, "load") or explain(message, "load"))
+        raise StageError(f"{ctx_onnx}: failed to load on the HTP simulator: {message}{hint} (log: {log})") from None

@@ -24,6 +24,8 @@ class ModelContext:
     out_path: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
     export_record: dict[str, Any] | None = None  # set by default_export(): what it fixed and rewrote
+    step: int | None = None   # in a loop's step(): the index of the step just run
+    side: str | None = None   # in a loop's step(): "cpu" or "npu", the loop being driven
 
     def error(self, message: str) -> StageError:
         """An error to raise from model code: it reaches the user as one line naming the graph."""

@@ -48,3 +48,41 @@ def outputs_plot(png: Path, title: str, npu_label: str, npu: dict[str, np.ndarra
         fig.savefig(tmp, format="png", dpi=90)
     plt.close(fig)
     return png
+
+
+def loop_error_plot(png: Path, title: str, label: str, per_step: dict[str, dict[str, list[float]]],
+                    first_differing: int | None, run_starts: list[int] = ()) -> Path:
+    """A loop's error against the CPU loop at every step, log scale: max-abs and 1 - cosine, a line per output."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), squeeze=False)
+    floor = 1e-12  # an exact step (error 0) still shows, at the bottom
+    for ax, metric, ylabel in ((axes[0][0], "max_abs", "max |NPU - CPU|"), (axes[0][1], "cosine", "1 - cosine")):
+        for name, series in per_step.items():
+            if series.get(metric) is None:
+                continue  # a one-element output has no cosine to speak of
+            values = np.asarray(series[metric], dtype=np.float64)
+            values = 1.0 - values if metric == "cosine" else values
+            ax.plot(np.arange(len(values)), np.maximum(np.nan_to_num(values, nan=1.0, posinf=1e30), floor),
+                    label=name, linewidth=1.2)
+        for index, begin in enumerate(run_starts):  # several runs (one per pipeline sample) side by side
+            ax.axvline(begin, color="#999999", linewidth=0.8, label="next run" if index == 0 else None)
+        if first_differing is not None:
+            ax.axvline(first_differing, color="#cc3311", linestyle="--", linewidth=1,
+                       label=f"task result first differs (step {first_differing})")
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+        ax.set_xlabel("step")
+        ax.set_ylabel(f"{ylabel} (log)")
+        ax.set_title(f"{title}: {label}", fontsize=9)
+        ax.legend(loc="best", fontsize=7)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.9, wspace=0.25)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+    return png

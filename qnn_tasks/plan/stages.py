@@ -396,6 +396,43 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                 binding=binding)
 
 
+def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
+    """The model's `loop:` graph run step after step on the chip's simulator and on CPU, each carrying its state."""
+    loop = p.model(ct.graph).loop
+    if loop is None or loop.graph != ct.graph.name:
+        return None
+    start, start_files, task_dep = None, [], []
+    if loop.start:  # encoder once -> decoder loop: each run starts from the pipeline's kept outputs on this chip
+        pt = next((pt for pt in p.pipelines if pt.pipeline.model == ct.graph.model and pt.soc.name == ct.soc.name
+                   and pt.chips[0].variant.suffix == ct.variant.suffix), None)
+        if pt is None:
+            return None  # the pipeline is not built for this chip or precision: no run to start from
+        chain = pt.stage_dir("pipeline")
+        start = {"npu": f"{chain}/outputs.npz", "cpu": f"{chain}/reference.npz", "inputs": loop.start}
+        start_files, task_dep = [start["npu"], start["cpu"]], [f"pipeline:{pt.name}"]
+    gt = ct.graph_target
+    ctx_files = p.context_files(ct)
+    config = p.config_files(ct)[0]
+    settings = loop.settings(ct.precision)
+    code = p.code_deps(ct.graph) if loop.step or any(c["kind"] in MODEL_CHECKS for c in settings["verify"]["checks"]) else []
+    out = f"{ct.dir_str}/{stage.name}"
+    return chip_plan(p, stage, ct, ctx_files + [config, str(gt.simplified), str(gt.inputs)] + start_files + code,
+                      [f"{out}/outputs.npz", f"{out}/reference.npz", f"{out}/per_step_error.png"],
+                      p.chip_key(stage, ct, loop=settings),
+                      lambda: {"graph": p.graph_dict(ct.graph), "loop": settings, "ctx_onnx": ctx_files[0],
+                               "provider_options": config, "simplified": str(gt.simplified), "inputs": str(gt.inputs),
+                               "soc_name": ct.soc.name, "start": start},
+                      f"run {ct.graph.name} as a loop on {ct.soc.name}'s simulator (the NPU carrying its own state) "
+                      "and on CPU; judge every step" + (" (each run started by the pipeline's outputs)" if start else ""),
+                      task_dep=task_dep)
+
+
+def loop_chips(planner: Planner) -> list[ChipTarget]:
+    """The chip targets whose graph is its model's `loop:` graph (each has a loop stage)."""
+    return [ct for ct in planner.chips if (loop := planner.model(ct.graph).loop) and loop.graph == ct.graph.name
+            and (not loop.start or plan_loop(planner, LOOP, ct) is not None)]
+
+
 def _failed(record: str) -> bool | None:
     """A stage record's verdict: True if it failed, False if it passed, None if there is none."""
     try:
@@ -435,6 +472,9 @@ PIPELINE = StageDef("pipeline", "pipeline", "Chain each model's pipeline graphs 
 VARIANT_RUNNER = "qnn_tasks.toolchains.calls:graph_stage"  # quantize; convert, modellib: rows from the toolchain
 # On demand: created only when asked for (`doit diagnose`), never in the default run. Rows without a runner are
 # task-layer work (phones, dependency checks) that calls no stage function.
+LOOP = StageDef("loop", "chip", "Run each model's loop: graph step after step on the host simulator (its outputs fed "
+                "back, the NPU carrying its own state) and on CPU; error per step, the whole run judged.",
+                "qnn_tasks.stages.loop:run_call", plan_loop, toolchain=True, column=False)
 DIAGNOSE = StageDef("diagnose", "chip", "Find the first node where the NPU diverges from the CPU, and why (on demand, "
                     "not in the default run).", "qnn_tasks.stages.diagnose:run_call", plan_diagnose, remote=True,
                     toolchain=True, column=False)
@@ -496,7 +536,7 @@ def build_stage_defs(planner: Planner) -> list[StageDef]:
     if not any("w8a16" in gt.graph.precisions for gt in planner.graphs):
         rows = [r for r in rows if r.name != "calibrate"]
     return (rows + registered("graph") + variant_stage_defs(planner) + list(CHIP_STAGES) + registered("chip")
-            + ([PIPELINE] if planner.pipelines else []))
+            + ([PIPELINE] if planner.pipelines else []) + ([LOOP] if any(m.loop for m in planner.project.models) else []))
 
 
 def targets_of(planner: Planner, stage: StageDef) -> list:
@@ -524,4 +564,5 @@ def record_paths(planner: Planner) -> list[str]:
                      for s in planner.binding(ct).toolchain.graph_stages(ct.precision)})
     paths += [f"{ct.dir_str}/{stage.name}/{stage.name}.json" for ct in planner.chips for stage in CHIP_STAGES + (DIAGNOSE,)]
     paths += [f"{pt.dir}/{PIPELINE.name}/{PIPELINE.name}.json" for pt in planner.pipelines]
+    paths += [f"{ct.dir_str}/{LOOP.name}/{LOOP.name}.json" for ct in loop_chips(planner)]
     return paths + [DEVICE_STAMP, COMPAT_RECORD]  # one file for all device records (not 2 stats per target)

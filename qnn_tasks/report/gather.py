@@ -18,6 +18,7 @@ from qnn_tasks.run import records
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.plan.stages import report_columns
+from qnn_tasks.plan.stages import loop_chips
 
 SCHEMA = "qnn-npu-compile/report/v1"
 GRAPH_STAGES = report_columns("graph")
@@ -87,19 +88,21 @@ def collect(planner) -> dict[str, Any]:
     from qnn_tasks.report import upgrade_diff as compare
 
     pipelines = [pipeline_entry(pt) for pt in planner.pipelines]
+    loops = [loop_entry(ct) for ct in loop_chips(planner)]
     broken = [{"model": model, "status": "not buildable", "error": problem} for model, problem in planner.project.broken]
     # complete: every expected (not skipped) target and pipeline has a verdict its outputs still back
-    no_verdict = [t["name"] for t in targets + pipelines if t["status"] in ("pending", "stale")]
+    no_verdict = [t["name"] for t in targets + pipelines + loops if t["status"] in ("pending", "stale")]
     data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,
                         "graphs_failed": sum(1 for g in graph_entries if g["status"] in ("failed", "stale")),
                         "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache")),
                         "pipelines_failed": sum(1 for p in pipelines if p["status"] in ("failed", "stale")),
                         "models_not_buildable": len(broken),
+                        "loops_failed": sum(1 for p in loops if p["status"] in ("failed", "stale")),
                         "complete": not no_verdict and not broken, "current": True, "superseded_by": None},
             "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
-            "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines,
+            "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines, "loops": loops,
             "models_not_buildable": broken,
             "precision_comparison": precision_comparison(targets)}
     data["comparison"] = compare.upgrade_diff(data)
@@ -133,6 +136,15 @@ def pipeline_entry(pt) -> dict[str, Any]:
     return {"name": pt.name, "model": pt.pipeline.model, "graphs": list(pt.pipeline.graphs), "soc": pt.soc.row(),
             "toolchain_id": pt.chips[0].toolchain_id, "status": combine([record]),
             "reason": _first_error([record]), "record": record}
+
+
+def loop_entry(ct: ChipTarget) -> dict[str, Any]:
+    """A graph's loop on one chip: its record (per-step error against the CPU loop, the run's metrics and checks)."""
+    record = read_checked(ct.stage_dir("loop") / "loop.json")
+    return {"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
+            "precision": ct.precision, "toolchain_id": ct.toolchain_id,
+            "status": "skipped" if ct.skip_reason else combine([record]),
+            "reason": ct.skip_reason or _first_error([record]), "record": record}
 
 
 def provenance(stages: dict[str, Any]) -> dict[str, Any]:
@@ -181,10 +193,10 @@ def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def gate_problems(data: dict[str, Any]) -> list[str]:
-    """What fails the report task itself (the README's gate): any expected target or pipeline that is not
+    """What fails the report task itself (the README's gate): any expected target, pipeline or loop that is not
     verified (stale, failed or pending), and upgrade regressions of a gating toolchain."""
     problems = [f"model {b['model']} is not buildable: {b['error']}" for b in data.get("models_not_buildable", [])]
-    entries = data["targets"] + data.get("pipelines", [])
+    entries = data["targets"] + data.get("pipelines", []) + data.get("loops", [])
     stale = [t["name"] for t in entries if t["status"] == "stale"]
     if stale:
         problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "

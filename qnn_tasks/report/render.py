@@ -20,6 +20,7 @@ def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
     report_dir.mkdir(parents=True, exist_ok=True)
     # plots are drawn by the simulate stage (cached with it); the page links a copy under files/
     plots = {t["name"]: _existing((t["stages"].get("simulate") or {}).get("plot")) for t in data["targets"]}
+    plots.update({f"loop:{e['name']}": _existing((e["record"] or {}).get("plot")) for e in data.get("loops") or []})
     paths = {"json": report_dir / "report.json", "md": report_dir / "report.md", "html": report_dir / "index.html"}
     write_json(paths["json"], data)
     with atomic_path(paths["md"]) as tmp:
@@ -49,7 +50,7 @@ def markdown(data: dict[str, Any]) -> str:
         for r in data["precision_comparison"]:
             lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {size(r['bin_size'])} | "
                          f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} |")
-    lines += pipeline_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
+    lines += pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
     problems = [t for t in data["targets"] if t["status"] in ("failed", "stale", "skipped")]
     if problems:
         lines += ["", "## Failed, stale and skipped", ""]
@@ -68,6 +69,25 @@ def pipeline_markdown(data: dict[str, Any]) -> list[str]:
                           for link in record.get("links") or [])
         checks = ", ".join(f"{c['kind']} {num(c['value'])}" for c in record.get("checks") or [])
         lines.append(f"| {p['name']} | {' -> '.join(p['graphs'])} | {p['status']} | {links or '-'} | {checks or '-'} |")
+    return lines
+
+
+def loop_markdown(data: dict[str, Any]) -> list[str]:
+    if not data.get("loops"):
+        return []
+    lines = ["", "## Loops (a graph's outputs fed back step after step: the NPU carries its own state, the CPU its own)",
+             "", "| loop | steps | status | max-abs per step: first tenth -> last tenth (peak) | first differing step "
+             "| checks | simulator steps/s |", "|---|---|---|---|---|---|---|"]
+    for entry in data["loops"]:
+        record = entry["record"] or {}
+        growth = "; ".join(f"{name} {num(g['first'])} -> {num(g['last'])} ({num(g['peak'])} at step {g['peak_step']})"
+                           for name, g in (record.get("growth") or {}).items() if g.get("first") is not None)
+        checks = ", ".join(f"{c['kind']} {num(c['value'])}" for c in record.get("checks") or [])
+        first = record.get("first_differing_step")
+        rate = (record.get("timing") or {}).get("steps_per_second")
+        lines.append(f"| {entry['name']} | {record.get('steps', '-')} | {entry['status']} | {growth or '-'} | "
+                     f"{'none' if record and first is None else num(first)} | {checks or '-'} | {num(rate, 3)} |")
+    lines += ["", "Steps per second are x86 HTP simulator time on the build host, not phone latency."]
     return lines
 
 

@@ -32,7 +32,7 @@ SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "runs", "fp16", "note", "alias_of"}
 SOC_TABLE_KEYS = {"socs", "default"}
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
-MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline"}
+MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline", "loop"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
               "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
@@ -174,6 +174,7 @@ class ModelSpec:
     source: Source
     graphs: tuple[GraphSpec, ...]
     pipeline: Any = None  # specpipeline.PipelineSpec: the graphs chained, verified end to end
+    loop: Any = None      # specloop.LoopSpec: one graph run repeatedly, outputs fed back
 
 
 @dataclass(frozen=True)
@@ -319,10 +320,12 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     graphs = tuple(_load_graph(_name(name, path, "graphs", "graph name", "rename the graph"), g, model_dir, path, socs,
                                source_data) for name, g in graphs_data.items())
     from qnn_tasks.spec import pipeline as specpipeline
+    from qnn_tasks.spec import loop as specloop
 
+    pipeline = specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
-                     description=str(data.get("description", "")), source=source, graphs=graphs,
-                     pipeline=specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path))
+                     description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
+                     loop=specloop.load(data.get("loop"), graphs, model_dir.name, path, pipeline))
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],

@@ -90,6 +90,135 @@ def export(ctx) -> None:
                           output_names=[ctx.graph.outputs[0].name], opset_version=17, dynamo=False)
 
 
+# ------------------------------------------------------------------ the decoder on the NPU (a loop)
+# crosskv: encoder features -> every layer's cross-attention K/V (once per window); decoder: one step of greedy
+# decoding with a static self-attention cache, driven by step() below (model.yaml `loop:`).
+
+_WEIGHTS: dict[str, object] = {}
+
+
+def _weights(ctx):
+    key = str(model_dir(ctx) / "model.bin")
+    if key not in _WEIGHTS:
+        _WEIGHTS[key] = _sibling("ct2reader").read(key)
+    return _WEIGHTS[key]
+
+
+_MODULES: dict[tuple[str, str], object] = {}
+
+
+def _module(ctx, kind: str):
+    """The PyTorch CrossKV or DecoderStep with the packaged weights (float32), built once."""
+    key = (str(model_dir(ctx)), kind)
+    if key not in _MODULES:
+        decoder = _sibling("whisper_decoder")
+        weights = _weights(ctx)
+        heads = int(weights["decoder/num_heads"])
+        _MODULES[key] = (decoder.CrossKV if kind == "crosskv" else decoder.DecoderStep)(weights.variables, heads).eval()
+    return _MODULES[key]
+
+
+def _vocabulary(ctx) -> list[str]:
+    return (model_dir(ctx) / "vocabulary.txt").read_text(encoding="utf-8").split("\n")
+
+
+def _token_id(ctx, token: str) -> int:
+    return _vocabulary(ctx).index(token)
+
+
+def export_crosskv(ctx) -> None:
+    import torch
+
+    names = [t.name for t in ctx.graph.outputs]
+    with torch.no_grad():
+        torch.onnx.export(_module(ctx, "crosskv"), (torch.zeros(ctx.graph.inputs[0].shape),), str(ctx.out_path),
+                          input_names=[ctx.graph.inputs[0].name], output_names=names, opset_version=17, dynamo=False)
+
+
+def export_decoder(ctx) -> None:
+    import torch
+
+    example = tuple(torch.zeros(t.shape, dtype=torch.int32 if t.dtype == "int32" else torch.float32)
+                    for t in ctx.graph.inputs)
+    with torch.no_grad():
+        torch.onnx.export(_module(ctx, "decoder"), example, str(ctx.out_path),
+                          input_names=[t.name for t in ctx.graph.inputs], output_names=[t.name for t in ctx.graph.outputs],
+                          opset_version=17, dynamo=False)
+    _share_tied_embedding(ctx.out_path)
+
+
+def _share_tied_embedding(path: Path) -> None:
+    """The exporter writes the output projection as MatMul with a transposed copy of the embedding (80 MB more):
+    make it Gemm(x, embedding, transB=1), so the ONNX holds the tied matrix once."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(path))
+    tensors = {t.name: t for t in model.graph.initializer}
+    embedding = next(t for t in model.graph.initializer if t.name == "embedding")
+    for node in model.graph.node:
+        other = tensors.get(node.input[1]) if node.op_type == "MatMul" and len(node.input) == 2 else None
+        if other is not None and list(other.dims) == list(embedding.dims)[::-1]:
+            if not np.array_equal(numpy_helper.to_array(other), numpy_helper.to_array(embedding).T):
+                continue
+            node.op_type = "Gemm"
+            node.input[1] = embedding.name
+            node.attribute.append(helper.make_attribute("transB", 1))
+            model.graph.initializer.remove(other)
+            break
+    onnx.save(model, str(path))
+
+
+def _torch_run(ctx, kind: str, sample: dict[str, np.ndarray], graph) -> dict[str, np.ndarray]:
+    import torch
+
+    with torch.no_grad():
+        values = _module(ctx, kind)(*(torch.from_numpy(np.asarray(sample[t.name])) for t in graph.inputs))
+    values = values if isinstance(values, tuple) else (values,)
+    return {t.name: v.numpy() for t, v in zip(graph.outputs, values)}
+
+
+def decoder_start(ctx, cross_k: np.ndarray, cross_v: np.ndarray) -> dict[str, np.ndarray]:
+    """Step 0 of a decode: <|startoftranscript|> at position 0, an empty cache, the window's cross K/V."""
+    shapes = {t.name: t.shape for t in ctx.graph.inputs}
+    positions = np.asarray(_weights(ctx)["decoder/position_encodings/encodings"], np.float32)
+    return {"token": np.array([[_token_id(ctx, PROMPT[0])]], np.int32), "position": positions[0][None, None].copy(),
+            "mask": np.full(shapes["mask"], -60000.0, np.float32),
+            "self_k": np.zeros(shapes["self_k"], np.float32), "self_v": np.zeros(shapes["self_v"], np.float32),
+            "cross_k": cross_k.astype(np.float32), "cross_v": cross_v.astype(np.float32)}
+
+
+def step(ctx, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> dict[str, np.ndarray] | None:
+    """Greedy decoding, one token a step: write this step's K/V into the cache, open its mask slot, then feed the
+    prompt's next token (forced) or the most likely one; stop at <|endoftext|> or when the cache is full."""
+    offset = ctx.step  # the position the step just run wrote
+    cache = inputs["mask"].shape[-1]
+    if offset + 1 >= cache:
+        return None
+    if offset + 1 < len(PROMPT):
+        token = _token_id(ctx, PROMPT[offset + 1])
+    else:
+        token = int(np.argmax(outputs["logits"].reshape(-1)))
+        if token == _token_id(ctx, "<|endoftext|>"):
+            return None
+    self_k, self_v, mask = inputs["self_k"].copy(), inputs["self_v"].copy(), inputs["mask"].copy()
+    self_k[:, :, :, offset] = outputs["new_k"][:, :, :, 0]
+    self_v[:, :, :, offset] = outputs["new_v"][:, :, :, 0]
+    mask[..., offset] = 0.0
+    positions = _weights(ctx)["decoder/position_encodings/encodings"]
+    return {"token": np.array([[token]], np.int32), "position": np.asarray(positions[offset + 1], np.float32)[None, None],
+            "mask": mask, "self_k": self_k, "self_v": self_v}
+
+
+def decoded_text(ctx, logits: np.ndarray) -> str:
+    """The transcript of one decode: the greedy tokens after the prompt, up to <|endoftext|>."""
+    vocabulary = _vocabulary(ctx)
+    tokens = [int(t) for t in np.argmax(logits.reshape(len(logits), -1), axis=-1)[len(PROMPT) - 1:]]
+    end = _token_id(ctx, "<|endoftext|>")
+    tokens = tokens[: tokens.index(end)] if end in tokens else tokens
+    return _detokenize([vocabulary[t] for t in tokens])
+
+
 def _plan(ctx) -> list[tuple[int, str]]:
     """(verification sentence index, loudness) of each sample, in sample order."""
     count = int(ctx.options.get("clips", 10))
@@ -117,8 +246,27 @@ def _features(ctx, sentences: list[str], plan: list[tuple[int, str]]) -> list[di
 
 
 def samples(ctx) -> list[dict[str, np.ndarray]]:
-    """Verification inputs: real speech clips (see the module docstring for the order)."""
+    """Verification inputs: real speech clips (see the module docstring for the order).
+
+    crosskv: CTranslate2's encoder output of the first clip. decoder: the first steps of a greedy decode of
+    that clip on the CPU (PyTorch), each the inputs of its step (cache, mask, token and position as step() makes
+    them)."""
     plan = _plan(ctx)
+    if ctx.graph.name in ("crosskv", "decoder"):
+        import ctranslate2
+
+        mel = next(iter(_features(ctx, VERIFY_SENTENCES[:1], [(0, "normal")])[0].values()))
+        features = np.array(_whisper(ctx).encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(mel)),
+                                                 to_cpu=True))
+        if ctx.graph.name == "crosskv":
+            return [{ctx.graph.inputs[0].name: features}]
+        k, v = _module(ctx, "crosskv")(__import__("torch").from_numpy(features))
+        inputs, result = decoder_start(ctx, k.detach().numpy(), v.detach().numpy()), []
+        for index in range(int(ctx.options.get("decoder_samples", 3))):
+            result.append(inputs)
+            ctx.step = index
+            inputs = {**inputs, **step(ctx, inputs, _torch_run(ctx, "decoder", inputs, ctx.graph))}
+        return result
     return _features(ctx, VERIFY_SENTENCES[: max(i for i, _ in plan) + 1], plan)
 
 
@@ -155,6 +303,8 @@ def reference(ctx, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.nda
     """CTranslate2's own encoder (CPU, float32 compute) on the same features."""
     import ctranslate2
 
+    if ctx.graph.name in ("crosskv", "decoder"):  # the PyTorch modules built from the same weights
+        return [_torch_run(ctx, ctx.graph.name, s, ctx.graph) for s in inputs]
     model = _whisper(ctx)
     name, out = ctx.graph.inputs[0].name, ctx.graph.outputs[0].name
     return [{out: np.array(model.encode(ctranslate2.StorageView.from_array(np.ascontiguousarray(s[name])), to_cpu=True))}
@@ -165,6 +315,8 @@ def transcribe(ctx, outputs: list[np.ndarray]) -> list[str]:
     """Text of each encoder output ([1, frames, d]) decoded by CTranslate2 on the CPU with the pinned policy."""
     import ctranslate2
 
+    if ctx.graph.name == "decoder":  # a loop's run: the logits of every step of one greedy decode
+        return [decoded_text(ctx, logits) for logits in outputs]
     model = _whisper(ctx)
     policy = {**DEFAULT_DECODE, **(ctx.options.get("decode") or {})}
     result = []

@@ -1,0 +1,129 @@
+"""`loop:` in model.yaml: one graph run repeatedly, its outputs fed back into its inputs.
+
+    loop:
+      graph: vad                    # a graph of this model
+      feed: {state: stateN}         # <input>: <output> fed back after every step (same shape)
+      steps: 200                    # optional: how many steps (default: one per verification sample)
+      step: step                    # optional: export.py's step(ctx, inputs, outputs) -> next inputs | None
+      start: {cross_k: crosskv.k}   # optional: inputs held at the model's pipeline's outputs, one run per sample
+      verify:                       # the NPU loop's outputs at every step vs the CPU loop's (as graph verify)
+        checks: [{agreement: {output: output, threshold: 0.5, min: 0.99}}]
+
+Step i takes the i-th verification sample's inputs (the stream), except the fed-back ones, which
+come from step i-1's outputs; step 0 is the first sample as it is. With `step:`, the model's own
+code decides the next inputs (and when to stop) from the step just run. With `start:`, the model's
+`pipeline:` runs first (encoder once -> decoder loop): every pipeline sample starts one run of the
+loop, the named inputs held at the last pipeline graph's outputs (the NPU chain's for the NPU loop,
+the CPU chain's for the CPU loop). Loaded from spec.py; only YAML is read here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOOP_KEYS = {"graph", "feed", "steps", "step", "start", "verify"}
+MAX_STEPS = 100_000  # a bound on what a spec can ask the simulator for
+
+
+@dataclass(frozen=True)
+class LoopSpec:
+    model: str
+    graph: str
+    feed: dict[str, str]               # input -> the output fed back into it
+    steps: int | None                  # None: one step per verification sample
+    step: str | None                   # a function of export.py driving the loop, or None
+    verify: dict[str, dict[str, Any]]  # precision -> validated verify settings (as a graph's)
+    start: dict[str, str] | None = None  # input -> output of the pipeline's last graph, held for every step
+
+    def settings(self, precision: str) -> dict[str, Any]:
+        """What the loop stage's key and call carry for one precision (JSON-able)."""
+        return {"graph": self.graph, "feed": self.feed, "steps": self.steps, "step": self.step,
+                "start": self.start, "verify": self.verify[precision]}
+
+
+def load(data: Any, graphs: tuple, model: str, path: Path, pipeline: Any = None) -> LoopSpec | None:
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.checks import _verify_section
+    from qnn_tasks.spec.yamlread import _check_keys, _int, _mapping
+
+    if data is None:
+        return None
+    section = _mapping(data, path, "loop")
+    _check_keys(section, LOOP_KEYS, path, "loop")
+    by_name = {g.name: g for g in graphs}
+    name = section.get("graph")
+    if name not in by_name:
+        raise SpecError(path, "loop.graph", f"{name!r} is not a graph of this model",
+                        f"name the graph that runs in the loop: one of {', '.join(by_name)}")
+    graph = by_name[name]
+    inputs = {t.name: t for t in graph.inputs}
+    outputs = {t.name: t for t in graph.outputs}
+    feed: dict[str, str] = {}
+    for key, value in _mapping(section.get("feed"), path, "loop.feed").items():
+        key, value = str(key), str(value)
+        if key not in inputs:
+            raise SpecError(path, f"loop.feed.{key}", f"'{key}' is not an input of graph '{name}'",
+                            f"write <input>: <output> with an input of {name}: {', '.join(inputs)}")
+        if value not in outputs:
+            raise SpecError(path, f"loop.feed.{key}", f"'{value}' is not an output of graph '{name}'",
+                            f"feed {key} from one of its outputs: {', '.join(outputs)}")
+        if tuple(outputs[value].shape) != tuple(inputs[key].shape):
+            raise SpecError(path, f"loop.feed.{key}", f"output '{value}' is {list(outputs[value].shape)}, the input "
+                            f"'{key}' it feeds is {list(inputs[key].shape)}",
+                            "feed an output of the input's shape, or reshape in export.py (or a step function)")
+        feed[key] = value
+    step = section.get("step")
+    if step is not None and (not isinstance(step, str) or not step.isidentifier()):
+        raise SpecError(path, "loop.step", f"{step!r} is not a function name",
+                        "name a function step(ctx, inputs, outputs) of the model's export.py")
+    if step is not None and not (graph.model_dir / "export.py").is_file():
+        raise SpecError(path, "loop.step", f"'{step}' needs the model's export.py, and {graph.model_dir} has none",
+                        f"define {step}(ctx, inputs, outputs) in {graph.model_dir / 'export.py'}")
+    if not feed and step is None:
+        raise SpecError(path, "loop.feed", "feeds nothing back and no step function drives the loop",
+                        f"e.g. feed: {{<input>: <output>}} with an input and an output of {name} of one shape")
+    start = _start(section.get("start"), graph, feed, by_name, pipeline, path)
+    steps = section.get("steps")
+    if steps is not None:
+        steps = _int(steps, path, "loop.steps", 1, MAX_STEPS)
+    verify_data = _mapping(section.get("verify"), path, "loop.verify")
+    if "samples" in verify_data:
+        raise SpecError(path, "loop.verify.samples", "a loop runs steps, not samples", "use loop.steps")
+    verify = {p: _verify_section(verify_data, p, set(outputs), path, "loop.verify") for p in graph.precisions}
+    return LoopSpec(model=model, graph=str(name), feed=feed, steps=steps, step=step, verify=verify, start=start)
+
+
+def _start(data: Any, graph, feed: dict[str, str], by_name: dict, pipeline: Any, path: Path) -> dict[str, str] | None:
+    """`start: {<input>: <pipeline's last graph>.<output>}`, checked: names, shapes, a pipeline to start from."""
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.yamlread import _mapping
+
+    if data is None:
+        return None
+    section = _mapping(data, path, "loop.start")
+    if pipeline is None:
+        raise SpecError(path, "loop.start", "starts from the model's pipeline, and this model has none",
+                        "declare pipeline: {graphs: [...]} whose last graph makes these inputs, or drop loop.start")
+    last = by_name[pipeline.graphs[-1]]
+    if graph.name in pipeline.graphs:
+        raise SpecError(path, "loop.graph", f"'{graph.name}' is in the pipeline it starts from",
+                        "loop a graph that comes after the pipeline")
+    inputs = {t.name: t for t in graph.inputs}
+    outputs = {t.name: t for t in last.outputs}
+    start = {}
+    for key, value in section.items():
+        key, value = str(key), str(value)
+        source = value.split(".")
+        if key not in inputs or key in feed:
+            raise SpecError(path, f"loop.start.{key}", f"'{key}' is not an input of graph '{graph.name}' that is not "
+                            "fed back", f"hold one of: {', '.join(i for i in inputs if i not in feed)}")
+        if len(source) != 2 or source[0] != last.name or source[1] not in outputs:
+            raise SpecError(path, f"loop.start.{key}", f"'{value}' is not an output of the pipeline's last graph "
+                            f"'{last.name}' (only its outputs are kept)", "use one of: "
+                            + ", ".join(f"{last.name}.{o}" for o in outputs))
+        if tuple(outputs[source[1]].shape) != tuple(inputs[key].shape):
+            raise SpecError(path, f"loop.start.{key}", f"'{value}' is {list(outputs[source[1]].shape)}, the input "
+                            f"'{key}' is {list(inputs[key].shape)}", "make the shapes agree in model.yaml")
+        start[key] = source[1]
+    return start or None

@@ -1,0 +1,231 @@
+"""loop: one graph run step after step, its outputs fed back, on the simulator and on the CPU.
+
+The NPU loop carries its own state (each step's inputs come from the NPU's previous outputs) and
+the CPU loop carries its own (the simplified ONNX on onnxruntime's CPU provider): neither is fed
+the other's numbers, so the error that builds up through the state is what is measured. Every
+step's outputs are compared (cosine, max-abs per output and step: where the error starts to grow),
+and the whole run is judged with the loop's thresholds and task checks, the steps taking the
+place of samples (the VAD's agreement is over the whole stream).
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qnn_tasks import fileio
+from qnn_tasks.judge import metrics, plots, checks as verification
+from qnn_tasks.graphs import modelcode
+from qnn_tasks.run import progress
+from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.devices import simulator
+from qnn_tasks.errors import StageError
+from qnn_tasks.run.nativelog import native_output_to
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.spec.checks import MODEL_CHECKS
+from qnn_tasks.stages.simulate import SIMULATOR_LABEL
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
+
+OUTPUTS_FILE = "outputs.npz"
+REFERENCE_FILE = "reference.npz"
+PLOT_FILE = "per_step_error.png"
+
+Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options: Path, simplified: Path,
+        inputs_file: Path, target: str, soc_name: str, out_dir: Path,
+        start: dict[str, Any] | None = None) -> dict[str, Any]:
+    where = f"{graph.model_dir / 'model.yaml'}: loop"
+    stream = sample_store.load(inputs_file)
+    steps = loop["steps"] or len(stream)
+    if loop["step"] is None and steps > len(stream):
+        raise StageError(f"{where}.steps: {steps} steps, but the stream has only {len(stream)} samples "
+                         f"(fix: lower loop.steps, give the graph more samples, or drive the loop with a step function)")
+    log = out_dir / "simulator.log"
+    session = simulator.open_session(ctx_onnx, fileio.read_json(provider_options), log)
+    npu_names = [o.name for o in session.get_outputs()]
+    seconds: list[float] = []
+
+    def npu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        began = time.perf_counter()
+        with native_output_to(log):
+            values = session.run(None, inputs)
+        seconds.append(time.perf_counter() - began)
+        return dict(zip(npu_names, values))
+
+    cpu_session = _cpu_session(simplified)
+    cpu_names = [o.name for o in cpu_session.get_outputs()]
+
+    def cpu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(cpu_names, cpu_session.run(None, inputs)))
+
+    held = starts(start)
+    reference, actual, runs, violations = [], [], [], []
+    whole_runs: tuple[list, list] = ([], [])  # each run's outputs stacked over its steps (CPU, NPU)
+    for index, (cpu_held, npu_held) in enumerate(held):
+        done = len(actual)
+        ref = drive(graph, loop, stream, steps, cpu, "cpu", where, lambda i: None, cpu_held)
+        got = drive(graph, loop, stream, steps, npu, "npu", where,
+                    lambda i, done=done: progress.step(done + i, steps * len(held), "step"), npu_held)
+        common = min(len(ref), len(got))
+        runs.append({"run": index, "first": len(reference), "steps": len(got), "steps_cpu": len(ref)})
+        if len(ref) != len(got):
+            runs[-1]["stopped_apart_at"] = len(reference) + common
+            violations.append(f"run {index}: the NPU loop ran {len(got)} steps, the CPU loop {len(ref)} (its step "
+                              f"function stopped them at different steps)")
+        reference += ref[:common]
+        actual += got[:common]
+        for side, outputs in zip(whole_runs, (ref, got)):
+            side.append({name: np.stack([o[name] for o in outputs]) for name in outputs[0]})
+    per_step = per_step_errors(graph, reference, actual)
+    # checks on arrays judge every step (decisions, tokens); checks that run the model's code (wer) judge each
+    # run as a whole: the model's transcribe() gets a run's outputs stacked over its steps
+    by_step = {**loop["verify"], "checks": [c for c in loop["verify"]["checks"] if c["kind"] not in MODEL_CHECKS]}
+    result, judged = verification.judge(graph, by_step, reference, actual)
+    for check in loop["verify"]["checks"]:
+        if check["kind"] in MODEL_CHECKS:
+            outcome = verification.run_check(graph, check, whole_runs[0], whole_runs[1])
+            outcome["judged"] = "per run"
+            result["checks"].append(outcome)
+            if not outcome["passed"]:
+                judged.append(f"check {outcome['kind']} on '{check['output']}' over {len(runs)} run(s): "
+                              + (outcome.get("failure") or f"{outcome['value']:.4g}"))
+    violations = judged + violations
+    first = first_differing_step(result["checks"], [r["stopped_apart_at"] for r in runs if "stopped_apart_at" in r])
+    sample_store.save(out_dir / OUTPUTS_FILE, actual)
+    sample_store.save(out_dir / REFERENCE_FILE, reference)
+    plot = plots.loop_error_plot(out_dir / PLOT_FILE, f"loop {target}", f"NPU ({soc_name}) vs CPU loop", per_step, first,
+                                 [r["first"] for r in runs[1:]])
+    total = float(np.sum(seconds))
+    record = {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"},
+              "steps": sum(r["steps"] for r in runs), "steps_cpu": sum(r["steps_cpu"] for r in runs),
+              "compared_steps": len(actual), "runs": runs, "feed": loop["feed"], "step_function": loop["step"],
+              "start": (start or {}).get("inputs"),
+              "per_step": per_step, "growth": growth(per_step), "first_differing_step": first, **result,
+              "violations": violations,
+              "timing": {"label": SIMULATOR_LABEL, "steps_per_second": len(seconds) / total if total else None,
+                         "per_step_median_s": float(np.median(seconds)), "total_s": total, "runs": len(seconds)},
+              "outputs_file": str(out_dir / OUTPUTS_FILE), "reference_file": str(out_dir / REFERENCE_FILE),
+              "plot": str(plot), "log": str(log)}
+    if violations:
+        at = f"; a task result first differed at step {first}" if first is not None else ""
+        raise StageError(f"loop {target} failed after {record['steps']} steps: " + "; ".join(violations) + at
+                         + f" (per-step error: {out_dir / PLOT_FILE})", record)
+    return record
+
+
+def drive(graph: GraphSpec, loop: dict[str, Any], stream: list[dict[str, np.ndarray]], steps: int, run_step: Runner,
+          side: str, where: str, tick: Callable[[int], None],
+          held: dict[str, np.ndarray] | None = None) -> list[dict[str, np.ndarray]]:
+    """Run one loop: step 0 is the stream's first sample (with the held inputs); each next step takes the next
+    sample (or this step's inputs), the held inputs, the fed-back outputs, then what the step function returns."""
+    held = held or {}
+    ctx = modelcode.context_for(graph) if loop["step"] else None
+    inputs = _checked(graph, {**stream[0], **held}, where, 0)
+    produced: list[dict[str, np.ndarray]] = []
+    for index in range(steps):
+        outputs = {name: np.array(value) for name, value in run_step(inputs).items()}
+        produced.append(outputs)
+        tick(index + 1)
+        if index + 1 == steps:
+            break
+        upcoming = {**(stream[index + 1] if index + 1 < len(stream) else inputs), **held}
+        upcoming.update({name: outputs[source] for name, source in loop["feed"].items()})
+        if ctx is not None:
+            ctx.step, ctx.side = index, side
+            # copies: a step function that edits its arguments in place must not change the stream the other
+            # loop starts from
+            chosen = modelcode.call(graph, loop["step"], ctx, {k: v.copy() for k, v in inputs.items()}, dict(outputs))
+            if chosen is None:
+                break
+            if not isinstance(chosen, dict):
+                raise StageError(f"{graph.model_code}:{loop['step']}() returned {type(chosen).__name__}, not a dict "
+                                 f"of the next step's inputs or None (fix: return {{input name: array}} or None to stop)")
+            upcoming.update(chosen)
+        inputs = _checked(graph, upcoming, where, index + 1)
+    return produced
+
+
+def _checked(graph: GraphSpec, inputs: dict[str, Any], where: str, index: int) -> dict[str, np.ndarray]:
+    """The next step's inputs, exactly the declared ones, each of its declared shape and dtype."""
+    declared = {t.name: t for t in graph.inputs}
+    unknown = sorted(set(inputs) - set(declared))
+    if unknown:
+        raise StageError(f"{where}: step {index} was given {unknown}, which graph '{graph.name}' has no input for "
+                         f"(fix: return only its inputs: {', '.join(declared)})")
+    result = {}
+    for name, tensor in declared.items():
+        value = np.asarray(inputs[name])
+        if tuple(value.shape) != tuple(tensor.shape):
+            raise StageError(f"{where}: step {index}: input '{name}' is {list(value.shape)}, model.yaml declares "
+                             f"{list(tensor.shape)} (fix: feed it a value of the declared shape)")
+        result[name] = value.astype(tensor.dtype, copy=False)
+    return result
+
+
+def per_step_errors(graph: GraphSpec, reference: list[dict[str, np.ndarray]],
+                    actual: list[dict[str, np.ndarray]]) -> dict[str, dict[str, list[float]]]:
+    """Per output: the cosine and max-abs of the NPU loop against the CPU loop at every step.
+
+    A one-element output has no cosine to speak of (it is 1, 0 or -1): its `cosine` is None.
+    """
+    found: dict[str, dict[str, list[float] | None]] = {}
+    for tensor in graph.outputs:
+        cos, worst = [], []
+        for ref, got in zip(reference, actual):
+            m = metrics.compare(ref[tensor.name], got[tensor.name])
+            cos.append(m["cosine"])
+            worst.append(m["max_abs"])
+        found[tensor.name] = {"cosine": cos if int(np.prod(tensor.shape)) > 1 else None, "max_abs": worst}
+    return found
+
+
+def growth(per_step: dict[str, dict[str, list[float]]]) -> dict[str, dict[str, Any]]:
+    """How the max-abs error moved from the first tenth of the steps to the last tenth (mean of each)."""
+    found = {}
+    for name, series in per_step.items():
+        values = np.asarray(series["max_abs"], dtype=np.float64)
+        if not len(values) or not np.isfinite(values).all():
+            found[name] = {"first": None, "last": None, "peak": None, "peak_step": None, "ratio": None}
+            continue
+        tenth = max(1, len(values) // 10)
+        first, last = float(values[:tenth].mean()), float(values[-tenth:].mean())
+        found[name] = {"first": first, "last": last, "peak": float(values.max()), "peak_step": int(values.argmax()),
+                       "ratio": last / first if first > 0 else None}
+    return found
+
+
+def first_differing_step(checks: list[dict[str, Any]], stopped_apart: list[int]) -> int | None:
+    """The first step where a task check's result differed between the loops (or where one of them stopped)."""
+    steps = [min(c["disagreeing_samples"]) for c in checks if c.get("disagreeing_samples")] + stopped_apart
+    return min(steps) if steps else None
+
+
+def starts(start: dict[str, Any] | None) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
+    """(CPU, NPU) held inputs of each run: one run per pipeline sample, or one run holding nothing."""
+    if not start:
+        return [({}, {})]
+    sides = []
+    for side in ("cpu", "npu"):
+        kept = sample_store.load(Path(start[side]))
+        sides.append([{name: sample[output] for name, output in start["inputs"].items()} for sample in kept])
+    return list(zip(*sides))
+
+
+def _cpu_session(simplified: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(simplified), options, providers=["CPUExecutionProvider"])
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run(calls.graph(a), a["loop"], Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["simplified"]),
+               Path(a["inputs"]), call.target, a["soc_name"], Path(call.out_dir), a.get("start"))

@@ -1,0 +1,370 @@
+"""Loops: one graph run step after step with its outputs fed back, on the simulator and on CPU (real builds).
+
+The model is built in code: an accumulator `accN = acc + x @ W` (with `level = mean(accN)`), ported
+with YAML only. Fed back, `acc` grows step after step; the NPU keeps it in fp16, so its distance
+from the CPU loop's float32 `acc` grows with the step count — the per-step record must show that.
+"""
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from conftest import Project, copy_project
+from onnx import TensorProto, helper, numpy_helper
+
+DIM, STEPS = 16, 60
+YAML = "models/acc/model.yaml"
+MODEL_YAML = """\
+licence: test fixture
+source: {{file: acc.onnx}}
+graphs:
+  acc:
+    inputs:
+      x: {{shape: [1, {d}], dtype: float32}}
+      acc: {{shape: [1, {d}], dtype: float32}}
+    outputs:
+      accN: {{shape: [1, {d}]}}
+      level: {{shape: [1, 1]}}
+    samples: {{files: samples.npz}}
+    socs: [SM8650]
+loop:
+  graph: acc
+  feed: {{acc: accN}}
+{extra}  verify:
+    thresholds: {{min_cosine: 0.99, min_snr_db: 10}}
+    checks:
+      - agreement: {{output: level, threshold: 0.0, min: 1.0}}
+"""
+
+
+def accumulator() -> onnx.ModelProto:
+    rng = np.random.default_rng(7)
+    weights = (np.abs(rng.standard_normal((DIM, DIM))) * 0.7).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["step"]),
+             helper.make_node("Add", ["acc", "step"], ["accN"]),
+             helper.make_node("ReduceMean", ["accN"], ["level"], axes=[1], keepdims=1)]
+    graph = helper.make_graph(nodes, "acc", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, DIM]),
+                                             helper.make_tensor_value_info("acc", TensorProto.FLOAT, [1, DIM])],
+                              [helper.make_tensor_value_info("accN", TensorProto.FLOAT, [1, DIM]),
+                               helper.make_tensor_value_info("level", TensorProto.FLOAT, [1, 1])],
+                              [numpy_helper.from_array(weights, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+STEP_CODE = '''\
+import numpy as np
+
+
+def step(ctx, inputs, outputs):
+    """Autoregressive: the next x is made from this step's output; stop after 12 steps."""
+    if ctx.step + 1 >= 12:
+        return None
+    return {"x": (np.tanh(outputs["accN"] * 0.05) + 0.5).astype(np.float32)}
+'''
+
+
+def acc_project(root: Path, extra: str = "", code: str | None = None) -> Project:
+    project = copy_project(root)
+    for model in ("silero-vad", "minilm"):  # only the accumulator: keeps the build short
+        shutil.rmtree(project.path(f"models/{model}"))
+    folder = project.path("models/acc")
+    folder.mkdir(parents=True)
+    onnx.save(accumulator(), str(folder / "acc.onnx"))
+    rng = np.random.default_rng(8)
+    np.savez(folder / "samples.npz", x=(1.0 + 0.3 * rng.standard_normal((STEPS, 1, DIM))).astype(np.float32),
+             acc=np.zeros((STEPS, 1, DIM), np.float32))
+    (folder / "model.yaml").write_text(MODEL_YAML.format(d=DIM, extra=extra))
+    if code is not None:
+        (folder / "export.py").write_text(code)
+    return project
+
+
+def loop_record(project: Project) -> dict:
+    return project.one_json("build/acc/acc/*/fp16/SM8650/loop/loop.json")
+
+
+@pytest.fixture(scope="module")
+def stream(tmp_path_factory) -> Project:
+    project = acc_project(tmp_path_factory.mktemp("loop-stream") / "project")
+    project.result = project.doit()
+    return project
+
+
+def test_the_npu_carries_its_own_state_and_its_error_grows_per_step(stream):
+    assert stream.result.returncode == 0, stream.result.stdout + stream.result.stderr
+    assert "loop:acc-SM8650" in stream.result.executed
+    rec = loop_record(stream)
+    assert rec["status"] == "passed" and rec["steps"] == rec["steps_cpu"] == STEPS and rec["feed"] == {"acc": "accN"}
+    errors = rec["per_step"]["accN"]["max_abs"]
+    assert len(errors) == STEPS and len(rec["per_step"]["accN"]["cosine"]) == STEPS  # one figure per step
+    assert rec["per_step"]["level"]["cosine"] is None and len(rec["per_step"]["level"]["max_abs"]) == STEPS
+    first, last = np.mean(errors[:5]), np.mean(errors[-5:])
+    assert last > 10 * first > 0, errors  # fp16 state: the error grows with the step count
+    assert rec["growth"]["accN"]["ratio"] > 10
+    # the loop really fed its outputs back: the CPU loop's state is the running sum of x @ W
+    reference = np.load(stream.path(rec["reference_file"]))["accN"]
+    assert reference[-1].mean() > 30 * reference[0].mean()
+    agreement = next(c for c in rec["checks"] if c["kind"] == "agreement")
+    assert agreement["passed"] and rec["first_differing_step"] is None
+    assert rec["timing"]["steps_per_second"] > 0 and "not phone latency" in rec["timing"]["label"]
+    assert stream.path(rec["plot"]).stat().st_size > 10_000
+    report = json.loads(stream.path("build/report/report.json").read_text())
+    assert [(e["name"], e["status"]) for e in report["loops"]] == [("acc-SM8650", "passed")]
+    assert report["summary"]["loops_failed"] == 0
+    md = stream.path("build/report/report.md").read_text()
+    assert "## Loops" in md and "| acc-SM8650 | 60 | passed |" in md
+    html = stream.path("build/report/index.html").read_text()
+    assert "per-step error of the loop acc-SM8650" in html
+    assert stream.doit("loop").executed == set()
+
+
+def test_a_task_check_that_breaks_names_the_first_differing_step(stream, tmp_path):
+    """The same loop judged by a decision the fp16 state flips: the failure says at which step it first differed."""
+    project = copy_project(tmp_path / "project", source=stream.root, with_build=True)
+    reference = np.load(project.path(loop_record(stream)["reference_file"]))["level"].reshape(-1)
+    npu = np.load(project.path(loop_record(stream)["outputs_file"]))["level"].reshape(-1)
+    step = STEPS // 2
+    assert npu[step] != reference[step], "the NPU loop matched the CPU loop exactly there"
+    assert (np.diff(reference) > 0).all() and (np.diff(npu) > 0).all()  # the level rises at every step
+    # a threshold between the two loops' values at that step: the decisions differ there, and only there
+    threshold = float((npu[step] + reference[step]) / 2)
+    project.edit(YAML, "threshold: 0.0", f"threshold: {threshold!r}")
+    result = project.doit("loop:acc-SM8650")
+    line = result.failure_line("loop:acc-SM8650")
+    assert "check agreement on 'level'" in line and f"a task result first differed at step {step}" in line, line
+    rec = loop_record(project)
+    assert rec["status"] == "failed" and rec["first_differing_step"] == step
+
+
+def test_a_step_function_drives_the_loop(tmp_path):
+    project = acc_project(tmp_path / "project", extra="  step: step\n", code=STEP_CODE)
+    result = project.doit("loop:acc-SM8650")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rec = loop_record(project)
+    assert rec["status"] == "passed" and rec["steps"] == rec["steps_cpu"] == 12 and rec["step_function"] == "step"
+    outputs = np.load(project.path(rec["reference_file"]))
+    assert outputs["accN"].shape == (12, 1, DIM)
+
+
+@pytest.mark.parametrize("returned, fragments", [
+    ('{"x": np.zeros((1, 8), np.float32)}', ["loop: step 1: input 'x' is [1, 8], model.yaml declares [1, 16]"]),
+    ('{"y": outputs["accN"]}', ["step 1 was given ['y']", "has no input for"]),
+    ('[outputs["accN"]]', ["step() returned list, not a dict"]),
+])
+def test_a_broken_step_function_fails_the_loop_with_one_line(tmp_path, returned, fragments):
+    code = f"import numpy as np\n\n\ndef step(ctx, inputs, outputs):\n    return {returned}\n"
+    project = acc_project(tmp_path / "project", extra="  step: step\n", code=code)
+    line = project.doit("loop:acc-SM8650").failure_line("loop:acc-SM8650")
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (("feed: {acc: accN}", "feed: {acc: accM}"), ["loop.feed.acc", "'accM' is not an output of graph 'acc'", "accN"]),
+    (("feed: {acc: accN}", "feed: {state: accN}"), ["loop.feed.state", "'state' is not an input"]),
+    (("feed: {acc: accN}", "feed: {acc: level}"), ["loop.feed.acc", "output 'level' is [1, 1]", "is [1, 16]"]),
+    (("graph: acc", "graph: decoder"), ["loop.graph", "'decoder' is not a graph of this model"]),
+    (("feed: {acc: accN}", "feed: {}"), ["loop.feed", "feeds nothing back"]),
+    (("feed: {acc: accN}", "feed: {acc: accN}\n  steps: 0"), ["loop.steps"]),
+    (("feed: {acc: accN}", "feed: {acc: accN}\n  step: step"), ["loop.step", "export.py"]),
+    (("feed: {acc: accN}", "feed: {acc: accN}\n  unroll: 2"), ["loop.unroll"]),
+    (("output: level, threshold", "output: levels, threshold"), ["loop.verify.checks[0].agreement"]),
+])
+def test_wrong_loop_declarations_stop_doit_with_one_line(tmp_path, edit, fragments):
+    project = acc_project(tmp_path / "project")
+    project.edit(YAML, *edit)
+    result = project.doit("list")
+    assert result.returncode == 0 and "spec " in result.stdout, result.stdout + result.stderr  # this model is not buildable
+    line = result.stderr.strip()
+    assert "\n" not in line and str(project.path(YAML)) in line and "(fix: " in line, line
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+VAD_LOOP = """\
+loop:
+  graph: vad
+  feed: {state: stateN}
+  verify:
+    per_output:
+      output: {max_abs: 0.05}
+    checks:
+      - agreement: {output: output, threshold: 0.5, min: 0.99}
+"""  # as in models/silero-vad/model.yaml
+
+
+@pytest.mark.slow
+def test_the_vads_state_carried_by_the_npu_over_the_whole_stream(tmp_path):
+    """The Silero VAD over its 231 real audio frames with the NPU's own state, against the same loop on CPU."""
+    from conftest import restrict_socs
+
+    project = copy_project(tmp_path / "project")
+    shutil.rmtree(project.path("models/minilm"))
+    restrict_socs(project, ["SM8650"])
+    yaml = project.path("models/silero-vad/model.yaml")
+    yaml.write_text(yaml.read_text() + VAD_LOOP)
+    result = project.doit("loop:vad-SM8650", "simverify:vad-SM8650")
+    assert result.returncode == 0, result.stdout + result.stderr
+    rec = project.one_json("build/silero-vad/vad/*/fp16/SM8650/loop/loop.json")
+    per_frame = project.one_json("build/silero-vad/vad/*/fp16/SM8650/simverify/simverify.json")
+    assert rec["status"] == "passed" and rec["steps"] == per_frame["samples"] == 231
+    agreement = next(c for c in rec["checks"] if c["kind"] == "agreement")
+    assert agreement["value"] >= 0.99
+    assert len(rec["per_step"]["stateN"]["max_abs"]) == 231 and rec["per_step"]["output"]["cosine"] is None
+    # the state the NPU carries drifts from the CPU's: what feeding the CPU's state to every frame never shows
+    assert rec["growth"]["stateN"]["ratio"] > 3
+    assert rec["metrics"]["stateN"]["max_abs"] > per_frame["metrics"]["stateN"]["max_abs"]
+    assert rec["timing"]["steps_per_second"] > 0
+
+
+CHAIN_YAML = """\
+licence: test fixture
+source: {{file: pre.onnx}}
+graphs:
+  pre:
+    inputs: {{z: {{shape: [1, {d}], dtype: float32}}}}
+    outputs: {{h: {{shape: [1, {d}]}}}}
+    samples: {{files: pre.npz}}
+    socs: [SM8650]
+  post:
+    source: {{file: post.onnx}}
+    inputs: {{h: {{shape: [1, {d}], dtype: float32}}}}
+    outputs: {{y: {{shape: [1, {d}]}}}}
+    samples: {{files: post.npz}}
+    socs: [SM8650]
+  dec:
+    source: {{file: dec.onnx}}
+    inputs:
+      x: {{shape: [1, {d}], dtype: float32}}
+      acc: {{shape: [1, {d}], dtype: float32}}
+      b: {{shape: [1, {d}], dtype: float32}}
+    outputs:
+      accN: {{shape: [1, {d}]}}
+    samples: {{files: dec.npz}}
+    socs: [SM8650]
+pipeline:
+  graphs: [pre, post]
+loop:
+  graph: dec
+  feed: {{acc: accN}}
+  start: {{b: post.y}}
+  verify:
+    thresholds: {{min_cosine: 0.99, min_snr_db: 10}}
+"""
+
+
+def _graph(name: str, nodes: list, inputs: list[str], outputs: list[str], weights: dict) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(i, TensorProto.FLOAT, [1, DIM]) for i in inputs],
+                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, DIM]) for o in outputs],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def chain_loop_project(root: Path) -> Project:
+    project = copy_project(root)
+    for model in ("silero-vad", "minilm"):
+        shutil.rmtree(project.path(f"models/{model}"))
+    folder = project.path("models/chained")
+    folder.mkdir(parents=True)
+    half, one = np.full((1, DIM), 0.5, np.float32), np.ones((1, DIM), np.float32)
+    weights = (np.random.default_rng(9).standard_normal((DIM, DIM)) * 0.5).astype(np.float32)
+    onnx.save(_graph("pre", [helper.make_node("Mul", ["z", "half"], ["h"])], ["z"], ["h"], {"half": half}),
+              str(folder / "pre.onnx"))
+    onnx.save(_graph("post", [helper.make_node("Add", ["h", "one"], ["y"])], ["h"], ["y"], {"one": one}),
+              str(folder / "post.onnx"))
+    onnx.save(_graph("dec", [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["acc", "xw"], ["s"]),
+                             helper.make_node("Add", ["s", "b"], ["accN"])], ["x", "acc", "b"], ["accN"], {"w": weights}),
+              str(folder / "dec.onnx"))
+    rng = np.random.default_rng(10)
+    np.savez(folder / "pre.npz", z=rng.standard_normal((3, 1, DIM)).astype(np.float32))
+    np.savez(folder / "post.npz", h=rng.standard_normal((2, 1, DIM)).astype(np.float32))
+    np.savez(folder / "dec.npz", x=rng.standard_normal((10, 1, DIM)).astype(np.float32),
+             acc=np.zeros((10, 1, DIM), np.float32), b=np.zeros((10, 1, DIM), np.float32))
+    (folder / "model.yaml").write_text(CHAIN_YAML.format(d=DIM))
+    project.weights = weights
+    return project
+
+
+def test_a_loop_started_by_a_pipeline_runs_once_per_pipeline_sample(tmp_path):
+    """Encoder once -> decoder loop: each run of the loop holds an input at the pipeline's outputs (NPU or CPU chain)."""
+    project = chain_loop_project(tmp_path / "project")
+    result = project.doit("loop:dec-SM8650")
+    project.doit("report")  # fails its gate: the chip targets themselves were not simulated (only the chain was)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {"pipeline:chained-SM8650", "loop:dec-SM8650"} <= result.executed
+    rec = project.one_json("build/chained/dec/*/fp16/SM8650/loop/loop.json")
+    assert rec["status"] == "passed" and rec["start"] == {"b": "y"}
+    assert [(r["first"], r["steps"], r["steps_cpu"]) for r in rec["runs"]] == [(0, 10, 10), (10, 10, 10), (20, 10, 10)]
+    assert len(rec["per_step"]["accN"]["max_abs"]) == 30
+    chain_cpu = np.load(next(project.root.glob("build/chained/pipeline/*/SM8650/pipeline/reference.npz")))["y"]
+    x0 = np.load(project.path("build/chained/dec/cpucheck/inputs.npz"))["x"][0]
+    loop_cpu = np.load(project.path(rec["reference_file"]))["accN"]
+    for run in range(3):  # step 0 of each run: acc 0 + x0 @ W + the CPU chain's y of that sample, held
+        np.testing.assert_allclose(loop_cpu[run * 10], x0 @ project.weights + chain_cpu[run], rtol=1e-5, atol=1e-5)
+    report = json.loads(project.path("build/report/report.json").read_text())
+    assert [e["name"] for e in report["loops"]] == ["dec-SM8650"]
+
+
+@pytest.mark.parametrize("edit, fragments", [
+    (("pipeline:\n  graphs: [pre, post]\n", ""), ["loop.start", "has none"]),
+    (("start: {b: post.y}", "start: {b: pre.h}"), ["loop.start.b", "last graph 'post'"]),
+    (("start: {b: post.y}", "start: {acc: post.y}"), ["loop.start.acc", "not fed back"]),
+])
+def test_wrong_loop_starts_stop_doit_with_one_line(tmp_path, edit, fragments):
+    project = chain_loop_project(tmp_path / "project")
+    project.edit("models/chained/model.yaml", *edit)
+    result = project.doit("list")
+    assert result.returncode == 0 and "spec " in result.stdout, result.stdout + result.stderr  # this model is not buildable
+    line = result.stderr.strip()
+    assert "\n" not in line and "models/chained/model.yaml" in line and "(fix: " in line, line
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+@pytest.mark.slow
+def test_whisper_decoded_on_the_npu_by_a_loop(tmp_path):
+    """Whisper tiny.en fully on the NPU for one window: encoder -> cross K/V (the pipeline) -> the decoder loop with
+    its own KV cache and tokens; the same graphs on CPU; judged by identical tokens and by words."""
+    from conftest import EXAMPLES
+
+    project = Project(tmp_path / "project")
+    project.root.mkdir()
+    for name in ("dodo.py", "socs", "toolchain"):
+        src = EXAMPLES / name
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, project.root / name)
+    shutil.copytree(EXAMPLES / "speech" / "whisper-tiny-en", project.root / "models" / "whisper-tiny-en",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    # onnxsim's batched Gemm fusion halves the encoder's simulator time (test_whisper does the same)
+    project.edit("models/whisper-tiny-en/model.yaml", ", fuse_matmul_add_bias_into_gemm_batched]}", "]}")
+    result = project.doit("loop:decoder-SM8650")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {"pipeline:whisper-tiny-en-SM8650", "context:decoder-SM8650", "loop:decoder-SM8650"} <= result.executed
+    context = project.one_json("build/whisper-tiny-en/decoder/*/fp16/SM8650/context/context.json")
+    assert context["partition"]["cpu_nodes"] == []
+    rec = project.one_json("build/whisper-tiny-en/decoder/*/fp16/SM8650/loop/loop.json")
+    assert rec["status"] == "passed" and len(rec["runs"]) == 1 and rec["steps"] == rec["steps_cpu"] > 5
+    top1 = next(c for c in rec["checks"] if c["kind"] == "top1")
+    assert top1["value"] == 1.0 and rec["first_differing_step"] is None  # the same token at every step
+    wer = next(c for c in rec["checks"] if c["kind"] == "wer")
+    assert wer["passed"] and wer["judged"] == "per run" and wer["samples"] == 1
+    transcript = wer["transcripts"][0]
+    assert transcript["npu"] == transcript["cpu"] and transcript["reference_text"] == "The birch canoe slid on the smooth planks."
+    assert len(set(speech_words(transcript["npu"])) & set(speech_words(transcript["reference_text"]))) >= 3
+    assert len(rec["per_step"]["logits"]["cosine"]) == rec["steps"] and min(rec["per_step"]["logits"]["cosine"]) > 0.999
+    print(f"whisper loop: {rec['steps']} steps, {rec['timing']['per_step_median_s']:.2f} s per step (simulator), "
+          f"NPU transcript {transcript['npu']!r}, binary {context['bin_size']} bytes")
+
+
+def speech_words(text: str) -> list[str]:
+    from qnn_tasks.judge import speech
+
+    return speech.words(text)
