@@ -77,7 +77,8 @@ def test_second_run_executes_nothing(proj):
 
 def test_a_tree_stamped_by_the_previous_version_stays_up_to_date(proj, monkeypatch):
     """.doit.db written before output stamps became int hashes (md5 strings): an upgrade rebuilds nothing."""
-    from qnn_tasks.tasks.project import _md5_signature, project_tasks
+    from qnn_tasks.tasks.project import project_tasks
+    from qnn_tasks.tasks.uptodate import md5_signature
 
     monkeypatch.chdir(proj.root)
     monkeypatch.setattr(sys, "argv", ["doit", "list"])  # read-only: no tree lock
@@ -91,7 +92,7 @@ def test_a_tree_stamped_by_the_previous_version_stays_up_to_date(proj, monkeypat
         for task in ALL_GRAPH_TASKS:
             data = json.loads(rows[task])
             assert isinstance(data["_values_:"]["files"], int)
-            data["_values_:"]["files"] = _md5_signature(targets[task])  # outputs + record, as stamped before
+            data["_values_:"]["files"] = md5_signature(targets[task])  # outputs + record, as stamped before
             conn.execute("update doit set task_data = ? where task_id = ?", (json.dumps(data), task))
             restamped += 1
         conn.commit()

@@ -22,6 +22,7 @@ from test_simverify import GRAPHS, MINILM_YAML, SOCS, VAD_YAML
 
 from qnn_tasks.judge import metrics
 from qnn_tasks.report import gather as report_module
+from qnn_tasks.report import render as render_module
 from qnn_tasks.spec.project import load_socs
 
 REPORT_DIR = Path("build/report")
@@ -401,7 +402,7 @@ def test_report_md_has_the_matrix(verified):
     md = verified.path("build/report/report.md").read_text()
     lines = md.splitlines()
     assert lines[0] == "# NPU build report"
-    assert report_module.summary_line(data) in md
+    assert render_module.summary_line(data) in md
     header = lines.index(f"| graph | {' | '.join(SOCS)} |")
     assert lines[header + 1] == "|---|---|---|"
     rows = lines[header + 2: header + 2 + len(GRAPHS)]
@@ -414,7 +415,7 @@ def test_index_html_has_targets_metrics_logs_and_plots(verified):
     data = load_report(verified)
     page = Page((report_dir / "index.html").read_text())
     assert page.matrix == expected_matrix(data)
-    assert page.summary.strip() == report_module.summary_line(data)
+    assert page.summary.strip() == render_module.summary_line(data)
 
     for t in data["targets"]:
         name = t["name"]
@@ -476,7 +477,7 @@ def test_report_renders_in_a_headless_browser(verified, tmp_path):
     assert dom.returncode == 0, dom.stderr[-2000:]
     page = Page(dom.stdout)
     assert "<tbody>" in dom.stdout  # the browser's DOM, not our file echoed back
-    assert page.summary.strip() == report_module.summary_line(data)
+    assert page.summary.strip() == render_module.summary_line(data)
     assert page.matrix == expected_matrix(data)
     assert set(page.sections) == {t["name"] for t in data["targets"]}
 

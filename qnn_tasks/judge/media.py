@@ -216,7 +216,7 @@ def frames_of(signal: np.ndarray, frame: int, hop: int, pad: bool, where: str) -
 
 def raw(path: Path, options: dict[str, Any], spec: TensorSpec, where: str) -> list[np.ndarray]:
     """A file of little-endian values after `offset` header bytes: one sample per input-sized chunk."""
-    from qnn_tasks.judge.samples import _cast
+    from qnn_tasks.judge.dtypes import cast_to
 
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
@@ -229,7 +229,7 @@ def raw(path: Path, options: dict[str, Any], spec: TensorSpec, where: str) -> li
                          f"{options['dtype']} {list(spec.shape)} samples ({dtype.itemsize * count} bytes each) "
                          "(fix: check dtype and offset)")
     values = np.fromfile(path, dtype=dtype, offset=options["offset"]).astype(dtype.newbyteorder("="))
-    stacked = _cast(values.reshape((-1,) + tuple(spec.shape)), spec, where)
+    stacked = cast_to(values.reshape((-1,) + tuple(spec.shape)), spec, where)
     return list(stacked)
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 
 from qnn_tasks.errors import StageError
+from qnn_tasks.judge.dtypes import cast_to
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
@@ -81,7 +82,7 @@ def read_declared(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
                 raise StageError(f"{where}: {path.name}: '{spec.name}' has shape {list(value.shape)}; model.yaml "
                                  f"declares {list(spec.shape)} (fix: save one sample of that shape, or a stack "
                                  f"(N, {', '.join(map(str, spec.shape))}))")
-            arrays[spec.name] = _cast(arrays[spec.name], spec, f"{where}: {path.name}")
+            arrays[spec.name] = cast_to(arrays[spec.name], spec, f"{where}: {path.name}")
             _finite(arrays[spec.name], spec, f"{where}: {path.name}")
             counts.add(len(arrays[spec.name]))
         if len(counts) != 1:
@@ -123,15 +124,3 @@ def _finite(stack: np.ndarray, spec: TensorSpec, where: str) -> None:
                          "(fix: replace or drop those samples: verification needs finite inputs)")
 
 
-def _cast(value: np.ndarray, spec: TensorSpec, where: str) -> np.ndarray:
-    wanted = np.dtype(spec.dtype)
-    if value.dtype == wanted:
-        return value
-    if value.dtype.kind in "iub" and wanted.kind in "iub":
-        cast = value.astype(wanted)
-        if np.array_equal(cast, value):
-            return cast
-    elif value.dtype.kind == "f" and wanted.kind == "f":
-        return value.astype(wanted)
-    raise StageError(f"{where}: '{spec.name}' has dtype {value.dtype.name}, model.yaml declares {spec.dtype} "
-                     f"(fix: save it as {spec.dtype})")

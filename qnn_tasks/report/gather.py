@@ -251,19 +251,6 @@ def _first_error(stage_records) -> str | None:
     return next((r.get("error") for r in stage_records if r and r.get("status") in ("failed", "stale")), None)
 
 
-def summary_line(data: dict[str, Any]) -> str:
-    s = data["summary"]
-    line = (f"{s['targets']} targets: {s['passed']} passed, {s['warning']} with warnings, {s['failed']} failed, "
-            f"{s['skipped']} skipped, {s['pending']} not built yet")
-    if s.get("models_not_buildable"):
-        line += f"; {s['models_not_buildable']} model(s) NOT BUILDABLE (spec errors)"
-    if s.get("stale"):
-        line += f", {s['stale']} STALE"
-    if s.get("from_cache"):
-        line += f"; {s['from_cache']} restored from the cache"
-    return line + "."
-
-
 def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
     from qnn_tasks.report.render import write as render
 

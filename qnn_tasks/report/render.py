@@ -33,8 +33,6 @@ def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
 # ------------------------------------------------------------------ markdown
 
 def markdown(data: dict[str, Any]) -> str:
-    from qnn_tasks.report.gather import summary_line
-
     socs = soc_names(data)
     lines = ["# NPU build report", "", f"Generated {data['generated']}. " + summary_line(data), "",
              "| graph | " + " | ".join(socs) + " |", "|---|" + "---|" * len(socs)]
@@ -169,8 +167,6 @@ def device_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
 def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -> str:
     import jinja2
 
-    from qnn_tasks.report.gather import summary_line
-
     env = jinja2.Environment(loader=jinja2.PackageLoader("qnn_tasks.report", "templates"),
                              autoescape=jinja2.select_autoescape(["html", "j2"]))
     env.filters["rel"] = lambda p: linked(p, report_dir)
@@ -278,3 +274,16 @@ def size(value: Any) -> str:
             return f"{value:.1f} {unit}" if unit != "B" else f"{value} B"
         value /= 1024
     return str(value)
+
+
+def summary_line(data: dict[str, Any]) -> str:
+    s = data["summary"]
+    line = (f"{s['targets']} targets: {s['passed']} passed, {s['warning']} with warnings, {s['failed']} failed, "
+            f"{s['skipped']} skipped, {s['pending']} not built yet")
+    if s.get("models_not_buildable"):
+        line += f"; {s['models_not_buildable']} model(s) NOT BUILDABLE (spec errors)"
+    if s.get("stale"):
+        line += f", {s['stale']} STALE"
+    if s.get("from_cache"):
+        line += f"; {s['from_cache']} restored from the cache"
+    return line + "."

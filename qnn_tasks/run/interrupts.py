@@ -2,7 +2,7 @@
 
 doit itself lets KeyboardInterrupt escape as a traceback after saving its state. Here the first
 SIGINT or SIGTERM raises KeyboardInterrupt in the main thread and wakes a watcher thread, which
-stops every child process and remote call (executors.stop_all) off the signal handler; the stage
+stops every child process and remote call (the stop functions the executors register) off the signal handler; the stage
 funnel removes what the interrupted stages had begun, doit saves the state of the tasks that did
 finish, and the uncaught KeyboardInterrupt ends in one line instead of a traceback.
 
@@ -22,8 +22,9 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Callable
 
-from qnn_tasks.run import executors, treelock  # imported now: an import inside a handler can wait for a lock its frame holds
+from qnn_tasks.run import treelock  # imported now: an import inside a handler can wait for a lock its frame holds
 
 EXIT_CODE = 130  # Ctrl-C; 143 (128 + SIGTERM) when a SIGTERM reached the run
 GRACE_S = 1.5    # the first signal's graceful path (doit saving its state) gets this long; then _exit_now
@@ -98,6 +99,20 @@ def _drain() -> None:
         _arrived.extend(b for b in data if b in (signal.SIGINT, signal.SIGTERM))
 
 
+_stoppers: list = []  # the executors' stop_all, registered when they are imported (they import this module)
+
+
+def stop_with(stop: Callable[[], None]) -> None:
+    """Call `stop` on the first signal (off the handler) and when the interrupt reaches the top."""
+    if stop not in _stoppers:
+        _stoppers.append(stop)
+
+
+def _stop_executors() -> None:
+    for stop in list(_stoppers):
+        stop()
+
+
 def _on_signal(signum, frame) -> None:
     if _first:  # a second signal, maybe on top of the first one's handler: end now, lock-free
         _exit_now()
@@ -114,7 +129,7 @@ def _watch() -> None:
             return
         _drain()
     deadline = time.monotonic() + GRACE_S
-    threading.Thread(target=executors.stop_all, name="qnn-stop", daemon=True).start()  # Dask may take its time
+    threading.Thread(target=_stop_executors, name="qnn-stop", daemon=True).start()  # Dask may take its time
     time.sleep(max(0.0, deadline - time.monotonic()))
     _exit_now()
 
@@ -146,7 +161,7 @@ def _exit_now() -> None:
 
 def finish() -> None:
     """One line, release the tree, exit 130 or 143 (called when KeyboardInterrupt reaches the top)."""
-    executors.stop_all()
+    _stop_executors()
     active, line = _what()
     for _, out_dir in active:  # what the interrupted stages had begun (their records were removed first)
         treelock.sweep(Path(out_dir))

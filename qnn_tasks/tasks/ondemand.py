@@ -16,6 +16,7 @@ from qnn_tasks.errors import QnnTasksError
 from qnn_tasks.plan.targets import ChipTarget
 from qnn_tasks.plan.stages import DIAGNOSE, SOCSCHECK
 from qnn_tasks.plan import paths
+from qnn_tasks.tasks.uptodate import Fresh, key_of
 
 DEVICES_RECORD = Path(paths.DEVICES_RECORD)
 
@@ -85,10 +86,8 @@ class OnDemand:
                 print(f"socscheck:{name}: all {len(results)} rows match with {binding.id} ({record})")
                 return None
 
-            from qnn_tasks.tasks.project import Fresh, _key
-
             yield {"name": name, "actions": [check], "targets": [str(record)], "verbosity": 2, "clean": True,
-                   "uptodate": [Fresh(_key({"socs": rows, "toolchain": binding.fingerprint_json}), [str(record)])],
+                   "uptodate": [Fresh(key_of({"socs": rows, "toolchain": binding.fingerprint_json}), [str(record)])],
                    "doc": f"compile a tiny model for every SoC row with {binding.id}; confirm socModel/arch"}
 
     def toolcheck_tasks(self) -> Iterator[dict]:

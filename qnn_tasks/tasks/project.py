@@ -10,8 +10,6 @@ tasks_ondemand.py. With tasks_ondemand.py, the only modules that know doit.
 from __future__ import annotations
 
 import gc
-import hashlib
-import json
 import os
 import re
 import sys
@@ -37,6 +35,7 @@ from qnn_tasks.plan.stages import (
 )
 from qnn_tasks.spec.project import load_project
 from qnn_tasks.run import digests
+from qnn_tasks.tasks.uptodate import ChecksThisRun, Fresh, content_signature, key_of
 
 if TYPE_CHECKING:
     from qnn_tasks.run.calls import StageCall
@@ -135,93 +134,6 @@ def _suggest_task_names() -> None:
 
 # ------------------------------------------------------------------ checkers and actions
 
-def _stats(paths: list[str]) -> Iterator[tuple[str, os.stat_result | None]]:
-    for path in paths:
-        try:
-            yield path, os.stat(path)
-        except FileNotFoundError:
-            yield path, None
-
-
-def _content_signature(paths: list[str]) -> str:
-    """The files' contents, one digest: each file is hashed once (digests.py caches by size, mtime, inode, ctime)."""
-    from qnn_tasks.run.digests import sha256
-
-    h = hashlib.md5()
-    for path, st in _stats(paths):
-        h.update(f"{path}\0{sha256(path) if st is not None else '-'}\n".encode())
-    return h.hexdigest()
-
-
-def _signatures(paths: list[str]) -> tuple[int, int]:
-    """(mtime, size) and (inode, ctime) signatures of the files, from one `stat` each."""
-    times: list[int] = []
-    ids: list[int] = []
-    for _, st in _stats(paths):
-        if st is None:
-            times.append(-1)
-            ids.append(-1)
-        else:
-            times += (st.st_mtime_ns, st.st_size)
-            ids += (st.st_ino, st.st_ctime_ns)
-    return hash(tuple(times)), hash(tuple(ids))
-
-
-_checked_this_run: list[bool] = []  # set once a build task's outputs were checked in this doit run
-
-
-class Fresh:
-    """doit `uptodate`: the stage's key is unchanged and its files are what the last success left.
-
-    Like doit's own `config_changed`, plus the outputs: a target truncated, replaced or deleted by
-    hand makes its task run again. Size and mtime must be as saved; when a file's inode or ctime
-    is not (`cp -p`, `rsync -t` and `tar` keep size and mtime, not these; so does copying the
-    whole tree), the outputs must still have the digests their record names, for this target.
-    """
-
-    def __init__(self, key: str, paths: list[str], record: str | None = None) -> None:
-        self.key = key
-        self.paths = paths
-        self.record = record
-
-    def __call__(self, task, values) -> bool:
-        _checked_this_run[:] = [True]
-        task.value_savers.append(lambda: dict(zip(("files", "ids"), _signatures(self.paths)), key=self.key))
-        if values.get("key") != self.key:
-            return False
-        stored = values.get("files")
-        if isinstance(stored, str):  # saved by a version before 2026-12 (an md5): compare it its way
-            return stored == _md5_signature(self.paths) and self.vouched(task.name)
-        times, ids = _signatures(self.paths)
-        if stored != times:
-            return False
-        return values.get("ids") == ids or self.vouched(task.name)
-
-    def vouched(self, task_name: str) -> bool:
-        """The record is this task's, passed, and names every output with the digest it has now."""
-        if self.record is None:
-            return False
-        from qnn_tasks.run import records
-
-        record = records.read(self.record)
-        stage, _, target = task_name.partition(":")
-        if record is None or record.get("stage") != stage or record.get("target") != target:
-            return False
-        if record.get("status") == "skipped":
-            return True
-        outputs = [p for p in self.paths if p != self.record]
-        files = record.get("files")
-        if record.get("status") not in ("passed", "warning") or not isinstance(files, dict):
-            return False
-        return set(outputs) <= set(files) and records.problems(record, self.record) == []
-
-
-def _md5_signature(paths: list[str]) -> str:
-    """The stamp older versions saved, so an upgrade does not rebuild every up-to-date target once."""
-    parts = [f"{path}:{st.st_mtime_ns}:{st.st_size}" for path, st in _stats(paths) if st]
-    return hashlib.md5("\n".join(parts).encode()).hexdigest()
-
-
 def stage_action(call: Callable[[], StageCall], base: Callable[[], dict[str, Any]], root: str,
                  cache: Callable[[], Any]) -> Callable[[], TaskFailed | None]:
     """The doit action of a build task: the funnel, its one line turned into a task failure."""
@@ -242,10 +154,6 @@ def _task_function(name: str, doc: str, make: Callable[[], Any]) -> Callable[[],
     return task
 
 
-def _key(data: dict[str, Any]) -> str:
-    return hashlib.md5(json.dumps(data, sort_keys=True).encode()).hexdigest()
-
-
 # ------------------------------------------------------------------ tasks
 
 class TaskFactory:
@@ -254,6 +162,7 @@ class TaskFactory:
         self.project = planner.project
         self.root = str(planner.root)
         self._cache: list[Any] = []
+        self.checks = ChecksThisRun()  # the build tasks' checkers tell the report's that outputs were checked
         self._cache_lock = threading.Lock()  # `-n 8 -P thread`: opened (and an unreachable store said) once
 
     def cache(self) -> Any:
@@ -316,7 +225,7 @@ class TaskFactory:
 
         task = {"name": plan.name, "actions": [stage_action(call, plan.base, self.root, self.cache)],
                 "file_dep": plan.file_dep, "targets": plan.outputs + [record],
-                "uptodate": [Fresh(plan.key, plan.outputs + [record], record)], "doc": plan.doc, "clean": True}
+                "uptodate": [Fresh(plan.key, plan.outputs + [record], record, self.checks)], "doc": plan.doc, "clean": True}
         if plan.task_dep:
             task["task_dep"] = plan.task_dep
         return task
@@ -331,7 +240,7 @@ class TaskFactory:
             print(f"{row.name}:{plan.name}: skipped: {plan.skip}")
 
         return {"name": plan.name, "actions": [action], "targets": [plan.record],
-                "uptodate": [Fresh(_key({"skip": plan.skip}), [plan.record], plan.record)],
+                "uptodate": [Fresh(key_of({"skip": plan.skip}), [plan.record], plan.record)],
                 "doc": f"SKIPPED: {plan.skip}", "clean": True}
 
     def broken_tasks(self) -> Iterator[dict]:
@@ -399,7 +308,7 @@ class TaskFactory:
             return TaskFailed("report: " + "; ".join(problems)) if problems else None
 
         def outputs_signature() -> str:
-            return _content_signature(all_outputs(planner))
+            return content_signature(all_outputs(planner))
 
         def records_unchanged(task, values) -> bool:
             # No file_dep on the records: a failed stage must not block the report of it. A damaged output
@@ -411,14 +320,14 @@ class TaskFactory:
             interrupts.running(None)
             targets = "\n".join([f"{ct.name}:{ct.skip_reason}" for ct in planner.chips]  # added/removed targets too
                                 + [f"broken {m}: {e}" for m, e in planner.project.broken])
-            signature = f"{_content_signature(record_paths(planner))}:{renderer_code()}:{_key({'targets': targets})}"
+            signature = f"{content_signature(record_paths(planner))}:{renderer_code()}:{key_of({'targets': targets})}"
             task.value_savers.append(lambda: {"records": signature, "outputs": outputs_signature(),
-                                              "report": _content_signature([str(REPORT_JSON)])})
+                                              "report": content_signature([str(REPORT_JSON)])})
             if values.get("records") != signature or not REPORT_JSON.is_file():
                 return False
-            if values.get("report") != _content_signature([str(REPORT_JSON)]):
+            if values.get("report") != content_signature([str(REPORT_JSON)]):
                 return False
-            return bool(_checked_this_run) or values.get("outputs") == outputs_signature()
+            return bool(self.checks) or values.get("outputs") == outputs_signature()
 
         return {"actions": [render], "uptodate": [records_unchanged], "verbosity": 2,
                 "targets": [str(REPORT_DIR / n) for n in ("index.html", "report.json", "report.md")],

@@ -14,6 +14,7 @@ from typing import Any, Callable, Protocol
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.errors import SpecError
 from qnn_tasks.errors import QnnTasksError
+from qnn_tasks.run import interrupts
 
 ENV = "QNN_EXECUTOR"
 Sink = Callable[[int, int, str], None]
@@ -70,3 +71,6 @@ def stop_all() -> None:
         stop = getattr(executor, "stop", None)
         if stop:
             stop()
+
+
+interrupts.stop_with(stop_all)  # Ctrl-C / SIGTERM stops every executor (the signal code knows no executor)
