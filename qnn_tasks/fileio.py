@@ -9,7 +9,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-
 _UMASK = os.umask(0)
 os.umask(_UMASK)
 

@@ -9,8 +9,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import copy_project
+
 from qnn_tasks.plan import codekeys, stages
 from qnn_tasks.run.calls import StageCall, execute
 

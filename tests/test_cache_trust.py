@@ -14,7 +14,6 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from conftest import Project, copy_project
 
 from qnn_tasks.run import console, records

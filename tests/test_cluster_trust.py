@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import ROOT, Project
 from test_faults import Running
 from test_team import free_port, start, stop

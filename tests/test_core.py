@@ -10,14 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import copy_project
+
 from qnn_tasks.plan.stages import GRAPH_STAGES, Planner, build_stage_defs, targets_of
 from qnn_tasks.run import executors, funnel, treelock
 from qnn_tasks.run.cache import Store
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import load_project
-
 
 # ------------------------------------------------------------------ planning
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 
 import pytest
-
 from conftest import copy_project
+
 from qnn_tasks.fileio import read_json
 
 VAD_YAML = "models/silero-vad/model.yaml"

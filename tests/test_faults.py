@@ -8,8 +8,8 @@ damaged, and that the next `doit` repairs the tree with the minimal set of tasks
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import Project, copy_project
 
-from qnn_tasks.run import records
 from qnn_tasks.errors import EXIT_BUSY
+from qnn_tasks.run import records
 
 SOCS = ("SM8650", "SM8750")
 INTERRUPT_LIMIT_S = 2.0  # Ctrl-C must stop every stage within this

@@ -17,7 +17,6 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from conftest import EXAMPLES, Project
 
 # graph -> (model folder, inputs {name: (shape, dtype)}, outputs {name: shape})

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import GRAPH_STAGES, Project, copy_project
 
 from qnn_tasks.spec.project import load_project, load_socs

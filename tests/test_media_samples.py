@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from qnn_tasks.judge import media
 from qnn_tasks.errors import SpecError, StageError
+from qnn_tasks.judge import media
 from qnn_tasks.judge.samples import read_declared
 from qnn_tasks.spec.project import load_model, load_socs
 

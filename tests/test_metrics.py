@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qnn_tasks.judge import metrics, checks as verification
+from qnn_tasks.judge import checks as verification
+from qnn_tasks.judge import metrics
 from qnn_tasks.spec.project import load_model
-
 
 # ------------------------------------------------------------------ metrics.compare
 

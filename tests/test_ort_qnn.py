@@ -27,15 +27,14 @@ from pathlib import Path
 
 import onnx
 import pytest
+from conftest import EXAMPLES, GRAPH_STAGES, DoitResult, Project, copy_project, only_fp16
 from doit.cmd_base import ModuleTaskLoader
 from doit.doit_cmd import DoitMain
 
 import qnn_tasks.tasks
 import qnn_tasks.toolchains.ort_qnn as ort_qnn
-from conftest import EXAMPLES, GRAPH_STAGES, DoitResult, Project, copy_project, only_fp16
 from qnn_tasks import toolchains
-from qnn_tasks.spec.project import load_socs, load_toolchain
-from qnn_tasks.spec.project import load_soc_table
+from qnn_tasks.spec.project import load_soc_table, load_socs, load_toolchain
 
 TESTS = Path(__file__).resolve().parent
 GELU_FIXTURE = TESTS / "models" / "gelu-conv"

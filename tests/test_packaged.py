@@ -18,9 +18,9 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-
 from conftest import EXAMPLES, Project
 from packaged_fixture import ALL_REWRITES, write_model_folder
+
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge.samples import read_declared
 from qnn_tasks.spec.project import GraphSpec, TensorSpec

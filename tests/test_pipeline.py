@@ -14,9 +14,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-
 from conftest import Project, copy_project
+from onnx import TensorProto, helper, numpy_helper
 
 TIME, DIM, CLASSES = 16, 64, 10
 YAML = "models/chain/model.yaml"

@@ -29,10 +29,10 @@ from pathlib import Path
 import onnx
 import pytest
 import yaml
-
 from conftest import GRAPH_STAGES, Project, copy_project
-from qnn_tasks.qnn import binary as qnnbin
+
 from qnn_tasks.errors import SpecError, StageError, ToolchainError
+from qnn_tasks.qnn import binary as qnnbin
 from qnn_tasks.spec.project import ToolchainProfile, load_project
 from qnn_tasks.toolchains import qairt_sdk, qairt_tools
 from qnn_tasks.toolchains.base import StageInput

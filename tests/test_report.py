@@ -15,9 +15,8 @@ from pathlib import Path
 import matplotlib.image
 import numpy as np
 import pytest
-from markupsafe import escape
-
 from conftest import Project, copy_project
+from markupsafe import escape
 from test_simverify import GRAPHS, MINILM_YAML, SOCS, VAD_YAML
 
 from qnn_tasks.judge import metrics

@@ -15,7 +15,6 @@ import signal
 import time
 
 import pytest
-
 from conftest import Project
 from test_faults import Running, litter, no_passed_without_outputs
 from tiny_project import tiny_project

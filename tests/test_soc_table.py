@@ -16,7 +16,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import EXAMPLES, Project
 
 from qnn_tasks.errors import EXIT_SPEC, SpecError

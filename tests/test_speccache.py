@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 from conftest import copy_project
+
 from qnn_tasks.spec import cache as speccache
 from qnn_tasks.spec.project import load_project
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import Project, copy_project
 
 from qnn_tasks.errors import EXIT_BUSY, EXIT_SPEC, SpecError

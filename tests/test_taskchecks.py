@@ -8,11 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qnn_tasks.judge import taskchecks, checks as verification
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec.project import GraphSpec, TensorSpec
+from qnn_tasks.judge import checks as verification
+from qnn_tasks.judge import taskchecks
 from qnn_tasks.spec.checkopts import parse_slice, sliced_shape
 from qnn_tasks.spec.checks import _verify_section
+from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
 YAML = Path("/project/models/m/model.yaml")
 

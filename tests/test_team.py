@@ -16,7 +16,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import ROOT, Project, copy_project, matrix_project
 
 from qnn_tasks.run import records

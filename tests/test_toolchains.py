@@ -11,8 +11,8 @@ import json
 import shutil
 
 import pytest
-
 from conftest import Project, copy_project, only_fp16, restrict_socs
+
 from qnn_tasks.errors import EXIT_SPEC
 
 BOTH = "ort-qnn,ort-qnn-2.47"

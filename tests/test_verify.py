@@ -27,8 +27,9 @@ from conftest import Project, copy_project, restrict_socs  # noqa: E402
 from standins.phone import ADB, adb_server, free_port, standin_phone  # noqa: E402
 from standins.qnn_libs import RUNNER_SCRIPT, make_archive, make_qnn_libs  # noqa: E402
 
-from qnn_tasks.qnn import binary as qnnbin, runtimelibs  # noqa: E402
 from qnn_tasks.errors import StageError  # noqa: E402
+from qnn_tasks.qnn import binary as qnnbin  # noqa: E402
+from qnn_tasks.qnn import runtimelibs
 
 pytestmark = pytest.mark.skipif(not os.path.exists(ADB), reason="needs the adb binary (apt-get install adb)")
 

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import pytest
-
 from conftest import copy_project, restrict_socs
+
 from qnn_tasks.fileio import read_json
 
 MINILM_YAML = "models/minilm/model.yaml"

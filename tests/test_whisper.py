@@ -22,12 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import EXAMPLES, Project
 
-from qnn_tasks.graphs import modelcode
-from qnn_tasks.judge import speech, checks as verification
 from qnn_tasks.errors import SpecError, StageError
+from qnn_tasks.graphs import modelcode
+from qnn_tasks.judge import checks as verification
+from qnn_tasks.judge import speech
 from qnn_tasks.spec.project import load_model, load_socs
 
 MODEL_DIR = EXAMPLES / "speech" / "whisper-tiny-en"  # the tests' own copy of models/whisper-tiny-en

@@ -11,8 +11,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qnn_tasks.graphs import rewrites
 from qnn_tasks.errors import StageError
+from qnn_tasks.graphs import rewrites
 from qnn_tasks.graphs.rewrites import boundary
 from qnn_tasks.spec.project import GraphSpec, Source, TensorSpec
 from qnn_tasks.stages import export as export_stage
@@ -411,8 +411,8 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
     from conftest import EXAMPLES
 
     from qnn_tasks.judge import metrics, samples
-    from qnn_tasks.spec.project import load_socs, load_toolchain
     from qnn_tasks.spec.checks import _verify_section
+    from qnn_tasks.spec.project import load_socs, load_toolchain
     from qnn_tasks.stages import diagnose
     from qnn_tasks.toolchains import from_profile
 

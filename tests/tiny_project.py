@@ -11,9 +11,8 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
-
 from conftest import Project, copy_project
+from onnx import TensorProto, helper, numpy_helper
 
 ROWS, DIM = 128, 256
 MODEL_YAML = """\

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from qnn_tasks.run import progress
 from qnn_tasks.errors import StageError
+from qnn_tasks.run import progress
 from qnn_tasks.run.nativelog import native_output_to
 
 
@@ -38,8 +38,9 @@ def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str,
 
 def open_session(ctx_onnx: Path, provider_options: dict[str, str], log: Path, allow_cpu_fallback: bool = False):
     """An onnxruntime session of the compiled model on the simulator (a loop keeps one for all its steps)."""
-    from qnn_tasks.toolchains.ort_qnn import session_options
     import onnxruntime as ort
+
+    from qnn_tasks.toolchains.ort_qnn import session_options
 
     try:
         with native_output_to(log):

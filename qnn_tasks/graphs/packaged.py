@@ -13,8 +13,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from qnn_tasks.graphs import rewrites
 from qnn_tasks.errors import StageError
+from qnn_tasks.graphs import rewrites
 from qnn_tasks.spec.project import GraphSpec
 
 

@@ -12,6 +12,7 @@ import numpy as np
 from qnn_tasks.judge import metrics, taskchecks
 from qnn_tasks.spec.project import GraphSpec
 
+
 def judge(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, np.ndarray]],
           actual: list[dict[str, np.ndarray]]) -> tuple[dict[str, Any], list[str]]:
     """Metrics, check results and the list of human-readable violations (empty = pass).

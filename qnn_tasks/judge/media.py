@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from qnn_tasks.spec import porting as specport
 from qnn_tasks.errors import StageError
+from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
 from qnn_tasks.spec.samples import KINDS, MAX_SAMPLES
 

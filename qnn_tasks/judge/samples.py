@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.judge.dtypes import cast_to
 from qnn_tasks.fileio import atomic_path
+from qnn_tasks.judge.dtypes import cast_to
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
 

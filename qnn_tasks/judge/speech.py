@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from qnn_tasks.graphs import modelcode
 from qnn_tasks.errors import StageError
+from qnn_tasks.graphs import modelcode
 from qnn_tasks.spec.project import GraphSpec
 
 NORMALISATION = ("jiwer transforms ToLowerCase, RemovePunctuation, RemoveMultipleSpaces, Strip, "

@@ -15,10 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from qnn_tasks import toolchains
 from qnn_tasks.plan import codekeys
 from qnn_tasks.plan.paths import COMPAT_RECORD, DEVICE_STAMP
-from qnn_tasks.spec import serial as specjson
-from qnn_tasks import toolchains
 from qnn_tasks.plan.targets import (
     ChipTarget,
     GraphTarget,
@@ -29,8 +28,9 @@ from qnn_tasks.plan.targets import (
     pipeline_targets,
     variant_targets,
 )
-from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
+from qnn_tasks.spec import serial as specjson
 from qnn_tasks.spec.checks import MODEL_CHECKS
+from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
 from qnn_tasks.spec.yamlread import _name
 
 

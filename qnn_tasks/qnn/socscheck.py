@@ -17,10 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import QnnTasksError
-from qnn_tasks.spec.project import Soc, load_socs
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import load_soc_table
+from qnn_tasks.spec.project import Soc, load_soc_table, load_socs
 
 
 def tiny_model(path: Path) -> None:
@@ -73,8 +72,8 @@ def precision_options(soc: Soc, precision: str) -> dict[str, str]:
 
 def check_row(soc: Soc, models: dict[str, Path], work: Path) -> dict[str, Any]:
     """Compile for one row at every precision it runs; report what each binary says and whether it matches."""
-    from qnn_tasks.qnn.errorcodes import explain
     from qnn_tasks.qnn.binary import read_binary_info
+    from qnn_tasks.qnn.errorcodes import explain
     from qnn_tasks.toolchains.ort_qnn import _compile
 
     result: dict[str, Any] = {"soc": soc.row(), "runs": list(soc.runs), "precisions": {}}

@@ -14,11 +14,10 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.run import records
-from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import report_columns
-from qnn_tasks.plan.stages import loop_chips
+from qnn_tasks.plan.stages import loop_chips, report_columns
+from qnn_tasks.plan.targets import ChipTarget, GraphTarget
+from qnn_tasks.run import records
 
 SCHEMA = "qnn-npu-compile/report/v1"
 GRAPH_STAGES = report_columns("graph")

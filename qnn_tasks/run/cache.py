@@ -34,7 +34,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Iterator
 
-from qnn_tasks.errors import SpecError
+from qnn_tasks.errors import QnnTasksError, SpecError
 from qnn_tasks.fileio import _finite
 from qnn_tasks.run import console
 from qnn_tasks.run.cacheentry import (
@@ -46,7 +46,6 @@ from qnn_tasks.run.cacheentry import (
     symlink_on_the_way,
     unsafe_name,
 )
-from qnn_tasks.errors import QnnTasksError
 
 __all__ = ["SCHEMA", "BadEntry", "Store", "StoreUnreachable", "action_key", "configured", "for_build",
            "parse_manifest", "stage_files", "unsafe_name"]

@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.run import console, executors, records
-from qnn_tasks.run import interrupts, treelock
-from qnn_tasks.run.calls import StageCall
 from qnn_tasks.errors import QnnTasksError
 from qnn_tasks.report import mark as reportmark
+from qnn_tasks.run import console, executors, interrupts, records, treelock
+from qnn_tasks.run.calls import StageCall
 
 
 def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | None:

@@ -107,7 +107,9 @@ def require_packaged_onnx(source: dict[str, Any], path: Path, key: str, file_key
 
 
 def rewrites(data: Any, path: Path, key: str) -> dict[str, dict[str, Any]]:
-    from qnn_tasks.graphs import rewrites as rewrite_catalogue  # only when YAML is parsed (not with the spec cache warm)
+    from qnn_tasks.graphs import (
+        rewrites as rewrite_catalogue,  # only when YAML is parsed (not with the spec cache warm)
+    )
 
     try:
         return rewrite_catalogue.normalize(data)

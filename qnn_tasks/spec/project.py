@@ -10,8 +10,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.spec import porting as specport
 from qnn_tasks.errors import SpecError
+from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec.checks import PRECISIONS, THRESHOLD_RANGES, _calibration, _check_lint, _verify_section
 from qnn_tasks.spec.yamlread import (
     _bool,
@@ -25,7 +25,6 @@ from qnn_tasks.spec.yamlread import (
     _section,
     load_yaml,
 )
-
 
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
 SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "runs", "fp16", "note", "alias_of"}
@@ -319,8 +318,8 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
     graphs = tuple(_load_graph(_name(name, path, "graphs", "graph name", "rename the graph"), g, model_dir, path, socs,
                                source_data) for name, g in graphs_data.items())
-    from qnn_tasks.spec import pipeline as specpipeline
     from qnn_tasks.spec import loop as specloop
+    from qnn_tasks.spec import pipeline as specpipeline
 
     pipeline = specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),

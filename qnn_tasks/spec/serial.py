@@ -9,8 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.spec.project import GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
-from qnn_tasks.spec.project import LEGACY_RUNS
+from qnn_tasks.spec.project import LEGACY_RUNS, GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
 
 
 def relative(path: Path | str | None, root: Path) -> str | None:

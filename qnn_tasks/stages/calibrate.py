@@ -6,12 +6,12 @@ from typing import Any
 
 import numpy as np
 
+from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
 from qnn_tasks.judge import samples as sample_store
-from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec.project import GraphSpec
 
 
 def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:

@@ -17,13 +17,12 @@ import re
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.run import records
-from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.plan.stages import COMPAT
-from qnn_tasks.run import calls
+from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 
 SAMPLES_ENV = "QNN_COMPAT_SAMPLES"
@@ -36,8 +35,9 @@ def run_binary(graph, verify: dict[str, Any], ctx_onnx: Path, provider_options_f
     import onnx
 
     from qnn_tasks import fileio
-    from qnn_tasks.judge import samples as sample_store, checks as verification
     from qnn_tasks.devices import simulator
+    from qnn_tasks.judge import checks as verification
+    from qnn_tasks.judge import samples as sample_store
 
     inputs = sample_store.load(inputs_file, limit=samples)
     reference = sample_store.load(reference_file, limit=samples)

@@ -12,12 +12,13 @@ from typing import Any
 
 import numpy as np
 
-from qnn_tasks.judge import metrics, samples as sample_store
-from qnn_tasks.graphs import modelcode, packaged
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.graphs import modelcode, packaged
+from qnn_tasks.judge import metrics
+from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec.project import GraphSpec
 
 DEFAULT_TOLERANCE = {"max_abs": 1e-3, "min_cosine": 0.9999}
 

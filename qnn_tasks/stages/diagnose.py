@@ -18,13 +18,14 @@ from typing import Any
 import numpy as np
 
 from qnn_tasks import fileio
-from qnn_tasks.judge import metrics, samples as sample_store, checks as verification
-from qnn_tasks.run import records
 from qnn_tasks.devices import simulator
+from qnn_tasks.judge import checks as verification
+from qnn_tasks.judge import metrics
+from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.run import calls, records
+from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec, Soc
 from qnn_tasks.stages import cpucheck
-from qnn_tasks.run import calls
-from qnn_tasks.run.calls import StageCall
 from qnn_tasks.toolchains import calls as toolchains_calls
 
 DEFAULT_THRESHOLD = 0.05  # relative error (see relative_error) that counts as diverged

@@ -14,11 +14,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.graphs import onnxinfo
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.graphs import onnxinfo
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec.project import GraphSpec
 
 SUPPORTED_IO_DTYPES = {"float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool"}
 FP16_PARAM_LIMIT = 1_000_000_000  # ~1B params in fp16 do not fit one HTP context (SPEC 0)

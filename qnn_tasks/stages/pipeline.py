@@ -13,16 +13,16 @@ from typing import Any
 import numpy as np
 
 from qnn_tasks import fileio
-from qnn_tasks.judge import metrics, samples as sample_store, checks as verification
-from qnn_tasks.run import progress
 from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import GraphSpec
-from qnn_tasks.stages.cpucheck import run_onnx_cpu
-from qnn_tasks.run import calls
-from qnn_tasks.run.calls import StageCall
+from qnn_tasks.judge import checks as verification
+from qnn_tasks.judge import metrics
+from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.qnn import chipcheck as binchip
-from qnn_tasks.spec.project import Soc
+from qnn_tasks.run import calls, progress
+from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec.project import GraphSpec, Soc
+from qnn_tasks.stages.cpucheck import run_onnx_cpu
 
 
 def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], simplified: list[Path], inputs_file: Path,

@@ -4,13 +4,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.graphs import onnxinfo
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
-from qnn_tasks.spec.project import GraphSpec
-from qnn_tasks.stages.lint import io_mismatches
+from qnn_tasks.graphs import onnxinfo
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.stages.lint import io_mismatches
 
 
 def run(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:

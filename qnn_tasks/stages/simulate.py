@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 
 from qnn_tasks import fileio
-from qnn_tasks.judge import plots, samples as sample_store
 from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.judge import plots
+from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.qnn import chipcheck as binchip
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.qnn import chipcheck as binchip
-from qnn_tasks.spec.project import Soc
+from qnn_tasks.spec.project import GraphSpec, Soc
 
 SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
 OUTPUTS_FILE = "outputs.npz"

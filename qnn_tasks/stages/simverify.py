@@ -9,12 +9,13 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.run import records
-from qnn_tasks.judge import samples as sample_store, checks as verification
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import GraphSpec
-from qnn_tasks.run import calls
+from qnn_tasks.judge import checks as verification
+from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec.project import GraphSpec
+
 
 def quantized_hint(graph: GraphSpec) -> str:
     """What to try when 8-bit weights fail, from the graph's own calibration settings (never what is already set)."""

@@ -13,9 +13,9 @@ from typing import Any, Callable, Iterator
 from doit.exceptions import TaskFailed
 
 from qnn_tasks.errors import QnnTasksError
-from qnn_tasks.plan.targets import ChipTarget
-from qnn_tasks.plan.stages import DIAGNOSE, SOCSCHECK
 from qnn_tasks.plan import paths
+from qnn_tasks.plan.stages import DIAGNOSE, SOCSCHECK
+from qnn_tasks.plan.targets import ChipTarget
 from qnn_tasks.tasks.uptodate import Fresh, key_of
 
 DEVICES_RECORD = Path(paths.DEVICES_RECORD)
@@ -65,9 +65,9 @@ class OnDemand:
             record = Path("build") / f"socscheck{binding.suffix.replace('@', '-')}.json"
 
             def check(binding=binding, record=record, name=name) -> TaskFailed | None:
+                from qnn_tasks.fileio import write_json
                 from qnn_tasks.run.calls import StageCall
                 from qnn_tasks.run.executors import for_call
-                from qnn_tasks.fileio import write_json
 
                 call = StageCall(stage="socscheck", target=name, args={"socs": rows}, inputs=[], out_dir="build",
                                  outputs=[], record=str(record), key="",

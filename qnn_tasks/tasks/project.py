@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from doit.exceptions import InvalidCommand, TaskFailed
 from doit.loader import create_after
 
-from qnn_tasks.run import interrupts, treelock
 from qnn_tasks.errors import EXIT_BUSY, EXIT_SPEC, QnnTasksError
 from qnn_tasks.plan import paths
 from qnn_tasks.plan.stages import (
@@ -33,8 +32,8 @@ from qnn_tasks.plan.stages import (
     record_paths,
     targets_of,
 )
+from qnn_tasks.run import digests, interrupts, treelock
 from qnn_tasks.spec.project import load_project
-from qnn_tasks.run import digests
 from qnn_tasks.tasks.uptodate import ChecksThisRun, Fresh, content_signature, key_of
 
 if TYPE_CHECKING:

@@ -12,7 +12,6 @@ from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.toolchains.base import StageInput
 
-
 _TOOLCHAINS: dict[str, Any] = {}  # profile (JSON) -> toolchain object, one per process
 
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
+from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.toolchains.base import StageInput, quantized_outputs
 
 

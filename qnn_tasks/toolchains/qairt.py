@@ -237,7 +237,8 @@ class QairtToolchain:
         return [f"{graph.name}_ctx.onnx", f"binary/{name}.bin", "binary/runtime_libs.json"]
 
     def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
-        from qnn_tasks.qnn import epcontext, binary as qnnbin
+        from qnn_tasks.qnn import binary as qnnbin
+        from qnn_tasks.qnn import epcontext
         from qnn_tasks.toolchains.ort_qnn import check_chip
 
         self.sdk.require()

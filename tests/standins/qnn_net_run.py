@@ -270,6 +270,7 @@ def run(argv: list[str]) -> int:
         if not path.is_file():
             fail(f"Could not open {what} {path}: No such file or directory")
     import onnx  # noqa: F401  (before libQnnSystem is loaded: see qnn_tasks/toolchains/qairt.py)
+
     from qnn_tasks.qnn import binary as qnnbin
 
     try:

@@ -11,10 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any, Callable, Protocol
 
-from qnn_tasks.run.calls import StageCall
-from qnn_tasks.errors import SpecError
-from qnn_tasks.errors import QnnTasksError
+from qnn_tasks.errors import QnnTasksError, SpecError
 from qnn_tasks.run import interrupts
+from qnn_tasks.run.calls import StageCall
 
 ENV = "QNN_EXECUTOR"
 Sink = Callable[[int, int, str], None]

@@ -23,9 +23,9 @@ from concurrent.futures import CancelledError
 from pathlib import Path
 from typing import Any
 
+from qnn_tasks.errors import SpecError, ToolchainError
 from qnn_tasks.run import console
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.errors import SpecError, ToolchainError
 from qnn_tasks.run.executors import remote
 
 CONNECT_TIMEOUT_S = 20

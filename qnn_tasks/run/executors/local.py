@@ -19,10 +19,9 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.run import calls, progress
-from qnn_tasks.run.calls import StageCall
 from qnn_tasks.errors import QnnTasksError, ToolchainError
-from qnn_tasks.run import interrupts
+from qnn_tasks.run import calls, interrupts, progress
+from qnn_tasks.run.calls import StageCall
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])  # the folder holding qnn_tasks/
 
@@ -152,8 +151,8 @@ class Child:
 def interpreter_for(call: StageCall) -> str:
     """This interpreter, or the pinned environment's for a toolchain profile with `packages:`."""
     if call.toolchain and call.toolchain.get("packages"):
-        from qnn_tasks.toolchains import envs
         from qnn_tasks.spec import serial as specjson
+        from qnn_tasks.toolchains import envs
 
         return str(envs.ensure(specjson.profile_from_dict(call.toolchain)).python)
     return sys.executable

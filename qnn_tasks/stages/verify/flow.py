@@ -13,9 +13,9 @@ import traceback
 from typing import Any, Callable
 
 from qnn_tasks import fileio
-from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.stages.verify.device_run import _cleanup, _push, _require_ok, _runner_args, run_on_device
 from qnn_tasks.stages.verify.measure import _cpu_text, _ms, _num, best_cpu, measure_latency, real_time_factor
 from qnn_tasks.stages.verify.payload import build_payload, read_outputs
@@ -127,7 +127,8 @@ class _Recorded(StageError):
 
 def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs,
                settings: DeviceSettings, entry: dict[str, Any], save: Callable[[], None]) -> None:
-    from qnn_tasks.judge import samples as sample_store, checks as verification
+    from qnn_tasks.judge import checks as verification
+    from qnn_tasks.judge import samples as sample_store
 
     workdir = device_folder(job.root, job.target)
     local = job.out_dir / _safe(phone.info.serial)

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks import fileio
-from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.errors import StageError
+from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.stages.verify.settings import RUNNER, Job, _safe
 
 
@@ -38,9 +38,9 @@ def build_payload(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLib
     import io
     import tarfile
 
-    from qnn_tasks.judge import samples as sample_store
-
     import numpy as np
+
+    from qnn_tasks.judge import samples as sample_store
 
     samples = sample_store.load(job.inputs, limit=limit)
     qnn = binary["graph"]
@@ -121,8 +121,9 @@ def _encode(value, tensor: dict[str, Any], native: bool, binary: Path) -> bytes:
 
 def read_outputs(out_dir: Path, payload: Payload, binary: Path) -> list[dict[str, Any]]:
     """Result_<i>/<output>.raw (float32) -> [{declared output name: array of the declared shape}]."""
-    from qnn_tasks.qnn.epcontext import plain_name
     import numpy as np
+
+    from qnn_tasks.qnn.epcontext import plain_name
 
     results = []
     for i in range(payload.samples):

@@ -8,8 +8,8 @@ from __future__ import annotations
 import math
 from typing import Any, Callable
 
-from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.devices import adb
+from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.stages.verify.device_run import _cleanup, _push, _require_ok, _runner_args, run_on_device
 from qnn_tasks.stages.verify.measure import _cpu_text, _num
 from qnn_tasks.stages.verify.payload import build_payload

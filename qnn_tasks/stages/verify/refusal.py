@@ -11,11 +11,11 @@ from __future__ import annotations
 from typing import Any
 
 from qnn_tasks import fileio
-from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import StageError
-from qnn_tasks.stages.verify.settings import Job
 from qnn_tasks.plan.paths import COMPAT_RECORD
+from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.stages.verify.settings import Job
 
 COMPAT_FILE = COMPAT_RECORD
 COMPAT_SOURCE = f"{COMPAT_FILE}, measured by doit compat"
