@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 # Exit codes of `doit` in a project, besides doit's own (0 done, 1 a task failed, 2 a task raised: a bug,
-# 3 a bad command line or a crash loading dodo.py) and 130 for Ctrl-C (interrupts.py). Distinct from all of
+# 3 a bad command line or a crash loading dodo.py) and 130 for Ctrl-C (run/interrupts.py). Distinct from all of
 # those, so a script can tell "fix the spec" from "try again later" from "a stage failed" (sysexits.h names).
 EXIT_SPEC = 78  # EX_CONFIG: a spec file or the toolchain setup is wrong; one line names the file, key and fix
 EXIT_BUSY = 75  # EX_TEMPFAIL: another doit is building this tree; try again when it has finished

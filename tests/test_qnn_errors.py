@@ -1,4 +1,4 @@
-"""QNN error codes turned into one line a person can act on (qnn_tasks/data/qnn_errors.yaml, qnnerrors.py).
+"""QNN error codes turned into one line a person can act on (qnn_tasks/data/qnn_errors.yaml, qnn/errorcodes.py).
 
 Every `measured` entry is reproduced here on a real log line: 3110 by compiling a float graph for a chip
 that runs only quantized graphs (SM7550), 5000 by loading a QNN 2.51 binary on the QNN 2.47 runtime (the
@@ -120,7 +120,7 @@ def test_5000_newer_binary_on_the_older_runtime(tiny, tmp_path):
     ctx.parent.mkdir()
     _compile(tiny, ctx, {"soc_model": "57", "vtcm_mb": "8"}, tmp_path / "compile.log")
     wrapper = onnx.load(str(ctx))
-    wrapper.ir_version = 10  # onnxruntime 1.24 reads IR 10 (compat.py lowers it the same way)
+    wrapper.ir_version = 10  # onnxruntime 1.24 reads IR 10 (stages/compat.py lowers it the same way)
     onnx.save(wrapper, str(ctx))
     code = ("import sys, numpy as np\nfrom pathlib import Path\nfrom qnn_tasks.devices import simulator\n"
             "from qnn_tasks.errors import StageError\n"

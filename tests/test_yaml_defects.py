@@ -34,7 +34,7 @@ def const(name, value, dtype=np.float32):
 
 
 def packaged_graph(model_dir: Path, inputs, outputs, name="g", **extra) -> GraphSpec:
-    """The GraphSpec spec.py makes for a YAML-only graph whose source is `model_dir/m.onnx`."""
+    """The GraphSpec spec/project.py makes for a YAML-only graph whose source is `model_dir/m.onnx`."""
     fields = dict(name=name, model=model_dir.name, model_dir=model_dir, inputs=tuple(inputs), outputs=tuple(outputs),
                   precisions=("fp16",), socs=None, export="export", options={}, simplify={}, cpucheck={}, lint={},
                   verify={}, allow_cpu_fallback=False, calibration={}, source=Source(None, "m.onnx", None),

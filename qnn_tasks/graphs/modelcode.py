@@ -1,6 +1,6 @@
 """Calls into a model's own code (models/<model>/export.py): export, samples, reference.
 
-export.py is optional for a packaged ONNX (see packaged.py): a function it does not define falls
+export.py is optional for a packaged ONNX (see graphs/packaged.py): a function it does not define falls
 back to the built-in one where there is one (`has_function`).
 """
 from __future__ import annotations

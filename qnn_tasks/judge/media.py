@@ -1,7 +1,7 @@
 """Read the media sources of model.yaml `samples:` (images, WAV clips, raw bytes) into input tensors.
 
 The one loader behind cpucheck and calibrate (and so simulate, which runs cpucheck's inputs): the
-options were validated at spec load (specsamples.py), here they are applied. Every file must
+options were validated at spec load (spec/samples.py), here they are applied. Every file must
 stay inside the model folder (symlinks too), and every expansion is bounded: image pixels, clip
 bytes, samples per source.
 """

@@ -56,7 +56,7 @@ def read_declared(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
     shape) or a stacked batch of N samples (N, *declared shape). A `.npy` holds the one input of a
     single-input graph, shaped the same way. Integer arrays are cast to the declared dtype when
     every value fits (numpy saves int64 by default), float arrays to the declared float dtype.
-    Media sources (`image:`, `audio:`, `raw:`, `fill:`) are read by media.py.
+    Media sources (`image:`, `audio:`, `raw:`, `fill:`) are read by judge/media.py.
     """
     if graph.samples and "files" not in graph.samples:
         from qnn_tasks.judge import media

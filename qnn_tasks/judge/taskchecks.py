@@ -8,7 +8,7 @@
 - `ctc`: greedy CTC decoding (argmax, repeats collapsed, blanks dropped) of CPU and NPU outputs; the
   share of identical strings, with the character error rate of the NPU strings against the CPU's.
 
-Each takes the stacked outputs (sample axis first) and its validated options (specverify.py).
+Each takes the stacked outputs (sample axis first) and its validated options (spec/checks.py).
 """
 from __future__ import annotations
 

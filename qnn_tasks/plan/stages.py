@@ -3,7 +3,7 @@
 A row says the stage's name, scope (graph / variant / chip), doc, the modules whose code is in
 its key, and whether it is heavy (native work: a child process or a Dask worker runs it). Its
 plan function turns one target into files read, files written, a key and lazily built call
-arguments. tasks.py turns rows x targets into doit tasks; executors run the calls. Nothing here
+arguments. tasks/project.py turns rows x targets into doit tasks; executors run the calls. Nothing here
 imports doit, onnx or numpy: planning happens on every `doit` invocation.
 """
 from __future__ import annotations

@@ -6,7 +6,7 @@ host that has the ``onnxruntime-qnn`` wheel installed.
 
 Usage: ``python -m qnn_tasks.qnn.binary FILE.bin [--json]``
 
-The ctypes structures mirroring the public QNN headers are in qnnbin_layout.py.
+The ctypes structures mirroring the public QNN headers are in qnn/binary_layout.py.
 """
 
 from __future__ import annotations

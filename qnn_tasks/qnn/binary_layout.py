@@ -1,7 +1,7 @@
-"""ctypes mirrors of the public QNN headers that qnnbin.py reads a context binary with.
+"""ctypes mirrors of the public QNN headers that qnn/binary.py reads a context binary with.
 
 QnnTypes.h, QnnSystemContext.h, QnnSystemInterface.h of QNN 2.3x-2.5x, x86-64 LP64 ABI; plus the
-enum names. Only layouts live here; qnnbin.py holds the API and the data model.
+enum names. Only layouts live here; qnn/binary.py holds the API and the data model.
 """
 from __future__ import annotations
 

@@ -4,8 +4,8 @@ A record is believed only while the files it vouches for are there with the size
 names (records.problems); otherwise its stage shows `stale`, the target is `stale` (counted, and
 failing the report task: the gate). `summary.complete` says whether every expected target has a
 verdict (none pending or stale); the report task fails on any target not verified (gate_problems),
-and reportmark.py marks a report superseded while a run that may change it has not finished.
-Rendering (report.md, index.html, plots) is report_render.py.
+and report/mark.py marks a report superseded while a run that may change it has not finished.
+Rendering (report.md, index.html, plots) is report/render.py.
 report.json has one stable schema for CI gates (README: "report.json").
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ rebuilt, never restored. Failed stages are not cached.
 Whatever is read from the store is untrusted (anyone who can write to a shared bucket wrote it): a
 manifest of the wrong shape, or one naming a file outside the stage's folder (`..`, an absolute
 path, a symlink on the way), is refused with one line and counts as a miss; `gc` drops such
-entries (the checks: cacheentry.py). A store that cannot be reached costs the cache, never the build: one line, and the run
+entries (the checks: run/cacheentry.py). A store that cannot be reached costs the cache, never the build: one line, and the run
 goes on without it. Only what a stage vouches for (its record's `files`) and the files its record
 names (logs, plots) are stored, never a user's own file that sits in the stage's folder.
 """

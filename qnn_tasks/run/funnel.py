@@ -1,11 +1,11 @@
 """The one failure funnel every stage goes through, whatever executor runs it.
 
-In order: the tree lock must be ours; the previous report is marked superseded (reportmark.py); the old record is removed (a record never outlives the
+In order: the tree lock must be ours; the previous report is marked superseded (report/mark.py); the old record is removed (a record never outlives the
 run that made it, interrupted or not) and leftovers of killed runs in the stage's folder are
 swept; a cache hit restores the outputs byte-identically; otherwise the executor runs the call.
 A success writes the record last, naming the size and digest of each output it vouches for, and
 puts the outputs in the cache; a failure writes a failed record and comes back as one line.
-Nothing here knows doit: tasks.py turns the returned line into a task failure.
+Nothing here knows doit: tasks/project.py turns the returned line into a task failure.
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ A record is written last, after the outputs it vouches for are in place, and nam
 with its size and SHA-256 (`files`). Whoever reads a record (the report, a downstream stage)
 believes it only while those files are still there with that size and content; otherwise the
 record is `stale`. Every check compares content: digests are cached by size, mtime, inode and
-ctime (digests.py), so checking an unchanged tree costs a `stat` per file, and a file replaced
+ctime (run/digests.py), so checking an unchanged tree costs a `stat` per file, and a file replaced
 with its size and mtime kept (`cp -p`) is hashed again.
 """
 from __future__ import annotations

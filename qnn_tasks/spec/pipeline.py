@@ -13,7 +13,7 @@ Every input of a later graph is fed from an earlier graph's output of the same n
 says), with the same shape; a `feed` mapping may add glue the deployment does between the graphs:
 `reshape: true` (an output of another shape and the same size) and a fixed affine step
 `value * scale + offset`, applied alike to the CPU chain and the NPU chain. The first graph's verification inputs start the chain. Loaded from
-spec.py; only YAML is read here.
+spec/project.py; only YAML is read here.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """model.yaml keys for porting a model to the NPU without Python: sources, rewrites, constant inputs, samples.
 
-Validated at spec load with the same one-line errors as spec.py (file, key, problem, fix), and
-like spec.py without importing onnx/onnxruntime/numpy: the rewrite catalogue and the onnxsim
+Validated at spec load with the same one-line errors as spec/project.py (file, key, problem, fix), and
+like spec/project.py without importing onnx/onnxruntime/numpy: the rewrite catalogue and the onnxsim
 optimizer names are static lists here (tests compare them with the installed packages).
 """
 from __future__ import annotations
@@ -144,7 +144,7 @@ def _number_or_list(value: Any) -> bool:
 def samples(data: Any, path: Path, key: str, model_dir: Path,
             inputs: dict[str, tuple[tuple[int, ...], str]] | None = None) -> dict[str, Any] | None:
     """`samples: {files: PATTERN or [PATTERNS]}`: .npz/.npy files (or folders of them) in the model folder;
-    or media sources (`image:`, `audio:`, `raw:`, `fill:`; specsamples.py) checked against the declared inputs."""
+    or media sources (`image:`, `audio:`, `raw:`, `fill:`; spec/samples.py) checked against the declared inputs."""
     if data is None:
         return None
     fix = 'e.g. samples: {files: "samples/*.npz"} or samples: {image: {files: "images/*.png"}} (paths relative to the model folder)'

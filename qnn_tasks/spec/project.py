@@ -183,7 +183,7 @@ class ToolchainProfile:
     kind: str
     options: dict[str, Any] = field(default_factory=dict)
     settings: dict[str, Any] = field(default_factory=dict)
-    packages: tuple[str, ...] = ()  # a pinned environment of its own (envs.py); empty: this interpreter
+    packages: tuple[str, ...] = ()  # a pinned environment of its own (toolchains/envs.py); empty: this interpreter
     cache: str | None = None        # shared artifact cache (folder or fsspec URL); $QNN_CACHE wins
     upgrade: dict[str, Any] = field(default_factory=dict)  # comparison with the run's first toolchain
 

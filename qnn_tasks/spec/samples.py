@@ -8,7 +8,7 @@
       fill:  {state: 0.0}          # inputs no source feeds: a constant of the declared shape
 
 Validated here at spec load, against the declared inputs, with one line per problem; only YAML
-values are read (no numpy, no Pillow). The files are read by media.py inside the cpucheck and
+values are read (no numpy, no Pillow). The files are read by judge/media.py inside the cpucheck and
 calibrate actions. `files:` alone (.npz/.npy) stays the other form (specport.samples).
 """
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Fixes (wrapping, constant folding, fixed lengths, int32 I/O, known HTP rewrites) belong here,
 never later: the result must already have the declared static I/O, no int64, no control flow,
 no int8. Without an export() in export.py, a packaged ONNX (source.file) is exported by the
-built-in one (packaged.py). The graph's declared `rewrites:` apply to either.
+built-in one (graphs/packaged.py). The graph's declared `rewrites:` apply to either.
 
 Whatever the exporter prints (a torch exporter's IR dumps, native warnings) goes to
 `export.log` beside the ONNX, not the console. The result is run once on CPU, so output shapes

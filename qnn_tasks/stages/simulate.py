@@ -2,7 +2,7 @@
 
 The outputs are judged by the next stage (simverify), so a change to thresholds or checks
 re-judges these kept outputs instead of simulating again. The binary must say it is for the
-target's chip (binchip.py) before it is loaded. Only the binary, the inputs, the CPU
+target's chip (qnn/chipcheck.py) before it is loaded. Only the binary, the inputs, the CPU
 reference or the number of samples make this stage run again. The CPU vs NPU plot is drawn here,
 once per simulation, so it is cached with the outputs it shows.
 """

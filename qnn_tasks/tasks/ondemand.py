@@ -1,6 +1,6 @@
 """On-demand doit tasks (created only when asked for, so `doit` and no-op runs never build them):
 diagnose, socscheck, toolcheck, compat, and the phone stages verify / power. (cache:stats / cache:gc
-are in tasks.py: doit parses a task's options only for tasks that exist at load.)
+are in tasks/project.py: doit parses a task's options only for tasks that exist at load.)
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""Where doit meets the stage table: rows (plans.py) x targets -> doit task dicts, and the report.
+"""Where doit meets the stage table: rows (plan/stages.py) x targets -> doit task dicts, and the report.
 
 Every build task is the same shape: its action runs one StageCall through the funnel
-(runstage.py); its `uptodate` is one `Fresh` check (the stage's key — settings, code version,
+(run/funnel.py); its `uptodate` is one `Fresh` check (the stage's key — settings, code version,
 toolchain fingerprint, SoC row — is unchanged AND the files it wrote are as the last successful
 run left them, so a damaged or hand-replaced output is rebuilt); files it reads are `file_dep`s.
 On-demand tasks (diagnose, socscheck, toolcheck, verify, power, compat, cache) live in
-tasks_ondemand.py. With tasks_ondemand.py, the only modules that know doit.
+tasks/ondemand.py. With tasks/ondemand.py, the only modules that know doit.
 """
 from __future__ import annotations
 
@@ -336,7 +336,7 @@ class TaskFactory:
 
 
 def _on_demand(factory: TaskFactory, name: str) -> Any:
-    """The tasks of an on-demand group, from tasks_ondemand.py (imported only when one is asked for)."""
+    """The tasks of an on-demand group, from tasks/ondemand.py (imported only when one is asked for)."""
     from qnn_tasks.tasks.ondemand import OnDemand
 
     made = getattr(OnDemand(factory), f"{name}_tasks" if name != "compat" else "compat_task")()

@@ -26,7 +26,7 @@ def _stats(paths: list[str]) -> Iterator[tuple[str, os.stat_result | None]]:
 
 
 def content_signature(paths: list[str]) -> str:
-    """The files' contents, one digest: each file is hashed once (digests.py caches by size, mtime, inode, ctime)."""
+    """The files' contents, one digest: each file is hashed once (run/digests.py caches by size, mtime, inode, ctime)."""
     from qnn_tasks.run.digests import sha256
 
     h = hashlib.md5()

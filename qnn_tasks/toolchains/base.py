@@ -1,4 +1,4 @@
-"""The toolchain interface: what tasks.py needs from ort-qnn and from the QAIRT SDK.
+"""The toolchain interface: what tasks/project.py needs from ort-qnn and from the QAIRT SDK.
 
 A toolchain turns a graph variant (a simplified ONNX graph at one precision) into a QNN
 context binary per chip:
@@ -7,7 +7,7 @@ context binary per chip:
         -> config (per chip) -> context (per chip)
 
 Each graph stage reads the previous stage's `primary` output (the first reads the simplified
-ONNX) and the `compile` step reads the last one's. Stages are plain functions; tasks.py wires
+ONNX) and the `compile` step reads the last one's. Stages are plain functions; tasks/project.py wires
 them into doit with the toolchain fingerprint in their keys.
 """
 from __future__ import annotations

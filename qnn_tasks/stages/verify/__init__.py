@@ -25,7 +25,7 @@
 `power_target`  the opt-in fixed-length run: inference repeated for N seconds, battery level/charge from
                 `dumpsys battery` before and after, CPU use; <chip dir>/power/power.json.
 
-Plain functions, no doit: tasks.py turns the exceptions (QnnTasksError) into task failures.
+Plain functions, no doit: tasks/project.py turns the exceptions (QnnTasksError) into task failures.
 
 The package, one module per job (each imports only the ones above it):
     settings.py    DeviceSettings / device_settings, the Job, device folder names, the report's stamp

@@ -1,4 +1,4 @@
-"""Device settings, the Job tasks.py fills in, and what every device stage shares.
+"""Device settings, the Job tasks/project.py fills in, and what every device stage shares.
 
 `device_settings`  `settings.device` of the toolchain profile, overridden by QNN_KEEP_DEVICE_FILES,
                    QNN_VERIFY_ROUNDS, QNN_VERIFY_INFERENCES, QNN_POWER_SECONDS;
@@ -96,7 +96,7 @@ def device_settings(profile: ToolchainProfile, env: dict[str, str] | None = None
 
 @dataclass
 class Job:
-    """One chip target on phones: what tasks.py knows about it."""
+    """One chip target on phones: what tasks/project.py knows about it."""
     stage: str                      # "verify" or "power"
     target: str
     graph: GraphSpec
