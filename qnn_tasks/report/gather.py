@@ -18,6 +18,7 @@ from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.plan.stages import loop_chips, report_columns
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
+from qnn_tasks.run.status import BAD, NO_VERDICT, good
 
 SCHEMA = "qnn-npu-compile/report/v1"
 GRAPH_STAGES = report_columns("graph")
@@ -54,7 +55,7 @@ def read_checked(path: Path | str) -> dict[str, Any] | None:
         why = records.damage(path)  # a file there that is not a record is stale, not "not built yet"
         return None if why is None else {"status": "stale", "stale": [why],
                                          "error": f"stale: {why} (rerun doit to rebuild it)"}
-    if record.get("status") not in ("passed", "warning"):
+    if not good(record.get("status")):
         return record
     problems = records.problems(record, path)
     if problems:
@@ -75,7 +76,7 @@ def collect(planner) -> dict[str, Any]:
     graph_status = {g["graph"]: g["status"] for g in graph_entries}
     graph_errors = {g["graph"]: next((f"graph {g['graph']} {r.get('status')} at {stage}: {r.get('error')}"
                                       for stage, r in g["stages"].items()
-                                      if r and r.get("status") in ("failed", "stale")), f"graph {g['graph']} failed")
+                                      if r and r.get("status") in BAD), f"graph {g['graph']} failed")
                     for g in graph_entries}
     targets = [_target(planner, ct, graph_status, graph_errors) for ct in planner.chips]
     summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
@@ -90,14 +91,14 @@ def collect(planner) -> dict[str, Any]:
     loops = [loop_entry(ct) for ct in loop_chips(planner)]
     broken = [{"model": model, "status": "not buildable", "error": problem} for model, problem in planner.project.broken]
     # complete: every expected (not skipped) target and pipeline has a verdict its outputs still back
-    no_verdict = [t["name"] for t in targets + pipelines + loops if t["status"] in ("pending", "stale")]
+    no_verdict = [t["name"] for t in targets + pipelines + loops if t["status"] in NO_VERDICT]
     data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,
-                        "graphs_failed": sum(1 for g in graph_entries if g["status"] in ("failed", "stale")),
+                        "graphs_failed": sum(1 for g in graph_entries if g["status"] in BAD),
                         "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache")),
-                        "pipelines_failed": sum(1 for p in pipelines if p["status"] in ("failed", "stale")),
+                        "pipelines_failed": sum(1 for p in pipelines if p["status"] in BAD),
                         "models_not_buildable": len(broken),
-                        "loops_failed": sum(1 for p in loops if p["status"] in ("failed", "stale")),
+                        "loops_failed": sum(1 for p in loops if p["status"] in BAD),
                         "complete": not no_verdict and not broken, "current": True, "superseded_by": None},
             "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
@@ -116,7 +117,7 @@ def _target(planner, ct: ChipTarget, graph_status: dict[str, str], graph_errors:
     upstream = graph_status[ct.graph.name]
     # a graph's lint warnings are shown with the graph; they do not make a cleanly verified target a "warning"
     status = "skipped" if ct.skip_reason else combine(own + [{"status": upstream if upstream != "warning" else "passed"}])
-    graph_failed = upstream in ("failed", "stale")
+    graph_failed = upstream in BAD
     reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else _first_error(own))
     if status == "warning" and not reason:
         reason = "; ".join(w for r in own if r for w in r.get("warnings") or [])
@@ -247,7 +248,7 @@ def _names(names: list[str], first: int = 5) -> str:
 
 
 def _first_error(stage_records) -> str | None:
-    return next((r.get("error") for r in stage_records if r and r.get("status") in ("failed", "stale")), None)
+    return next((r.get("error") for r in stage_records if r and r.get("status") in BAD), None)
 
 
 def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:

@@ -12,8 +12,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from qnn_tasks.run.status import GOOD
+
 GATE_ENV = "QNN_UPGRADE_GATE"
-GOOD = ("passed", "warning")
 
 
 def target_figures(t: dict[str, Any]) -> dict[str, Any]:

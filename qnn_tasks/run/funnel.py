@@ -19,6 +19,7 @@ from qnn_tasks.errors import QnnTasksError
 from qnn_tasks.report import mark as reportmark
 from qnn_tasks.run import console, executors, interrupts, records, treelock
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.run.status import Status
 
 
 def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | None:
@@ -56,7 +57,7 @@ def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | N
     missing = [p for p in call.outputs if not os.path.isfile(p)]
     if missing:
         return _failed(call, record, {"error": f"the stage finished but wrote no {', '.join(missing)}"}, seconds, task)
-    record.update(status="warning" if record.get("warnings") else "passed", seconds=seconds,
+    record.update(status=Status.WARNING if record.get("warnings") else Status.PASSED, seconds=seconds,
                   files=records.vouch(call.outputs))
     records.write(call.record, record)
     if cache is not None and cache_key and not outcome.get("stored") and cache.writable:

@@ -16,6 +16,7 @@ from typing import Any
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import read_json, write_json
 from qnn_tasks.run.digests import sha256
+from qnn_tasks.run.status import good
 
 __all__ = ["damage", "problems", "read", "sha256", "trusted", "vouch", "write"]
 
@@ -86,7 +87,7 @@ def trusted(path: Path | str, fix: str) -> dict[str, Any]:
     if record is None:
         why = damage(path)
         raise StageError(f"{why or f'{path}: no record'} (run {fix})")
-    if record.get("status") not in ("passed", "warning"):
+    if not good(record.get("status")):
         raise StageError(f"{path}: the stage {record.get('status', 'did not finish')} (run {fix})")
     bad = problems(record, path)
     if bad:

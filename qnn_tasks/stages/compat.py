@@ -24,6 +24,7 @@ from qnn_tasks.plan.stages import COMPAT
 from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.run.status import good
 
 SAMPLES_ENV = "QNN_COMPAT_SAMPLES"
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
@@ -80,7 +81,7 @@ def measure(planner, root: str) -> dict[str, Any]:
         binding = planner.binding(ct)
         context = f"{ct.dir_str}/context/context.json"
         record = records.read(context)
-        if ct.skip_reason or not record or record.get("status") not in ("passed", "warning") \
+        if ct.skip_reason or not record or not good(record.get("status")) \
                 or records.problems(record, context):
             continue
         ctx_files = planner.context_files(ct)

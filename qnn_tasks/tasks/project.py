@@ -297,12 +297,13 @@ class TaskFactory:
             interrupts.running("report", str(REPORT_DIR))  # Ctrl-C here: "interrupted during report", exit 130
             try:
                 from qnn_tasks.report import gather as report
+                from qnn_tasks.report import render
 
                 data = report.collect(planner)
                 paths = report.write(REPORT_DIR, data)
             finally:
                 interrupts.running(None)
-            print(f"report: {paths['html']} ({report.summary_line(data)})")
+            print(f"report: {paths['html']} ({render.summary_line(data)})")
             problems = report.gate_problems(data)
             return TaskFailed("report: " + "; ".join(problems)) if problems else None
 

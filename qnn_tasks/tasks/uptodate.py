@@ -11,6 +11,8 @@ import json
 import os
 from typing import Any, Iterator
 
+from qnn_tasks.run.status import good
+
 
 def key_of(data: dict[str, Any]) -> str:
     """A short, stable digest of JSON-able settings: a task's key."""
@@ -110,7 +112,7 @@ class Fresh:
             return True
         outputs = [p for p in self.paths if p != self.record]
         files = record.get("files")
-        if record.get("status") not in ("passed", "warning") or not isinstance(files, dict):
+        if not good(record.get("status")) or not isinstance(files, dict):
             return False
         return set(outputs) <= set(files) and records.problems(record, self.record) == []
 
