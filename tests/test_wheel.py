@@ -46,7 +46,7 @@ def venv(tmp_path_factory) -> tuple[Path, dict]:
 def test_wheel_installs_inits_and_builds_a_packaged_onnx(venv, tmp_path):
     venv_dir, env = venv
     python = venv_dir / "bin" / "python"
-    code = "import qnn_tasks, qnn_tasks.spec as s; print(qnn_tasks.__file__); print(s.packaged_socs_file().is_file())"
+    code = "import qnn_tasks, qnn_tasks.spec.project as s; print(qnn_tasks.__file__); print(s.packaged_socs_file().is_file())"
     where = run([python, "-c", code], tmp_path, env)
     assert where.returncode == 0, where.stderr
     module, data = where.stdout.split()
