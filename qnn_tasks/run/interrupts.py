@@ -69,15 +69,6 @@ def running(task: str | None, out_dir: str = "") -> None:
         _last[:] = [task]
 
 
-def wait_for_other_stages(poll_s: float = 0.2) -> None:
-    """Return once no other thread of this process runs a stage: under `doit -n N -P thread` doit starts the
-    report as soon as the last stage is handed out, not when it has finished."""
-    me = threading.get_ident()
-    time.sleep(poll_s)  # a stage handed out a moment ago may not have entered the funnel yet
-    while any(ident != me for ident in list(_running)):
-        time.sleep(poll_s)
-
-
 def child_started(pgid: int) -> None:
     _children.add(pgid)
 

@@ -299,7 +299,6 @@ class TaskFactory:
                 from qnn_tasks.report import gather as report
                 from qnn_tasks.report import render
 
-                interrupts.wait_for_other_stages()  # `-n N -P thread`: the last stages may still run
                 data = report.collect(planner)
                 paths = report.write(REPORT_DIR, data)
             finally:
