@@ -9,7 +9,8 @@ from pathlib import Path
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, helper
+from test_rewrites import const, model_of  # the same small-graph builders
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import rewrites
@@ -19,18 +20,6 @@ from qnn_tasks.stages import export as export_stage
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(22)
-
-
-def model_of(nodes, inputs, outputs, initializers=(), opset=17):
-    graph = helper.make_graph(nodes, "g", inputs, outputs, list(initializers))
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
-    model.ir_version = 10
-    onnx.checker.check_model(model)
-    return model
-
-
-def const(name, value, dtype=np.float32):
-    return numpy_helper.from_array(np.asarray(value, dtype), name)
 
 
 def packaged_graph(model_dir: Path, inputs, outputs, name="g", **extra) -> GraphSpec:

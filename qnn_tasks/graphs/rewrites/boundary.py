@@ -64,11 +64,7 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
             raise BoundaryError(f"input '{spec.source_name}' declared in model.yaml is not an input of the ONNX; its "
                                 f"inputs: {', '.join(actual) or 'none'}",
                                 "use the ONNX's input names in graphs.<graph>.inputs (or as their onnx_name:)")
-        if spec.onnx_name and spec.onnx_name != spec.name:
-            _free(names, spec, "input")
-            _rename_uses(graph, spec.onnx_name, spec.name)
-            value.name = spec.name
-            report.setdefault("renamed", {})[f"input '{spec.name}'"] = spec.onnx_name
+        _rename(graph, names, spec, value, "input", _rename_uses, report)
         _fix_dims(value, spec.shape, f"input '{spec.name}'", report)
         elem = value.type.tensor_type.elem_type
         wanted = helper.np_dtype_to_tensor_dtype(np.dtype(spec.dtype))
@@ -98,11 +94,7 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
             raise BoundaryError(f"output '{spec.source_name}' declared in model.yaml is not an output of the ONNX; its "
                                 f"outputs: {', '.join(actual_out) or 'none'}",
                                 "use the ONNX's output names in graphs.<graph>.outputs (or as their onnx_name:)")
-        if spec.onnx_name and spec.onnx_name != spec.name:
-            _free(names, spec, "output")
-            _rename_producer(graph, spec.onnx_name, spec.name)
-            value.name = spec.name
-            report.setdefault("renamed", {})[f"output '{spec.name}'"] = spec.onnx_name
+        _rename(graph, names, spec, value, "output", _rename_producer, report)
         _fix_dims(value, spec.shape, f"output '{spec.name}'", report, output=True)
         if value.type.tensor_type.elem_type == INT64:
             inner = names(f"{spec.name}_int64")
@@ -119,6 +111,15 @@ def fix_io(model: onnx.ModelProto, inputs: Iterable, outputs: Iterable,
     graph.node.extend(nodes)
     infer_shapes(model)
     return report
+
+
+def _rename(graph, names, spec, value, kind: str, rename_in_graph, report: dict[str, Any]) -> None:
+    """An I/O tensor declared with `onnx_name:` takes its model.yaml name (the ONNX name stays in the record)."""
+    if spec.onnx_name and spec.onnx_name != spec.name:
+        _free(names, spec, kind)
+        rename_in_graph(graph, spec.onnx_name, spec.name)
+        value.name = spec.name
+        report.setdefault("renamed", {})[f"{kind} '{spec.name}'"] = spec.onnx_name
 
 
 def _free(names: Names, spec, kind: str) -> None:
