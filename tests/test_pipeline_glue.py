@@ -70,19 +70,27 @@ def head_model() -> onnx.ModelProto:
                   [numpy_helper.from_array(weights, "w"), numpy_helper.from_array(np.array(0.1, np.float32), "floor")])
 
 
-def glued_project(root: Path) -> Project:
+def packaged_project(root: Path, model: str, models: dict[str, onnx.ModelProto], samples: dict[str, np.ndarray],
+                     model_yaml: str) -> Project:
+    """A project of one packaged model: its ONNX files, raw float32 sample files and model.yaml."""
     root.mkdir(parents=True)
     for name in ("dodo.py", "socs", "toolchain"):
         (shutil.copytree if (EXAMPLES / name).is_dir() else shutil.copy2)(EXAMPLES / name, root / name)
-    folder = root / "models" / "glued"
+    folder = root / "models" / model
     (folder / "samples").mkdir(parents=True)
-    onnx.save(embed_model(), str(folder / "embed.onnx"))
-    onnx.save(head_model(), str(folder / "head.onnx"))
-    rng = np.random.default_rng(2)
-    (folder / "samples" / "x.bin").write_bytes((rng.standard_normal((6, 64)) * 0.15).astype("<f4").tobytes())
-    (folder / "samples" / "z.bin").write_bytes(rng.uniform(1, 3, (6, 8, 8)).astype("<f4").tobytes())
-    (folder / "model.yaml").write_text(MODEL_YAML)
+    for name, proto in models.items():
+        onnx.save(proto, str(folder / name))
+    for name, values in samples.items():
+        (folder / "samples" / name).write_bytes(values.astype("<f4").tobytes())
+    (folder / "model.yaml").write_text(model_yaml)
     return Project(root)
+
+
+def glued_project(root: Path) -> Project:
+    rng = np.random.default_rng(2)
+    return packaged_project(root, "glued", {"embed.onnx": embed_model(), "head.onnx": head_model()},
+                            {"x.bin": rng.standard_normal((6, 64)) * 0.15, "z.bin": rng.uniform(1, 3, (6, 8, 8))},
+                            MODEL_YAML)
 
 
 def test_glue_is_applied_to_both_chains_and_verified(tmp_path):
@@ -125,5 +133,133 @@ def test_glue_spec_errors(tmp_path, edit, fragments):
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr  # that model is not buildable
     [line] = [line for line in result.stderr.splitlines() if line.strip()]
     assert line.startswith(f"error: {project.path(YAML)}: ") and "(fix: " in line, line
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+# Stacking: a streaming embedding graph run over successive windows, a classifier over the last N embeddings.
+STACK_YAML = "models/stacked/model.yaml"
+STACK_MODEL_YAML = """\
+licence: test fixture
+source: {file: embed.onnx}
+graphs:
+  embed:
+    inputs: {x: {shape: [1, 16], dtype: float32}}
+    outputs: {y: {shape: [1, 8]}}
+    samples: {raw: {files: "samples/windows.bin"}}
+    socs: [SM8650]
+  classify:
+    source: {file: classify.onnx}
+    inputs: {x: {shape: [1, 4, 8], dtype: float32}}
+    outputs: {logits: {shape: [1, 5]}}
+    samples: {raw: {files: "samples/stack.bin"}}
+    socs: [SM8650]
+pipeline:
+  graphs: [embed, classify]
+  feed: {classify.x: {from: embed.y, stack: {runs: 4, axis: 1}}}
+  verify:
+    samples: 1
+    checks:
+      - top1: {output: logits, min: 1.0}
+"""
+
+
+def window_embed_model() -> onnx.ModelProto:
+    """A window of 16 values -> an embedding of 8."""
+    weights = np.random.default_rng(3).standard_normal((16, 8)).astype(np.float32) * 0.5
+    return _model([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Tanh", ["h"], ["y"])], "embed",
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [numpy_helper.from_array(weights, "w")])
+
+
+def stack_classifier_model() -> onnx.ModelProto:
+    """[1, 4, 8] -> 5 logits, with weights of its own for every position (the order of the runs matters)."""
+    weights = np.random.default_rng(4).standard_normal((32, 5)).astype(np.float32)
+    return _model([helper.make_node("Flatten", ["x"], ["flat"], axis=1), helper.make_node("MatMul", ["flat", "w"],
+                                                                                         ["logits"])], "classify",
+                  [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8])],
+                  [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 5])],
+                  [numpy_helper.from_array(weights, "w")])
+
+
+def stacked_project(root: Path) -> Project:
+    rng = np.random.default_rng(5)
+    return packaged_project(root, "stacked", {"embed.onnx": window_embed_model(), "classify.onnx": stack_classifier_model()},
+                            {"windows.bin": rng.standard_normal((5, 16)), "stack.bin": rng.uniform(-1, 1, (1, 4, 8))},
+                            STACK_MODEL_YAML)
+
+
+def test_stack_windows_runs_and_axes():
+    from qnn_tasks.stages.glue import stack
+
+    values = [np.full((1, 3), i, np.float32) for i in range(5)]
+    windows = stack(values, runs=3, axis=1, hop=2, rank=3)  # a new axis: [1, 3] x 3 -> [1, 3, 3], starts 0 and 2
+    assert [w.shape for w in windows] == [(1, 3, 3), (1, 3, 3)]
+    assert windows[0][0, :, 0].tolist() == [0, 1, 2] and windows[1][0, :, 0].tolist() == [2, 3, 4]
+    sliding = stack(values, runs=4, axis=0, hop=1, rank=3)  # the last 4 runs after each new one
+    assert len(sliding) == 2 and sliding[1].shape == (4, 1, 3) and sliding[1][:, 0, 0].tolist() == [1, 2, 3, 4]
+    joined = stack(values, runs=2, axis=1, hop=2, rank=2)  # equal ranks: joined on the axis, [1, 3] x 2 -> [1, 6]
+    assert [w.tolist() for w in joined] == [[[0, 0, 0, 1, 1, 1]], [[2, 2, 2, 3, 3, 3]]]
+    assert stack(values, runs=6, axis=1, hop=1, rank=3) == []  # fewer runs than a window
+    with pytest.raises(ValueError, match="neither stack nor join"):
+        stack(values, runs=2, axis=0, hop=1, rank=4)
+
+
+def test_stack_of_runs_feeds_the_next_graph_on_both_chains(tmp_path):
+    project = stacked_project(tmp_path / "project")
+    result = project.doit()
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = project.one_json("build/stacked/pipeline/*/SM8650/pipeline/pipeline.json")
+    assert record["status"] == "passed" and record["samples"] == 1 and record["first_samples"] == 4, record
+    assert record["checks"][0]["value"] == 1.0
+    stacked = {"input": "x", "from": "embed.y", "runs": 4, "axis": 1, "hop": 1, "source_runs": 4, "windows": 1}
+    assert record["stacked"] == {"classify.x": stacked}
+    assert [(link["graph"], link["runs"]) for link in record["links"]] == [("embed", 4), ("classify", 1)]
+    assert record["links"][1]["stacked"] == [stacked]
+    # the CPU chain's end is classify(stack(embed(window 0..3), axis 1)), computed here from the ONNX files
+    windows = np.frombuffer(project.path("models/stacked/samples/windows.bin").read_bytes(), "<f4").reshape(5, 1, 16)
+    embed = ort.InferenceSession(window_embed_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    classify = ort.InferenceSession(stack_classifier_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    embeddings = [embed.run(None, {"x": w})[0] for w in windows[:4]]
+    expected = classify.run(None, {"x": np.stack(embeddings, axis=1)})[0]
+    with np.load(project.path(record["reference_file"])) as reference:
+        np.testing.assert_allclose(reference["logits"], expected[None], rtol=1e-5, atol=1e-6)
+    with np.load(project.path(record["outputs_file"])) as outputs:  # the NPU chain stacked its own embeddings
+        np.testing.assert_allclose(outputs["logits"], expected[None], rtol=0.05, atol=0.05)
+    # the order of the runs matters to this classifier: a stack in another order would be another input
+    assert not np.allclose(expected, classify.run(None, {"x": np.stack(embeddings[::-1], axis=1)})[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("old, new, fragments", [
+    ("runs: 4, axis: 1", "runs: 5, axis: 1", ["pipeline.feed.classify.x.stack: output 'y' of 'embed' [1, 8] stacked "
+                                              "over 5 runs on axis 1 is [1, 5, 8], input 'x' of 'classify' is [1, 4, 8]",
+                                              "(fix: set runs: 4)"]),
+    ("runs: 4, axis: 1", "runs: 0, axis: 1", ["pipeline.feed.classify.x.stack.runs: 0 is out of range"]),
+    ("runs: 4, axis: 1", "runs: 100000, axis: 1", ["pipeline.feed.classify.x.stack.runs: 100000 is out of range",
+                                                   "4096"]),
+    ("runs: 4, axis: 1", "runs: 4, axis: 3", ["pipeline.feed.classify.x.stack.axis: axis 3 is out of range for input "
+                                              "'x' of 'classify' [1, 4, 8]", "(fix: use an axis from -3 to 2)"]),
+    ("runs: 4, axis: 1", "runs: 4, axis: 1, hop: 0", ["pipeline.feed.classify.x.stack.hop: 0 is out of range"]),
+    ("runs: 4, axis: 1", "axis: 1", ["pipeline.feed.classify.x.stack.runs: required key is missing"]),
+    ("runs: 4, axis: 1", "runs: 4, axis: 1, window: 2", ["pipeline.feed.classify.x.stack.window: unknown key",
+                                                         "use one of: axis, hop, runs"]),
+    ("stack: {runs: 4, axis: 1}", "stack: 4", ["pipeline.feed.classify.x.stack: expected a mapping, got 4"]),
+    ("from: embed.y", "from: classify.logits", ["pipeline.feed.classify.x.stack: stacks runs of 'classify', which is "
+                                                "not a graph earlier in the pipeline than 'classify'",
+                                                "listed before it in pipeline.graphs: embed"]),
+    ("inputs: {x: {shape: [1, 4, 8], dtype: float32}}\n    outputs: {logits: {shape: [1, 5]}}\n"
+     '    samples: {raw: {files: "samples/stack.bin"}}',
+     "inputs: {x: {shape: [1, 4, 8], dtype: float32}, y: {shape: [1, 8], dtype: float32}}\n"
+     '    outputs: {logits: {shape: [1, 5]}}\n    samples: {raw: {files: "samples/stack.bin", input: x}, fill: {y: 0.0}}',
+     ["pipeline.feed.classify.y: input 'y' of 'classify' comes once per sample, input 'x' from 4 runs every 1: "
+      "they do not pair up run by run"]),
+])
+def test_stack_spec_errors(tmp_path, old, new, fragments):
+    project = stacked_project(tmp_path / "project")
+    project.edit(STACK_YAML, old, new)
+    result = project.doit("list")
+    assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr  # that model is not buildable
+    [line] = [line for line in result.stderr.splitlines() if line.strip()]
+    assert line.startswith(f"error: {project.path(STACK_YAML)}: ") and "(fix: " in line, line
     for fragment in fragments:
         assert fragment in line, line

@@ -5,6 +5,7 @@
       feed: {classifier.x: features.y}      # optional: <graph>.<input>: <graph>.<output> where names differ
       # or with glue:  classifier.x: {from: features.y, reshape: true, scale: 0.1, offset: 2.0}
                                             # (split on the first dot: `classifier.x.1` is input `x.1`)
+      # or stacked:    classifier.x: {from: embed.y, stack: {runs: 16, axis: 1, hop: 1}}
       verify:                               # the last graph's outputs vs the same chain on CPU
         thresholds: {min_cosine: 0.99}
         checks: [{top1: {output: logits, min: 0.95}}]
@@ -14,6 +15,12 @@ says), with the same shape; a `feed` mapping may add glue the deployment does be
 `reshape: true` (an output of another shape and the same size) and a fixed affine step
 `value * scale + offset`, applied alike to the CPU chain and the NPU chain. The first graph's verification inputs start the chain. Loaded from
 spec/project.py; only YAML is read here.
+
+`stack:` feeds an input with the outputs of several runs of an earlier graph (a streaming front end ->
+embedding -> classifier over the last N frames): the first graph runs once per verification sample, in
+order (its stream: successive audio windows with `samples: {audio: {hop: ...}}`); a graph fed plainly
+runs once per run of the graph feeding it; a stacked input takes `runs` consecutive runs every `hop`
+runs, stacked on `axis` of the input (a new axis, or joined on an existing one when the ranks are equal).
 """
 from __future__ import annotations
 
@@ -22,7 +29,9 @@ from pathlib import Path
 from typing import Any
 
 PIPELINE_KEYS = {"graphs", "feed", "verify"}
-GLUE_KEYS = {"from", "reshape", "scale", "offset"}
+GLUE_KEYS = {"from", "reshape", "scale", "offset", "stack"}
+STACK_KEYS = {"runs", "axis", "hop"}
+MAX_RUNS = 4096  # runs and hop of a stack: each run of the source graph is one simulator call
 
 
 @dataclass(frozen=True)
@@ -31,7 +40,7 @@ class PipelineSpec:
     graphs: tuple[str, ...]
     feed: dict[str, tuple[str, str]]   # "<graph>.<input>" -> (graph, output)
     verify: dict[str, Any]             # validated like a graph's verify section (fp16 defaults)
-    glue: dict[str, dict[str, Any]] = field(default_factory=dict)  # "<graph>.<input>" -> {reshape, scale, offset}
+    glue: dict[str, dict[str, Any]] = field(default_factory=dict)  # "<graph>.<input>" -> {reshape, scale, offset[, stack]}
 
 
 def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | None:
@@ -62,24 +71,38 @@ def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | Non
             glue[str(key)] = {"reshape": _bool(value.get("reshape", False), path, f"pipeline.feed.{key}.reshape"),
                               "scale": _number(value.get("scale", 1.0), path, f"pipeline.feed.{key}.scale"),
                               "offset": _number(value.get("offset", 0.0), path, f"pipeline.feed.{key}.offset")}
+            if "stack" in value:
+                glue[str(key)]["stack"] = _stack_settings(value["stack"], path, f"pipeline.feed.{key}.stack")
             value = value["from"]
         target, source = _split(str(key), names), _split(str(value), names)
+        if "stack" in glue.get(str(key), {}) and len(target) == 2 and target[0] in names and len(source) == 2 \
+                and (source[0] not in names or names.index(source[0]) >= names.index(target[0])):
+            earlier = names[:names.index(target[0])]
+            raise SpecError(path, f"pipeline.feed.{key}.stack", f"stacks runs of '{source[0]}', which is not a graph "
+                            f"earlier in the pipeline than '{target[0]}'",
+                            f"stack an output of a graph listed before it in pipeline.graphs: {', '.join(earlier)}")
         if len(target) != 2 or len(source) != 2 or target[0] not in names or source[0] not in names \
                 or names.index(source[0]) >= names.index(target[0]):
             raise SpecError(path, f"pipeline.feed.{key}", f"'{key}: {value}' does not feed a later graph's input "
                             "from an earlier graph's output", "write <later graph>.<input>: <earlier graph>.<output>")
         feed[str(key)] = (source[0], source[1])
     produced: dict[str, tuple[str, tuple[int, ...]]] = {}  # output name -> (graph, shape)
+    rates: dict[str, tuple[tuple[int, int], ...]] = {names[0]: ()}  # graph -> (runs, hop) of the stacks before it
     for position, name in enumerate(names):
         graph = by_name[name]
         if position:
+            fed_rates: dict[str, tuple[tuple[int, int], ...]] = {}
             for tensor in graph.inputs:
                 source_graph, output = feed.get(f"{name}.{tensor.name}", (None, tensor.name))
                 found = produced.get(output) if source_graph is None else _output(by_name[source_graph], output)
                 if found is None:
                     raise SpecError(path, "pipeline", f"input '{tensor.name}' of graph '{name}' is fed by no earlier "
                                     "graph's output", f"add feed: {{{name}.{tensor.name}: <graph>.<output>}}")
+                stack = glue.get(f"{name}.{tensor.name}", {}).get("stack")
+                fed_rates[tensor.name] = rates[found[0]] + (((stack["runs"], stack["hop"]),) if stack else ())
                 reshape = glue.get(f"{name}.{tensor.name}", {}).get("reshape")
+                if stack:
+                    found = (found[0], _stacked_shape(found, output, stack, graph, tensor, bool(reshape), path))
                 if reshape and _size(found[1]) != _size(tensor.shape):
                     raise SpecError(path, f"pipeline.feed.{name}.{tensor.name}.reshape", f"input '{tensor.name}' of "
                                     f"'{name}' {list(tensor.shape)} has {_size(tensor.shape)} values, the output feeding "
@@ -89,12 +112,89 @@ def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | Non
                                     f"the output feeding it is {list(found[1])}",
                                     "make the shapes agree in model.yaml, or, for one size, feed: "
                                     f"{{{name}.{tensor.name}: {{from: <graph>.<output>, reshape: true}}}}")
+            rates[name] = _one_rate(fed_rates, name, path)
         for tensor in graph.outputs:
             produced[tensor.name] = (name, tensor.shape)
     last = by_name[names[-1]]
     verify = _verify_section(section.get("verify"), last.precision, {t.name: t.shape for t in last.outputs}, path,
                              "pipeline.verify")
     return PipelineSpec(model=model, graphs=tuple(names), feed=feed, verify=verify, glue=glue)
+
+
+def _stack_settings(data: Any, path: Path, key: str) -> dict[str, int]:
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.yamlread import _check_keys, _int
+
+    if not isinstance(data, dict):
+        raise SpecError(path, key, f"expected a mapping, got {data!r}", "write e.g. stack: {runs: 16, axis: 1}")
+    section = data
+    _check_keys(section, STACK_KEYS, path, key)
+    if "runs" not in section:
+        raise SpecError(path, f"{key}.runs", "required key is missing", "say how many runs are stacked, e.g. runs: 16")
+    return {"runs": _int(section["runs"], path, f"{key}.runs", 1, MAX_RUNS),
+            "axis": _int(section.get("axis", 0), path, f"{key}.axis"),
+            "hop": _int(section.get("hop", 1), path, f"{key}.hop", 1, MAX_RUNS)}
+
+
+def stacked_shape(shape: tuple[int, ...], runs: int, axis: int, rank: int) -> tuple[int, ...] | None:
+    """The shape of `runs` values of `shape` stacked for an input of `rank` dims: on a new `axis` (rank one more),
+    or joined on an existing one (equal ranks); None when the ranks do not allow either."""
+    if rank == len(shape) + 1:
+        return tuple(shape[:axis]) + (runs,) + tuple(shape[axis:])
+    if rank == len(shape):
+        return tuple(shape[:axis]) + (shape[axis] * runs,) + tuple(shape[axis + 1:])
+    return None
+
+
+def _stacked_shape(found: tuple[str, tuple[int, ...]], output: str, stack: dict[str, int], graph, tensor,
+                   reshape: bool, path: Path) -> tuple[int, ...]:
+    """The stacked shape of the feeding output, checked: an axis of the input, ranks that stack or join, and
+    (without reshape) the input's own shape, else one line naming the stack."""
+    from qnn_tasks.errors import SpecError
+
+    key = f"pipeline.feed.{graph.name}.{tensor.name}.stack"
+    rank, axis = len(tensor.shape), stack["axis"]
+    if not -rank <= axis < rank:
+        raise SpecError(path, f"{key}.axis", f"axis {axis} is out of range for input '{tensor.name}' of "
+                        f"'{graph.name}' {list(tensor.shape)}", f"use an axis from {-rank} to {rank - 1}")
+    stack["axis"] = axis % rank  # normalised, so the stage and the key see one value
+    shape = stacked_shape(found[1], stack["runs"], stack["axis"], rank)
+    if shape is None:
+        raise SpecError(path, key, f"output '{output}' of '{found[0]}' {list(found[1])} has rank {len(found[1])}, "
+                        f"input '{tensor.name}' of '{graph.name}' {list(tensor.shape)} rank {rank}",
+                        "stack on a new axis (the input has one dim more) or join on an existing one (equal ranks)")
+    if not reshape and shape != tuple(tensor.shape):
+        runs = _fitting_runs(found[1], stack["axis"], tensor.shape)
+        raise SpecError(path, key, f"output '{output}' of '{found[0]}' {list(found[1])} stacked over {stack['runs']} "
+                        f"runs on axis {stack['axis']} is {list(shape)}, input '{tensor.name}' of '{graph.name}' is "
+                        f"{list(tensor.shape)}", f"set runs: {runs}" if runs else "stack on the axis where the runs go "
+                        "(the other dims must be the output's), or add reshape: true for one size")
+    return shape
+
+
+def _fitting_runs(shape: tuple[int, ...], axis: int, target: tuple[int, ...]) -> int | None:
+    """The runs that would make `shape` stack into `target` on `axis`, if any (for the fix)."""
+    for runs in {target[axis], target[axis] // max(1, shape[axis] if len(shape) == len(target) else 1)}:
+        if 1 <= runs <= MAX_RUNS and stacked_shape(shape, runs, axis, len(target)) == tuple(target):
+            return runs
+    return None
+
+
+def _one_rate(fed_rates: dict[str, tuple], graph: str, path: Path) -> tuple:
+    """Every input of a graph must come once per run of it: from sources at one rate."""
+    from qnn_tasks.errors import SpecError
+
+    first, rate = next(iter(fed_rates.items()))
+    for name, other in fed_rates.items():
+        if other != rate:
+            raise SpecError(path, f"pipeline.feed.{graph}.{name}", f"input '{name}' of '{graph}' comes "
+                            f"{_describe(other)}, input '{first}' {_describe(rate)}: they do not pair up run by run",
+                            "stack every input of a graph alike, or feed it from graphs that run as often")
+    return rate
+
+
+def _describe(rate: tuple) -> str:
+    return "once per sample" if not rate else "from " + " then ".join(f"{runs} runs every {hop}" for runs, hop in rate)
 
 
 def _size(shape) -> int:

@@ -22,6 +22,7 @@ from qnn_tasks.qnn import chipcheck as binchip
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec, Soc
+from qnn_tasks.stages import glue as glue_step
 from qnn_tasks.stages.cpucheck import run_onnx_cpu
 
 
@@ -32,33 +33,39 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
     if soc is not None:  # every link's binary (and its chip target) must be this chip's before any of them runs
         for binary, chip_target in binaries or []:
             binchip.refuse_other_chip(binary, soc, chip_target)
-    first = sample_store.load(inputs_file, limit=verify["samples"])
-    cpu_in, npu_in = first, first
-    produced_cpu: list[dict[str, np.ndarray]] = [{} for _ in first]
-    produced_npu: list[dict[str, np.ndarray]] = [{} for _ in first]
-    links, log = [], out_dir / "simulator.log"
+    first = sample_store.load(inputs_file, limit=first_samples(graphs, glue or {}, feed, verify["samples"]))
+    produced_cpu: dict[str, glue_step.Runs] = {}
+    produced_npu: dict[str, glue_step.Runs] = {}
+    links, stacked, log = [], {}, out_dir / "simulator.log"
     for index, (graph, ctx, config, onnx_file) in enumerate(zip(graphs, ctx_files, configs, simplified)):
+        cpu_in, npu_in, stacks = first, first, []
         if index:
-            cpu_in = [_fed(graph, feed, done, glue or {}) for done in produced_cpu]
-            npu_in = [_fed(graph, feed, done, glue or {}) for done in produced_npu]
+            cpu_in, stacks = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_cpu)
+            npu_in, _ = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_npu)
+        if not cpu_in:
+            raise StageError(f"pipeline {target}: graph '{graph.name}' has no run to make (its first graph has no "
+                             "samples)")
         cpu_out = run_onnx_cpu(onnx_file, cpu_in)
         npu_out, seconds, _ = simulator.run(ctx, fileio.read_json(config), npu_in, log)
-        links.append({"graph": graph.name, "seconds": float(np.sum(seconds)),
+        links.append({"graph": graph.name, "runs": len(npu_in), "seconds": float(np.sum(seconds)),
                       "metrics": {t.name: metrics.compare(np.stack([c[t.name] for c in cpu_out]),
-                                                          np.stack([n[t.name] for n in npu_out])) for t in graph.outputs}})
-        for done, out in zip(produced_cpu, cpu_out):
-            done.update({f"{graph.name}.{k}": v for k, v in out.items()})
-        for done, out in zip(produced_npu, npu_out):
-            done.update({f"{graph.name}.{k}": v for k, v in out.items()})
+                                                          np.stack([n[t.name] for n in npu_out])) for t in graph.outputs},
+                      **({"stacked": stacks} if stacks else {})})
+        stacked.update({f"{graph.name}.{s['input']}": s for s in stacks})
+        produced_cpu[graph.name], produced_npu[graph.name] = cpu_out, npu_out
         progress.step(index + 1, len(graphs), "graph")
     last = graphs[-1]
-    reference = [{t.name: d[f"{last.name}.{t.name}"] for t in last.outputs} for d in produced_cpu]
-    actual = [{t.name: d[f"{last.name}.{t.name}"] for t in last.outputs} for d in produced_npu]
+    reference = [{t.name: run[t.name] for t in last.outputs} for run in produced_cpu[last.name]]
+    actual = [{t.name: run[t.name] for t in last.outputs} for run in produced_npu[last.name]]
+    if verify["samples"] is not None:  # samples counts the end's runs: a stack ahead of it may give a few more
+        reference, actual = reference[:verify["samples"]], actual[:verify["samples"]]
     result, violations = verification.judge(last, verify, reference, actual)
     sample_store.save(out_dir / "outputs.npz", actual)
     sample_store.save(out_dir / "reference.npz", reference)
-    record = {"samples": len(first), "links": links, **result, "violations": violations, "log": str(log),
-              "outputs_file": str(out_dir / "outputs.npz"), "reference_file": str(out_dir / "reference.npz")}
+    record = {"samples": len(actual), "first_samples": len(first), "links": links, **result,
+              "violations": violations, "log": str(log),
+              "outputs_file": str(out_dir / "outputs.npz"), "reference_file": str(out_dir / "reference.npz"),
+              **({"stacked": stacked} if stacked else {})}
     if violations:
         worst = min(links, key=lambda link: min(m["cosine"] for m in link["metrics"].values()))
         raise StageError(f"pipeline {target} failed at its end: " + "; ".join(violations) + f" (the weakest link is "
@@ -66,25 +73,23 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
     return record
 
 
-def _fed(graph: GraphSpec, feed: dict[str, list[str]], done: dict[str, np.ndarray],
-         glue: dict[str, dict[str, Any]]) -> dict[str, np.ndarray]:
-    """Inputs of `graph` from the outputs produced so far (feed mapping first, else the latest output of that name),
-    through the declared glue: value * scale + offset (in float64), reshaped to the input's shape."""
-    inputs = {}
-    for tensor in graph.inputs:
-        source = feed.get(f"{graph.name}.{tensor.name}")
-        key = f"{source[0]}.{source[1]}" if source else next(
-            (k for k in reversed(list(done)) if k.split(".", 1)[1] == tensor.name), None)
-        if key is None or key not in done:
-            raise StageError(f"pipeline: nothing produced input '{tensor.name}' of graph '{graph.name}'")
-        value = np.asarray(done[key])
-        step = glue.get(f"{graph.name}.{tensor.name}")
-        if step:
-            if step["scale"] != 1.0 or step["offset"] != 0.0:
-                value = value.astype(np.float64) * step["scale"] + step["offset"]
-            value = value.reshape(tensor.shape) if step["reshape"] else value
-        inputs[tensor.name] = value.astype(tensor.dtype, copy=False)
-    return inputs
+def first_samples(graphs: list[GraphSpec], glue: dict[str, dict[str, Any]], feed: dict[str, list[str]],
+                  end_samples: int | None) -> int | None:
+    """How many of the first graph's samples make `end_samples` runs of the last graph (None: all of them):
+    every stack on the way back to the first graph needs (runs - 1) * hop + its runs of its source."""
+    if end_samples is None:
+        return None
+    needed, graph = end_samples, graphs[-1]
+    by_name = {g.name: g for g in graphs}
+    while graph is not graphs[0]:
+        earlier = graphs[:graphs.index(graph)]
+        tensor = graph.inputs[0]  # every input of a graph comes at one rate (checked at load): follow any
+        from_graph, _ = glue_step.source(graph, tensor.name, feed, earlier)
+        settings = (glue.get(f"{graph.name}.{tensor.name}") or {}).get("stack")
+        if settings:
+            needed = (needed - 1) * settings["hop"] + settings["runs"]
+        graph = by_name[from_graph]
+    return needed
 
 
 def run_call(call: StageCall) -> dict[str, Any]:

@@ -1,0 +1,76 @@
+"""The glue between a pipeline's graphs: which runs' outputs feed a graph's runs, stacked, scaled, reshaped.
+
+A graph of the chain runs several times (its runs): the first once per sample of its stream, a graph fed
+plainly once per run of the graph feeding it, and a stacked input once per window of `runs` consecutive
+runs of its source, every `hop` runs. The CPU chain and the NPU chain go through the same functions, each
+with its own outputs, so neither sees the other's numbers.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from qnn_tasks.errors import StageError
+from qnn_tasks.spec.project import GraphSpec
+
+Runs = list[dict[str, np.ndarray]]  # one graph's outputs (or inputs), one dict per run
+
+
+def stack(values: list[np.ndarray], runs: int, axis: int, hop: int, rank: int) -> list[np.ndarray]:
+    """Every window of `runs` consecutive values, one window every `hop` values, stacked for an input of `rank`
+    dims: on a new `axis` when the input has one dim more than a value, else joined on that existing axis.
+    Fewer values than `runs` give no window."""
+    if len(values) < runs:
+        return []
+    ndim = np.ndim(values[0])
+    if rank not in (ndim, ndim + 1):
+        raise ValueError(f"values of rank {ndim} neither stack nor join into rank {rank}")
+    join = np.stack if rank == ndim + 1 else np.concatenate
+    return [join(values[start:start + runs], axis=axis) for start in range(0, len(values) - runs + 1, hop)]
+
+
+def source(graph: GraphSpec, tensor: str, feed: dict[str, list[str]], earlier: list[GraphSpec]) -> tuple[str, str]:
+    """(graph, output) feeding `graph`'s input `tensor`: the feed mapping, else the latest earlier output of that name."""
+    declared = feed.get(f"{graph.name}.{tensor}")
+    if declared:
+        return declared[0], declared[1]
+    for other in reversed(earlier):
+        if any(t.name == tensor for t in other.outputs):
+            return other.name, tensor
+    raise StageError(f"pipeline: nothing produced input '{tensor}' of graph '{graph.name}'")
+
+
+def feed_runs(graph: GraphSpec, feed: dict[str, list[str]], glue: dict[str, dict[str, Any]],
+              earlier: list[GraphSpec], produced: dict[str, Runs]) -> tuple[Runs, list[dict[str, Any]]]:
+    """The inputs of every run of `graph` from the runs of the graphs before it, and what was stacked (for the
+    record): per input the source's runs, stacked as declared, then value * scale + offset (in float64), then
+    reshaped to the input's shape."""
+    columns, stacked = {}, []
+    for tensor in graph.inputs:
+        from_graph, output = source(graph, tensor.name, feed, earlier)
+        values = [run[output] for run in produced[from_graph]]
+        step = glue.get(f"{graph.name}.{tensor.name}") or {}
+        settings = step.get("stack")
+        if settings:
+            if len(values) < settings["runs"]:
+                model_yaml = graph.model_dir / "model.yaml"
+                raise StageError(f"{model_yaml}: pipeline.feed.{graph.name}.{tensor.name}.stack: stacks "
+                                 f"{settings['runs']} runs of '{from_graph}', which ran only {len(values)} times "
+                                 f"(fix: give the pipeline's first graph more samples, or stack fewer runs)")
+            values = stack(values, settings["runs"], settings["axis"], settings["hop"], len(tensor.shape))
+            stacked.append({"input": tensor.name, "from": f"{from_graph}.{output}", **settings,
+                            "source_runs": len(produced[from_graph]), "windows": len(values)})
+        columns[tensor.name] = [_glued(np.asarray(v), step, tensor) for v in values]
+    counts = {name: len(column) for name, column in columns.items()}
+    if len(set(counts.values())) > 1:  # the spec pairs inputs by rate; this guards a stream cut short
+        raise StageError(f"pipeline: the inputs of graph '{graph.name}' come in different numbers of runs: {counts}")
+    runs = min(counts.values(), default=0)
+    return [{name: column[i] for name, column in columns.items()} for i in range(runs)], stacked
+
+
+def _glued(value: np.ndarray, step: dict[str, Any], tensor) -> np.ndarray:
+    if step.get("scale", 1.0) != 1.0 or step.get("offset", 0.0) != 0.0:
+        value = value.astype(np.float64) * step["scale"] + step["offset"]
+    value = value.reshape(tensor.shape) if step.get("reshape") else value
+    return value.astype(tensor.dtype, copy=False)
