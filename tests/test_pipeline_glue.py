@@ -228,6 +228,13 @@ def test_stack_of_runs_feeds_the_next_graph_on_both_chains(tmp_path):
         np.testing.assert_allclose(outputs["logits"], expected[None], rtol=0.05, atol=0.05)
     # the order of the runs matters to this classifier: a stack in another order would be another input
     assert not np.allclose(expected, classify.run(None, {"x": np.stack(embeddings[::-1], axis=1)})[0], atol=1e-3)
+    assert "embed (4 runs)" in project.path("build/report/report.md").read_text()
+    # a stream too short for one stack: the pipeline fails with one line naming the stack, and says so in its record
+    project.path("models/stacked/samples/windows.bin").write_bytes(windows[:3].astype("<f4").tobytes())
+    line = project.doit("pipeline:stacked-SM8650").failure_line("pipeline:stacked-SM8650")
+    assert ("model.yaml: pipeline.feed.classify.x.stack: stacks 4 runs of 'embed', which ran only 3 times "
+            "(fix: give the pipeline's first graph more samples, or stack fewer runs)") in line, line
+    assert project.one_json("build/stacked/pipeline/*/SM8650/pipeline/pipeline.json")["status"] == "failed"
 
 
 @pytest.mark.parametrize("old, new, fragments", [

@@ -63,11 +63,17 @@ def pipeline_markdown(data: dict[str, Any]) -> list[str]:
              "| pipeline | graphs | status | links' min cosine | end: checks |", "|---|---|---|---|---|"]
     for p in data["pipelines"]:
         record = p["record"] or {}
-        links = "; ".join(f"{link['graph']} {num(min(m['cosine'] for m in link['metrics'].values()), 6)}"
+        links = "; ".join(f"{link['graph']}{_runs(link, record)} {num(min(m['cosine'] for m in link['metrics'].values()), 6)}"
                           for link in record.get("links") or [])
         checks = ", ".join(f"{c['kind']} {num(c['value'])}" for c in record.get("checks") or [])
         lines.append(f"| {p['name']} | {' -> '.join(p['graphs'])} | {p['status']} | {links or '-'} | {checks or '-'} |")
     return lines
+
+
+def _runs(link: dict[str, Any], record: dict[str, Any]) -> str:
+    """` (16 runs)` for a link that ran more often than the pipeline has samples (its runs were stacked)."""
+    runs = link.get("runs")
+    return f" ({runs} runs)" if runs is not None and runs != record.get("samples") else ""
 
 
 def loop_markdown(data: dict[str, Any]) -> list[str]:
