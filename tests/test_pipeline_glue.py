@@ -205,6 +205,38 @@ def test_stack_windows_runs_and_axes():
         stack(values, runs=2, axis=0, hop=1, rank=4)
 
 
+def _graph(name: str, inputs: dict, outputs: dict):
+    from qnn_tasks.spec.project import GraphSpec, TensorSpec
+
+    return GraphSpec(name, "chain", Path("models/chain"), tuple(TensorSpec(n, s, "float32") for n, s in inputs.items()),
+                     tuple(TensorSpec(n, s, "float32") for n, s in outputs.items()), ("fp16",), None, "", {}, {}, {}, {},
+                     {}, False, {})
+
+
+def test_stacks_of_stacks_follow_the_runs_of_a_three_graph_chain():
+    """front end (once per window) -> embed over 3 front-end runs every 2 -> classify over the last 2 embeddings."""
+    from qnn_tasks.stages.glue import feed_runs
+    from qnn_tasks.stages.pipeline import first_samples
+
+    front = _graph("front", {"audio": (1, 4)}, {"mel": (1, 2)})
+    embed = _graph("embed", {"frames": (1, 3, 2)}, {"y": (1, 2)})
+    classify = _graph("classify", {"x": (2, 2)}, {"logits": (1, 1)})  # joined on axis 0: [1, 2] x 2 -> [2, 2]
+    chain, feed = [front, embed, classify], {"embed.frames": ["front", "mel"], "classify.x": ["embed", "y"]}
+    glue = {"embed.frames": {"reshape": False, "scale": 1.0, "offset": 0.0, "stack": {"runs": 3, "axis": 1, "hop": 2}},
+            "classify.x": {"reshape": False, "scale": 1.0, "offset": 0.0, "stack": {"runs": 2, "axis": 0, "hop": 1}}}
+    # 2 classifier runs need 3 embeddings, which need (3 - 1) * 2 + 3 = 7 front-end runs
+    assert first_samples(chain, glue, feed, 2) == 7 and first_samples(chain, glue, feed, None) is None
+    produced = {"front": [{"mel": np.full((1, 2), run, np.float32)} for run in range(7)]}
+    inputs, stacked = feed_runs(embed, feed, glue, chain[:1], produced)
+    assert [run["frames"][0, :, 0].tolist() for run in inputs] == [[0, 1, 2], [2, 3, 4], [4, 5, 6]]
+    assert stacked == [{"input": "frames", "from": "front.mel", "runs": 3, "axis": 1, "hop": 2, "source_runs": 7,
+                        "windows": 3}]
+    produced["embed"] = [{"y": run["frames"].sum(axis=1)} for run in inputs]  # what an embedding of the 3 might be
+    inputs, stacked = feed_runs(classify, feed, glue, chain[:2], produced)
+    assert [run["x"][:, 0].tolist() for run in inputs] == [[3, 9], [9, 15]] and inputs[0]["x"].shape == (2, 2)
+    assert stacked[0]["windows"] == 2 and stacked[0]["source_runs"] == 3
+
+
 def test_stack_of_runs_feeds_the_next_graph_on_both_chains(tmp_path):
     project = stacked_project(tmp_path / "project")
     result = project.doit()
