@@ -35,12 +35,17 @@ class Rewrite:
     options: dict[str, Any] = field(default_factory=dict)  # option -> default
 
 
-# In the order they are applied: fold-if first (it exposes the taken branch's nodes), the variance
+# In the order they are applied: fold-if first (it exposes the taken branch's nodes), if-to-where on the Ifs it
+# leaves (data-dependent conditions), the variance
 # pattern before pow-square (it matches Pow or Mul squares and removes them itself).
 CATALOGUE: dict[str, Rewrite] = {r.name: r for r in (
     Rewrite("fold-if", "foldif", "fold_if",
             "an If whose condition is constant once the shapes and constant_inputs are fixed keeps only the taken branch",
             "compatibility: control flow does not compile for HTP"),
+    Rewrite("if-to-where", "ifwhere", "if_to_where",
+            "an If with a data-dependent condition and pure, cheap branches (no nested control flow or random ops, "
+            "<= 16 nodes each, outputs of the same shape and dtype) computes both and picks with Where",
+            "compatibility: the If runs on CPU (the build fails unless allow_cpu_fallback)"),
     Rewrite("centred-variance", "reductions", "centred_variance",
             "variance as E[x^2] - E[x]^2 (means as ReduceMean or ReduceSum x 1/N) becomes E[(x - E[x])^2]",
             "accuracy: a LayerNorm computed so gave cosine 0.54 on HTP fp16, 0.99992 after the rewrite"),
@@ -117,7 +122,7 @@ def apply(model: onnx.ModelProto, rewrites: Iterable[str] | Mapping[str, Any], s
     """Apply the named rewrites to `model` (an onnx.ModelProto, edited in place), in catalogue order.
 
     Returns one entry per rewrite: {"name", "count", "sites"} (sites: the node or constant names
-    changed). Dead nodes and unused initializers are removed, and shapes re-inferred, afterwards.
+    changed), plus "refused" (sites it matched and declined, each with its reason) when there are any. Dead nodes and unused initializers are removed, and shapes re-inferred, afterwards.
     """
     from qnn_tasks.graphs.rewrites import graphtools
 
@@ -127,7 +132,10 @@ def apply(model: onnx.ModelProto, rewrites: Iterable[str] | Mapping[str, Any], s
     for name in NAMES:
         if name in wanted and name not in skipped:
             sites = function(name)(model, **wanted[name])
-            report.append({"name": name, "count": len(sites), "sites": sites})
+            entry = {"name": name, "count": len(sites), "sites": list(sites)}
+            if getattr(sites, "refused", None):
+                entry["refused"] = list(sites.refused)
+            report.append(entry)
             graphtools.remove_dead(model.graph)  # what a rewrite replaced must not match the next one
     graphtools.infer_shapes(model)
     return report
