@@ -121,7 +121,7 @@ def test_lint_suggests_if_to_where_for_a_data_dependent_condition():
 
 
 def sm8650_fp16(tmp_path, inputs, outputs):
-    """(toolchain, provider options) of a real fp16 build for SM8650, the examples' chip row and ort-qnn profile."""
+    """(toolchain, chip row, provider options) of a real fp16 build for SM8650: the examples' row and ort-qnn profile."""
     from conftest import EXAMPLES
     from test_yaml_defects import packaged_graph
 
@@ -131,7 +131,7 @@ def sm8650_fp16(tmp_path, inputs, outputs):
     soc = load_socs(EXAMPLES / "socs" / "socs.yaml")["SM8650"]
     toolchain = from_profile(load_toolchain(EXAMPLES, "ort-qnn"))
     graph = packaged_graph(tmp_path, inputs, outputs)
-    return toolchain, toolchain.write_config(graph, "fp16", soc, tmp_path)["provider_options"]
+    return toolchain, soc, toolchain.write_config(graph, "fp16", soc, tmp_path)["provider_options"]
 
 
 def compile_and_simulate(model, path, feeds, toolchain, options):
@@ -152,7 +152,7 @@ def test_if_to_where_puts_the_whole_classifier_on_the_npu(tmp_path):
     from qnn_tasks.spec.project import TensorSpec
     from qnn_tasks.toolchains.ort_qnn import cpu_partition
 
-    toolchain, options = sm8650_fp16(tmp_path, [TensorSpec("x", (1, 16), "float32")],
+    toolchain, _, options = sm8650_fp16(tmp_path, [TensorSpec("x", (1, 16), "float32")],
                                      [TensorSpec("probs", (1, 4), "float32")])
     model = classifier()
     onnx.save(model, str(tmp_path / "if.onnx"))
