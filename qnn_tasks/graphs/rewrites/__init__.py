@@ -19,18 +19,12 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
+from qnn_tasks.errors import RewriteError
+
 if TYPE_CHECKING:
     import onnx
 
 FP16_MAX = 65504.0
-
-
-class RewriteError(ValueError):
-    """A declared rewrite cannot do what it was asked exactly (the export stage makes it one model.yaml line)."""
-
-    def __init__(self, problem: str, fix: str) -> None:
-        super().__init__(f"{problem} (fix: {fix})")
-        self.problem, self.fix = problem, fix
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qnn_tasks.graphs.rewrites import RewriteError
+from qnn_tasks.errors import RewriteError
 from qnn_tasks.graphs.rewrites.graphtools import (
     Names,
     Sites,
