@@ -26,11 +26,11 @@ def value(name, shape, dtype=F):
 def classifier(then_nodes=None, else_shape=(1, 4)):
     """probs, logits = If(sum(x) > 0): (softmax(2 * score_a), score_a) else (softmax(score_b), score_b).
 
-    Both branches name their inner tensors 'p' and 'logit' (a clash once both are inlined); they
-    read the outer scores, the then branch has an initializer of its own."""
-    then_nodes = then_nodes or [helper.make_node("Mul", ["score_a", "sharpen"], ["sharp"]),
+    Both branches name their inner tensors 'p' and 'logit' (a clash once both are inlined); they read the outer
+    scores, the then branch reads its own output 'logit' and has an initializer of its own."""
+    then_nodes = then_nodes or [helper.make_node("Mul", ["logit", "sharpen"], ["sharp"]),  # reads its own output
                                 helper.make_node("Softmax", ["sharp"], ["p"], axis=-1)]
-    then_g = helper.make_graph(then_nodes + [helper.make_node("Identity", ["score_a"], ["logit"])], "then", [],
+    then_g = helper.make_graph([helper.make_node("Identity", ["score_a"], ["logit"])] + then_nodes, "then", [],
                                [value("p", (1, 4)), value("logit", (1, 4))], [const("sharpen", 2.0)])
     else_out = "p" if else_shape == (1, 4) else "q"
     else_nodes = [helper.make_node("Softmax", ["score_b"], ["p"], axis=-1),
@@ -75,7 +75,7 @@ def test_if_to_where_is_exact_on_cpu_for_both_branches():
 def branch_with(node_count):
     """A then branch of `node_count` nodes (its logit Identity included)."""
     relus = node_count - 3
-    return [helper.make_node("Mul", ["score_a", "sharpen"], ["t0"])] + \
+    return [helper.make_node("Mul", ["logit", "sharpen"], ["t0"])] + \
         [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(relus)] + \
         [helper.make_node("Softmax", [f"t{relus}"], ["p"], axis=-1)]
 
