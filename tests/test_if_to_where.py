@@ -168,3 +168,25 @@ def test_if_to_where_puts_the_whole_classifier_on_the_npu(tmp_path):
     cosine = metrics.cosine(cpu, npu)
     print(f"if-to-where, fp16 SM8650: probs cosine {cosine:.6f}, max-abs {np.abs(cpu - npu).max():.3g}")
     assert cosine > 0.999 and (cpu.argmax(-1) == npu.argmax(-1)).all()
+
+
+def test_if_to_where_declared_in_model_yaml_is_applied_by_the_export_stage(tmp_path):
+    """`rewrites: [if-to-where]` on a packaged ONNX: the export record names the If; a refused one says why."""
+    import yaml
+    from test_yaml_defects import packaged_graph
+
+    from qnn_tasks.graphs import packaged
+    from qnn_tasks.spec.project import TensorSpec
+
+    declared = rewrites.normalize(yaml.safe_load("rewrites: [if-to-where]")["rewrites"])
+    io = [TensorSpec("x", (1, 16), "float32")], [TensorSpec("probs", (1, 4), "float32"),
+                                                 TensorSpec("logits", (1, 4), "float32")]
+    graph = packaged_graph(tmp_path, *io, rewrites=declared)
+    for model, sites, refused in ((classifier(), ["pick"], None),
+                                  (classifier(branch_with(17)), [], ["If node 'pick': its then branch has 17 nodes "
+                                                                     "(at most 16 are computed both ways)"])):
+        onnx.save(model, str(tmp_path / "m.onnx"))
+        record = packaged.export(graph, tmp_path / "m.onnx", tmp_path / "out.onnx")
+        [entry] = record["rewrites"]
+        assert entry["name"] == "if-to-where" and entry["sites"] == sites and entry.get("refused") == refused
+        assert ("If" in ops(onnx.load(str(tmp_path / "out.onnx")))) == bool(refused)
