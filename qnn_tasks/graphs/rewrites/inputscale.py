@@ -29,6 +29,7 @@ from qnn_tasks.graphs.rewrites.graphtools import (
     infer_shapes,
     label,
     outer_names,
+    splice,
     subgraphs,
 )
 
@@ -58,12 +59,10 @@ def plan(model: onnx.ModelProto, input_name: str) -> Plan:
     found = Plan(input_name, {input_name: Fraction(1)})
     degrees = found.degrees
     for index, node in enumerate(graph.node):
-        scaled = [i for i in node.input if i in degrees]
-        if any(degrees.keys() & _subgraph_reads(node)):
+        if degrees.keys() & _subgraph_reads(node):
             found.refusal = f"{node.op_type} node '{label(node)}' reads a scaled tensor inside its subgraph"
-        if not scaled or found.refusal:
-            if found.refusal:
-                return found
+            return found
+        if not any(i in degrees for i in node.input):
             continue
         outcome = _degree(node, index, degrees, constants, found)
         if isinstance(outcome, str):
@@ -116,7 +115,10 @@ def _degree(node, index: int, degrees: dict[str, Fraction], constants, found: Pl
         exponent = _scalar(constants.get(node.input[1]))
         if exponent is None or d[1]:
             return "raises to a power that is not a constant"
-        return d[0] * Fraction(exponent).limit_denominator(64)
+        power = Fraction(exponent).limit_denominator(64)
+        if float(power) != exponent:  # s^(d p) must be a small exact fraction of powers of two to be undone
+            return f"raises to the power {exponent:g}, not a simple fraction"
+        return d[0] * power
     if op == "Sqrt":
         return d[0] / 2
     if op == "Reciprocal":
@@ -166,7 +168,7 @@ def scale_input(model: onnx.ModelProto, dry_run: bool = False, input: str | None
     sites = Sites([f"input '{name}'"] + [f"Log node '{label(model.graph.node[i])}'" for i in found.logs]
                   + [f"output '{o}'" for o in found.outputs]
                   + [f"constant '{model.graph.node[i].input[slot]}'" for i, slot, _ in found.constants])
-    if not dry_run:
+    if not dry_run and model.graph.node:
         _apply(model, found, float(factor))
     return sites
 
@@ -188,11 +190,12 @@ def _apply(model: onnx.ModelProto, found: Plan, factor: float) -> None:
     graph = model.graph
     names = Names(graph)
     constants = constant_tensors(graph)
-    log_s = math.log(factor)
+    elem = next(i.type.tensor_type.elem_type for i in graph.input if i.name == found.input)
+    dtype = helper.tensor_dtype_to_np_dtype(elem)  # fp16 I/O gets fp16 constants
 
     def constant(base: str, value) -> str:
         new = names(base)
-        graph.initializer.append(numpy_helper.from_array(np.asarray(value, np.float32), new))
+        graph.initializer.append(numpy_helper.from_array(np.asarray(value, dtype), new))
         return new
 
     for index, slot, degree in found.constants:  # a new copy: the original may be shared with unscaled nodes
@@ -200,37 +203,32 @@ def _apply(model: onnx.ModelProto, found: Plan, factor: float) -> None:
         value = numpy_helper.to_array(constants[node.input[slot]])
         node.input[slot] = constant(f"{node.input[slot]}_scaled", value * factor ** float(degree))
     degrees = found.degrees
-    scaled_input = names(f"{found.input}_scaled")
-    after: dict[int, list] = {}  # node index -> nodes to put right after it
-    for index in found.logs:
+    replacements: dict[int, list] = {}  # node index -> the nodes that take its place (itself first)
+    for index in found.logs:  # log(s^d x) - d log s = log x
         node = graph.node[index]
         degree = degrees[next(i for i in node.input if i in degrees)]
         raw = names(f"{node.output[0]}_scaled")
-        offset = constant(f"{label(node)}_offset", float(degree) * log_s)
-        after[index] = [helper.make_node("Sub", [raw, offset], [node.output[0]], name=names(f"{label(node)}_unscale"))]
+        offset = constant(f"{label(node)}_offset", float(degree) * math.log(factor))
+        unscale = helper.make_node("Sub", [raw, offset], [node.output[0]], name=names(f"{label(node)}_unscale"))
         node.output[0] = raw
+        replacements[index] = [node, unscale]
     unscale_outputs = []
-    for out in found.outputs:
+    for out in found.outputs:  # the graph output gets s^-d x its scaled value; nodes inside keep reading the latter
         raw = names(f"{out}_scaled")
         for node in graph.node:
             node.input[:] = [raw if i == out else i for i in node.input]
             node.output[:] = [raw if o == out else o for o in node.output]
         back = constant(f"{out}_unscale_factor", factor ** -float(degrees[out]))
         unscale_outputs.append(helper.make_node("Mul", [raw, back], [out], name=names(f"{out}_unscale")))
+    scaled_input = names(f"{found.input}_scaled")
     for node in graph.node:
         node.input[:] = [scaled_input if i == found.input else i for i in node.input]
-    nodes = [helper.make_node("Mul", [found.input, constant(f"{found.input}_factor", factor)], [scaled_input],
-                              name=names(f"{found.input}_scale"))]
-    for index, node in enumerate(graph.node):
-        nodes += [node] + after.get(index, [])
-    nodes += unscale_outputs
-    copies = []
-    for node in nodes:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        copies.append(copy)
-    del graph.node[:]
-    graph.node.extend(copies)
+    scale = helper.make_node("Mul", [found.input, constant(f"{found.input}_factor", factor)], [scaled_input],
+                             name=names(f"{found.input}_scale"))
+    last = len(graph.node) - 1
+    replacements[0] = [scale] + replacements.get(0, [graph.node[0]])
+    replacements[last] = replacements.get(last, [graph.node[last]]) + unscale_outputs
+    splice(graph, replacements)
     infer_shapes(model)
 
 
