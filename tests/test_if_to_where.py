@@ -88,6 +88,11 @@ def branch_with(node_count):
                          helper.make_node("Add", ["score_a", "noise"], ["sharp"]),
                          helper.make_node("Softmax", ["sharp"], ["p"], axis=-1)]),
      "its then branch is not pure (RandomUniformLike node 'noise')"),
+    (lambda: classifier([helper.make_node("If", ["positive"], ["p"], name="inner", then_branch=helper.make_graph(
+        [helper.make_node("Softmax", ["score_a"], ["pa"], axis=-1)], "t", [], [value("pa", (1, 4))]),
+        else_branch=helper.make_graph([helper.make_node("Softmax", ["score_b"], ["pb"], axis=-1)], "e", [],
+                                      [value("pb", (1, 4))]))]),
+     "its then branch holds control flow (If node 'inner')"),
 ])
 def test_if_to_where_refuses_with_the_reason(model, reason):
     model = model()
