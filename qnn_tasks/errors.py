@@ -31,5 +31,13 @@ class StageError(QnnTasksError):
         self.record = record or {}
 
 
+class RewriteError(QnnTasksError):
+    """A declared rewrite cannot do what it was asked exactly (the export stage makes it one model.yaml line)."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(f"{problem} (fix: {fix})")
+        self.problem, self.fix = problem, fix
+
+
 class ToolchainError(QnnTasksError):
     """The toolchain is missing, misconfigured, or crashed."""

@@ -212,7 +212,7 @@ def assert_spec_error(project: Project, *fragments: str) -> str:
 
 SPEC_CASES = [
     pytest.param(f"    rewrites: {ALL_REWRITES}", "    rewrites: [fold-if, pow-squared]",
-                 ["graphs.hazards.rewrites: unknown rewrite 'pow-squared'", "known rewrites: fold-if, centred-variance",
+                 ["graphs.hazards.rewrites: unknown rewrite 'pow-squared'", "known rewrites: fold-if, if-to-where, centred-variance",
                   "pow-square"], id="unknown-rewrite"),
     pytest.param(f"    rewrites: {ALL_REWRITES}", "    rewrites: [{finite-mask: {value: -1.0e9}}]",
                  ["graphs.hazards.rewrites", "finite-mask value must be a negative number >= -65504"], id="bad-rewrite-option"),

@@ -435,7 +435,7 @@ def test_apply_runs_in_catalogue_order_whatever_the_declared_order():
 
 
 @pytest.mark.parametrize("declared, problem", [
-    (["pow-squared"], "unknown rewrite 'pow-squared'; known rewrites: fold-if, centred-variance, pow-square"),
+    (["pow-squared"], "unknown rewrite 'pow-squared'; known rewrites: fold-if, if-to-where, centred-variance, pow-square"),
     (["neg", "neg"], "declared twice"),
     ([{"finite-mask": {"value": float("-inf")}}], "finite-mask value must be a negative number >= -65504"),
     ([{"finite-mask": {"valu": -1.0}}], "unknown option 'valu'"),

@@ -61,7 +61,7 @@ def export(graph: GraphSpec, source: Path | None, out_path: Path, skip: Iterable
     except boundary.BoundaryError as err:
         raise StageError(f"{source_where(graph)}: {source.name}: {err} "
                          f"(fix: {err.fix.replace('<graph>', graph.name)})") from None
-    report = rewrites.apply(model, graph.rewrites, skip=skip)
+    report = apply_rewrites(graph, model, skip)
     graphtools.remove_dead(model.graph)
     try:
         onnx.checker.check_model(model)
@@ -78,9 +78,17 @@ def rewrite_file(graph: GraphSpec, path: Path) -> list[dict[str, Any]]:
     import onnx
 
     model = onnx.load(str(path))
-    report = rewrites.apply(model, graph.rewrites)
+    report = apply_rewrites(graph, model)
     onnx.save(model, str(path))
     return report
+
+
+def apply_rewrites(graph: GraphSpec, model, skip: Iterable[str] = ()) -> list[dict[str, Any]]:
+    """The graph's declared rewrites; one that cannot do its job exactly is one line naming its model.yaml key."""
+    try:
+        return rewrites.apply(model, graph.rewrites, skip=skip)
+    except rewrites.RewriteError as err:
+        raise StageError(f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.rewrites: {err}") from None
 
 
 def reference(graph: GraphSpec, source: Path | None, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:

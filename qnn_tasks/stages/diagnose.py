@@ -72,6 +72,8 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     if first and method != "bisect":
         first = cancellation_source(model, nodes, first, cpu, threshold) or first
     detail = explain(model, first, cpu, npu, inputs, precision) if first else None
+    if detail and precision == "fp16":
+        advise_scale_input(model, detail, [{**i, **c} for i, c in zip(inputs, cpu)], graph)
     record = {"threshold_rel_max_abs": threshold, "jump_factor": JUMP, "samples": len(inputs), "method": method,
               "shipped_binary_failed": shipped_failed,
               "diagnostic_reproduces_failure": reproduced, "final_output_violations": final_violations,
@@ -343,6 +345,39 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray],
         found.append({"hazard": "fp16 underflow", "why": f"inputs at the worst element are tiny ({min(values):.2g}) for fp16",
                       "fix": "rescale at export, or keep this part of the graph out of fp16"})
     return found
+
+
+def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.ndarray]], graph: GraphSpec) -> None:
+    """An fp16 overflow that a graph input's scale reaches exactly: advise scale-input with a computed factor.
+
+    Not w8a16: its calibrated 16-bit range made the STFT conv this was seen in worse. `values` are the CPU
+    tensors (inputs included) per sample; the factor fits every scaled tensor they show.
+    """
+    from qnn_tasks.graphs.rewrites import inputscale, yaml_fix
+
+    overflow = next((h for h in detail["hazards"] if h["hazard"] == "fp16 overflow"), None)
+    if overflow is None:
+        return
+    for name in inputscale.float_inputs(model):
+        found = inputscale.plan(model, name)
+        if detail["tensor"] not in found.degrees:
+            continue
+        if found.refusal:
+            overflow["fix"] = (f"scaling input '{name}' by a power of two would keep this node in range, but the scale "
+                               f"cannot be undone exactly ({found.refusal}): scale it at export where it can be undone")
+            return
+        maxima = {t: max(float(np.abs(v[t]).max(initial=0.0)) for v in values) for t in found.degrees if t in values[0]}
+        factor = inputscale.advised_factor(found, maxima, FP16_MAX)
+        if factor is None:
+            return
+        entry = f"{{scale-input: {{input: {name}, factor: {factor}}}}}"
+        where = (f"set scale-input to {entry} in graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml"
+                 if "scale-input" in graph.rewrites else yaml_fix(entry, graph.name, graph.model, graph.rewrites))
+        overflow["fix"] = (f"{where}: input '{name}' times {factor} keeps every tensor it reaches under "
+                           f"{FP16_MAX / inputscale.HEADROOM:g} on these samples, and the scale is undone exactly "
+                           "(after a Log, or at the outputs)")
+        overflow["rewrite"] = {"scale-input": {"input": name, "factor": str(factor)}}
+        return
 
 
 def _value_at(name: str, worst: tuple[int, ...], shape: tuple[int, ...], cpu, inputs, initializers) -> float | None:

@@ -122,7 +122,7 @@ def _io_findings(model) -> list[Finding]:
 def _node_findings(model, graph: GraphSpec) -> list[Finding]:
     from onnx import numpy_helper
 
-    from qnn_tasks.graphs.rewrites import foldif, graphtools
+    from qnn_tasks.graphs.rewrites import foldif, graphtools, ifwhere
 
     constants = graphtools.constant_tensors(model.graph)
     consumers: dict[str, list] = {}
@@ -130,12 +130,14 @@ def _node_findings(model, graph: GraphSpec) -> list[Finding]:
         for name in n.input:
             consumers.setdefault(name, []).append(n)
     conditions = {c.node: c for c in foldif.conditions(model)}
+    selects = {c.node: c for c in ifwhere.candidates(model)}
     findings = []
     for node in model.graph.node:
         where = onnxinfo.node_label(node)
         if node.op_type in onnxinfo.CONTROL_FLOW_OPS:
             findings.append(Finding("control-flow", "error", where, "control flow does not run on HTP",
-                                    _control_flow_fix(conditions.get(node.name or node.output[0]), graph),
+                                    _control_flow_fix(conditions.get(node.name or node.output[0]),
+                                                      selects.get(node.name or node.output[0]), graph),
                                     "compatibility: the graph does not compile with it"))
         elif onnxinfo.is_quantized(node):
             findings.append(Finding("int8-in-onnx", "error", where, "int8 quantization inside the ONNX",
@@ -150,18 +152,27 @@ def _node_findings(model, graph: GraphSpec) -> list[Finding]:
     return findings
 
 
-def _control_flow_fix(condition, graph: GraphSpec) -> str:
-    """fold-if when the If's condition is (or can be made) a constant; otherwise fix it at export."""
+def _control_flow_fix(condition, select, graph: GraphSpec) -> str:
+    """fold-if when the If's condition is (or can be made) a constant; if-to-where when its branches are pure and
+    cheap (`select`: its ifwhere.Candidate); otherwise fix it at export."""
     from qnn_tasks.graphs.rewrites import yaml_fix
 
     if condition is not None and condition.value is not None:
         return f"{yaml_fix('fold-if', graph.name, graph.model, graph.rewrites)} to constant-fold the condition (it is a constant)"
+    fold = ""
     if condition is not None and condition.blockers:
         fixed = ", ".join(f"{b}: <value>" for b in condition.blockers)
-        return (f"if the condition's input(s) {', '.join(condition.blockers)} are fixed in deployment, add "
+        fold = (f"if the condition's input(s) {', '.join(condition.blockers)} are fixed in deployment, add "
                 f"\"constant_inputs: {{{fixed}}}\" and \"rewrites: [fold-if]\" to graphs.{graph.name} in "
-                f"models/{graph.model}/model.yaml; else fix the branch at export")
-    return "fix the branch/length at export (constant-fold the condition, unroll the loop)"
+                f"models/{graph.model}/model.yaml")
+    if select is not None and not select.reason:
+        where = (f"{yaml_fix('if-to-where', graph.name, graph.model, graph.rewrites)}: it computes both branches and "
+                 "picks with Where (both are pure and cheap)")
+        return where + (f"; or, {fold}" if fold else "")
+    refused = f"if-to-where does not apply: {select.reason}; " if select is not None else ""
+    if fold:
+        return f"{refused}{fold}; else fix the branch at export"
+    return f"{refused}fix the branch/length at export (constant-fold the condition, unroll the loop)"
 
 
 def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:

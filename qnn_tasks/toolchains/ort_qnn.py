@@ -41,7 +41,8 @@ FALLBACK_HINTS = {
     "Clip": 'its min/max is computed: add "rewrites: [clip-computed]" to the graph in model.yaml (Max/Min run on HTP)',
     "Pow": 'for Pow(x, 2) add "rewrites: [pow-square]" to the graph in model.yaml (Mul(x, x))',
     "If": 'add "rewrites: [fold-if]" to the graph in model.yaml (with constant_inputs for what its condition reads), '
-          "or constant-fold the condition at export",
+          'or for a data-dependent condition with pure, cheap branches "rewrites: [if-to-where]" (doit lint says which '
+          "applies), or constant-fold the condition at export",
     "Loop": "unroll at export", "Scan": "unroll at export",
     # measured on SM7550 (w8a16 only): ReduceL2's inner multiply stays float and is refused (3110);
     # the same norm written out quantizes and runs on HTP

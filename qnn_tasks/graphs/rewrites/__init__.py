@@ -19,6 +19,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
+from qnn_tasks.errors import RewriteError
+
 if TYPE_CHECKING:
     import onnx
 
@@ -35,12 +37,17 @@ class Rewrite:
     options: dict[str, Any] = field(default_factory=dict)  # option -> default
 
 
-# In the order they are applied: fold-if first (it exposes the taken branch's nodes), the variance
+# In the order they are applied: fold-if first (it exposes the taken branch's nodes), if-to-where on the Ifs it
+# leaves (data-dependent conditions), the variance
 # pattern before pow-square (it matches Pow or Mul squares and removes them itself).
 CATALOGUE: dict[str, Rewrite] = {r.name: r for r in (
     Rewrite("fold-if", "foldif", "fold_if",
             "an If whose condition is constant once the shapes and constant_inputs are fixed keeps only the taken branch",
             "compatibility: control flow does not compile for HTP"),
+    Rewrite("if-to-where", "ifwhere", "if_to_where",
+            "an If with a data-dependent condition and pure, cheap branches (no nested control flow or random ops, "
+            "<= 16 nodes each, outputs of the same shape and dtype) computes both and picks with Where",
+            "compatibility: the If runs on CPU (the build fails unless allow_cpu_fallback)"),
     Rewrite("centred-variance", "reductions", "centred_variance",
             "variance as E[x^2] - E[x]^2 (means as ReduceMean or ReduceSum x 1/N) becomes E[(x - E[x])^2]",
             "accuracy: a LayerNorm computed so gave cosine 0.54 on HTP fp16, 0.99992 after the rewrite"),
@@ -52,6 +59,11 @@ CATALOGUE: dict[str, Rewrite] = {r.name: r for r in (
             "speed: the node runs on CPU (the build fails unless allow_cpu_fallback)"),
     Rewrite("neg", "elementwise", "neg", "Neg(x) becomes Sub(0, x)",
             "compatibility: the QAIRT toolchain fails on it (ort-qnn runs it on HTP)"),
+    Rewrite("scale-input", "inputscale", "scale_input",
+            "a graph input is multiplied by a power of two (factor) and the scale undone exactly where it ends: "
+            "after a Log (- d log s), at an output (x s^-d); constants beside scaled tensors are scaled with them",
+            "accuracy: an early node (an STFT conv on int16-scale audio) overflows fp16's 65504 and saturates",
+            {"input": None, "factor": None}),
     Rewrite("finite-mask", "elementwise", "finite_mask",
             "float constants below -65504 (-inf, finfo(float32).min) become a finite value, except where they only seed a Max",
             "accuracy: in fp16 it is -inf (0 * -inf = NaN), and it wrecks 8-bit quantization ranges",
@@ -104,7 +116,38 @@ def _options(rewrite: Rewrite, options: Any) -> dict[str, Any]:
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not -FP16_MAX <= value < 0:
             raise ValueError(f"finite-mask value must be a negative number >= -65504 (fp16's lowest), got {value!r}")
         merged["value"] = float(value)
+    if rewrite.name == "scale-input":
+        merged["factor"] = power_of_two(merged["factor"])
+        if merged["input"] is not None and not isinstance(merged["input"], str):
+            raise ValueError(f"scale-input input must be the name of a graph input, got {merged['input']!r}")
     return merged
+
+
+def power_of_two(value: Any) -> float:
+    """scale-input's factor: a number or "1/64" / "2^-6", a power of two other than 1 (scaling by it is exact)."""
+    from fractions import Fraction
+
+    problem = (f"scale-input factor must be a power of two such as 1/64 (doit diagnose advises one), got {value!r}")
+    if value is None:
+        raise ValueError("scale-input needs a factor: a power of two such as 1/64 (doit diagnose advises one)")
+    try:
+        if isinstance(value, str) and "^" in value:
+            base, exponent = value.split("^")
+            number = Fraction(int(base)) ** int(exponent)
+        elif isinstance(value, bool):
+            raise ValueError(problem)
+        else:
+            number = Fraction(value)
+    except (TypeError, ValueError, ZeroDivisionError, OverflowError):
+        raise ValueError(problem) from None
+    if number <= 0 or number == 1 or not _is_power_of_two(number) or not 2 ** -40 <= number <= 2 ** 40:
+        raise ValueError(problem)
+    return float(number)
+
+
+def _is_power_of_two(number) -> bool:
+    top, bottom = number.numerator, number.denominator
+    return (top == 1 or bottom == 1) and (top & (top - 1)) == 0 and (bottom & (bottom - 1)) == 0
 
 
 def function(name: str) -> Callable[..., list[str]]:
@@ -117,7 +160,7 @@ def apply(model: onnx.ModelProto, rewrites: Iterable[str] | Mapping[str, Any], s
     """Apply the named rewrites to `model` (an onnx.ModelProto, edited in place), in catalogue order.
 
     Returns one entry per rewrite: {"name", "count", "sites"} (sites: the node or constant names
-    changed). Dead nodes and unused initializers are removed, and shapes re-inferred, afterwards.
+    changed), plus "refused" (sites it matched and declined, each with its reason) when there are any. Dead nodes and unused initializers are removed, and shapes re-inferred, afterwards.
     """
     from qnn_tasks.graphs.rewrites import graphtools
 
@@ -126,8 +169,14 @@ def apply(model: onnx.ModelProto, rewrites: Iterable[str] | Mapping[str, Any], s
     report = []
     for name in NAMES:
         if name in wanted and name not in skipped:
-            sites = function(name)(model, **wanted[name])
-            report.append({"name": name, "count": len(sites), "sites": sites})
+            try:
+                sites = function(name)(model, **wanted[name])
+            except RewriteError as err:
+                raise RewriteError(f"{name}: {err.problem}", err.fix) from None
+            entry = {"name": name, "count": len(sites), "sites": list(sites)}
+            if getattr(sites, "refused", None):
+                entry["refused"] = list(sites.refused)
+            report.append(entry)
             graphtools.remove_dead(model.graph)  # what a rewrite replaced must not match the next one
     graphtools.infer_shapes(model)
     return report

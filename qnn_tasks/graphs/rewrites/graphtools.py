@@ -78,6 +78,17 @@ def all_names(graph: onnx.GraphProto) -> set[str]:
     return names
 
 
+class Sites(list):
+    """The sites a rewrite changed (a list of names), plus the sites it looked at and refused, with the reason.
+
+    A rewrite that declines a site it matched says why (the export record and lint show it).
+    """
+
+    def __init__(self, changed=(), refused=()) -> None:
+        super().__init__(changed)
+        self.refused: list[str] = list(refused)
+
+
 class Names:
     """Fresh names that collide with nothing in the model."""
 

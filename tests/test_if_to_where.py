@@ -1,0 +1,197 @@
+"""if-to-where on a classifier that picks between two scores by a data-dependent condition (issue 22).
+
+Real onnx and onnxruntime for the CPU equality on inputs that take both branches; one real compile and
+simulator run (fp16, SM8650) shows the If graph leaves the If on CPU and the rewritten graph runs whole on the NPU.
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+from test_rewrites import const, graph_spec, model_of, ops, rewritten, run
+
+from qnn_tasks.graphs import rewrites
+from qnn_tasks.graphs.rewrites import ifwhere
+from qnn_tasks.stages.lint import find_problems
+
+F = TensorProto.FLOAT
+RNG = np.random.default_rng(22)
+
+
+def value(name, shape, dtype=F):
+    return helper.make_tensor_value_info(name, dtype, list(shape))
+
+
+def classifier(then_nodes=None, else_shape=(1, 4)):
+    """probs, logits = If(sum(x) > 0): (softmax(2 * score_a), score_a) else (softmax(score_b), score_b).
+
+    Both branches name their inner tensors 'p' and 'logit' (a clash once both are inlined); they read the outer
+    scores, the then branch reads its own output 'logit' and has an initializer of its own."""
+    then_nodes = then_nodes or [helper.make_node("Mul", ["logit", "sharpen"], ["sharp"]),  # reads its own output
+                                helper.make_node("Softmax", ["sharp"], ["p"], axis=-1)]
+    then_g = helper.make_graph([helper.make_node("Identity", ["score_a"], ["logit"])] + then_nodes, "then", [],
+                               [value("p", (1, 4)), value("logit", (1, 4))], [const("sharpen", 2.0)])
+    else_out = "p" if else_shape == (1, 4) else "q"
+    else_nodes = [helper.make_node("Softmax", ["score_b"], ["p"], axis=-1),
+                  helper.make_node("Identity", ["score_b"], ["logit"])]
+    if else_shape != (1, 4):
+        else_nodes.append(helper.make_node("Concat", ["p", "p"], ["q"], axis=-1))
+    else_g = helper.make_graph(else_nodes, "else", [], [value(else_out, else_shape), value("logit", (1, 4))])
+    nodes = [helper.make_node("MatMul", ["x", "wa"], ["score_a"], name="head_a"),
+             helper.make_node("MatMul", ["x", "wb"], ["score_b"], name="head_b"),
+             helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0, name="total"),
+             helper.make_node("Greater", ["total", "zero"], ["positive"], name="positive"),
+             helper.make_node("If", ["positive"], ["probs", "logits"], name="pick", then_branch=then_g,
+                              else_branch=else_g)]
+    return model_of(nodes, [value("x", (1, 16))], [value("probs", (1, 4)), value("logits", (1, 4))],
+                    [const("wa", RNG.standard_normal((16, 4))), const("wb", RNG.standard_normal((16, 4))),
+                     const("zero", 0.0)])
+
+
+def feeds_both_ways(count=6):
+    """Inputs whose sum is positive, then negative, alternately: both branches are taken."""
+    feeds = []
+    for i in range(count):
+        x = RNG.standard_normal((1, 16)).astype(np.float32)
+        x += np.float32((1 if i % 2 == 0 else -1) * 0.5 - x.mean())
+        feeds.append({"x": x})
+    assert {bool(f["x"].sum() > 0) for f in feeds} == {True, False}
+    return feeds
+
+
+def test_if_to_where_is_exact_on_cpu_for_both_branches():
+    model = classifier()
+    sites, after = rewritten(model, "if-to-where")
+    assert sites == ["pick"]
+    assert "If" not in ops(after) and ops(after).count("Where") == 2
+    assert ops(after).count("Softmax") == 2  # both branches are computed
+    for feeds in feeds_both_ways():
+        for a, b in zip(run(model, feeds), run(after, feeds)):
+            assert a.shape == b.shape and a.dtype == b.dtype
+            np.testing.assert_array_equal(b, a)
+
+
+def branch_with(node_count):
+    """A then branch of `node_count` nodes (its logit Identity included)."""
+    relus = node_count - 3
+    return [helper.make_node("Mul", ["logit", "sharpen"], ["t0"])] + \
+        [helper.make_node("Relu", [f"t{i}"], [f"t{i + 1}"]) for i in range(relus)] + \
+        [helper.make_node("Softmax", [f"t{relus}"], ["p"], axis=-1)]
+
+
+@pytest.mark.parametrize("model, reason", [
+    (lambda: classifier(else_shape=(1, 8)), "output 'probs' differs between the branches: then float32 [1, 4], "
+                                            "else float32 [1, 8] (Where needs the same shape and dtype)"),
+    (lambda: classifier(branch_with(17)), "its then branch has 17 nodes (at most 16 are computed both ways)"),
+    (lambda: classifier([helper.make_node("RandomUniformLike", ["score_a"], ["noise"], name="noise"),
+                         helper.make_node("Add", ["score_a", "noise"], ["sharp"]),
+                         helper.make_node("Softmax", ["sharp"], ["p"], axis=-1)]),
+     "its then branch is not pure (RandomUniformLike node 'noise')"),
+    (lambda: classifier([helper.make_node("If", ["positive"], ["p"], name="inner", then_branch=helper.make_graph(
+        [helper.make_node("Softmax", ["score_a"], ["pa"], axis=-1)], "t", [], [value("pa", (1, 4))]),
+        else_branch=helper.make_graph([helper.make_node("Softmax", ["score_b"], ["pb"], axis=-1)], "e", [],
+                                      [value("pb", (1, 4))]))]),
+     "its then branch holds control flow (If node 'inner')"),
+])
+def test_if_to_where_refuses_with_the_reason(model, reason):
+    model = model()
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    [report] = rewrites.apply(model, ["if-to-where"])
+    assert report["count"] == 0 and report["refused"] == [f"If node 'pick': {reason}"]
+    assert "If" in ops(model)
+    [line] = [f.line() for f in find_problems(model, graph_spec()) if f.rule == "control-flow"]
+    assert f"if-to-where does not apply: {reason}" in line
+
+
+def test_branch_sizes_up_to_the_bound_are_rewritten():
+    assert ifwhere.MAX_BRANCH_NODES == 16  # the bound the catalogue's summary states
+    sites, after = rewritten(classifier(branch_with(ifwhere.MAX_BRANCH_NODES)), "if-to-where")
+    assert sites == ["pick"]
+
+
+def test_a_constant_condition_is_left_to_fold_if():
+    model = classifier()
+    model.graph.node[3].input[1] = "zero"
+    model.graph.node[3].input[0] = "zero"  # Greater(0, 0): constant False
+    [report] = rewrites.apply(model, ["if-to-where"])
+    assert report["count"] == 0 and "fold-if" in report["refused"][0]
+
+
+def test_lint_suggests_if_to_where_for_a_data_dependent_condition():
+    [line] = [f.line() for f in find_problems(classifier(), graph_spec()) if f.rule == "control-flow"]
+    assert 'add "rewrites: [if-to-where]" to graphs.g in models/m/model.yaml' in line
+    assert "computes both branches and picks with Where" in line
+
+
+def sm8650_fp16(tmp_path, inputs, outputs):
+    """(toolchain, chip row, provider options) of a real fp16 build for SM8650: the examples' row and ort-qnn profile."""
+    from conftest import EXAMPLES
+    from test_yaml_defects import packaged_graph
+
+    from qnn_tasks.spec.project import load_socs, load_toolchain
+    from qnn_tasks.toolchains import from_profile
+
+    soc = load_socs(EXAMPLES / "socs" / "socs.yaml")["SM8650"]
+    toolchain = from_profile(load_toolchain(EXAMPLES, "ort-qnn"))
+    graph = packaged_graph(tmp_path, inputs, outputs)
+    return toolchain, soc, toolchain.write_config(graph, "fp16", soc, tmp_path)["provider_options"]
+
+
+def compile_and_simulate(model, path, feeds, toolchain, options):
+    """Compile `model` (saved at `path`), run it on the simulator with CPU fallback disabled: (outputs, partition)."""
+    from qnn_tasks.devices import simulator
+    from qnn_tasks.toolchains.ort_qnn import cpu_partition
+
+    onnx.save(model, str(path))
+    compiled = toolchain.compile_variant(path, options, path.parent / f"{path.stem}_compiled")
+    outputs, _, _ = simulator.run(compiled, options, feeds, path.parent / f"{path.stem}_simulator.log")
+    return outputs, cpu_partition(compiled)
+
+
+def test_if_to_where_puts_the_whole_classifier_on_the_npu(tmp_path):
+    """Real compiles for SM8650 (fp16): the If graph leaves the If on CPU; the rewritten graph is one NPU partition
+    and the simulator (CPU fallback disabled) agrees with the CPU on inputs that take both branches."""
+    from qnn_tasks.judge import metrics
+    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.toolchains.ort_qnn import cpu_partition
+
+    toolchain, _, options = sm8650_fp16(tmp_path, [TensorSpec("x", (1, 16), "float32")],
+                                     [TensorSpec("probs", (1, 4), "float32")])
+    model = classifier()
+    onnx.save(model, str(tmp_path / "if.onnx"))
+    if_partition = cpu_partition(toolchain.compile_variant(tmp_path / "if.onnx", options, tmp_path / "if_compiled"))
+    assert [n["op_type"] for n in if_partition["cpu_nodes"]] == ["If"]
+
+    _, after = rewritten(model, "if-to-where")
+    feeds = feeds_both_ways(4)
+    simulated, partition = compile_and_simulate(after, tmp_path / "where.onnx", feeds, toolchain, options)
+    assert partition["cpu_nodes"] == [] and partition["npu_partitions"] == 1
+    cpu = np.stack([run(model, f)[0] for f in feeds])
+    npu = np.stack([s["probs"] for s in simulated])
+    cosine = metrics.cosine(cpu, npu)
+    print(f"if-to-where, fp16 SM8650: probs cosine {cosine:.6f}, max-abs {np.abs(cpu - npu).max():.3g}")
+    assert cosine > 0.999 and (cpu.argmax(-1) == npu.argmax(-1)).all()
+
+
+def test_if_to_where_declared_in_model_yaml_is_applied_by_the_export_stage(tmp_path):
+    """`rewrites: [if-to-where]` on a packaged ONNX: the export record names the If; a refused one says why."""
+    import yaml
+    from test_yaml_defects import packaged_graph
+
+    from qnn_tasks.graphs import packaged
+    from qnn_tasks.spec.project import TensorSpec
+
+    declared = rewrites.normalize(yaml.safe_load("rewrites: [if-to-where]")["rewrites"])
+    io = [TensorSpec("x", (1, 16), "float32")], [TensorSpec("probs", (1, 4), "float32"),
+                                                 TensorSpec("logits", (1, 4), "float32")]
+    graph = packaged_graph(tmp_path, *io, rewrites=declared)
+    for model, sites, refused in ((classifier(), ["pick"], None),
+                                  (classifier(branch_with(17)), [], ["If node 'pick': its then branch has 17 nodes "
+                                                                     "(at most 16 are computed both ways)"])):
+        onnx.save(model, str(tmp_path / "m.onnx"))
+        record = packaged.export(graph, tmp_path / "m.onnx", tmp_path / "out.onnx")
+        [entry] = record["rewrites"]
+        assert entry["name"] == "if-to-where" and entry["sites"] == sites and entry.get("refused") == refused
+        assert ("If" in ops(onnx.load(str(tmp_path / "out.onnx")))) == bool(refused)
