@@ -250,19 +250,22 @@ def test_docs_build_strictly(site):
     assert not (ROOT / "site").exists(), "the docs are built into a temporary folder, never into the repository"
 
 
-def test_a_broken_link_or_anchor_fails_the_build(tmp_path):
-    """The validation settings in mkdocs.yml, with --strict, make a missing page or anchor an error."""
+def test_a_broken_link_or_anchor_fails_the_build(site, tmp_path):
+    """The validation settings in mkdocs.yml, with --strict, make a missing page or anchor an error, and so does a
+    page left out of nav (the unchanged docs build: see the `site` fixture)."""
     shutil.copy(ROOT / "mkdocs.yml", tmp_path / "mkdocs.yml")
     shutil.copytree(DOCS, tmp_path / "docs")
-    for broken, message in (("[x](socs.md#no-such-anchor)", "does not contain an anchor '#no-such-anchor'"),
-                            ("[x](no-such-page.md)", "'no-such-page.md', but the target is not found"),
-                            ("[x](#nowhere-here)", "'#nowhere-here', but there is no such anchor on this page")):
-        page = tmp_path / "docs" / "index.md"
-        good = page.read_text()
-        page.write_text(good + f"\n{broken}\n")
-        run = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
-        page.write_text(good)
-        assert run.returncode != 0 and message in run.stderr, (broken, run.stderr)
+    page = tmp_path / "docs" / "index.md"
+    broken = {"[x](socs.md#no-such-anchor)": "'socs.md' does not contain an anchor '#no-such-anchor'",
+              "[x](no-such-page.md)": "'no-such-page.md', but the target is not found",
+              "[x](#nowhere-here)": "'#nowhere-here', but there is no such anchor on this page"}
+    page.write_text(page.read_text() + "\n" + "\n".join(broken) + "\n")
+    (tmp_path / "docs" / "orphan.md").write_text("# Orphan\n\nA page no nav entry lists.\n")
+    broken["orphan.md"] = "are not included in the \"nav\" configuration:\n  - orphan.md"
+    run = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "site")
+    assert run.returncode != 0, run.stderr
+    for link, message in broken.items():
+        assert message in run.stderr, (link, run.stderr)
 
 
 class _Ids(HTMLParser):
