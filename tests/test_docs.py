@@ -322,7 +322,8 @@ def test_examples_say_what_they_are_and_skips_are_few():
     assert kinds.count("model") >= 5 and kinds.count("excerpt") >= 3, kinds
     assert kinds.count("socs") >= 1 and kinds.count("toolchain") >= 2, kinds
     media = [b for b, k in zip(blocks, kinds) if k == "model" and any(
-        set((g or {}).get("samples") or {}) & {"image", "audio", "raw"} for g in yaml.safe_load(b.text)["graphs"].values())]
+        set((g or {}).get("samples") or {}) & {"image", "audio", "raw"}
+        for g in yaml.safe_load(b.text)["graphs"].values())]
     assert len(media) >= 3, [b.where for b in media]
     # a spec shown in a block without the yaml tag would escape these checks
     for doc in DOC_FILES:
@@ -342,7 +343,8 @@ def documented(pattern: str) -> Block:
     (r"# models/my-classifier/", "centred-variance", "centred-varience",
      r"models/my-classifier/model.yaml: graphs.classifier.rewrites: unknown rewrite 'centred-varience'"),
     (r"# models/detector/", "resize: letterbox", "resize: letterbx", r"graphs.detector.samples.image.resize"),
-    (r"# socs/socs.yaml", "vtcm_mb: 8, runs: [w8a16]", "vtcm_mb: 99, runs: [w8a16]", r"socs/socs.yaml: socs.SM7550.vtcm_mb"),
+    (r"# socs/socs.yaml", "vtcm_mb: 8, runs: [w8a16]", "vtcm_mb: 99, runs: [w8a16]",
+     r"socs/socs.yaml: socs.SM7550.vtcm_mb"),
     (r"# toolchain/ort-qnn.yaml", "options:", "optoins:", r"toolchain/ort-qnn.yaml: optoins"),
     (r"# excerpt of models/silero-vad/model.yaml$", "{state: stateN}", "{state: stateM}", r"loop.feed.state"),
 ])
