@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec.project import load_project
+from qnn_tasks.spec.project import load_project, load_toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -308,6 +308,11 @@ def test_every_page_says_what_it_covers():
 @pytest.mark.parametrize("block", yaml_blocks(), ids=lambda b: b.where)
 def test_documented_yaml_example_loads(block, tmp_path):
     loaded = check_example(block, tmp_path)
+    if loaded is not None and kind_of(block) == "toolchain" and "(packaged" in block.header:
+        shown, packaged = loaded.toolchain, load_toolchain(tmp_path / "empty", loaded.toolchain.name)
+        fields = ("kind", "options", "settings", "packages", "cache", "upgrade")
+        assert [getattr(shown, f) for f in fields] == [getattr(packaged, f) for f in fields], \
+            f"{block.where}: says it is the packaged profile, and is not {packaged.file}"
     if loaded is not None and kind_of(block) == "model":
         data = yaml.safe_load(block.text)
         for graph in loaded.graphs():  # media sources are parsed as such (their model-fitting checks ran)
@@ -357,3 +362,17 @@ def test_a_broken_example_fails_with_the_loaders_line(tmp_path, header, old, new
         check_example(broken, tmp_path)
     message = str(err.value)
     assert message.startswith(good.where + ": ") and "\n" not in message and "(fix: " in message, message
+
+
+def test_the_soc_table_page_shows_the_packaged_table():
+    """docs/socs.md's table of packaged rows and its list of default chips are the packaged socs.yaml's."""
+    from qnn_tasks.spec.project import load_soc_file, packaged_socs_file
+
+    socs, default, _ = load_soc_file(packaged_socs_file())
+    text = (DOCS / "socs.md").read_text()
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
+            if re.match(r"\| [A-Z]{2,3}\d{3,4}[A-Z]* \|", line)]
+    assert [(n, int(i), a, r, note) for n, i, a, r, note in rows] == \
+        [(s.name, s.soc_id, s.dsp_arch, ", ".join(s.runs), s.note) for s in socs.values()]
+    listed = re.search(r"the packaged default, the (\d+) chips the demo builds \(([^)]+)\)", " ".join(text.split()))
+    assert listed and int(listed.group(1)) == len(default) and listed.group(2).split(", ") == default
