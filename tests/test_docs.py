@@ -376,3 +376,10 @@ def test_the_soc_table_page_shows_the_packaged_table():
         [(s.name, s.soc_id, s.dsp_arch, ", ".join(s.runs), s.note) for s in socs.values()]
     listed = re.search(r"the packaged default, the (\d+) chips the demo builds \(([^)]+)\)", " ".join(text.split()))
     assert listed and int(listed.group(1)) == len(default) and listed.group(2).split(", ") == default
+
+
+def test_an_unlabelled_block_fails_and_a_declared_non_spec_is_skipped(tmp_path):
+    unlabelled = Block(DOCS / "index.md", 1, "yaml", "graphs: {}\n")
+    with pytest.raises(ExampleError, match=r"docs/index.md:1: a yaml block must say what it is"):
+        check_example(unlabelled, tmp_path)
+    assert check_example(Block(DOCS / "index.md", 1, "yaml", "# not a spec: a CI workflow\non: push\n"), tmp_path) is None
