@@ -248,6 +248,8 @@ def site(tmp_path_factory) -> Path:
 def test_docs_build_strictly(site):
     assert (site / "index.html").is_file() and (site / "error-codes" / "index.html").is_file()
     assert not (ROOT / "site").exists(), "the docs are built into a temporary folder, never into the repository"
+    for page in site.rglob("*.html"):  # readable offline: no script or style from the internet
+        assert not re.search(r'(src|href)="https?://[^"]+\.(js|css)"', page.read_text()), page
 
 
 def test_a_broken_link_or_anchor_fails_the_build(site, tmp_path):
