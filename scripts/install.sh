@@ -2,7 +2,7 @@
 # Install everything qnn-npu-compile and its examples/tests need, on Debian/Ubuntu x86-64 (Python >= 3.11).
 #   - Debian packages: real audio for the VAD example (alsa-utils sounds, espeak-ng, sox),
 #     chromium (the report's headless-browser check) and adb (doit verify; its tests).
-#   - Python packages: this project with its example models, Dask and test tools. torch is pinned
+#   - Python packages: this project with its example models, Dask, test tools and mkdocs (the docs). torch is pinned
 #     first: an unpinned torch would pull a multi-GB CUDA build.
 #   - The pinned environment of the packaged toolchain profile ort-qnn-2.47 (an older onnxruntime-qnn, made with uv).
 set -euo pipefail
@@ -24,7 +24,7 @@ if [ ${#need[@]} -gt 0 ]; then
 fi
 
 "$PYTHON" -m pip install -q torch==2.13.0
-"$PYTHON" -m pip install -q -e '.[examples,team,test]'
+"$PYTHON" -m pip install -q -e '.[examples,team,test,docs]'
 # The older QNN side by side (profile ort-qnn-2.47, qnn_tasks/data/toolchain/: onnxruntime-qnn 2.3.0 + onnxruntime 1.24.4) in its own
 # environment, made with uv once; the tests build the examples under both toolchains.
 "$PYTHON" -m qnn_tasks.toolchains.envs ort-qnn-2.47

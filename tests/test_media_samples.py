@@ -262,44 +262,7 @@ def test_spec_uncovered_input_is_named(tmp_path):
         load_model(folder, SOCS)
 
 
-# ================================================================ the README's examples are valid specs
-
-def readme_examples() -> list[str]:
-    """The README's model.yaml examples whose samples are media (the model-fitting checks are in them too)."""
-    import yaml
-
-    blocks = (ROOT / "README.md").read_text().split("```yaml\n")[1:]
-    texts = [b.split("```", 1)[0] for b in blocks]
-    return [t for t in texts if t.startswith("# models/") and any(
-        set(g.get("samples") or {}) & {"image", "audio", "raw"} for g in yaml.safe_load(t)["graphs"].values())]
-
-
-@pytest.mark.parametrize("text", readme_examples(), ids=lambda t: t.split("/")[1])
-def test_readme_examples_load(tmp_path, text):
-    import yaml
-
-    data = yaml.safe_load(text)
-    folder = tmp_path / text.split("/")[1]
-    folder.mkdir()
-    (folder / "model.yaml").write_text(text)
-    for graph in data["graphs"].values():
-        for source in [data["source"], graph.get("source") or {}]:
-            if source.get("file"):
-                (folder / source["file"]).write_bytes(b"")
-        for kind, section in (graph.get("samples") or {}).items():
-            if kind == "fill":
-                continue
-            suffix = {"image": ".png", "audio": ".wav"}.get(kind, ".bin")
-            for pattern in section["files"] if isinstance(section["files"], list) else [section["files"]]:
-                target = folder / (pattern.replace("*", "a") if "*" in pattern else f"{pattern}/a{suffix}")
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(b"")
-        for check in (graph.get("verify") or {}).get("checks", []):
-            if "alphabet" in next(iter(check.values())):
-                (folder / next(iter(check.values()))["alphabet"]).write_text("a\nb\n")
-    model = load_model(folder, SOCS)
-    assert all(g.samples and "files" not in g.samples for g in model.graphs)
-    assert len(readme_examples()) >= 3
+# The docs' model.yaml examples (media samples among them) are loaded by tests/test_docs.py.
 
 
 def test_spec_loading_with_media_samples_imports_no_numpy_or_pillow(tmp_path):

@@ -81,7 +81,7 @@ STAGE_RECORD = {"type": ["object", "null"], "required": ["stage", "target", "sta
                 "properties": {"stage": {"type": "string"}, "target": {"type": "string"},
                                "status": {"enum": RECORD_STATUSES}, "seconds": {"type": "number", "minimum": 0},
                                "error": {"type": "string"}}}
-REPORT_SCHEMA = {  # README "Verification and the report"
+REPORT_SCHEMA = {  # docs/verification-and-report.md
     "type": "object", "additionalProperties": False,
     "required": ["schema", "generated", "summary", "toolchains", "graphs", "variants", "targets", "pipelines",
                  "loops", "models_not_buildable", "precision_comparison", "comparison", "compatibility"],
@@ -193,7 +193,7 @@ def report_problems(data: dict, project: Project) -> list[str]:
 
 
 def test_report_json_matches_the_documented_schema(verified):
-    assert documented_top_level_keys() == REPORT_SCHEMA["required"]  # this test's schema is README's
+    assert documented_top_level_keys() == REPORT_SCHEMA["required"]  # this test's schema is the docs'
     data = load_report(verified)
     assert report_problems(data, verified) == []
     assert data["summary"] == {"targets": 4, "passed": 4, "warning": 0, "failed": 0, "stale": 0, "skipped": 0,
@@ -228,10 +228,10 @@ def test_schema_check_rejects_broken_reports(verified):
 
 
 def documented_top_level_keys() -> list[str]:
-    """The top-level keys README's report.json block lists (`{ "schema": ..., "generated": ...,` then
+    """The top-level keys the docs' report.json block lists (`{ "schema": ..., "generated": ...,` then
     one `  "key":` per line)."""
-    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
-    block = readme.split("`build/report/report.json` (schema", 1)[1].split("```", 2)[1]
+    page = (Path(__file__).resolve().parent.parent / "docs" / "verification-and-report.md").read_text()
+    block = page.split("`build/report/report.json` (schema", 1)[1].split("```", 2)[1]
     keys = []
     for line in block.splitlines():
         if line.startswith("{"):

@@ -1,11 +1,11 @@
-"""A gate that cannot be fooled (issue 23, items 4 and 5): the README's CI gate, `doit report` and
+"""A gate that cannot be fooled (issue 23, items 4 and 5): the documented CI gate (docs/team.md), `doit report` and
 the up-to-date checks on the real example build (`verified`: both graphs on SM8650 + SM8750).
 
 Item 4: a report with targets that have no verdict (pending: not built, interrupted, lost) fails
 the documented gate and `doit report`; a run killed after it started stages leaves the previous
 report marked superseded, never looking current. Item 5: a file replaced with its size and mtime
 kept (`cp -p`) or a record with a forged digest is stale and rebuilt, and simulate refuses a
-binary of another chip before running it. The gate is run exactly as the README writes it (jq).
+binary of another chip before running it. The gate is run exactly as docs/team.md writes it (jq).
 """
 from __future__ import annotations
 
@@ -32,19 +32,19 @@ def built(verified, tmp_path) -> Project:
     return copy_project(tmp_path / "project", source=verified.root, with_build=True)
 
 
-def readme_gate() -> str:
-    """The jq expression of the README's CI gate, exactly as documented."""
-    text = (ROOT / "README.md").read_text()
+def documented_gate() -> str:
+    """The jq expression of the CI gate in docs/team.md ("A CI job"), exactly as documented."""
+    text = (ROOT / "docs" / "team.md").read_text()
     gates = re.findall(r"`jq -e '([^']+)' build/report/report\.json`", text)
     assert len(gates) == 1, gates  # one gate, documented once
     return gates[0]
 
 
 def gate_passes(project: Project) -> bool:
-    """Run the README's gate on the project's report.json: with jq when installed (it is here), else the
+    """Run the documented gate on the project's report.json: with jq when installed (it is here), else the
     same condition (terms `.a.b` or `.a.b == N` joined by `and`) evaluated in Python."""
     report = project.path("build/report/report.json")
-    expression = readme_gate()
+    expression = documented_gate()
     if shutil.which("jq"):
         run = subprocess.run(["jq", "-e", expression, str(report)], capture_output=True, text=True, check=False)
         assert run.returncode in (0, 1), run.stderr  # 0: true, 1: false; anything else is a broken gate
@@ -85,7 +85,7 @@ def report_failure(result) -> str:
 # ------------------------------------------------------------------ item 4: nothing verified must not pass
 
 def test_the_documented_gate_passes_a_complete_verified_build(built):
-    assert ".summary.complete" in readme_gate()
+    assert ".summary.complete" in documented_gate()
     result = built.doit("report")
     assert result.returncode == 0, result.stdout + result.stderr
     summary = report_json(built)["summary"]

@@ -238,10 +238,10 @@ def test_w8a16_alone_names_its_targets_without_a_suffix(tmp_path):
     names = {line.split()[0] for line in listing.splitlines() if line.strip()}
     assert {"quantize:scale", "context:scale-SM8650", "simverify:scale-SM8650"} <= names
     assert not any("w8a16" in n for n in names)
-    # ... and README's task table says so (it said `quantize:<graph>-w8a16` whatever the precision list)
+    # ... and the docs' task table says so (it said `quantize:<graph>-w8a16` whatever the precision list)
     from conftest import ROOT
 
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "tasks.md").read_text()
     assert "| `doit quantize:<graph>-w8a16` |" not in readme and "| `doit quantize:<variant>` |" in readme
     assert "with `precision: w8a16` alone they are `quantize:<graph>` and\n`simverify:<graph>-SM8650`" in readme
 
