@@ -12,7 +12,7 @@ from pathlib import Path
 from qnn_tasks.errors import QnnTasksError
 
 DODO = '''\
-"""doit entry point: models/*/model.yaml x the SoC table -> tasks (`doit list --all`, README of qnn-npu-compile)."""
+"""doit entry point: models/*/model.yaml x the SoC table -> tasks (`doit list --all`; qnn-npu-compile's docs/tasks.md)."""
 from pathlib import Path; from qnn_tasks.tasks import project_tasks  # noqa: E702
 globals().update(project_tasks(Path(__file__).resolve().parent))
 '''
@@ -21,7 +21,7 @@ MODEL_YAML = '''\
 ## An example model: remove the single "# " of each line below and edit (a model.yaml holding only
 ## comments is skipped, so `doit` works before you declare a model). This is the YAML-only path for an
 ## ONNX file that ships inside a pip package or sits in this folder: no Python needed. One folder per
-## model: models/<model>/model.yaml (README of qnn-npu-compile: "Adding a packaged ONNX model").
+## model: models/<model>/model.yaml (qnn-npu-compile's docs/packaged-models.md).
 # licence: MIT                                    # the model's licence (a compiled binary is the model)
 # source: {package: silero-vad, file: silero_vad/data/silero_vad_op18_ifless.onnx}   # or {file: my.onnx}
 # graphs:
@@ -33,9 +33,9 @@ MODEL_YAML = '''\
 #       output: {shape: [1, 1]}                   # speech probability
 #       stateN: {shape: [2, 1, 128]}
 #     constant_inputs: {sr: 16000}                # an ONNX input the deployment fixes becomes a constant
-#     rewrites: [fold-if, pow-square]             # known HTP rewrites (README: "The rewrite catalogue")
+#     rewrites: [fold-if, pow-square]             # known HTP rewrites (docs/rewrites.md)
 #     lint: {allow: [batch]}                      # state's first dim is the LSTM's (h, c), not a batch
-#     samples: {files: "samples/*.npz"}           # real inputs, one array per input (README: samples)
+#     samples: {files: "samples/*.npz"}           # real inputs, one array per input (docs/samples.md)
 #     precision: fp16                             # or [fp16, w8a16]: w8a16 also builds for quantized-only chips
 #     socs: [SM8650, SM8750]                      # omit: the table's default chips (socs/socs.yaml)
 '''
@@ -73,7 +73,7 @@ jobs:
         with: {python-version: "3.11"}
       # Pin the version you built with; or install the wheel you keep (pip install ./qnn_npu_compile-*.whl).
       - run: pip install qnn-npu-compile
-      # A shared artifact cache makes unchanged targets instant across runs (README: "Team and CI"):
+      # A shared artifact cache makes unchanged targets instant across runs (docs/team.md):
       #   env: {QNN_CACHE: "s3://team-bucket/qnn-cache"}
       - run: doit
       - uses: actions/upload-artifact@v4

@@ -88,6 +88,19 @@ graphs:
     outputs: {logits: {shape: [1, 10]}}
     samples: {files: "samples/*.npz"}
 """,
+    "wakeword": """
+licence: Apache-2.0
+source: {file: model.onnx}
+graphs:
+  embed:
+    inputs: {x: {shape: [1, 16], dtype: float32}}
+    outputs: {y: {shape: [1, 96]}}
+    samples: {files: "samples/*.npz"}
+  classify:
+    inputs: {x: {shape: [1, 16, 96], dtype: float32}}
+    outputs: {logits: {shape: [1, 2]}}
+    samples: {files: "samples/*.npz"}
+""",
 }
 
 

@@ -95,7 +95,7 @@ def _fill(text: str, soc: Any, graph: Any) -> str:
 
 
 def table_markdown() -> str:
-    """The catalogue as the README's table (tests keep the README in step with the data)."""
+    """The catalogue as docs/error-codes.md's table (a test keeps the page in step with the data)."""
     rows = ["| code | name | what it means here | fix | source |", "|---|---|---|---|---|"]
     for code, entry in sorted(catalogue().items()):
         fixes = "<br>".join(_fix_cell(f) for f in entry["fixes"])

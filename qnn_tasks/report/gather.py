@@ -6,7 +6,7 @@ failing the report task: the gate). `summary.complete` says whether every expect
 verdict (none pending or stale); the report task fails on any target not verified (gate_problems),
 and report/mark.py marks a report superseded while a run that may change it has not finished.
 Rendering (report.md, index.html, plots) is report/render.py.
-report.json has one stable schema for CI gates (README: "report.json").
+report.json has one stable schema for CI gates (docs/verification-and-report.md).
 """
 from __future__ import annotations
 
@@ -193,7 +193,7 @@ def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def gate_problems(data: dict[str, Any]) -> list[str]:
-    """What fails the report task itself (the README's gate): any expected target, pipeline or loop that is not
+    """What fails the report task itself (the documented CI gate): any expected target, pipeline or loop that is not
     verified (stale, failed or pending), and upgrade regressions of a gating toolchain."""
     problems = [f"model {b['model']} is not buildable: {b['error']}" for b in data.get("models_not_buildable", [])]
     entries = data["targets"] + data.get("pipelines", []) + data.get("loops", [])

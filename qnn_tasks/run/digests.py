@@ -5,7 +5,7 @@ keep size and mtime but cannot keep the inode and ctime of the file they replace
 file is always hashed again. The doit process keeps the cache in build/.qnn-digests.json, so
 checking records against their outputs (the report, the up-to-date checks) costs a `stat` per
 file after the first run. The cache is as trusted as the tree it sits in: whoever can write
-the tree can write records too (README "Results you can trust").
+the tree can write records too (docs/trust.md).
 """
 from __future__ import annotations
 

@@ -66,7 +66,7 @@ def read_text(path: Path) -> str:
         with open(path, "rb") as fh:
             data = fh.read(MAX_BYTES + 1)
     except FileNotFoundError:
-        raise SpecError(path, "", "file not found", "create it (see README: file formats)") from None
+        raise SpecError(path, "", "file not found", "create it (see docs/model-yaml.md)") from None
     except OSError as err:
         raise SpecError(path, "", f"cannot be read: {err.strerror or err}", "make it a readable file") from None
     if len(data) > MAX_BYTES:
@@ -180,7 +180,7 @@ def _require(data: dict, required: tuple[str, ...], path: Path, key: str) -> Non
     for k in required:
         if k not in data:
             where = f"{key}.{k}" if key else k
-            raise SpecError(path, where, "required key is missing", "add it (see README: file formats)")
+            raise SpecError(path, where, "required key is missing", "add it (see docs/model-yaml.md)")
 
 
 def _int(value: Any, path: Path, key: str, low: int | None = None, high: int | None = None) -> int:
