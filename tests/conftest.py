@@ -111,24 +111,59 @@ def only_fp16(project: Project) -> None:
     path.write_text(re.sub(r"^    calibration: .*\n", "", text, flags=re.M))
 
 
+def built_once(tmp_path_factory, worker_id: str, name: str, build) -> Project:
+    """A session-wide build made once for every pytest-xdist worker, and reused by the others.
+
+    The first worker to ask builds it under the run's shared temp folder, holding a file lock; the
+    others wait on the lock and load what it left (`fixture.json`: the build's wall time and doit's
+    output). Without xdist (`worker_id == "master"`) it is built in this session's own temp folder.
+    Tests only copy these projects (or run no-op doits in them), so sharing the folder is safe.
+    """
+    if worker_id == "master":
+        return build(tmp_path_factory.mktemp(name) / "project")
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp().parent / name
+    shared.mkdir(exist_ok=True)
+    made = shared / "fixture.json"
+    with FileLock(str(shared) + ".lock"):
+        if made.is_file():
+            facts = json.loads(made.read_text())
+            project = Project(shared / "project")
+            project.wall = facts["wall"]
+            project.build_run = DoitResult(**facts["build_run"]) if facts["build_run"] else None
+            return project
+        project = build(shared / "project")
+        run = getattr(project, "build_run", None)
+        made.write_text(json.dumps({"wall": project.wall, "build_run": run and
+                                    {"returncode": run.returncode, "stdout": run.stdout, "stderr": run.stderr}}))
+        return project
+
+
 @pytest.fixture(scope="session")
-def session_store(tmp_path_factory) -> Path:
+def session_store(tmp_path_factory, worker_id) -> Path:
     """The shared cache store the session's base builds (built_graphs, verified) put their results in.
 
     So the shared-cache tests clone `verified`'s matrix from it instead of building the matrix again.
+    One folder for every xdist worker, like the builds that fill it.
     """
-    return tmp_path_factory.mktemp("session-cache") / "store"
+    if worker_id == "master":
+        return tmp_path_factory.mktemp("session-cache") / "store"
+    return tmp_path_factory.getbasetemp().parent / "session-cache" / "store"
 
 
 @pytest.fixture(scope="session")
-def built_graphs(tmp_path_factory, session_store) -> Project:
+def built_graphs(tmp_path_factory, worker_id, session_store) -> Project:
     """The real example project with every graph stage built once (export..cpucheck)."""
-    project = copy_project(tmp_path_factory.mktemp("built") / "project")
-    restrict_socs(project, ["SM8650", "SM8750"])
-    start = time.monotonic()
-    project.doit(*GRAPH_STAGES, env={"QNN_CACHE": str(session_store)}, check=True)
-    project.wall = time.monotonic() - start
-    return project
+    def build(root: Path) -> Project:
+        project = copy_project(root)
+        restrict_socs(project, ["SM8650", "SM8750"])
+        start = time.monotonic()
+        project.doit(*GRAPH_STAGES, env={"QNN_CACHE": str(session_store)}, check=True)
+        project.wall = time.monotonic() - start
+        return project
+
+    return built_once(tmp_path_factory, worker_id, "built", build)
 
 
 @pytest.fixture
@@ -150,22 +185,26 @@ def matrix_project(dest: Path) -> Project:
 
 
 @pytest.fixture(scope="session")
-def verified(built_graphs, session_store, tmp_path_factory) -> Project:
+def verified(built_graphs, session_store, tmp_path_factory, worker_id) -> Project:
     """`built_graphs` + `doit simverify report` (both chips, fp16), built once per session.
 
     MiniLM's `verify: samples:` is cut to 2; the VAD keeps its 231 real audio frames. Never edit
     it: copy it (`own_copy`) to change something. Its results are in `session_store` too
-    (`project.store`); `project.wall` is the time both builds took.
+    (`project.store`); `project.wall` is the time both builds took; `project.build_run` that doit run.
     """
-    project = copy_project(tmp_path_factory.mktemp("verified") / "project", source=built_graphs.root, with_build=True)
-    project.edit("models/minilm/model.yaml", "      samples: 8", f"      samples: {MINILM_SAMPLES}")
-    only_fp16(project)
-    start = time.monotonic()
-    result = project.doit("simverify", "report", env={"QNN_CACHE": str(session_store)})
-    assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
-    project.wall = built_graphs.wall + time.monotonic() - start
+    def build(root: Path) -> Project:
+        project = copy_project(root, source=built_graphs.root, with_build=True)
+        project.edit("models/minilm/model.yaml", "      samples: 8", f"      samples: {MINILM_SAMPLES}")
+        only_fp16(project)
+        start = time.monotonic()
+        result = project.doit("simverify", "report", env={"QNN_CACHE": str(session_store)})
+        assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"
+        project.wall = built_graphs.wall + time.monotonic() - start
+        project.build_run = result
+        return project
+
+    project = built_once(tmp_path_factory, worker_id, "verified", build)
     project.store = session_store
-    project.build_run = result
     return project
 
 
