@@ -43,7 +43,9 @@ class DoitResult:
         assert self.returncode != 0, self.stdout
         output = self.stdout + self.stderr
         assert "Traceback" not in output, output
-        lines = [line for line in output.splitlines() if line.startswith(f"{task}: ")]
+        # a long stage's progress lines ('<task>: step 3/16, 45.3 s elapsed, ...') are not its verdict
+        progress = re.compile(rf"{re.escape(task)}: \S+ \d+/\d+, .* elapsed")
+        lines = [line for line in output.splitlines() if line.startswith(f"{task}: ") and not progress.match(line)]
         assert len(lines) == 1, output
         return lines[0]
 

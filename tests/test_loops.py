@@ -330,13 +330,17 @@ def test_wrong_loop_starts_stop_doit_with_one_line(tmp_path, edit, fragments):
         assert fragment in line, line
 
 
-@pytest.mark.slow
-def test_whisper_decoded_on_the_npu_by_a_loop(tmp_path):
-    """Whisper tiny.en fully on the NPU for one window: encoder -> cross K/V (the pipeline) -> the decoder loop with
-    its own KV cache and tokens; the same graphs on CPU; judged by identical tokens and by words."""
+WHISPER = "models/whisper-tiny-en/model.yaml"
+DECODER = "build/whisper-tiny-en/decoder/*/fp16/SM8650"
+
+
+@pytest.fixture(scope="module")
+def whisper(tmp_path_factory) -> Project:
+    """Whisper tiny.en built once for this module up to its decoder loop: encoder -> cross K/V (the pipeline, one
+    window: minutes on the simulator) -> the decoder loop on the NPU; then `doit report`."""
     from conftest import EXAMPLES
 
-    project = Project(tmp_path / "project")
+    project = Project(tmp_path_factory.mktemp("whisper") / "project")
     project.root.mkdir()
     for name in ("dodo.py", "socs", "toolchain"):
         src = EXAMPLES / name
@@ -344,24 +348,112 @@ def test_whisper_decoded_on_the_npu_by_a_loop(tmp_path):
     shutil.copytree(EXAMPLES / "speech" / "whisper-tiny-en", project.root / "models" / "whisper-tiny-en",
                     ignore=shutil.ignore_patterns("__pycache__"))
     # onnxsim's batched Gemm fusion halves the encoder's simulator time (test_whisper does the same)
-    project.edit("models/whisper-tiny-en/model.yaml", ", fuse_matmul_add_bias_into_gemm_batched]}", "]}")
-    result = project.doit("loop:decoder-SM8650")
+    project.edit(WHISPER, ", fuse_matmul_add_bias_into_gemm_batched]}", "]}")
+    project.result = project.doit("loop:decoder-SM8650")
+    project.report = project.doit("report")  # fails its gate: only the loop's chain was built, no simverify
+    return project
+
+
+@pytest.mark.slow
+def test_whisper_decoded_on_the_npu_by_a_loop(whisper):
+    """Whisper tiny.en fully on the NPU for one window: encoder -> cross K/V (the pipeline) -> the decoder loop with
+    its own KV cache and tokens; the same graphs on CPU; judged by identical tokens and by words. The report shows
+    the loop's simulator figures: tokens per second, seconds per step and per clip (labelled simulator time)."""
+    result = whisper.result
     assert result.returncode == 0, result.stdout + result.stderr
     assert {"pipeline:whisper-tiny-en-SM8650", "context:decoder-SM8650", "loop:decoder-SM8650"} <= result.executed
-    context = project.one_json("build/whisper-tiny-en/decoder/*/fp16/SM8650/context/context.json")
+    context = whisper.one_json(f"{DECODER}/context/context.json")
     assert context["partition"]["cpu_nodes"] == []
-    rec = project.one_json("build/whisper-tiny-en/decoder/*/fp16/SM8650/loop/loop.json")
+    rec = whisper.one_json(f"{DECODER}/loop/loop.json")
     assert rec["status"] == "passed" and len(rec["runs"]) == 1 and rec["steps"] == rec["steps_cpu"] > 5
     top1 = next(c for c in rec["checks"] if c["kind"] == "top1")
     assert top1["value"] == 1.0 and rec["first_differing_step"] is None  # the same token at every step
+    assert rec["first_difference"] is None
     wer = next(c for c in rec["checks"] if c["kind"] == "wer")
     assert wer["passed"] and wer["judged"] == "per run" and wer["samples"] == 1
     transcript = wer["transcripts"][0]
     assert transcript["npu"] == transcript["cpu"] and transcript["reference_text"] == "The birch canoe slid on the smooth planks."
     assert len(set(speech_words(transcript["npu"])) & set(speech_words(transcript["reference_text"]))) >= 3
     assert len(rec["per_step"]["logits"]["cosine"]) == rec["steps"] and min(rec["per_step"]["logits"]["cosine"]) > 0.999
-    print(f"whisper loop: {rec['steps']} steps, {rec['timing']['per_step_median_s']:.2f} s per step (simulator), "
+    timing = rec["timing"]
+    assert timing["runs"] == rec["steps"] and len(timing["per_run_s"]) == 1  # one decode: the clip's decode time
+    assert timing["per_run_s"][0] == pytest.approx(timing["total_s"]) and timing["per_step_median_s"] > 0
+    assert "not phone latency" in timing["label"]
+    assert whisper.path(rec["plot"]).stat().st_size > 10_000
+    report = json.loads(whisper.path("build/report/report.json").read_text())
+    loop = next(e for e in report["loops"] if e["name"] == "decoder-SM8650")
+    assert loop["status"] == "passed" and report["summary"]["loops_failed"] == 0
+    row = next(line for line in whisper.path("build/report/report.md").read_text().splitlines()
+               if line.startswith("| decoder-SM8650 |"))
+    assert f"{timing['steps_per_second']:.3g} steps/s" in row and " a step, " in row and " a run |" in row, row
+    assert "| none |" in row, row
+    html = whisper.path("build/report/index.html").read_text()
+    assert "per-step error of the loop decoder-SM8650" in html and " steps/s, " in html
+    print(f"whisper loop: {rec['steps']} steps, {timing['per_step_median_s']:.2f} s per step, "
+          f"{timing['per_run_s'][0]:.1f} s for the clip, {timing['steps_per_second']:.3f} steps/s (simulator), "
           f"NPU transcript {transcript['npu']!r}, binary {context['bin_size']} bytes")
+
+
+@pytest.mark.slow
+def test_a_damaged_decoder_fails_the_gate_with_the_first_differing_token_and_the_transcript(whisper, tmp_path):
+    """A decoder damaged on the NPU side only fails the loop, `doit report` and the README's gate, naming the first
+    differing token and both transcripts.
+
+    How it is damaged, and why this way: a context binary compiled from a damaged copy of the decoder ONNX and put
+    in place of the real one is not something the tool runs: its size, mtime or digest no longer match the context
+    record, so doit rebuilds the real binary over it (tests/test_trust_gate.py, a replaced binary is stale and
+    rebuilt). That is right, so the damage has to be a build the tool accepts as the user's own. The decoder is
+    rebuilt with `options.temperature: 1e-5`: its logits divided by 1e-5 inside the graph. On the CPU (float32)
+    that changes no argmax: the CPU loop's tokens and transcript stay exactly those of the undamaged build (checked
+    below), so the CPU reference stays right. On the NPU (fp16) the logits saturate (measured: 131008 for every
+    token at step 0, for hundreds at later steps), so its argmax picks another token: the damage comes from the
+    real simulator running the damaged binary. Only the decoder's graph stages and the loop rerun; the encoder and
+    the pipeline (minutes on the simulator) are not redone.
+    """
+    from test_trust_gate import gate_passes, readme_gate
+
+    project = copy_project(tmp_path / "project", source=whisper.root, with_build=True)
+    good = whisper.one_json(f"{DECODER}/loop/loop.json")
+    good_wer = next(c for c in good["checks"] if c["kind"] == "wer")["transcripts"][0]
+    # the logits x 1e5: the CPU check of the export against PyTorch needs its absolute tolerance scaled alike
+    project.edit(WHISPER, "options: {clips: 10, decoder_samples: 3}",
+                 "options: {clips: 10, decoder_samples: 3, temperature: 1.0e-5}\n    cpucheck: {max_abs: 10.0}")
+    project.edit(WHISPER, "steps: 64", f"steps: {good['steps'] + 1}")  # a damaged loop need not run 64 steps
+    result = project.doit("loop:decoder-SM8650")
+    assert result.returncode != 0, result.stdout + result.stderr
+    assert {"export:decoder", "context:decoder-SM8650", "loop:decoder-SM8650"} <= result.executed
+    assert not result.executed & {"pipeline:whisper-tiny-en-SM8650", "context:encoder-SM8650", "export:encoder"}
+    rec = project.one_json(f"{DECODER}/loop/loop.json")
+    assert rec["status"] == "failed"
+    first, difference = rec["first_differing_step"], rec["first_difference"]
+    assert first is not None and difference["step"] == first and difference["check"] == "top1"
+    # the CPU loop is the undamaged build's, token for token: only the NPU side is damaged
+    cpu_tokens = np.argmax(np.load(project.path(rec["reference_file"]))["logits"].reshape(-1, 51864), axis=-1)
+    good_tokens = np.argmax(np.load(whisper.path(good["reference_file"]))["logits"].reshape(-1, 51864), axis=-1)
+    assert cpu_tokens.tolist() == good_tokens[: len(cpu_tokens)].tolist()
+    assert difference["cpu"]["index"] == good_tokens[first] != difference["npu"]["index"]
+    wer = next(c for c in rec["checks"] if c["kind"] == "wer")
+    transcript = wer["transcripts"][0]
+    assert not wer["passed"] and transcript["cpu"] == good_wer["cpu"] != transcript["npu"]
+    line = result.failure_line("loop:decoder-SM8650")
+    assert f"a task result first differed at step {first} (top1 on 'logits': NPU {difference['npu']['text']}, " \
+           f"CPU {difference['cpu']['text']})" in line, line
+    assert difference["cpu"]["label"] and repr(difference["cpu"]["label"]) in line, line  # the token's text
+    assert f"CPU {transcript['cpu']!r} vs NPU {transcript['npu']!r}" in line, line  # both transcripts
+    report = project.doit("report")
+    assert report.returncode != 0, report.stdout + report.stderr
+    assert "failed (" in report.stdout + report.stderr and "decoder-SM8650" in report.stdout + report.stderr
+    summary = json.loads(project.path("build/report/report.json").read_text())["summary"]
+    assert summary["loops_failed"] == 1 and not gate_passes(project)
+    # the loop is what fails the gate here: its own term fails now and held for the undamaged build
+    term = ".summary.loops_failed == 0"
+    assert term in readme_gate() and not gate_passes(project, term) and gate_passes(whisper, term)
+    row = next(line for line in project.path("build/report/report.md").read_text().splitlines()
+               if line.startswith("| decoder-SM8650 |"))
+    cell = f"{first} (NPU {difference['npu']['text']}, CPU {difference['cpu']['text']})".replace("|", "\\|")
+    assert f"| {cell} |" in row, row  # a token such as <|endoftext|> keeps the table's columns
+    print(f"damaged decoder: first differing step {first}: NPU {difference['npu']['text']} vs CPU "
+          f"{difference['cpu']['text']}; NPU transcript {transcript['npu']!r}")
 
 
 def speech_words(text: str) -> list[str]:

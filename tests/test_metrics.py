@@ -209,6 +209,18 @@ def test_ranking_top_k_looks_past_the_first_neighbour():
     assert top2["meaning"].startswith("share of samples whose 2 nearest")
 
 
+def test_top1_names_the_first_differing_prediction_and_both_classes():
+    """A decoder loop's steps as samples of [1, 1, vocab] logits: step 2 is the first whose argmax differs."""
+    ref = np.zeros((4, 1, 1, 6), np.float32)
+    got = np.zeros((4, 1, 1, 6), np.float32)
+    for step, (cpu, npu) in enumerate([(1, 1), (3, 3), (5, 0), (2, 4)]):
+        ref[step, 0, 0, cpu] = got[step, 0, 0, npu] = 1.0
+    result = verification.top1(ref, got, {"output": "logits", "min": 1.0})
+    assert result["disagreeing_samples"] == [2, 3] and result["value"] == 0.5
+    assert result["first_difference"] == {"sample": 2, "cpu": 5, "npu": 0}
+    assert "first_difference" not in verification.top1(ref, ref, {"output": "logits", "min": 1.0})
+
+
 # ------------------------------------------------------------------ verification.judge
 
 TOY_MODEL = """\

@@ -66,8 +66,9 @@ class CrossKV(nn.Module):
 class DecoderStep(nn.Module):
     """(token, position, mask, self_k, self_v, cross_k, cross_v) -> (logits, new_k, new_v)."""
 
-    def __init__(self, weights, heads: int) -> None:
+    def __init__(self, weights, heads: int, temperature: float = 1.0) -> None:
         super().__init__()
+        self.temperature = temperature  # 1: no node; else the logits are divided by it inside the graph
         self.layers = layer_count(weights)
         self.embedding = _param(weights["decoder/embeddings/weight"])  # tied: also the output projection
         self.vocab, self.width = (int(n) for n in self.embedding.shape)
@@ -117,4 +118,6 @@ class DecoderStep(nn.Module):
             x = x + F.linear(F.gelu(F.linear(y, fc1_w, fc1_b)), fc2_w, fc2_b)
         x = F.layer_norm(x, (width,), self.final[0], self.final[1], LAYER_NORM_EPS)
         logits = F.linear(x.reshape(1, width), self.embedding).reshape(1, 1, self.vocab)  # Gemm(transB): shared weight
+        if self.temperature != 1.0:
+            logits = logits / self.temperature
         return logits, torch.stack(new_k), torch.stack(new_v)

@@ -102,9 +102,14 @@ def top1(ref: np.ndarray, got: np.ndarray, check: dict[str, Any]) -> dict[str, A
     value = float(same.mean())
     required = float(check.get("min", 0.99))
     per_sample = same.reshape(len(same), -1).all(axis=1)
-    return {"kind": "top1", "output": check["output"], "value": value, "min": required, "passed": value >= required,
-            "meaning": "share of predictions (argmax) the NPU makes the same as the CPU",
-            "disagreeing_samples": [int(i) for i in np.flatnonzero(~per_sample)][:20]}
+    result = {"kind": "top1", "output": check["output"], "value": value, "min": required, "passed": value >= required,
+              "meaning": "share of predictions (argmax) the NPU makes the same as the CPU",
+              "disagreeing_samples": [int(i) for i in np.flatnonzero(~per_sample)][:20]}
+    if not same.all():  # the first prediction that differs (a loop's first differing token): both classes
+        where = np.unravel_index(int(np.flatnonzero(~same.reshape(-1))[0]), same.shape)
+        result["first_difference"] = {"sample": int(where[0]), "cpu": int(np.argmax(ref, axis=axis)[where]),
+                                      "npu": int(np.argmax(got, axis=axis)[where])}
+    return result
 
 
 # (ref, got, check) -> result: checks on the stacked output arrays alone

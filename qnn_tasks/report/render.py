@@ -81,18 +81,40 @@ def loop_markdown(data: dict[str, Any]) -> list[str]:
         return []
     lines = ["", "## Loops (a graph's outputs fed back step after step: the NPU carries its own state, the CPU its own)",
              "", "| loop | steps | status | max-abs per step: first tenth -> last tenth (peak) | first differing step "
-             "| checks | simulator steps/s |", "|---|---|---|---|---|---|---|"]
+             "| checks | simulator: steps/s, per step, per run |", "|---|---|---|---|---|---|---|"]
     for entry in data["loops"]:
         record = entry["record"] or {}
         growth = "; ".join(f"{name} {num(g['first'])} -> {num(g['last'])} ({num(g['peak'])} at step {g['peak_step']})"
                            for name, g in (record.get("growth") or {}).items() if g.get("first") is not None)
         checks = ", ".join(f"{c['kind']} {num(c['value'])}" for c in record.get("checks") or [])
-        first = record.get("first_differing_step")
-        rate = (record.get("timing") or {}).get("steps_per_second")
+        first = first_differing(record).replace("|", "\\|")  # a token such as <|endoftext|> keeps the columns
         lines.append(f"| {entry['name']} | {record.get('steps', '-')} | {entry['status']} | {growth or '-'} | "
-                     f"{'none' if record and first is None else num(first)} | {checks or '-'} | {num(rate, 3)} |")
-    lines += ["", "Steps per second are x86 HTP simulator time on the build host, not phone latency."]
+                     f"{first} | {checks or '-'} | {loop_timing(record)} |")
+    lines += ["", "Simulator figures are x86 HTP simulator time on the build host, not phone latency (a decoder's "
+                  "steps per second are its tokens per second; a run is one decode, e.g. one clip)."]
     return lines
+
+
+def first_differing(record: dict[str, Any]) -> str:
+    """The first step where a task result differed, with what each loop chose there (a decoder's tokens)."""
+    if not record:
+        return "-"
+    first, difference = record.get("first_differing_step"), record.get("first_difference")
+    if first is None:
+        return "none"
+    if not difference:
+        return num(first)
+    return f"{first} (NPU {difference['npu']['text']}, CPU {difference['cpu']['text']})"
+
+
+def loop_timing(record: dict[str, Any]) -> str:
+    """Steps per second, the median step and each run's simulator time (labelled as simulator time by the table)."""
+    timing = record.get("timing") or {}
+    if not timing.get("steps_per_second"):
+        return "-"
+    runs = ", ".join(duration(s) for s in (timing.get("per_run_s") or [])[:5])
+    return (f"{num(timing['steps_per_second'], 3)} steps/s, {duration(timing.get('per_step_median_s'))} a step"
+            + (f", {runs} a run" if runs else ""))
 
 
 def upgrade_markdown(data: dict[str, Any]) -> list[str]:
@@ -183,6 +205,7 @@ def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -
     return env.get_template("report.html.j2").render(
         data=data, socs=soc_names(data), cell=lambda g, s: target_of(data, g, s), plots=plots,
         breaks=breaks, worst_nodes=worst_nodes, compat_cell=compat_cell, not_in_socs=NOT_IN_SOCS,
+        first_differing=first_differing, loop_timing=loop_timing,
         summary=summary_line(data))
 
 

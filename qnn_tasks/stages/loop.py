@@ -68,12 +68,14 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
     reference, actual, runs, violations = [], [], [], []
     whole_runs: tuple[list, list] = ([], [])  # each run's outputs stacked over its steps (CPU, NPU)
     for index, (cpu_held, npu_held) in enumerate(held):
-        done = len(actual)
+        done, timed = len(actual), len(seconds)
         ref = drive(graph, loop, stream, steps, cpu, "cpu", where, lambda i: None, cpu_held)
         got = drive(graph, loop, stream, steps, npu, "npu", where,
                     lambda i, done=done: progress.step(done + i, steps * len(held), "step"), npu_held)
         common = min(len(ref), len(got))
-        runs.append({"run": index, "first": len(reference), "steps": len(got), "steps_cpu": len(ref)})
+        # the run's simulator time: a decoder's decode time per clip
+        runs.append({"run": index, "first": len(reference), "steps": len(got), "steps_cpu": len(ref),
+                     "npu_seconds": float(np.sum(seconds[timed:]))})
         if len(ref) != len(got):
             runs[-1]["stopped_apart_at"] = len(reference) + common
             violations.append(f"run {index}: the NPU loop ran {len(got)} steps, the CPU loop {len(ref)} (its step "
@@ -97,6 +99,7 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
                               + (outcome.get("failure") or f"{outcome['value']:.4g}"))
     violations = judged + violations
     first = first_differing_step(result["checks"], [r["stopped_apart_at"] for r in runs if "stopped_apart_at" in r])
+    difference = first_difference(graph, result["checks"], first)
     sample_store.save(out_dir / OUTPUTS_FILE, actual)
     sample_store.save(out_dir / REFERENCE_FILE, reference)
     plot = plots.loop_error_plot(out_dir / PLOT_FILE, f"loop {target}", f"NPU ({soc_name}) vs CPU loop", per_step, first,
@@ -106,14 +109,19 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
               "steps": sum(r["steps"] for r in runs), "steps_cpu": sum(r["steps_cpu"] for r in runs),
               "compared_steps": len(actual), "runs": runs, "feed": loop["feed"], "step_function": loop["step"],
               "start": (start or {}).get("inputs"),
-              "per_step": per_step, "growth": growth(per_step), "first_differing_step": first, **result,
+              "per_step": per_step, "growth": growth(per_step), "first_differing_step": first,
+              "first_difference": difference, **result,
               "violations": violations,
               "timing": {"label": SIMULATOR_LABEL, "steps_per_second": len(seconds) / total if total else None,
-                         "per_step_median_s": float(np.median(seconds)), "total_s": total, "runs": len(seconds)},
+                         "per_step_median_s": float(np.median(seconds)), "total_s": total, "runs": len(seconds),
+                         "per_run_s": [r["npu_seconds"] for r in runs]},
               "outputs_file": str(out_dir / OUTPUTS_FILE), "reference_file": str(out_dir / REFERENCE_FILE),
               "plot": str(plot), "log": str(log)}
     if violations:
         at = f"; a task result first differed at step {first}" if first is not None else ""
+        if difference:
+            at += (f" ({difference['check']} on '{difference['output']}': NPU {difference['npu']['text']}, "
+                   f"CPU {difference['cpu']['text']})")
         raise StageError(f"loop {target} failed after {record['steps']} steps: " + "; ".join(violations) + at
                          + f" (per-step error: {out_dir / PLOT_FILE})", record)
     return record
@@ -204,6 +212,24 @@ def first_differing_step(checks: list[dict[str, Any]], stopped_apart: list[int])
     """The first step where a task check's result differed between the loops (or where one of them stopped)."""
     steps = [min(c["disagreeing_samples"]) for c in checks if c.get("disagreeing_samples")] + stopped_apart
     return min(steps) if steps else None
+
+
+def first_difference(graph: GraphSpec, checks: list[dict[str, Any]], first: int | None) -> dict[str, Any] | None:
+    """What the two loops chose at the first differing step, from a check that names it (top1: the two classes,
+    each with the text of the model's `label(ctx, output, index)` when its code has one: a decoder's token)."""
+    found = next((c for c in checks if (c.get("first_difference") or {}).get("sample") == first), None)
+    if first is None or found is None:
+        return None
+    named = graph.has_code and modelcode.has_function(graph, "label")
+    ctx = modelcode.context_for(graph) if named else None
+
+    def side(index: int) -> dict[str, Any]:
+        text = modelcode.call(graph, "label", ctx, found["output"], index) if named else None
+        shown = f"{index} {str(text)[:40]!r}" if text is not None else str(index)  # bounded: model code's text
+        return {"index": index, "label": None if text is None else str(text)[:40], "text": shown}
+
+    return {"step": first, "check": found["kind"], "output": found["output"],
+            "npu": side(found["first_difference"]["npu"]), "cpu": side(found["first_difference"]["cpu"])}
 
 
 def starts(start: dict[str, Any] | None) -> list[tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:

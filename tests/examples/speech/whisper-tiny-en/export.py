@@ -104,17 +104,27 @@ def _weights(ctx):
     return _WEIGHTS[key]
 
 
-_MODULES: dict[tuple[str, str], object] = {}
+_MODULES: dict[tuple[str, str, float], object] = {}
 
 
 def _module(ctx, kind: str):
-    """The PyTorch CrossKV or DecoderStep with the packaged weights (float32), built once."""
-    key = (str(model_dir(ctx)), kind)
+    """The PyTorch CrossKV or DecoderStep with the packaged weights (float32), built once.
+
+    The decoder's `options.temperature` (default 1) divides its logits inside the graph, as a sampling decoder
+    folds it in: greedy tokens do not change on the CPU, but a temperature below ~1e-3 pushes the logits past
+    fp16's 65504 on the NPU (tests/test_loops.py builds that as its damaged decoder)."""
+    temperature = float(ctx.options.get("temperature", 1.0)) if kind == "decoder" else 1.0
+    if not temperature > 0:
+        raise ctx.error(f"options.temperature is {temperature}: use a number above 0 (1 leaves the logits as they are)")
+    key = (str(model_dir(ctx)), kind, temperature)
     if key not in _MODULES:
         decoder = _sibling("whisper_decoder")
         weights = _weights(ctx)
         heads = int(weights["decoder/num_heads"])
-        _MODULES[key] = (decoder.CrossKV if kind == "crosskv" else decoder.DecoderStep)(weights.variables, heads).eval()
+        if kind == "crosskv":
+            _MODULES[key] = decoder.CrossKV(weights.variables, heads).eval()
+        else:
+            _MODULES[key] = decoder.DecoderStep(weights.variables, heads, temperature).eval()
     return _MODULES[key]
 
 
@@ -208,6 +218,16 @@ def step(ctx, inputs: dict[str, np.ndarray], outputs: dict[str, np.ndarray]) -> 
     positions = _weights(ctx)["decoder/position_encodings/encodings"]
     return {"token": np.array([[token]], np.int32), "position": np.asarray(positions[offset + 1], np.float32)[None, None],
             "mask": mask, "self_k": self_k, "self_v": self_v}
+
+
+def label(ctx, output: str, index: int) -> str | None:
+    """The token a class index of the logits stands for (a loop failure names the first differing token)."""
+    if output != "logits":
+        return None
+    token = _vocabulary(ctx)[index]
+    if token.startswith("<|") and token.endswith("|>"):
+        return token
+    return bytes(_BYTES[c] for c in token).decode("utf-8", errors="replace")
 
 
 def decoded_text(ctx, logits: np.ndarray) -> str:
