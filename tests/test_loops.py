@@ -410,7 +410,7 @@ def test_a_damaged_decoder_fails_the_gate_with_the_first_differing_token_and_the
     real simulator running the damaged binary. Only the decoder's graph stages and the loop rerun; the encoder and
     the pipeline (minutes on the simulator) are not redone.
     """
-    from test_trust_gate import gate_passes, readme_gate
+    from test_trust_gate import documented_gate, gate_passes
 
     project = copy_project(tmp_path / "project", source=whisper.root, with_build=True)
     good = whisper.one_json(f"{DECODER}/loop/loop.json")
@@ -447,7 +447,7 @@ def test_a_damaged_decoder_fails_the_gate_with_the_first_differing_token_and_the
     assert summary["loops_failed"] == 1 and not gate_passes(project)
     # the loop is what fails the gate here: its own term fails now and held for the undamaged build
     term = ".summary.loops_failed == 0"
-    assert term in readme_gate() and not gate_passes(project, term) and gate_passes(whisper, term)
+    assert term in documented_gate() and not gate_passes(project, term) and gate_passes(whisper, term)
     row = next(line for line in project.path("build/report/report.md").read_text().splitlines()
                if line.startswith("| decoder-SM8650 |"))
     cell = f"{first} (NPU {difference['npu']['text']}, CPU {difference['cpu']['text']})".replace("|", "\\|")
