@@ -55,6 +55,16 @@ def test_a_setting_changes_only_the_keys_it_belongs_to(tmp_path: Path) -> None:
     assert not {n for n in changed if n.startswith(("export:", "simplify:minilm", "lint:minilm", "context:minilm"))}
 
 
+def test_model_code_beside_export_py_is_a_dependency_of_the_stages_that_run_it(tmp_path: Path) -> None:
+    """export.py may import helpers from its own folder: an edit to one must rebuild like an edit to export.py."""
+    project = copy_project(tmp_path / "p")
+    (project.root / "models" / "silero-vad" / "vad_helpers.py").write_text("SCALE = 1.0\n")
+    plans = _plans(_planner(project.root))
+    for task in ("export:vad", "cpucheck:vad"):
+        assert {"models/silero-vad/export.py", "models/silero-vad/vad_helpers.py"} <= set(plans[task].file_dep), task
+    assert "models/silero-vad/vad_helpers.py" not in plans["export:minilm"].file_dep
+
+
 def test_graph_rows_are_in_build_order() -> None:
     assert [r.name for r in GRAPH_STAGES][:4] == ["export", "simplify", "lint", "cpucheck"]
 

@@ -118,6 +118,7 @@ class Planner:
         self._json: dict[tuple, str] = {}
         self._sources: dict[str, str] = {}
         self._key_prefixes: dict[tuple[str, int], str] = {}
+        self._model_code: dict[Path, list[str]] = {}
 
     # ------------------------------------------------------------ shared pieces
     def binding(self, target: VariantTarget | ChipTarget | PipelineTarget) -> Binding:
@@ -160,10 +161,20 @@ class Planner:
         return {"package": source.package, "version": source.package_version(), "file": source.file}
 
     def code_deps(self, graph: GraphSpec) -> list[str]:
-        """The model's own code (export.py is optional) and its source file, relative where inside the project."""
+        """The model's own code and its source file, relative where inside the project.
+
+        The code is export.py (optional) and every other .py beside it: export.py may import its helpers
+        from its folder (Whisper's decoder and weight reader), and an edit to one must rebuild too.
+        """
         source = self.source(graph)
-        code = [os.path.relpath(graph.model_code, self.root)] if graph.has_code else []
+        code = self._model_code_files(graph.model_dir) if graph.has_code else []
         return code + ([source] if source else [])
+
+    def _model_code_files(self, model_dir: Path) -> list[str]:
+        if model_dir not in self._model_code:
+            names = sorted(e.name for e in os.scandir(model_dir) if e.name.endswith(".py") and e.is_file())
+            self._model_code[model_dir] = [os.path.relpath(model_dir / n, self.root) for n in names]
+        return self._model_code[model_dir]
 
     def check_deps(self, graph: GraphSpec, verify: dict[str, Any]) -> list[str]:
         """Files the task checks read (a ctc check's alphabet, in the model folder)."""
