@@ -36,13 +36,13 @@ class PipelineSpec:
 
 def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | None:
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.checks import _verify_section
-    from qnn_tasks.spec.yamlread import _bool, _check_keys, _mapping, _number
+    from qnn_tasks.spec.checks import verify_section
+    from qnn_tasks.spec.yamlread import as_bool, as_mapping, as_number, check_keys
 
     if data is None:
         return None
-    section = _mapping(data, path, "pipeline")
-    _check_keys(section, PIPELINE_KEYS, path, "pipeline")
+    section = as_mapping(data, path, "pipeline")
+    check_keys(section, PIPELINE_KEYS, path, "pipeline")
     names = section.get("graphs")
     by_name = {g.name: g for g in graphs}
     if not isinstance(names, list) or len(names) < 2 or len(set(names)) != len(names):
@@ -53,15 +53,15 @@ def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | Non
             raise SpecError(path, "pipeline.graphs", f"'{name}' is not a graph of this model",
                             f"use graphs declared under graphs: ({', '.join(by_name)})")
     feed, glue = {}, {}
-    for key, value in _mapping(section.get("feed"), path, "pipeline.feed").items():
+    for key, value in as_mapping(section.get("feed"), path, "pipeline.feed").items():
         if isinstance(value, dict):  # the output, and the glue between the graphs
-            _check_keys(value, GLUE_KEYS, path, f"pipeline.feed.{key}")
+            check_keys(value, GLUE_KEYS, path, f"pipeline.feed.{key}")
             if "from" not in value:
                 raise SpecError(path, f"pipeline.feed.{key}.from", "required key is missing",
                                 "e.g. {from: features.y, reshape: true, scale: 0.1, offset: 2.0}")
-            glue[str(key)] = {"reshape": _bool(value.get("reshape", False), path, f"pipeline.feed.{key}.reshape"),
-                              "scale": _number(value.get("scale", 1.0), path, f"pipeline.feed.{key}.scale"),
-                              "offset": _number(value.get("offset", 0.0), path, f"pipeline.feed.{key}.offset")}
+            glue[str(key)] = {"reshape": as_bool(value.get("reshape", False), path, f"pipeline.feed.{key}.reshape"),
+                              "scale": as_number(value.get("scale", 1.0), path, f"pipeline.feed.{key}.scale"),
+                              "offset": as_number(value.get("offset", 0.0), path, f"pipeline.feed.{key}.offset")}
             value = value["from"]
         target, source = _split(str(key), names), _split(str(value), names)
         if len(target) != 2 or len(source) != 2 or target[0] not in names or source[0] not in names \
@@ -92,7 +92,7 @@ def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | Non
         for tensor in graph.outputs:
             produced[tensor.name] = (name, tensor.shape)
     last = by_name[names[-1]]
-    verify = _verify_section(section.get("verify"), last.precision, {t.name: t.shape for t in last.outputs}, path,
+    verify = verify_section(section.get("verify"), last.precision, {t.name: t.shape for t in last.outputs}, path,
                              "pipeline.verify")
     return PipelineSpec(model=model, graphs=tuple(names), feed=feed, verify=verify, glue=glue)
 

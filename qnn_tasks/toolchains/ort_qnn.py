@@ -113,7 +113,7 @@ class OrtQnnToolchain:
         try:
             ctx_onnx = staging / f"{graph.name}_ctx.onnx"
             precision = "w8a16" if source.name.endswith("_qdq.onnx") else "fp16"  # quantized_outputs() names it
-            seconds = _compile(source, ctx_onnx, options, log, context={"soc": soc, "graph": graph, "precision": precision})
+            seconds = compile_context(source, ctx_onnx, options, log, context={"soc": soc, "graph": graph, "precision": precision})
             partition = cpu_partition(ctx_onnx)
             bin_path = staging / f"{graph.name}_ctx_qnn.bin"
             if not bin_path.is_file():
@@ -138,7 +138,7 @@ class OrtQnnToolchain:
         self.require_installed()
         out_dir.mkdir(parents=True, exist_ok=True)
         out = out_dir / f"{model.stem}_ctx.onnx"
-        _compile(model, out, provider_options, out_dir / "compile.log")
+        compile_context(model, out, provider_options, out_dir / "compile.log")
         return out
 
     # ------------------------------------------------------------ helpers
@@ -225,7 +225,7 @@ def session_options(provider_options: dict[str, str], disable_cpu_fallback: bool
     return so
 
 
-def _compile(model: Path, out: Path, options: dict[str, str], log: Path,
+def compile_context(model: Path, out: Path, options: dict[str, str], log: Path,
              context: dict[str, Any] | None = None) -> float:
     """Compile; a failure is one line with the first logged error and what each QNN code in the log means.
 
