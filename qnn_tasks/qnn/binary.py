@@ -151,7 +151,8 @@ def _load_api(lib_path: str) -> tuple[C.CDLL, QnnSystemApi]:
         if (iface.systemApiVersion.major == SYSTEM_API_MAJOR and api.systemContextCreate
                 and api.systemContextGetBinaryInfo and api.systemContextFree):
             return lib, api
-    raise QnnBinError(f"{lib_path}: no compatible QNN system API provider (need major {SYSTEM_API_MAJOR}); {INSTALL_HINT}")
+    raise QnnBinError(f"{lib_path}: no compatible QNN system API provider (need major {SYSTEM_API_MAJOR}); "
+                      f"{INSTALL_HINT}")
 
 
 # --------------------------------------------------------------------------

@@ -316,8 +316,8 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     graphs_data = as_mapping(data["graphs"], path, "graphs")
     if not graphs_data:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
-    graphs = tuple(_load_graph(as_name(name, path, "graphs", "graph name", "rename the graph"), g, model_dir, path, socs,
-                               source_data) for name, g in graphs_data.items())
+    graphs = tuple(_load_graph(as_name(name, path, "graphs", "graph name", "rename the graph"), g, model_dir, path,
+                               socs, source_data) for name, g in graphs_data.items())
     from qnn_tasks.spec import loop as specloop
     from qnn_tasks.spec import pipeline as specpipeline
 

@@ -113,7 +113,8 @@ class OrtQnnToolchain:
         try:
             ctx_onnx = staging / f"{graph.name}_ctx.onnx"
             precision = "w8a16" if source.name.endswith("_qdq.onnx") else "fp16"  # quantized_outputs() names it
-            seconds = compile_context(source, ctx_onnx, options, log, context={"soc": soc, "graph": graph, "precision": precision})
+            seconds = compile_context(source, ctx_onnx, options, log,
+                                      context={"soc": soc, "graph": graph, "precision": precision})
             partition = cpu_partition(ctx_onnx)
             bin_path = staging / f"{graph.name}_ctx_qnn.bin"
             if not bin_path.is_file():

@@ -139,7 +139,8 @@ def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtime
         entry.update(phase="run", samples=payload.samples)
         save()
         timeout = 600 + 60 * payload.samples
-        run = run_on_device(phone, workdir, runner_args(payload.bin_name, payload.input_list, "out", payload.native_inputs),
+        run = run_on_device(phone, workdir,
+                            runner_args(payload.bin_name, payload.input_list, "out", payload.native_inputs),
                             "run.log", "the verification run", settings.cpu_sample_seconds, timeout)
         require_ok(run, phone, "the verification run", local / "qnn-net-run.log", job.soc)
         entry.update(runner_log=str(local / "qnn-net-run.log"), accuracy_run={"seconds": run.seconds, "cpu": run.cpu})
@@ -163,8 +164,10 @@ def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtime
         save()
         line = (f"{job.stage}:{job.target}: {label}: {payload.samples} samples "
                 f"{'FAILED: ' + '; '.join(violations) if violations else 'match the CPU'}; "
-                f"{ms_text(timing.get('per_inference_median_s'))}/inference (p90 {ms_text(timing.get('per_inference_p90_s'))}), "
-                f"first output {ms_text(timing.get('first_output_median_s'))}, RTF {num_text(entry['rtf'].get('value'))}, "
+                f"{ms_text(timing.get('per_inference_median_s'))}/inference "
+                f"(p90 {ms_text(timing.get('per_inference_p90_s'))}), "
+                f"first output {ms_text(timing.get('first_output_median_s'))}, "
+                f"RTF {num_text(entry['rtf'].get('value'))}, "
                 + cpu_text(entry["cpu"]))
         print(line, flush=True)
         if violations:

@@ -53,8 +53,9 @@ def power_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimeli
                      battery_drop=battery_drop(before, after), conditions=POWER_CONDITIONS)
         save()
         drop = entry["battery_drop"]
-        print(f"power:{job.target}: {phone.info.label()}: {num_text(run.seconds)} s, battery {drop.get('level_points')} "
-              f"points / {num_text(drop.get('charge_mah'))} mAh, {cpu_text(run.cpu)}", flush=True)
+        print(f"power:{job.target}: {phone.info.label()}: {num_text(run.seconds)} s, "
+              f"battery {drop.get('level_points')} points / {num_text(drop.get('charge_mah'))} mAh, "
+              f"{cpu_text(run.cpu)}", flush=True)
     finally:
         cleanup(job, phone, workdir, settings, entry)
 
