@@ -86,7 +86,7 @@ def check_row(soc: Soc, models: dict[str, Path], work: Path) -> dict[str, Any]:
             compile_context(models[precision], out, precision_options(soc, precision), log)
             info = read_binary_info(out.with_name("socscheck_ctx_qnn.bin"))
             entry.update(recorded_soc_model=info.soc_model, recorded_arch=info.dsp_arch,
-                         ok=info.soc_model == soc.soc_id and info.dsp_arch == soc.dsp_arch)
+                         ok=soc.binary_mismatch(info.to_dict()) is None)
         except Exception as err:
             message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             hints = explain(log.read_text(errors="replace") if log.is_file() else message, "compile",

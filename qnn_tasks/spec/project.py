@@ -6,9 +6,10 @@ stays instant. Every error names the file and the key, and says how to fix it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import porting as specport
@@ -41,6 +42,19 @@ TOLERANCE_KEYS = {"max_abs", "min_cosine"}
 LINT_KEYS = {"allow", "max_fp16_params"}
 PROFILE_KEYS = {"kind", "options", "settings", "packages", "cache", "upgrade"}
 UPGRADE_DEFAULTS = {"gate": False, "cosine_margin": 1.0e-4, "size_growth": 0.05}
+# what a context binary records about its chip (qnnbin's info keys) -> (the binary's word, the SoC row's key)
+BINARY_CHIP_FACTS = {"soc_model": ("socModel", "soc_id"), "dsp_arch": ("arch", "dsp_arch")}
+
+
+class BinaryMismatch(NamedTuple):
+    """One chip fact a context binary records that is not its SoC row's."""
+    fact: str          # a key of BINARY_CHIP_FACTS
+    recorded: Any      # what the binary says
+    expected: Any      # what the row says
+
+    def __str__(self) -> str:
+        said, row_key = BINARY_CHIP_FACTS[self.fact]
+        return f"{said} {self.recorded} != {row_key} {self.expected}"
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,18 @@ class Soc:
 
     def supports(self, precision: str) -> bool:
         return precision in self.runs
+
+    def binary_mismatches(self, info: Mapping[str, Any]) -> tuple[BinaryMismatch, ...]:
+        """The one "was this binary built for this chip" comparison: each chip fact of an already-read binary
+        (qnnbin's info dict: soc_model, dsp_arch) that is not this row's; empty: built for this chip."""
+        row = {"soc_model": self.soc_id, "dsp_arch": self.dsp_arch}
+        return tuple(BinaryMismatch(fact, info.get(fact), row[fact]) for fact in BINARY_CHIP_FACTS
+                     if info.get(fact) != row[fact])
+
+    def binary_mismatch(self, info: Mapping[str, Any]) -> str | None:
+        """Why the binary is not for this chip, in one line ("socModel 69 != soc_id 57, arch v79 != dsp_arch v75");
+        None: it is."""
+        return ", ".join(map(str, self.binary_mismatches(info))) or None
 
     def where(self) -> str:
         """The file to fix this row in, for messages: the project's socs.yaml, or the packaged table."""

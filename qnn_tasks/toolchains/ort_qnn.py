@@ -277,12 +277,10 @@ def cpu_partition(ctx_onnx: Path) -> dict[str, Any]:
 
 def check_chip(info: dict[str, Any], soc: Soc, bin_path: Path, record: dict[str, Any]) -> None:
     """The binary must say it was built for the target row's soc_model and arch."""
-    from qnn_tasks.qnn.chipcheck import mismatch
-
-    problems = mismatch(info, soc)
-    if problems:
-        raise StageError(f"{bin_path}: built for the wrong chip for {soc.name}: {', '.join(problems)} "
-                         f"(fix: check {soc.where()})", record)
+    problem = soc.binary_mismatch(info)
+    if problem:
+        raise StageError(f"{bin_path}: built for the wrong chip for {soc.name}: {problem} (fix: check {soc.where()})",
+                         record)
 
 
 def check_fallback(graph: GraphSpec, soc: Soc, partition: dict[str, Any], record: dict[str, Any],
