@@ -11,8 +11,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-FIELDS = ("ok", "record", "error", "traceback", "executor", "stored")
-
 
 @dataclass(frozen=True)
 class Outcome:
@@ -39,8 +37,7 @@ class Outcome:
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-able data for a child's answer line or a Dask result."""
-        return {"ok": self.ok, "record": self.record, "error": self.error, "traceback": self.traceback,
-                "executor": self.executor, "stored": self.stored}
+        return {name: getattr(self, name) for name in FIELDS}
 
     @classmethod
     def from_dict(cls, data: Any) -> Outcome:
@@ -55,3 +52,6 @@ class Outcome:
             raise ValueError("not a stage outcome: record and executor must be mappings")
         return cls(data["ok"], record, error=str(data.get("error") or ""), traceback=str(data.get("traceback") or ""),
                    executor=executor, stored=bool(data.get("stored")))
+
+
+FIELDS = tuple(f.name for f in dataclasses.fields(Outcome))
