@@ -1,7 +1,7 @@
 """What an executor hands back for one stage call: the stage's record, or the one line that says why it failed.
 
-Every executor (in-process, child process, Dask worker) returns an `Outcome`, and the funnel
-(run/funnel.py) is its one reader. Across a process or the network it travels as a plain dict
+Every executor (in-process, child process, Dask worker) returns an `Outcome`; the funnel
+(run/funnel.py) reads it for every stage, the on-demand tables (compat, socscheck) directly. Across a process or the network it travels as a plain dict
 (`to_dict` / `from_dict`): a child process answers in JSON lines, a Dask worker's result is
 pickled by Dask, and neither should depend on this class being importable the same way there.
 """
