@@ -33,22 +33,22 @@ def atomic_path(final: Path) -> Iterator[Path]:
 def write_json(path: Path, data: Any) -> None:
     """Strict JSON (no NaN/Infinity tokens): non-finite numbers are written as null."""
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(_finite(data), indent=2, sort_keys=False, default=_jsonable, allow_nan=False) + "\n")
+        tmp.write_text(json.dumps(finite(data), indent=2, sort_keys=False, default=_jsonable, allow_nan=False) + "\n")
 
 
 def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def _finite(value: Any) -> Any:
+def finite(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
+        return {k: finite(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_finite(v) for v in value]
+        return [finite(v) for v in value]
     if hasattr(value, "item") and hasattr(value, "dtype"):  # numpy scalar
-        return _finite(value.item())
+        return finite(value.item())
     return value
 
 

@@ -2,6 +2,7 @@
 imports, a stage added as one row plus one module, a stage call that survives JSON."""
 from __future__ import annotations
 
+import ast
 import json
 import subprocess
 import sys
@@ -65,6 +66,82 @@ def test_no_import_cycles() -> None:
     assert _cycles(codekeys.imports()) == []
 
 
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not name.startswith("__")
+
+
+def _module_of(path: Path, package: Path) -> str:
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _absolute(node: ast.ImportFrom, module: str, is_package: bool) -> str:
+    """The module an `from ... import` names, with relative levels resolved against `module`."""
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base[:len(base) - node.level + (1 if is_package else 0)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def private_uses(package: Path) -> list[str]:
+    """`from x import _name` of another module's private name, and `m._name` on an imported module of the
+    package: each as `file:line: what`."""
+    modules = {_module_of(p, package) for p in package.rglob("*.py")}
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        me = _module_of(path, package)
+        tree = ast.parse(path.read_text(), str(path))
+        bound: dict[str, str] = {}  # local name -> a module of the package
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                source = _absolute(node, me, path.name == "__init__.py")
+                for alias in node.names:
+                    if f"{source}.{alias.name}" in modules:
+                        bound[alias.asname or alias.name] = f"{source}.{alias.name}"
+                    elif _private(alias.name) and source in modules and source != me:
+                        found.append(f"{path.relative_to(package.parent)}:{node.lineno}: "
+                                     f"from {source} import {alias.name}")
+            elif isinstance(node, ast.Import):
+                for alias in node.names:
+                    if alias.name in modules:
+                        bound[alias.asname or alias.name.partition(".")[0]] = alias.name if alias.asname else ""
+        for node in ast.walk(tree):
+            if not (isinstance(node, ast.Attribute) and _private(node.attr)):
+                continue
+            owner, dotted = node.value, []
+            while isinstance(owner, ast.Attribute):
+                dotted.insert(0, owner.attr)
+                owner = owner.value
+            if not isinstance(owner, ast.Name) or owner.id not in bound:
+                continue
+            target = ".".join([bound[owner.id] or owner.id] + dotted)
+            if target in modules and target != me:
+                found.append(f"{path.relative_to(package.parent)}:{node.lineno}: {target}.{node.attr}")
+    return found
+
+
+def test_no_private_name_is_used_across_modules() -> None:
+    """A name used by another module is part of its API: drop the underscore, or move the function to its user."""
+    assert private_uses(ROOT / "qnn_tasks") == []
+
+
+def test_private_use_finder_finds_both_shapes(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "lib.py").write_text("def _helper():\n    return 1\n\n\ndef ok():\n    return _helper()\n")
+    (package / "user.py").write_text("from pkg.sub.lib import _helper, ok\nfrom pkg.sub import lib\n"
+                                     "import pkg.sub.lib\n\n\ndef f():\n"
+                                     "    return _helper() + lib._helper() + pkg.sub.lib._helper() + ok()\n")
+    (package / "sub" / "rel.py").write_text("from .lib import _helper\n")
+    assert private_uses(package) == ["pkg/sub/rel.py:1: from pkg.sub.lib import _helper",
+                                     "pkg/user.py:1: from pkg.sub.lib import _helper",
+                                     "pkg/user.py:7: pkg.sub.lib._helper", "pkg/user.py:7: pkg.sub.lib._helper"]
+
+
 def test_cycle_finder_finds_a_cycle() -> None:
     assert _cycles({"a": ["b"], "b": ["c"], "c": ["a"], "d": ["a"]}) == [["a", "b", "c"]]
 
@@ -89,31 +166,31 @@ def test_key_changes_with_an_imported_module_only(tmp_path: Path, monkeypatch: p
     shutil.copytree(ROOT / "qnn_tasks", package, ignore=shutil.ignore_patterns("__pycache__"))
     monkeypatch.setattr(codekeys, "PACKAGE", package)
     monkeypatch.setattr(codekeys, "MEMO_DIR", tmp_path / "memo")
-    codekeys._graph.cache_clear()
+    codekeys.import_graph.cache_clear()
     codekeys.digest.cache_clear()
     before = {r.name: codekeys.digest((r.runner,)) for r in ROWS}
     onnxinfo = package / "graphs" / "onnxinfo.py"  # imported by export, simplify and lint; not by simulate
     onnxinfo.write_text(onnxinfo.read_text() + "\n# a change\n")
-    codekeys._graph.cache_clear()
+    codekeys.import_graph.cache_clear()
     codekeys.digest.cache_clear()
     after = {r.name: codekeys.digest((r.runner,)) for r in ROWS}
     changed = {name for name in before if before[name] != after[name]}
     assert {"export", "simplify", "lint"} <= changed
     assert "simulate" not in changed and "config" not in changed
-    codekeys._graph.cache_clear()
+    codekeys.import_graph.cache_clear()
     codekeys.digest.cache_clear()
 
 
 def test_damaged_memo_is_derived_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(codekeys, "MEMO_DIR", tmp_path)
-    codekeys._graph.cache_clear()
-    first = codekeys._graph()
+    codekeys.import_graph.cache_clear()
+    first = codekeys.import_graph()
     (memo,) = tmp_path.glob("codekeys-*.json")
     memo.write_text("{not json")
-    codekeys._graph.cache_clear()
-    assert codekeys._graph() == first
+    codekeys.import_graph.cache_clear()
+    assert codekeys.import_graph() == first
     json.loads(memo.read_text())  # rewritten whole
-    codekeys._graph.cache_clear()
+    codekeys.import_graph.cache_clear()
 
 
 def test_stage_call_round_trips_through_json() -> None:

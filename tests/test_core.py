@@ -2,6 +2,7 @@
 test's own), the shared cache's put / lookup / restore, and the tree lock."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -16,6 +17,7 @@ from qnn_tasks.plan.stages import GRAPH_STAGES, Planner, build_stage_defs, targe
 from qnn_tasks.run import executors, funnel, treelock
 from qnn_tasks.run.cache import Store
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.run.outcome import Outcome
 from qnn_tasks.spec.project import load_project
 
 # ------------------------------------------------------------------ planning
@@ -74,12 +76,12 @@ def test_graph_rows_are_in_build_order() -> None:
 class FakeExecutor:
     """Runs a call by writing what the test says; stands in for the child process / Dask worker."""
 
-    def __init__(self, outcome: dict[str, Any], write: bool = True) -> None:
+    def __init__(self, outcome: Outcome, write: bool = True) -> None:
         self.outcome = outcome
         self.write = write
         self.calls: list[StageCall] = []
 
-    def run(self, call: StageCall, sink) -> dict[str, Any]:
+    def run(self, call: StageCall, sink) -> Outcome:
         self.calls.append(call)
         if self.write:
             for output in call.outputs:
@@ -102,7 +104,7 @@ def tree(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def test_funnel_success_writes_a_record_vouching_for_the_outputs(tree: Path, monkeypatch) -> None:
-    fake = FakeExecutor({"ok": True, "record": {"answer": 42}, "executor": {"kind": "fake"}})
+    fake = FakeExecutor(Outcome.success({"answer": 42}, executor={"kind": "fake"}))
     monkeypatch.setattr(executors, "for_call", lambda call, root, cache=None: fake)
     assert funnel.run(_call(), {"graph": "g"}, str(tree)) is None
     record = json.loads((tree / "build/m/g/stage/stage.json").read_text())
@@ -111,17 +113,18 @@ def test_funnel_success_writes_a_record_vouching_for_the_outputs(tree: Path, mon
 
 
 def test_funnel_failure_is_one_line_and_a_failed_record(tree: Path, monkeypatch) -> None:
-    fake = FakeExecutor({"ok": False, "error": "model.yaml: x: bad (fix: y)", "traceback": "Traceback ...",
-                         "record": {}}, write=False)
+    fake = FakeExecutor(Outcome.failure("model.yaml: x: bad (fix: y)", {"partial": 1}, traceback="Traceback ..."),
+                        write=False)
     monkeypatch.setattr(executors, "for_call", lambda call, root, cache=None: fake)
     line = funnel.run(_call(), {}, str(tree))
     assert line.startswith("stage:g: model.yaml: x: bad (fix: y)") and "traceback: build/m/g/stage/stage-error.log" in line
     record = json.loads((tree / "build/m/g/stage/stage.json").read_text())
-    assert record["status"] == "failed" and "files" not in record
+    assert record["status"] == "failed" and "files" not in record and record["partial"] == 1
+    assert (tree / "build/m/g/stage/stage-error.log").read_text() == "Traceback ..."
 
 
 def test_funnel_refuses_a_stage_that_wrote_nothing(tree: Path, monkeypatch) -> None:
-    monkeypatch.setattr(executors, "for_call", lambda call, root, cache=None: FakeExecutor({"ok": True, "record": {}},
+    monkeypatch.setattr(executors, "for_call", lambda call, root, cache=None: FakeExecutor(Outcome.success({}),
                                                                                              write=False))
     assert "wrote no build/m/g/stage/out.txt" in funnel.run(_call(), {}, str(tree))
 
@@ -134,17 +137,103 @@ def test_funnel_without_the_lock_writes_nothing(tmp_path: Path, monkeypatch) -> 
 
 def test_funnel_restores_from_the_cache_without_running(tree: Path, monkeypatch) -> None:
     store = Store(str(tree / "store"))
-    first = FakeExecutor({"ok": True, "record": {"n": 1}})
+    first = FakeExecutor(Outcome.success({"n": 1}))
     monkeypatch.setattr(executors, "for_call", lambda call, root, cache=None: first)
     assert funnel.run(_call(), {}, str(tree), store) is None
     os.remove("build/m/g/stage/out.txt")
-    second = FakeExecutor({"ok": True, "record": {"n": 2}})
+    second = FakeExecutor(Outcome.success({"n": 2}))
     monkeypatch.setattr(executors, "for_call", lambda call, root, cache=None: second)
     assert funnel.run(_call(), {}, str(tree), store) is None
     assert second.calls == [] and Path("build/m/g/stage/out.txt").read_text() == "made by stage"
     record = json.loads(Path("build/m/g/stage/stage.json").read_text())
     assert record["n"] == 1 and record["from_cache"]["store"] == store.url
 
+
+
+def test_funnel_does_not_store_again_what_a_worker_stored(tree: Path, monkeypatch) -> None:
+    """`stored`: a Dask worker already put outputs and record in the store; the client only restores them."""
+    store = Store(str(tree / "store"))
+    puts = []
+    monkeypatch.setattr(store, "put", lambda *args, **kw: puts.append(args))
+    fake = FakeExecutor(Outcome.success({"n": 1}, executor={"kind": "dask"}, stored=True))
+    monkeypatch.setattr(executors, "for_call", lambda call, root, cache=None: fake)
+    assert funnel.run(_call(), {}, str(tree), store) is None and puts == []
+    fake.outcome = Outcome.success({"n": 1})
+    Path("build/m/g/stage/out.txt").unlink()
+    monkeypatch.setattr(store, "lookup", lambda key: None)
+    assert funnel.run(_call(), {}, str(tree), store) is None and len(puts) == 1
+
+
+# ------------------------------------------------------------------ outcomes
+
+def test_outcome_round_trips_through_json() -> None:
+    """A child answers in JSON lines and a Dask worker returns a plain dict: both come back equal."""
+    for outcome in (Outcome.success({"a": [1, 2.5], "warnings": []}, executor={"kind": "child", "pid": 7}),
+                    Outcome.success({}, stored=True),
+                    Outcome.failure("model.yaml: x: bad (fix: y)", {"partial": True}, traceback="Traceback ...",
+                                    executor={"kind": "dask", "worker": "tcp://w:1"})):
+        assert Outcome.from_dict(json.loads(json.dumps(outcome.to_dict()))) == outcome
+    assert not Outcome.failure("no").ok and Outcome.failure("no").record == {}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        Outcome.success({}).ok = False  # type: ignore[misc]
+
+
+@pytest.mark.parametrize("data", [None, [], {}, {"ok": "yes"}, {"ok": True, "record": []},
+                                  {"ok": True, "executor": "here"}, {"ok": True, "surprise": 1}])
+def test_outcome_from_anything_else_is_refused(data) -> None:
+    with pytest.raises(ValueError, match="not a stage outcome"):
+        Outcome.from_dict(data)
+
+
+def test_run_here_turns_errors_into_outcomes(monkeypatch) -> None:
+    """The in-process executor: a stage's QnnTasksError keeps its line and partial record; a bug keeps its traceback."""
+    from qnn_tasks.errors import StageError
+    from qnn_tasks.run import calls
+    from qnn_tasks.run.executors.local import InProcess, run_here
+
+    def stage_error(call):
+        raise StageError("model.yaml: x: bad (fix: y)", {"partial": 1})
+
+    monkeypatch.setattr(calls, "execute", stage_error)
+    assert run_here(_call(), None) == Outcome.failure("model.yaml: x: bad (fix: y)", {"partial": 1})
+    monkeypatch.setattr(calls, "execute", lambda call: 1 / 0)
+    bug = run_here(_call(), None)
+    assert not bug.ok and bug.error == "unexpected ZeroDivisionError: division by zero" and "1 / 0" in bug.traceback
+    monkeypatch.setattr(calls, "execute", lambda call: {"answer": 42})
+    done = InProcess().run(_call(), None)
+    assert done.ok and done.record == {"answer": 42} and done.executor["kind"] == "inprocess"
+
+
+PROBE_STAGE = """
+from qnn_tasks.errors import StageError
+
+
+def run_call(call):
+    if call.args.get("fail"):
+        raise StageError("probe: asked to fail (fix: do not ask)", {"partial": call.args["fail"]})
+    return {"echo": call.args["echo"], "nan": float("nan")}
+"""
+
+
+def test_child_process_answers_with_an_outcome(tmp_path: Path) -> None:
+    """A real child process (the default executor): the outcome crosses its JSON line and comes back typed."""
+    import math
+
+    from qnn_tasks.run.executors.local import Child
+
+    (tmp_path / "probe_stage.py").write_text(PROBE_STAGE)
+    child = Child(str(tmp_path))
+    try:
+        call = StageCall(stage="probe", target="t", args={"echo": [1, "two"]}, inputs=[], out_dir="build/probe",
+                         outputs=[], record="", key="", runner="probe_stage:run_call")
+        done = child.run(call, None)
+        assert done.ok and done.record["echo"] == [1, "two"] and math.isnan(done.record["nan"])
+        assert done.executor["kind"] == "child" and done.executor["pid"] != os.getpid()
+        failed = child.run(StageCall.from_json(call.to_json().replace('"echo"', '"fail": 3, "x"')), None)
+        assert failed == Outcome.failure("probe: asked to fail (fix: do not ask)", {"partial": 3},
+                                         executor=failed.executor)
+    finally:
+        child.stop()
 
 # ------------------------------------------------------------------ the cache
 

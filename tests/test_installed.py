@@ -72,6 +72,6 @@ def test_a_damaged_memo_is_asked_again(fresh):
     fresh, new_process = fresh
     install(fresh, "qnn-fake-wheel", "1.0")
     assert installed.version("qnn-fake-wheel") == "1.0"
-    installed._memo_file().write_text('{"fingerprint": ')
+    installed.memo_file().write_text('{"fingerprint": ')
     new_process()
     assert installed.version("qnn-fake-wheel") == "1.0"

@@ -22,7 +22,7 @@ from tiny_packaged import tiny_model, write_model
 from qnn_tasks.errors import StageError, ToolchainError
 from qnn_tasks.qnn import errorcodes as qnnerrors
 from qnn_tasks.spec.project import Soc, load_model, load_soc_table
-from qnn_tasks.toolchains.ort_qnn import _compile
+from qnn_tasks.toolchains.ort_qnn import compile_context
 
 SOCS = load_soc_table(Path("/nonexistent"))[0]  # the packaged table
 
@@ -36,7 +36,7 @@ def tiny(tmp_path) -> Path:
 
 def compile_error(model: Path, out_dir: Path, options: dict, **context) -> str:
     with pytest.raises(ToolchainError) as err:
-        _compile(model, out_dir / "m_ctx.onnx", options, out_dir / "compile.log", context=context)
+        compile_context(model, out_dir / "m_ctx.onnx", options, out_dir / "compile.log", context=context)
     return str(err.value)
 
 
@@ -98,7 +98,7 @@ def test_5005_multi_soc_binary_on_the_simulator(tiny, tmp_path):
 
     ctx = tmp_path / "multi" / "m_ctx.onnx"
     ctx.parent.mkdir()
-    _compile(tiny, ctx, {"soc_model": "57,69", "vtcm_mb": "8"}, tmp_path / "compile.log")
+    compile_context(tiny, ctx, {"soc_model": "57,69", "vtcm_mb": "8"}, tmp_path / "compile.log")
     import numpy as np
 
     with pytest.raises(StageError) as err:
@@ -119,7 +119,7 @@ def test_5000_newer_binary_on_the_older_runtime(tiny, tmp_path):
     env = envs.ensure(load_toolchain(tmp_path, "ort-qnn-2.47"), quiet=True)
     ctx = tmp_path / "bin" / "m_ctx.onnx"
     ctx.parent.mkdir()
-    _compile(tiny, ctx, {"soc_model": "57", "vtcm_mb": "8"}, tmp_path / "compile.log")
+    compile_context(tiny, ctx, {"soc_model": "57", "vtcm_mb": "8"}, tmp_path / "compile.log")
     wrapper = onnx.load(str(ctx))
     wrapper.ir_version = 10  # onnxruntime 1.24 reads IR 10 (stages/compat.py lowers it the same way)
     onnx.save(wrapper, str(ctx))

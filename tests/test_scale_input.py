@@ -206,7 +206,7 @@ def test_scale_input_fixes_the_overflowing_front_end_on_the_simulator(tmp_path):
     from test_yaml_defects import packaged_graph
 
     from qnn_tasks.judge import metrics, samples
-    from qnn_tasks.spec.checks import _verify_section
+    from qnn_tasks.spec.checks import verify_section
     from qnn_tasks.spec.project import TensorSpec
     from qnn_tasks.stages import diagnose
 
@@ -224,7 +224,7 @@ def test_scale_input_fixes_the_overflowing_front_end_on_the_simulator(tmp_path):
     samples.save(tmp_path / "inputs.npz", feeds)
     samples.save(tmp_path / "reference.npz", [{"y": y} for y in cpu])
     (tmp_path / "options.json").write_text(json.dumps(options))
-    verify = _verify_section(None, "fp16", {"y"}, tmp_path / "model.yaml", "graphs.g.verify")
+    verify = verify_section(None, "fp16", {"y"}, tmp_path / "model.yaml", "graphs.g.verify")
     record = diagnose.run(graph, verify, soc, toolchain, tmp_path / "raw.onnx", tmp_path / "options.json",
                           tmp_path / "inputs.npz", tmp_path / "reference.npz", tmp_path / "diagnose", shipped_failed=True)
     first = record["first_divergence"]

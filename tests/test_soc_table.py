@@ -66,6 +66,18 @@ def test_packaged_table_has_the_measured_rows():
     assert default == tuple(ORIGINAL) and len(table) == len(socs)
 
 
+def test_the_row_is_the_one_chip_check_for_a_binary():
+    """`Soc.binary_mismatch` on facts as qnnbin reads them (SPEC 1: SM8650 is soc_model 57, v75)."""
+    sm8650 = load_socs(PACKAGED)["SM8650"]
+    assert sm8650.binary_mismatch({"soc_model": 57, "dsp_arch": "v75", "graphs": []}) is None
+    assert sm8650.binary_mismatch({"soc_model": 69, "dsp_arch": "v79"}) == \
+        "socModel 69 != soc_id 57, arch v79 != dsp_arch v75"
+    assert sm8650.binary_mismatch({"soc_model": 57, "dsp_arch": "v73"}) == "arch v73 != dsp_arch v75"
+    assert sm8650.binary_mismatch({}) == "socModel None != soc_id 57, arch None != dsp_arch v75"  # facts unread
+    (wrong,) = sm8650.binary_mismatches({"soc_model": 43, "dsp_arch": "v75"})
+    assert (wrong.fact, wrong.recorded, wrong.expected) == ("soc_model", 43, 57)
+
+
 def test_fp16_key_reads_as_before_and_keys_the_same(tmp_path):
     old = tmp_path / "old.yaml"
     old.write_text("socs:\n  A: {soc_id: 57, dsp_arch: v75, vtcm_mb: 8, fp16: true}\n"

@@ -12,14 +12,14 @@ from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import checks as verification
 from qnn_tasks.judge import taskchecks
 from qnn_tasks.spec.checkopts import parse_slice, sliced_shape
-from qnn_tasks.spec.checks import _verify_section
+from qnn_tasks.spec.checks import verify_section
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
 YAML = Path("/project/models/m/model.yaml")
 
 
 def checks(*entries: dict, outputs: dict | None = None, where: Path = YAML) -> dict:
-    return _verify_section({"checks": list(entries)}, "fp16", outputs or {"y": (1, 8, 7)}, where, "graphs.g.verify")
+    return verify_section({"checks": list(entries)}, "fp16", outputs or {"y": (1, 8, 7)}, where, "graphs.g.verify")
 
 
 def judge(verify: dict, ref: np.ndarray, got: np.ndarray, model_dir: Path = Path("."), name: str = "y") -> dict:

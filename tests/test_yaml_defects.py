@@ -400,7 +400,7 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
     from conftest import EXAMPLES
 
     from qnn_tasks.judge import metrics, samples
-    from qnn_tasks.spec.checks import _verify_section
+    from qnn_tasks.spec.checks import verify_section
     from qnn_tasks.spec.project import load_socs, load_toolchain
     from qnn_tasks.stages import diagnose
     from qnn_tasks.toolchains import from_profile
@@ -431,7 +431,7 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
     samples.save(tmp_path / "inputs.npz", feeds)
     samples.save(tmp_path / "reference.npz", [{"y": y} for y in cpu])
     (tmp_path / "options.json").write_text(__import__("json").dumps(options))
-    verify = _verify_section(None, "fp16", {"y"}, tmp_path / "model.yaml", "graphs.g.verify")
+    verify = verify_section(None, "fp16", {"y"}, tmp_path / "model.yaml", "graphs.g.verify")
     record = diagnose.run(graph, verify, soc, toolchain, tmp_path / "raw.onnx", tmp_path / "options.json",
                           tmp_path / "inputs.npz", tmp_path / "reference.npz", tmp_path / "diagnose", shipped_failed=True)
     first = record["first_divergence"]
@@ -450,7 +450,7 @@ def test_diagnose_names_the_cancelling_sub_upstream_of_a_diverging_reciprocal():
 
     The rule alone: real CPU tensors of the graph, and error rows as the ranking would give them (every node at
     0.001); the measured case on the simulator is the test above."""
-    from qnn_tasks.stages.diagnose import _cancels, cancellation_source
+    from qnn_tasks.stages.diagnose import cancellation_source, cancels
 
     model = arithmetic_layer_norm("sum_mul")
     feeds = [{"x": (20 + 0.5 * np.random.default_rng(i).standard_normal((1, 16, 64))).astype(np.float32)} for i in range(2)]
@@ -460,7 +460,7 @@ def test_diagnose_names_the_cancelling_sub_upstream_of_a_diverging_reciprocal():
     probe.graph.output.extend([helper.make_tensor_value_info(t, F, None) for t in tensors if t != "y"])
     cpu = [dict(zip([o.name for o in probe.graph.output], _run_cpu(probe, f))) for f in feeds]
     sub = next(n for n in model.graph.node if n.name == "variance")
-    assert _cancels(sub, cpu)  # measured on the CPU: var ~0.25 from E[x^2] ~400
+    assert cancels(sub, cpu)  # measured on the CPU: var ~0.25 from E[x^2] ~400
     index = {o: i for i, n in enumerate(model.graph.node) for o in n.output}
     rows = [{"index": index[t], "node": model.graph.node[index[t]].name or t, "op_type": model.graph.node[index[t]].op_type,
              "tensor": t, "rel_max_abs": 0.001, "cosine": 1.0} for t in tensors]

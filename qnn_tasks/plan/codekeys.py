@@ -109,7 +109,7 @@ def _imports(module: str, path: Path, modules: dict[str, Path]) -> list[str]:
 
 def imports() -> dict[str, list[str]]:
     """module -> the package modules it names in an import (module level or in a function)."""
-    return _graph()[0]
+    return import_graph()[0]
 
 
 def _extra_files() -> list[Path]:
@@ -117,7 +117,7 @@ def _extra_files() -> list[Path]:
 
 
 @functools.lru_cache(maxsize=1)
-def _graph() -> tuple[dict[str, list[str]], dict[str, str]]:
+def import_graph() -> tuple[dict[str, list[str]], dict[str, str]]:
     """(module -> modules it imports, module or extra file -> sha256), from the memo while sources are unchanged."""
     modules = _sources()
     extras = _extra_files()
@@ -156,7 +156,7 @@ def closure(entries: tuple[str, ...]) -> tuple[str, ...]:
 
     An entry outside qnn_tasks (a stage registered by a project) counts with the package modules it imports.
     """
-    graph, _ = _graph()
+    graph, _ = import_graph()
     seen: set[str] = set()
     todo = [e.partition(":")[0] for e in entries]
     todo = [m for m in todo if m.startswith(NAME)] + [d for m in todo if not m.startswith(NAME) for d in _outside(m)[1]]
@@ -177,7 +177,7 @@ def closure(entries: tuple[str, ...]) -> tuple[str, ...]:
 def digest(entries: tuple[str, ...], files: tuple[str, ...] = ()) -> str:
     """One short digest of the code behind some entry modules (`module` or `module:function`), plus package
     files that are code but not Python (paths relative to qnn_tasks/, e.g. the report's template)."""
-    _, digests = _graph()
+    _, digests = import_graph()
     parts = [f"{m}:{digests[m]}" for m in closure(entries)] + [f"{f}:{digests[f]}" for f in sorted(files)]
     parts += [f"{m}:{_outside(m)[0]}" for m in sorted({e.partition(':')[0] for e in entries}) if not m.startswith(NAME)]
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

@@ -31,7 +31,7 @@ from qnn_tasks.plan.targets import (
 from qnn_tasks.spec import serial as specjson
 from qnn_tasks.spec.checks import MODEL_CHECKS
 from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
-from qnn_tasks.spec.yamlread import _name
+from qnn_tasks.spec.yamlread import as_name
 
 
 @dataclass
@@ -101,7 +101,7 @@ class Planner:
         for index, profile in enumerate(project.toolchains or (project.toolchain,)):
             chain = toolchains.from_profile(profile)
             fingerprint = chain.fingerprint()
-            toolchain_id = _name(chain.id(), profile.file, "", "the toolchain id made from its kind and versions",
+            toolchain_id = as_name(chain.id(), profile.file, "", "the toolchain id made from its kind and versions",
                                  "check the versions it is made of (for qairt: the SDK folder name or sdk.yaml's "
                                  "version and build)")
             binding = Binding(profile=profile, toolchain=chain, id=toolchain_id, fingerprint=fingerprint,

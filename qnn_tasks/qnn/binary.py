@@ -25,18 +25,18 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.qnn.binary_layout import (
-    _DTYPES,
-    _ENCODINGS,
-    _QNN_DEFINITION_DEFINED,
-    _SYSTEM_API_MAJOR,
-    _BinaryInfo,
-    _error_text,
-    _ErrorHandle,
-    _GraphInfo,
-    _QuantizeParams,
-    _SystemApi,
-    _SystemInterface,
-    _Tensor,
+    DTYPES,
+    ENCODINGS,
+    QNN_DEFINITION_DEFINED,
+    SYSTEM_API_MAJOR,
+    ErrorHandle,
+    QnnBinaryInfo,
+    QnnGraphInfo,
+    QnnQuantizeParams,
+    QnnSystemApi,
+    QnnSystemInterface,
+    QnnTensor,
+    error_text,
 )
 
 __all__ = [
@@ -125,7 +125,7 @@ def find_system_library() -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def _load_api(lib_path: str) -> tuple[C.CDLL, _SystemApi]:
+def _load_api(lib_path: str) -> tuple[C.CDLL, QnnSystemApi]:
     """dlopen the system library once and pick its QNN system API provider."""
     try:
         # onnx first: a process that loads libQnnSystem before onnx/numpy and starts an
@@ -138,20 +138,21 @@ def _load_api(lib_path: str) -> tuple[C.CDLL, _SystemApi]:
         get_providers = lib.QnnSystemInterface_getProviders
     except (OSError, AttributeError) as exc:
         raise QnnBinError(f"{lib_path}: cannot load QNN system library ({exc}); {INSTALL_HINT}") from None
-    get_providers.restype = _ErrorHandle
-    get_providers.argtypes = [C.POINTER(C.POINTER(C.POINTER(_SystemInterface))), C.POINTER(C.c_uint32)]
-    providers = C.POINTER(C.POINTER(_SystemInterface))()
+    get_providers.restype = ErrorHandle
+    get_providers.argtypes = [C.POINTER(C.POINTER(C.POINTER(QnnSystemInterface))), C.POINTER(C.c_uint32)]
+    providers = C.POINTER(C.POINTER(QnnSystemInterface))()
     count = C.c_uint32(0)
     err = get_providers(C.byref(providers), C.byref(count))
     if err or not providers:
-        raise QnnBinError(f"{lib_path}: QnnSystemInterface_getProviders failed ({_error_text(err)}); {INSTALL_HINT}")
+        raise QnnBinError(f"{lib_path}: QnnSystemInterface_getProviders failed ({error_text(err)}); {INSTALL_HINT}")
     for i in range(count.value):
         iface = providers[i].contents
         api = iface.api
-        if (iface.systemApiVersion.major == _SYSTEM_API_MAJOR and api.systemContextCreate
+        if (iface.systemApiVersion.major == SYSTEM_API_MAJOR and api.systemContextCreate
                 and api.systemContextGetBinaryInfo and api.systemContextFree):
             return lib, api
-    raise QnnBinError(f"{lib_path}: no compatible QNN system API provider (need major {_SYSTEM_API_MAJOR}); {INSTALL_HINT}")
+    raise QnnBinError(f"{lib_path}: no compatible QNN system API provider (need major {SYSTEM_API_MAJOR}); "
+                      f"{INSTALL_HINT}")
 
 
 # --------------------------------------------------------------------------
@@ -172,11 +173,11 @@ def _f32(value: float) -> float:
     return value
 
 
-def _quantization(q: _QuantizeParams) -> dict | None:
+def _quantization(q: QnnQuantizeParams) -> dict | None:
     """Readable summary of Qnn_QuantizeParams_t, or None when not quantized."""
-    if q.encodingDefinition != _QNN_DEFINITION_DEFINED or q.quantizationEncoding >= len(_ENCODINGS):
+    if q.encodingDefinition != QNN_DEFINITION_DEFINED or q.quantizationEncoding >= len(ENCODINGS):
         return None
-    enc = _ENCODINGS[q.quantizationEncoding]
+    enc = ENCODINGS[q.quantizationEncoding]
     out: dict[str, Any] = {"encoding": enc}
     if enc == "scale_offset":
         out.update(scale=_f32(q.scaleOffsetEncoding.scale), offset=q.scaleOffsetEncoding.offset)
@@ -198,12 +199,12 @@ def _scale_range(scales: list[float]) -> dict:
     return {"scale_min": _f32(min(scales)), "scale_max": _f32(max(scales))} if scales else {}
 
 
-def _tensor(t: _Tensor) -> TensorInfo:
+def _tensor(t: QnnTensor) -> TensorInfo:
     body = t.v2 if t.version == 2 else t.v1  # both share the leading V1 fields
     dims = [body.dimensions[i] for i in range(body.rank)] if body.dimensions else []
     return TensorInfo(
         name=_text(body.name),
-        dtype=_DTYPES.get(body.dataType, f"unknown_0x{body.dataType:x}"),
+        dtype=DTYPES.get(body.dataType, f"unknown_0x{body.dataType:x}"),
         shape=dims,
         quantization=_quantization(body.quantizeParams),
     )
@@ -213,7 +214,7 @@ def _tensors(array: Any, count: int) -> list[TensorInfo]:
     return [_tensor(array[i]) for i in range(count)] if array else []
 
 
-def _graph(g: _GraphInfo) -> GraphInfo:
+def _graph(g: QnnGraphInfo) -> GraphInfo:
     body = {1: g.graphInfoV1, 2: g.graphInfoV2, 3: g.graphInfoV3}.get(g.version)
     if body is None:  # newer layouts start with the V1 fields
         body = g.graphInfoV1
@@ -241,7 +242,7 @@ def _dsp_arch(metadata: list[int] | None) -> str | None:
     return None
 
 
-def _convert(path: Path, info: _BinaryInfo) -> BinaryInfo:
+def _convert(path: Path, info: QnnBinaryInfo) -> BinaryInfo:
     version = info.version
     if version == 1:
         body = info.contextBinaryInfoV1
@@ -291,18 +292,18 @@ def read_binary_info(path: str | Path, system_lib: str | Path | None = None) -> 
     handle = C.c_void_p()
     err = api.systemContextCreate(C.byref(handle))
     if err:
-        raise QnnBinError(f"{path}: QnnSystemContext_create failed ({_error_text(err)}); check {lib_path}")
+        raise QnnBinError(f"{path}: QnnSystemContext_create failed ({error_text(err)}); check {lib_path}")
     # A private (copy-on-write) mapping instead of reading the file: binaries run to tens of MB
     # and only their header is parsed, so only those pages are read.
     with open(path, "rb") as fh, mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_COPY) as mapped:
         buf = (C.c_char * size).from_buffer(mapped)
         try:
-            info = C.POINTER(_BinaryInfo)()
+            info = C.POINTER(QnnBinaryInfo)()
             info_size = C.c_uint64(0)
             err = api.systemContextGetBinaryInfo(handle, buf, size, C.byref(info), C.byref(info_size))
             if err or not info:
                 raise QnnBinError(
-                    f"{path}: not a readable QNN context binary ({_error_text(err)}); "
+                    f"{path}: not a readable QNN context binary ({error_text(err)}); "
                     "pass the *_qnn.bin written next to the *_ctx.onnx, or rebuild it"
                 )
             return _convert(path, info.contents)

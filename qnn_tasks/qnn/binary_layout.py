@@ -71,7 +71,7 @@ class _QuantUnion(C.Union):
     ]
 
 
-class _QuantizeParams(C.Structure):  # Qnn_QuantizeParams_t
+class QnnQuantizeParams(C.Structure):  # Qnn_QuantizeParams_t
     _anonymous_ = ("u",)
     _fields_ = [
         ("encodingDefinition", C.c_uint32),
@@ -94,7 +94,7 @@ _TENSOR_V1_FIELDS = [
     ("type", C.c_uint32),
     ("dataFormat", C.c_uint32),
     ("dataType", C.c_uint32),
-    ("quantizeParams", _QuantizeParams),
+    ("quantizeParams", QnnQuantizeParams),
     ("rank", C.c_uint32),
     ("dimensions", C.POINTER(C.c_uint32)),
     ("memType", C.c_uint32),
@@ -126,7 +126,7 @@ class _TensorUnion(C.Union):
     _fields_ = [("v1", _TensorV1), ("v2", _TensorV2)]
 
 
-class _Tensor(C.Structure):  # Qnn_Tensor_t; arrays are strided by the full union
+class QnnTensor(C.Structure):  # Qnn_Tensor_t; arrays are strided by the full union
     _anonymous_ = ("u",)
     _fields_ = [("version", C.c_uint32), ("u", _TensorUnion)]
 
@@ -138,13 +138,13 @@ class _Tensor(C.Structure):  # Qnn_Tensor_t; arrays are strided by the full unio
 _GRAPH_V1_FIELDS = [
     ("graphName", C.c_char_p),
     ("numGraphInputs", C.c_uint32),
-    ("graphInputs", C.POINTER(_Tensor)),
+    ("graphInputs", C.POINTER(QnnTensor)),
     ("numGraphOutputs", C.c_uint32),
-    ("graphOutputs", C.POINTER(_Tensor)),
+    ("graphOutputs", C.POINTER(QnnTensor)),
 ]
 _GRAPH_V2_FIELDS = _GRAPH_V1_FIELDS + [
     ("numUpdateableTensors", C.c_uint32),
-    ("updateableTensors", C.POINTER(_Tensor)),
+    ("updateableTensors", C.POINTER(QnnTensor)),
 ]
 
 
@@ -169,7 +169,7 @@ class _GraphInfoUnion(C.Union):
     _fields_ = [("graphInfoV1", _GraphInfoV1), ("graphInfoV2", _GraphInfoV2), ("graphInfoV3", _GraphInfoV3)]
 
 
-class _GraphInfo(C.Structure):  # QnnSystemContext_GraphInfo_t
+class QnnGraphInfo(C.Structure):  # QnnSystemContext_GraphInfo_t
     _anonymous_ = ("u",)
     _fields_ = [("version", C.c_uint32), ("u", _GraphInfoUnion)]
 
@@ -184,9 +184,9 @@ _BINARY_V1_HEAD = [
 _BINARY_GRAPHS = [
     ("contextBlobSize", C.c_uint64),
     ("numContextTensors", C.c_uint32),
-    ("contextTensors", C.POINTER(_Tensor)),
+    ("contextTensors", C.POINTER(QnnTensor)),
     ("numGraphs", C.c_uint32),
-    ("graphs", C.POINTER(_GraphInfo)),
+    ("graphs", C.POINTER(QnnGraphInfo)),
 ]
 _BINARY_V1_FIELDS = _BINARY_V1_HEAD + [
     ("hwInfoBlobVersion", _Version),
@@ -221,7 +221,7 @@ class _BinaryInfoUnion(C.Union):
     ]
 
 
-class _BinaryInfo(C.Structure):  # QnnSystemContext_BinaryInfo_t
+class QnnBinaryInfo(C.Structure):  # QnnSystemContext_BinaryInfo_t
     _anonymous_ = ("u",)
     _fields_ = [("version", C.c_uint32), ("u", _BinaryInfoUnion)]
 
@@ -230,16 +230,16 @@ class _BinaryInfo(C.Structure):  # QnnSystemContext_BinaryInfo_t
 # C layouts (QnnSystemInterface.h)
 # --------------------------------------------------------------------------
 
-_ErrorHandle = C.c_uint64  # Qnn_ErrorHandle_t; the error code is the low 16 bits
-_CreateFn = C.CFUNCTYPE(_ErrorHandle, C.POINTER(C.c_void_p))
+ErrorHandle = C.c_uint64  # Qnn_ErrorHandle_t; the error code is the low 16 bits
+_CreateFn = C.CFUNCTYPE(ErrorHandle, C.POINTER(C.c_void_p))
 _GetBinaryInfoFn = C.CFUNCTYPE(
-    _ErrorHandle, C.c_void_p, C.c_void_p, C.c_uint64,
-    C.POINTER(C.POINTER(_BinaryInfo)), C.POINTER(C.c_uint64),
+    ErrorHandle, C.c_void_p, C.c_void_p, C.c_uint64,
+    C.POINTER(C.POINTER(QnnBinaryInfo)), C.POINTER(C.c_uint64),
 )
-_FreeFn = C.CFUNCTYPE(_ErrorHandle, C.c_void_p)
+_FreeFn = C.CFUNCTYPE(ErrorHandle, C.c_void_p)
 
 
-class _SystemApi(C.Structure):  # QNN_SYSTEM_INTERFACE_VER_TYPE (leading members only)
+class QnnSystemApi(C.Structure):  # QNN_SYSTEM_INTERFACE_VER_TYPE (leading members only)
     _fields_ = [
         ("systemContextCreate", _CreateFn),
         ("systemContextGetBinaryInfo", _GetBinaryInfoFn),
@@ -248,12 +248,12 @@ class _SystemApi(C.Structure):  # QNN_SYSTEM_INTERFACE_VER_TYPE (leading members
     ]
 
 
-class _SystemInterface(C.Structure):  # QnnSystemInterface_t
+class QnnSystemInterface(C.Structure):  # QnnSystemInterface_t
     _fields_ = [
         ("backendId", C.c_uint32),
         ("providerName", C.c_char_p),
         ("systemApiVersion", _Version),
-        ("api", _SystemApi),
+        ("api", QnnSystemApi),
     ]
 
 
@@ -261,7 +261,7 @@ class _SystemInterface(C.Structure):  # QnnSystemInterface_t
 # Enum names
 # --------------------------------------------------------------------------
 
-_DTYPES = {
+DTYPES = {
     0x0008: "int8", 0x0016: "int16", 0x0032: "int32", 0x0064: "int64",
     0x0108: "uint8", 0x0116: "uint16", 0x0132: "uint32", 0x0164: "uint64",
     0x0216: "float16", 0x0226: "bfloat16", 0x0232: "float32", 0x0264: "float64",
@@ -271,21 +271,21 @@ _DTYPES = {
     0x0416: "ufixed_point_16", 0x0432: "ufixed_point_32",
     0x0508: "bool", 0x0608: "string",
 }
-_ENCODINGS = [
+ENCODINGS = [
     "scale_offset", "axis_scale_offset", "bw_scale_offset", "bw_axis_scale_offset",
     "block", "blockwise_expansion", "vector", "float_block",
     "bw_axis_scale_offset_mapped", "bw_block_mapped", "bw_blockwise_expansion_mapped",
     "bw_float_block",
 ]
-_QNN_DEFINITION_DEFINED = 1
+QNN_DEFINITION_DEFINED = 1
 _ERRORS = {
     1000: "NOT_SUPPORTED", 1002: "MEM_ALLOC", 1003: "SYSTEM", 1004: "INVALID_ARGUMENT",
     1100: "GENERAL", 30000: "INVALID_HANDLE", 30001: "INVALID_ARGUMENT",
     30002: "OPERATION_FAILED", 30010: "MALFORMED_BINARY",
 }
-_SYSTEM_API_MAJOR = 1  # QNN_SYSTEM_API_VERSION_MAJOR
+SYSTEM_API_MAJOR = 1  # QNN_SYSTEM_API_VERSION_MAJOR
 
 
-def _error_text(handle: int) -> str:
+def error_text(handle: int) -> str:
     code = handle & 0xFFFF
     return f"error {code} {_ERRORS.get(code, 'UNKNOWN')}"

@@ -74,7 +74,7 @@ def check_row(soc: Soc, models: dict[str, Path], work: Path) -> dict[str, Any]:
     """Compile for one row at every precision it runs; report what each binary says and whether it matches."""
     from qnn_tasks.qnn.binary import read_binary_info
     from qnn_tasks.qnn.errorcodes import explain
-    from qnn_tasks.toolchains.ort_qnn import _compile
+    from qnn_tasks.toolchains.ort_qnn import compile_context
 
     result: dict[str, Any] = {"soc": soc.row(), "runs": list(soc.runs), "precisions": {}}
     for precision in soc.runs:
@@ -83,10 +83,10 @@ def check_row(soc: Soc, models: dict[str, Path], work: Path) -> dict[str, Any]:
         log = out.with_name("compile.log")
         entry: dict[str, Any] = {}
         try:
-            _compile(models[precision], out, precision_options(soc, precision), log)
+            compile_context(models[precision], out, precision_options(soc, precision), log)
             info = read_binary_info(out.with_name("socscheck_ctx_qnn.bin"))
             entry.update(recorded_soc_model=info.soc_model, recorded_arch=info.dsp_arch,
-                         ok=info.soc_model == soc.soc_id and info.dsp_arch == soc.dsp_arch)
+                         ok=soc.binary_mismatch(info.to_dict()) is None)
         except Exception as err:
             message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
             hints = explain(log.read_text(errors="replace") if log.is_file() else message, "compile",

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from qnn_tasks.errors import QnnTasksError, SpecError
-from qnn_tasks.fileio import _finite
+from qnn_tasks.fileio import finite
 from qnn_tasks.run import console
 from qnn_tasks.run.cacheentry import (
     MANIFEST_LIMIT,
@@ -232,7 +232,7 @@ class Store:
             files[name] = {"sha256": self.upload(root / name), "size": (root / name).stat().st_size}
         manifest = {"schema": SCHEMA, "key": key, "stage": stage, "target": target, "files": files,
                     "record": record, "built_at": _now(), "built_by": socket.gethostname()}
-        data = json.dumps(_finite(manifest), allow_nan=False, default=str).encode()
+        data = json.dumps(finite(manifest), allow_nan=False, default=str).encode()
 
         def write(tmp: str) -> None:
             with self.fs.open(tmp, "wb") as fh:

@@ -19,6 +19,7 @@ from qnn_tasks.errors import QnnTasksError
 from qnn_tasks.report import mark as reportmark
 from qnn_tasks.run import console, executors, interrupts, records, treelock
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.run.outcome import Outcome
 from qnn_tasks.run.status import Status
 
 
@@ -46,21 +47,22 @@ def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | N
         treelock.sweep(out_dir)
         raise
     except QnnTasksError as err:
-        outcome = {"ok": False, "error": str(err), "record": getattr(err, "record", {}) or {}}
+        outcome = Outcome.failure(str(err), getattr(err, "record", None))
     finally:
         interrupts.running(None)
-    record.update(outcome.get("record") or {})
-    record["executor"] = outcome.get("executor")
+    record.update(outcome.record)
+    record["executor"] = outcome.executor
     seconds = round(time.perf_counter() - start, 3)
-    if not outcome["ok"]:
+    if not outcome.ok:
         return _failed(call, record, outcome, seconds, task)
     missing = [p for p in call.outputs if not os.path.isfile(p)]
     if missing:
-        return _failed(call, record, {"error": f"the stage finished but wrote no {', '.join(missing)}"}, seconds, task)
+        return _failed(call, record, Outcome.failure(f"the stage finished but wrote no {', '.join(missing)}"),
+                       seconds, task)
     record.update(status=Status.WARNING if record.get("warnings") else Status.PASSED, seconds=seconds,
                   files=records.vouch(call.outputs))
     records.write(call.record, record)
-    if cache is not None and cache_key and not outcome.get("stored") and cache.writable:
+    if cache is not None and cache_key and not outcome.stored and cache.writable:
         from qnn_tasks.run.cache import StoreUnreachable
 
         try:  # a full, read-only or unreachable store costs the cache entry, not the build: said once per run
@@ -105,14 +107,14 @@ def _restore(call: StageCall, record: dict[str, Any], cache, start: float, task:
     return None
 
 
-def _failed(call: StageCall, record: dict[str, Any], outcome: dict[str, Any], seconds: float, task: str) -> str:
-    record.update(status="failed", error=outcome["error"], seconds=seconds)
+def _failed(call: StageCall, record: dict[str, Any], outcome: Outcome, seconds: float, task: str) -> str:
+    record.update(status="failed", error=outcome.error, seconds=seconds)
     record.pop("files", None)
-    if outcome.get("traceback"):
+    if outcome.traceback:
         log = Path(call.out_dir) / f"{call.stage}-error.log"
         log.parent.mkdir(parents=True, exist_ok=True)
-        log.write_text(outcome["traceback"])
+        log.write_text(outcome.traceback)
         record["error_log"] = str(log)
     records.write(call.record, record)
     suffix = f" (traceback: {record['error_log']})" if record.get("error_log") else ""
-    return f"{task}: {outcome['error']}{suffix}"
+    return f"{task}: {outcome.error}{suffix}"

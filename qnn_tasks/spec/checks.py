@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec.yamlread import _bool, _check_keys, _int, _mapping, _number
+from qnn_tasks.spec.yamlread import as_bool, as_int, as_mapping, as_number, check_keys
 
 PRECISIONS = ("fp16", "w8a16")  # w8a16: 8-bit weights, 16-bit activations, quantized in QNN
 MIN_CALIBRATION_SAMPLES = 8
@@ -54,20 +54,20 @@ LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx"
               "erf", "fp16-overflow-constant", "reduce-sum-square", "clip-computed", "variance-cancellation")
 
 
-def _check_lint(lint: dict, path: Path, key: str) -> None:
+def check_lint(lint: dict, path: Path, key: str) -> None:
     allow = lint.get("allow", [])
     if not isinstance(allow, list) or any(rule not in LINT_RULES for rule in allow):
         raise SpecError(path, f"{key}.allow", f"must be a list of lint rules, got {allow!r}",
                         f"use rules from: {', '.join(LINT_RULES)}")
     limit = lint.get("max_fp16_params")
     if limit is not None:
-        _number(limit, path, f"{key}.max_fp16_params", 1.0, None)
+        as_number(limit, path, f"{key}.max_fp16_params", 1.0, None)
 
 
-def _calibration(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:
+def calibration_section(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:
     """How w8a16 graphs are calibrated: N real samples from a function of the model's export.py."""
-    section = _mapping(data, path, key)
-    _check_keys(section, CALIBRATION_KEYS, path, key)
+    section = as_mapping(data, path, key)
+    check_keys(section, CALIBRATION_KEYS, path, key)
     samples = section.get("samples", 32)
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < MIN_CALIBRATION_SAMPLES:
         raise SpecError(path, f"{key}.samples", f"{samples!r} is too few calibration samples",
@@ -77,20 +77,20 @@ def _calibration(data: Any, precisions: list[str], path: Path, key: str) -> dict
         raise SpecError(path, f"{key}.function", f"'{function}' is not a function name", "name a function in export.py")
     if section and "w8a16" not in precisions:
         raise SpecError(path, key, "calibration is only used by w8a16 graphs", "add w8a16 to precision or remove it")
-    return {"samples": samples, "function": function, "per_channel": _bool(section.get("per_channel", True), path,
+    return {"samples": samples, "function": function, "per_channel": as_bool(section.get("per_channel", True), path,
                                                                              f"{key}.per_channel")}
 
 
-def _verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tuple[int, ...]], where: Path,
+def verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tuple[int, ...]], where: Path,
                     key: str) -> dict[str, Any]:
     """The graph's `verify:` settings for one precision, validated, with defaults filled in.
 
     A `w8a16:` subsection overrides the base settings for w8a16 targets only.
     """
-    verify = dict(_mapping(data, where, key))
+    verify = dict(as_mapping(data, where, key))
     for p in PRECISIONS:
         if p != "fp16" and p in verify:
-            override = _mapping(verify.pop(p), where, f"{key}.{p}")
+            override = as_mapping(verify.pop(p), where, f"{key}.{p}")
             if precision == p:
                 bad = set(override) - {"samples", "thresholds", "per_output", "checks"}
                 if bad:
@@ -107,7 +107,7 @@ def _verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tup
             if metric not in THRESHOLD_KEYS:
                 raise SpecError(where, f"{key}.{name}.{metric}", "unknown threshold",
                                 f"use one of: {', '.join(THRESHOLD_KEYS)}")
-            _number(limits[metric], where, f"{key}.{name}.{metric}", *THRESHOLD_RANGES[metric])
+            as_number(limits[metric], where, f"{key}.{name}.{metric}", *THRESHOLD_RANGES[metric])
     for name in per_output:
         if name not in outputs:
             raise SpecError(where, f"{key}.per_output.{name}", "not an output of the graph", f"use one of: {', '.join(outputs)}")
@@ -117,7 +117,7 @@ def _verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tup
             raise SpecError(where, f"{key}.checks[{i}]", "each check is one `kind: {options}` mapping",
                             "e.g. - agreement: {output: output, threshold: 0.5, min: 0.99}")
         kind, options = next(iter(check.items()))
-        options = _mapping(options, where, f"{key}.checks[{i}].{kind}")
+        options = as_mapping(options, where, f"{key}.checks[{i}].{kind}")
         if kind not in CHECK_KINDS:
             raise SpecError(where, f"{key}.checks[{i}]", f"unknown check '{kind}'", f"use one of: {', '.join(CHECK_KINDS)}")
         unknown = set(options) - CHECK_KINDS[kind]
@@ -127,14 +127,14 @@ def _verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tup
         for option, (kind_of, low, high) in CHECK_RANGES.get(kind, {}).items():
             if option in options:
                 check_key = f"{key}.checks[{i}].{kind}.{option}"
-                (_int if kind_of is int else _number)(options[option], where, check_key, low, high)
+                (as_int if kind_of is int else as_number)(options[option], where, check_key, low, high)
         shape = outputs.get(options["output"]) if isinstance(outputs, dict) else None
         _check_options(kind, options, shape, where, f"{key}.checks[{i}].{kind}")
         checks.append({"kind": kind, **SHARED_DEFAULTS.get(kind, {}), **CHECK_DEFAULTS.get(kind, {}).get(precision, {}),
                        **options})
     samples = verify.get("samples")
     if samples is not None:
-        _int(samples, where, f"{key}.samples", 1, None)
+        as_int(samples, where, f"{key}.samples", 1, None)
     return {"samples": samples, "thresholds": thresholds, "per_output": per_output, "checks": checks}
 
 

@@ -20,7 +20,7 @@ _facts: dict[str, str | None] | None = None
 _fingerprint: str | None = None
 
 
-def _memo_file() -> Path:
+def memo_file() -> Path:
     base = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "qnn-npu-compile"
     return base / f"installed-{hashlib.md5(sys.executable.encode()).hexdigest()[:12]}.json"
 
@@ -49,7 +49,7 @@ def _load() -> dict[str, str | None]:
     if _facts is None:
         _fingerprint = _site_fingerprint()
         try:
-            stored = json.loads(_memo_file().read_text())
+            stored = json.loads(memo_file().read_text())
             _facts = stored["facts"] if stored.get("fingerprint") == _fingerprint else {}
         except (OSError, ValueError, KeyError, TypeError):  # none yet, or damaged: ask importlib again
             _facts = {}
@@ -66,7 +66,7 @@ def remembered(key: str, compute: Callable[[], str | None]) -> str | None:
 
 
 def _save(facts: dict[str, str | None]) -> None:
-    path = _memo_file()
+    path = memo_file()
     tmp = path.with_name(f"{path.name}.{os.getpid()}.part")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

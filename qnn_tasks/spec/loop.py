@@ -44,13 +44,13 @@ class LoopSpec:
 
 def load(data: Any, graphs: tuple, model: str, path: Path, pipeline: Any = None) -> LoopSpec | None:
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.checks import _verify_section
-    from qnn_tasks.spec.yamlread import _check_keys, _int, _mapping
+    from qnn_tasks.spec.checks import verify_section
+    from qnn_tasks.spec.yamlread import as_int, as_mapping, check_keys
 
     if data is None:
         return None
-    section = _mapping(data, path, "loop")
-    _check_keys(section, LOOP_KEYS, path, "loop")
+    section = as_mapping(data, path, "loop")
+    check_keys(section, LOOP_KEYS, path, "loop")
     by_name = {g.name: g for g in graphs}
     name = section.get("graph")
     if name not in by_name:
@@ -60,7 +60,7 @@ def load(data: Any, graphs: tuple, model: str, path: Path, pipeline: Any = None)
     inputs = {t.name: t for t in graph.inputs}
     outputs = {t.name: t for t in graph.outputs}
     feed: dict[str, str] = {}
-    for key, value in _mapping(section.get("feed"), path, "loop.feed").items():
+    for key, value in as_mapping(section.get("feed"), path, "loop.feed").items():
         key, value = str(key), str(value)
         if key not in inputs:
             raise SpecError(path, f"loop.feed.{key}", f"'{key}' is not an input of graph '{name}'",
@@ -86,22 +86,22 @@ def load(data: Any, graphs: tuple, model: str, path: Path, pipeline: Any = None)
     start = _start(section.get("start"), graph, feed, by_name, pipeline, path)
     steps = section.get("steps")
     if steps is not None:
-        steps = _int(steps, path, "loop.steps", 1, MAX_STEPS)
-    verify_data = _mapping(section.get("verify"), path, "loop.verify")
+        steps = as_int(steps, path, "loop.steps", 1, MAX_STEPS)
+    verify_data = as_mapping(section.get("verify"), path, "loop.verify")
     if "samples" in verify_data:
         raise SpecError(path, "loop.verify.samples", "a loop runs steps, not samples", "use loop.steps")
-    verify = {p: _verify_section(verify_data, p, set(outputs), path, "loop.verify") for p in graph.precisions}
+    verify = {p: verify_section(verify_data, p, set(outputs), path, "loop.verify") for p in graph.precisions}
     return LoopSpec(model=model, graph=str(name), feed=feed, steps=steps, step=step, verify=verify, start=start)
 
 
 def _start(data: Any, graph, feed: dict[str, str], by_name: dict, pipeline: Any, path: Path) -> dict[str, str] | None:
     """`start: {<input>: <pipeline's last graph>.<output>}`, checked: names, shapes, a pipeline to start from."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.yamlread import _mapping
+    from qnn_tasks.spec.yamlread import as_mapping
 
     if data is None:
         return None
-    section = _mapping(data, path, "loop.start")
+    section = as_mapping(data, path, "loop.start")
     if pipeline is None:
         raise SpecError(path, "loop.start", "starts from the model's pipeline, and this model has none",
                         "declare pipeline: {graphs: [...]} whose last graph makes these inputs, or drop loop.start")

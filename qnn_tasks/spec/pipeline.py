@@ -45,13 +45,13 @@ class PipelineSpec:
 
 def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | None:
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.checks import _verify_section
-    from qnn_tasks.spec.yamlread import _bool, _check_keys, _mapping, _number
+    from qnn_tasks.spec.checks import verify_section
+    from qnn_tasks.spec.yamlread import as_bool, as_mapping, as_number, check_keys
 
     if data is None:
         return None
-    section = _mapping(data, path, "pipeline")
-    _check_keys(section, PIPELINE_KEYS, path, "pipeline")
+    section = as_mapping(data, path, "pipeline")
+    check_keys(section, PIPELINE_KEYS, path, "pipeline")
     names = section.get("graphs")
     by_name = {g.name: g for g in graphs}
     if not isinstance(names, list) or len(names) < 2 or len(set(names)) != len(names):
@@ -62,15 +62,15 @@ def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | Non
             raise SpecError(path, "pipeline.graphs", f"'{name}' is not a graph of this model",
                             f"use graphs declared under graphs: ({', '.join(by_name)})")
     feed, glue = {}, {}
-    for key, value in _mapping(section.get("feed"), path, "pipeline.feed").items():
+    for key, value in as_mapping(section.get("feed"), path, "pipeline.feed").items():
         if isinstance(value, dict):  # the output, and the glue between the graphs
-            _check_keys(value, GLUE_KEYS, path, f"pipeline.feed.{key}")
+            check_keys(value, GLUE_KEYS, path, f"pipeline.feed.{key}")
             if "from" not in value:
                 raise SpecError(path, f"pipeline.feed.{key}.from", "required key is missing",
                                 "e.g. {from: features.y, reshape: true, scale: 0.1, offset: 2.0}")
-            glue[str(key)] = {"reshape": _bool(value.get("reshape", False), path, f"pipeline.feed.{key}.reshape"),
-                              "scale": _number(value.get("scale", 1.0), path, f"pipeline.feed.{key}.scale"),
-                              "offset": _number(value.get("offset", 0.0), path, f"pipeline.feed.{key}.offset")}
+            glue[str(key)] = {"reshape": as_bool(value.get("reshape", False), path, f"pipeline.feed.{key}.reshape"),
+                              "scale": as_number(value.get("scale", 1.0), path, f"pipeline.feed.{key}.scale"),
+                              "offset": as_number(value.get("offset", 0.0), path, f"pipeline.feed.{key}.offset")}
             if "stack" in value:
                 glue[str(key)]["stack"] = _stack_settings(value["stack"], path, f"pipeline.feed.{key}.stack")
             value = value["from"]
@@ -116,24 +116,24 @@ def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | Non
         for tensor in graph.outputs:
             produced[tensor.name] = (name, tensor.shape)
     last = by_name[names[-1]]
-    verify = _verify_section(section.get("verify"), last.precision, {t.name: t.shape for t in last.outputs}, path,
+    verify = verify_section(section.get("verify"), last.precision, {t.name: t.shape for t in last.outputs}, path,
                              "pipeline.verify")
     return PipelineSpec(model=model, graphs=tuple(names), feed=feed, verify=verify, glue=glue)
 
 
 def _stack_settings(data: Any, path: Path, key: str) -> dict[str, int]:
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.yamlread import _check_keys, _int
+    from qnn_tasks.spec.yamlread import as_int, check_keys
 
     if not isinstance(data, dict):
         raise SpecError(path, key, f"expected a mapping, got {data!r}", "write e.g. stack: {runs: 16, axis: 1}")
     section = data
-    _check_keys(section, STACK_KEYS, path, key)
+    check_keys(section, STACK_KEYS, path, key)
     if "runs" not in section:
         raise SpecError(path, f"{key}.runs", "required key is missing", "say how many runs are stacked, e.g. runs: 16")
-    return {"runs": _int(section["runs"], path, f"{key}.runs", 1, MAX_RUNS),
-            "axis": _int(section.get("axis", 0), path, f"{key}.axis"),
-            "hop": _int(section.get("hop", 1), path, f"{key}.hop", 1, MAX_RUNS)}
+    return {"runs": as_int(section["runs"], path, f"{key}.runs", 1, MAX_RUNS),
+            "axis": as_int(section.get("axis", 0), path, f"{key}.axis"),
+            "hop": as_int(section.get("hop", 1), path, f"{key}.hop", 1, MAX_RUNS)}
 
 
 def stacked_shape(shape: tuple[int, ...], runs: int, axis: int, rank: int) -> tuple[int, ...] | None:

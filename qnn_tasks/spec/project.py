@@ -6,24 +6,25 @@ stays instant. Every error names the file and the key, and says how to fix it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import porting as specport
-from qnn_tasks.spec.checks import PRECISIONS, THRESHOLD_RANGES, _calibration, _check_lint, _verify_section
+from qnn_tasks.spec.checks import PRECISIONS, THRESHOLD_RANGES, calibration_section, check_lint, verify_section
 from qnn_tasks.spec.yamlread import (
-    _bool,
-    _check_keys,
-    _int,
-    _mapping,
-    _name,
-    _number,
-    _package_version,
-    _require,
-    _section,
+    as_bool,
+    as_int,
+    as_mapping,
+    as_name,
+    as_number,
+    check_keys,
+    get_section,
+    installed_version,
     load_yaml,
+    require_keys,
 )
 
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
@@ -41,6 +42,19 @@ TOLERANCE_KEYS = {"max_abs", "min_cosine"}
 LINT_KEYS = {"allow", "max_fp16_params"}
 PROFILE_KEYS = {"kind", "options", "settings", "packages", "cache", "upgrade"}
 UPGRADE_DEFAULTS = {"gate": False, "cosine_margin": 1.0e-4, "size_growth": 0.05}
+# what a context binary records about its chip (qnnbin's info keys) -> (the binary's word, the SoC row's key)
+BINARY_CHIP_FACTS = {"soc_model": ("socModel", "soc_id"), "dsp_arch": ("arch", "dsp_arch")}
+
+
+class BinaryMismatch(NamedTuple):
+    """One chip fact a context binary records that is not its SoC row's."""
+    fact: str          # a key of BINARY_CHIP_FACTS
+    recorded: Any      # what the binary says
+    expected: Any      # what the row says
+
+    def __str__(self) -> str:
+        said, row_key = BINARY_CHIP_FACTS[self.fact]
+        return f"{said} {self.recorded} != {row_key} {self.expected}"
 
 
 @dataclass(frozen=True)
@@ -68,6 +82,18 @@ class Soc:
 
     def supports(self, precision: str) -> bool:
         return precision in self.runs
+
+    def binary_mismatches(self, info: Mapping[str, Any]) -> tuple[BinaryMismatch, ...]:
+        """The one "was this binary built for this chip" comparison: each chip fact of an already-read binary
+        (qnnbin's info dict: soc_model, dsp_arch) that is not this row's; empty: built for this chip."""
+        row = {"soc_model": self.soc_id, "dsp_arch": self.dsp_arch}
+        return tuple(BinaryMismatch(fact, info.get(fact), row[fact]) for fact in BINARY_CHIP_FACTS
+                     if info.get(fact) != row[fact])
+
+    def binary_mismatch(self, info: Mapping[str, Any]) -> str | None:
+        """Why the binary is not for this chip, in one line ("socModel 69 != soc_id 57, arch v79 != dsp_arch v75");
+        None: it is."""
+        return ", ".join(map(str, self.binary_mismatches(info))) or None
 
     def where(self) -> str:
         """The file to fix this row in, for messages: the project's socs.yaml, or the packaged table."""
@@ -108,7 +134,7 @@ class Source:
     url: str | None
 
     def package_version(self) -> str | None:
-        return _package_version(self.package) if self.package else None
+        return installed_version(self.package) if self.package else None
 
     def resolve_file(self, model_dir: Path) -> Path | None:
         """The source ONNX: inside the installed package, or relative to the model folder."""
@@ -213,9 +239,9 @@ def load_soc_file(path: Path, base: dict[str, Soc] | None = None
                   ) -> tuple[dict[str, Soc], list[str] | str | None, list[str]]:
     """The merged table (`base` with this file's rows over it), this file's `default:` (None if absent)
     and the names of the rows this file writes."""
-    data = _mapping(load_yaml(path), path, "")
-    _check_keys(data, SOC_TABLE_KEYS, path, "")
-    table = _mapping(data.get("socs"), path, "socs")
+    data = as_mapping(load_yaml(path), path, "")
+    check_keys(data, SOC_TABLE_KEYS, path, "")
+    table = as_mapping(data.get("socs"), path, "socs")
     base = dict(base or {})
     socs: dict[str, Soc] = {name: soc for name, soc in base.items()}
     # (soc_id, dsp_arch) -> the row naming it; a base row this file overrides no longer counts
@@ -224,13 +250,13 @@ def load_soc_file(path: Path, base: dict[str, Soc] | None = None
         if soc.name not in table:
             chips.setdefault((soc.soc_id, soc.dsp_arch), soc.name)
     for name, row in table.items():
-        name = _name(name, path, "socs", "SoC name", "rename the row")
+        name = as_name(name, path, "socs", "SoC name", "rename the row")
         key = f"socs.{name}"
-        row = _mapping(row, path, key)
-        _check_keys(row, SOC_KEYS, path, key)
-        _require(row, ("soc_id", "dsp_arch", "vtcm_mb"), path, key)
-        soc = Soc(name=str(name), soc_id=_int(row["soc_id"], path, f"{key}.soc_id", 1, 1023),
-                  dsp_arch=str(row["dsp_arch"]), vtcm_mb=_int(row["vtcm_mb"], path, f"{key}.vtcm_mb", 1, 64),
+        row = as_mapping(row, path, key)
+        check_keys(row, SOC_KEYS, path, key)
+        require_keys(row, ("soc_id", "dsp_arch", "vtcm_mb"), path, key)
+        soc = Soc(name=str(name), soc_id=as_int(row["soc_id"], path, f"{key}.soc_id", 1, 1023),
+                  dsp_arch=str(row["dsp_arch"]), vtcm_mb=as_int(row["vtcm_mb"], path, f"{key}.vtcm_mb", 1, 64),
                   runs=_runs(row, path, key), note=str(row.get("note", "")), file=str(path))
         if not re.fullmatch(r"v\d+", soc.dsp_arch):
             raise SpecError(path, f"{key}.dsp_arch", f"'{row['dsp_arch']}' is not a Hexagon arch", "write e.g. v75")
@@ -266,7 +292,7 @@ def _runs(row: dict, path: Path, key: str) -> tuple[str, ...]:
     if "runs" in row and "fp16" in row:
         raise SpecError(path, f"{key}.fp16", "both runs: and fp16: given", "keep runs: (fp16: is the older spelling)")
     if "fp16" in row:
-        return LEGACY_RUNS[_bool(row["fp16"], path, f"{key}.fp16")]
+        return LEGACY_RUNS[as_bool(row["fp16"], path, f"{key}.fp16")]
     if "runs" not in row:
         raise SpecError(path, f"{key}.runs", "required key is missing",
                         "add runs: [fp16, w8a16], or runs: [w8a16] for a chip that runs only quantized graphs")
@@ -302,22 +328,22 @@ def load_soc_table(root: Path) -> tuple[dict[str, Soc], tuple[str, ...]]:
 
 def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     path = model_dir / "model.yaml"
-    _name(model_dir.name, path, "", "the model folder name", f"rename the folder {model_dir}")
-    data = _mapping(load_yaml(path), path, "")
-    _check_keys(data, MODEL_KEYS, path, "")
-    _require(data, ("licence", "source", "graphs"), path, "")
-    source_data = _mapping(data["source"], path, "source")
-    _check_keys(source_data, SOURCE_KEYS, path, "source")
+    as_name(model_dir.name, path, "", "the model folder name", f"rename the folder {model_dir}")
+    data = as_mapping(load_yaml(path), path, "")
+    check_keys(data, MODEL_KEYS, path, "")
+    require_keys(data, ("licence", "source", "graphs"), path, "")
+    source_data = as_mapping(data["source"], path, "source")
+    check_keys(source_data, SOURCE_KEYS, path, "source")
     source = Source(package=source_data.get("package"), file=source_data.get("file"), url=source_data.get("url"))
     specport.check_source_file(source_data, path, "source.file")
-    if source.package and _package_version(source.package) is None:
+    if source.package and installed_version(source.package) is None:
         raise SpecError(path, "source.package", f"package '{source.package}' is not installed",
                         f"pip install {source.package}")
-    graphs_data = _mapping(data["graphs"], path, "graphs")
+    graphs_data = as_mapping(data["graphs"], path, "graphs")
     if not graphs_data:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
-    graphs = tuple(_load_graph(_name(name, path, "graphs", "graph name", "rename the graph"), g, model_dir, path, socs,
-                               source_data) for name, g in graphs_data.items())
+    graphs = tuple(_load_graph(as_name(name, path, "graphs", "graph name", "rename the graph"), g, model_dir, path,
+                               socs, source_data) for name, g in graphs_data.items())
     from qnn_tasks.spec import loop as specloop
     from qnn_tasks.spec import pipeline as specpipeline
 
@@ -330,9 +356,9 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],
                 model_source: dict[str, Any]) -> GraphSpec:
     key = f"graphs.{name}"
-    data = _mapping(data, path, key)
-    _check_keys(data, GRAPH_KEYS, path, key)
-    _require(data, ("inputs", "outputs"), path, key)
+    data = as_mapping(data, path, key)
+    check_keys(data, GRAPH_KEYS, path, key)
+    require_keys(data, ("inputs", "outputs"), path, key)
     precisions = data.get("precision", "fp16")
     precisions = precisions if isinstance(precisions, list) else [precisions]
     for precision in precisions:
@@ -355,7 +381,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
         raise SpecError(path, f"{key}.export", f"'{export}' is not a function name", "name a function in export.py")
     source_data, source_key = specport.graph_source(model_source, data.get("source"), path, f"{key}.source")
     specport.check_source_file(source_data, path, source_key)
-    if source_data.get("package") and _package_version(source_data["package"]) is None:
+    if source_data.get("package") and installed_version(source_data["package"]) is None:
         raise SpecError(path, f"{key}.source.package", f"package '{source_data['package']}' is not installed",
                         f"pip install {source_data['package']}")
     inputs = _tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True)
@@ -364,24 +390,24 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
     has_code = (model_dir / "export.py").is_file()
     if not has_code:  # the YAML-only path: the packaged ONNX is the graph (docs/packaged-models.md)
         specport.require_packaged_onnx(source_data, path, key, source_key, samples, data)
-    simplify = _section(data, "simplify", SIMPLIFY_KEYS, path, key)
+    simplify = get_section(data, "simplify", SIMPLIFY_KEYS, path, key)
     specport.skip_optimizers(simplify, path, f"{key}.simplify.skip_optimizers")
-    cpucheck = _section(data, "cpucheck", TOLERANCE_KEYS, path, key)
+    cpucheck = get_section(data, "cpucheck", TOLERANCE_KEYS, path, key)
     for metric, limit in cpucheck.items():
-        _number(limit, path, f"{key}.cpucheck.{metric}", *THRESHOLD_RANGES[metric])
-    lint = _section(data, "lint", LINT_KEYS, path, key)
-    _check_lint(lint, path, f"{key}.lint")
+        as_number(limit, path, f"{key}.cpucheck.{metric}", *THRESHOLD_RANGES[metric])
+    lint = get_section(data, "lint", LINT_KEYS, path, key)
+    check_lint(lint, path, f"{key}.lint")
     outputs = _tensors(data["outputs"], path, f"{key}.outputs", need_dtype=False)
     return GraphSpec(
         name=name, model=model_dir.name, model_dir=model_dir,
         inputs=inputs, outputs=outputs,
         precisions=tuple(precisions), socs=chips, export=export,
-        options=_mapping(data.get("options", {}), path, f"{key}.options"),
+        options=as_mapping(data.get("options", {}), path, f"{key}.options"),
         simplify=simplify, cpucheck=cpucheck, lint=lint,
-        verify={p: _verify_section(data.get("verify"), p, {t.name: t.shape for t in outputs}, path, f"{key}.verify")
+        verify={p: verify_section(data.get("verify"), p, {t.name: t.shape for t in outputs}, path, f"{key}.verify")
                 for p in precisions},
-        calibration=_calibration(data.get("calibration"), precisions, path, f"{key}.calibration"),
-        allow_cpu_fallback=_bool(data.get("allow_cpu_fallback", False), path, f"{key}.allow_cpu_fallback"),
+        calibration=calibration_section(data.get("calibration"), precisions, path, f"{key}.calibration"),
+        allow_cpu_fallback=as_bool(data.get("allow_cpu_fallback", False), path, f"{key}.allow_cpu_fallback"),
         source=Source(package=source_data.get("package"), file=source_data.get("file"), url=source_data.get("url")),
         source_key=source_key, rewrites=specport.rewrites(data.get("rewrites"), path, f"{key}.rewrites"),
         constant_inputs=specport.constant_inputs(data.get("constant_inputs"), path, f"{key}.constant_inputs",
@@ -391,15 +417,15 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
 
 
 def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorSpec, ...]:
-    data = _mapping(data, path, key)
+    data = as_mapping(data, path, key)
     if not data:
         raise SpecError(path, key, "no tensors declared", "list each tensor with its shape")
     tensors = []
     for name, tdata in data.items():
         tkey = f"{key}.{name}"
-        tdata = _mapping(tdata, path, tkey)
-        _check_keys(tdata, TENSOR_KEYS, path, tkey)
-        _require(tdata, ("shape",) + (("dtype",) if need_dtype else ()), path, tkey)
+        tdata = as_mapping(tdata, path, tkey)
+        check_keys(tdata, TENSOR_KEYS, path, tkey)
+        require_keys(tdata, ("shape",) + (("dtype",) if need_dtype else ()), path, tkey)
         shape = tdata["shape"]
         if not isinstance(shape, list) or not shape:
             raise SpecError(path, f"{tkey}.shape", "must be a list of integers", "e.g. shape: [1, 128]")
@@ -433,14 +459,14 @@ def toolchain_names(root: Path) -> list[str]:
 
 
 def load_toolchain(root: Path, name: str) -> ToolchainProfile:
-    _name(name, "$QNN_TOOLCHAIN", "", "toolchain profile name", "name a profile file toolchain/<name>.yaml")
+    as_name(name, "$QNN_TOOLCHAIN", "", "toolchain profile name", "name a profile file toolchain/<name>.yaml")
     path = toolchain_file(root, name)
     if not path.is_file():
         raise SpecError(path, "", f"no toolchain profile '{name}'",
                         f"use one of: {', '.join(toolchain_names(root)) or 'none found'}, or write toolchain/{name}.yaml")
-    data = _mapping(load_yaml(path), path, "")
-    _check_keys(data, PROFILE_KEYS, path, "")
-    _require(data, ("kind",), path, "")
+    data = as_mapping(load_yaml(path), path, "")
+    check_keys(data, PROFILE_KEYS, path, "")
+    require_keys(data, ("kind",), path, "")
     packages = data.get("packages") or []
     if not isinstance(packages, list) or not all(isinstance(p, str) and "==" in p for p in packages):
         raise SpecError(path, "packages", f"must be a list of pinned requirements, got {packages!r}",
@@ -449,20 +475,20 @@ def load_toolchain(root: Path, name: str) -> ToolchainProfile:
     if cache is not None and not isinstance(cache, str):
         raise SpecError(path, "cache", f"must be a folder or an fsspec URL, got {cache!r}", "e.g. cache: s3://team/qnn-cache")
     return ToolchainProfile(name=name, file=path, kind=str(data["kind"]),
-                            options=_mapping(data.get("options", {}), path, "options"),
-                            settings=_mapping(data.get("settings", {}), path, "settings"),
+                            options=as_mapping(data.get("options", {}), path, "options"),
+                            settings=as_mapping(data.get("settings", {}), path, "settings"),
                             packages=tuple(packages), cache=cache,
                             upgrade=_upgrade_section(data.get("upgrade"), path))
 
 
 def _upgrade_section(data: Any, path: Path) -> dict[str, Any]:
     """How this toolchain is compared with the run's first one (the upgrade diff) and whether it gates."""
-    section = _mapping(data, path, "upgrade")
-    _check_keys(section, set(UPGRADE_DEFAULTS), path, "upgrade")
+    section = as_mapping(data, path, "upgrade")
+    check_keys(section, set(UPGRADE_DEFAULTS), path, "upgrade")
     merged = {**UPGRADE_DEFAULTS, **section}
-    _bool(merged["gate"], path, "upgrade.gate")
-    _number(merged["cosine_margin"], path, "upgrade.cosine_margin", 0.0, 1.0)
-    _number(merged["size_growth"], path, "upgrade.size_growth", 0.0, None)
+    as_bool(merged["gate"], path, "upgrade.gate")
+    as_number(merged["cosine_margin"], path, "upgrade.cosine_margin", 0.0, 1.0)
+    as_number(merged["size_growth"], path, "upgrade.size_growth", 0.0, None)
     return merged
 
 
@@ -479,7 +505,7 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
         for model in cached.models:
             for source, key in [(model.source, "source.package")] + [(g.source, f"graphs.{g.name}.source.package")
                                                                      for g in model.graphs if g.source]:
-                if source.package and _package_version(source.package) is None:
+                if source.package and installed_version(source.package) is None:
                     broken.append((model.name, str(SpecError(model.file, key, f"package '{source.package}' is not "
                                                              "installed", f"pip install {source.package}"))))
                     break

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec.yamlread import _bool, _int, _number
+from qnn_tasks.spec.yamlread import as_bool, as_int, as_number
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 AUDIO_SUFFIXES = (".wav",)
@@ -51,7 +51,7 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
     for name, value in fill.items():
         if name not in inputs:
             raise SpecError(path, f"{key}.fill.{name}", "not an input of the graph", f"use one of: {', '.join(inputs)}")
-        _number(value, path, f"{key}.fill.{name}")
+        as_number(value, path, f"{key}.fill.{name}")
     sources = {kind: data[kind] for kind in KINDS if kind in data}  # specport saw at least one
     result: dict[str, Any] = {"fill": {str(k): float(v) for k, v in fill.items()}}
     fed: dict[str, str] = {}
@@ -81,7 +81,7 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
         shape, dtype = inputs[name]
         options = {"files": patterns_of(section["files"], f"{skey}.files", kind), "input": str(name)}
         if "limit" in section:
-            options["limit"] = _int(section["limit"], path, f"{skey}.limit", 1, MAX_SAMPLES)
+            options["limit"] = as_int(section["limit"], path, f"{skey}.limit", 1, MAX_SAMPLES)
         options.update(_CHECKERS[kind](section, path, skey, name, shape, dtype))
         result[kind] = options
     missing = [n for n in inputs if n not in fed and n not in fill]
@@ -104,7 +104,7 @@ def _image(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...
                         f"{list(shape)} has {chw[0]} in layout {layout}",
                         "set channels (RGB, BGR, grey) and layout (NCHW, NHWC) to match the input")
     integer = not dtype.startswith("float")
-    scale = _number(section.get("scale", 1.0 if integer else 1.0 / 255.0), path, f"{key}.scale")
+    scale = as_number(section.get("scale", 1.0 if integer else 1.0 / 255.0), path, f"{key}.scale")
     if scale <= 0:
         raise SpecError(path, f"{key}.scale", f"{scale!r} is not positive", "e.g. scale: 0.00392156862745098 (1/255)")
     mean = _per_channel(section.get("mean", 0.0), chw[0], path, f"{key}.mean", positive=False)
@@ -112,7 +112,7 @@ def _image(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...
     if integer and (scale != 1.0 or any(mean) or any(s != 1.0 for s in std)):
         raise SpecError(path, f"{key}.scale", f"input '{name}' is {dtype}: pixels are fed as they are",
                         "remove scale/mean/std, or declare the input float32")
-    return {"resize": resize, "pad_value": _int(section.get("pad_value", 114), path, f"{key}.pad_value", 0, 255),
+    return {"resize": resize, "pad_value": as_int(section.get("pad_value", 114), path, f"{key}.pad_value", 0, 255),
             "layout": layout, "channels": channels, "scale": scale, "mean": mean, "std": std,
             "height": chw[1], "width": chw[2]}
 
@@ -121,23 +121,23 @@ def _audio(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...
     size = 1
     for dim in shape:
         size *= dim
-    frame = _int(section.get("frame", size), path, f"{key}.frame", 1, None)
+    frame = as_int(section.get("frame", size), path, f"{key}.frame", 1, None)
     if size % frame:
         raise SpecError(path, f"{key}.frame", f"{frame} samples do not divide input '{name}' {list(shape)} "
                         f"({size} values)", f"use a frame of {size} or a divisor of it")
     gains = section.get("gain", 1.0)
     gains = gains if isinstance(gains, list) and gains else [gains]
     rate = section.get("rate")
-    return {"rate": None if rate is None else _int(rate, path, f"{key}.rate", 1000, 384000),
-            "frame": frame, "hop": _int(section.get("hop", frame), path, f"{key}.hop", 1, None),
-            "int16_scale": _bool(section.get("int16_scale", dtype == "int16"), path, f"{key}.int16_scale"),
-            "gain": [_number(g, path, f"{key}.gain", 0.0, 1.0e6) for g in gains],
-            "pad": _bool(section.get("pad", True), path, f"{key}.pad")}
+    return {"rate": None if rate is None else as_int(rate, path, f"{key}.rate", 1000, 384000),
+            "frame": frame, "hop": as_int(section.get("hop", frame), path, f"{key}.hop", 1, None),
+            "int16_scale": as_bool(section.get("int16_scale", dtype == "int16"), path, f"{key}.int16_scale"),
+            "gain": [as_number(g, path, f"{key}.gain", 0.0, 1.0e6) for g in gains],
+            "pad": as_bool(section.get("pad", True), path, f"{key}.pad")}
 
 
 def _raw(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
     return {"dtype": _choice(section.get("dtype", dtype), RAW_DTYPES, path, f"{key}.dtype"),
-            "offset": _int(section.get("offset", 0), path, f"{key}.offset", 0, None)}
+            "offset": as_int(section.get("offset", 0), path, f"{key}.offset", 0, None)}
 
 
 _CHECKERS = {"image": _image, "audio": _audio, "raw": _raw}
@@ -154,7 +154,7 @@ def _per_channel(value: Any, channels: int, path: Path, key: str, positive: bool
     if len(values) != channels:
         raise SpecError(path, key, f"{len(values)} values for {channels} channel(s)",
                         f"give one number, or {channels} (in the model's channel order)")
-    numbers = [_number(v, path, key) for v in values]
+    numbers = [as_number(v, path, key) for v in values]
     if positive and any(v <= 0 for v in numbers):
         raise SpecError(path, key, f"{values!r} has a value <= 0", "a std divides: give positive numbers")
     return numbers

@@ -139,7 +139,7 @@ SAFE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 SAFE_NAME_FIX = "use letters, digits, '.', '_' and '-' only, starting with a letter or digit, at most 100 characters"
 
 
-def _name(value: Any, path: object, key: str, what: str, fix: str = "rename it") -> str:
+def as_name(value: Any, path: object, key: str, what: str, fix: str = "rename it") -> str:
     """`value` as a name that is safe as one path part and in task names, else one line naming the file and key."""
     name = str(value)
     if not SAFE_NAME.fullmatch(name):
@@ -148,13 +148,13 @@ def _name(value: Any, path: object, key: str, what: str, fix: str = "rename it")
     return name
 
 
-def _package_version(package: str) -> str | None:
+def installed_version(package: str) -> str | None:
     from qnn_tasks.spec.installed import version
 
     return version(package)
 
 
-def _mapping(value: Any, path: Path, key: str) -> dict:
+def as_mapping(value: Any, path: Path, key: str) -> dict:
     if value is None and key:
         return {}
     if not isinstance(value, dict):
@@ -163,34 +163,34 @@ def _mapping(value: Any, path: Path, key: str) -> dict:
     return value
 
 
-def _section(data: dict, name: str, allowed: set[str], path: Path, key: str) -> dict:
-    section = _mapping(data.get(name, {}), path, f"{key}.{name}")
-    _check_keys(section, allowed, path, f"{key}.{name}")
+def get_section(data: dict, name: str, allowed: set[str], path: Path, key: str) -> dict:
+    section = as_mapping(data.get(name, {}), path, f"{key}.{name}")
+    check_keys(section, allowed, path, f"{key}.{name}")
     return section
 
 
-def _check_keys(data: dict, allowed: set[str], path: Path, key: str) -> None:
+def check_keys(data: dict, allowed: set[str], path: Path, key: str) -> None:
     for k in data:
         if k not in allowed:
             where = f"{key}.{k}" if key else str(k)
             raise SpecError(path, where, "unknown key", f"remove it or use one of: {', '.join(sorted(allowed))}")
 
 
-def _require(data: dict, required: tuple[str, ...], path: Path, key: str) -> None:
+def require_keys(data: dict, required: tuple[str, ...], path: Path, key: str) -> None:
     for k in required:
         if k not in data:
             where = f"{key}.{k}" if key else k
             raise SpecError(path, where, "required key is missing", "add it (see docs/model-yaml.md)")
 
 
-def _int(value: Any, path: Path, key: str, low: int | None = None, high: int | None = None) -> int:
+def as_int(value: Any, path: Path, key: str, low: int | None = None, high: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise SpecError(path, key, f"expected an integer, got '{value}'", f"write a whole number{_span(low, high, ' ')}")
     _in_range(value, path, key, low, high)
     return value
 
 
-def _number(value: Any, path: Path, key: str, low: float | None = None, high: float | None = None) -> float:
+def as_number(value: Any, path: Path, key: str, low: float | None = None, high: float | None = None) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
         raise SpecError(path, key, f"expected a number, got {value!r}", f"write a number{_span(low, high, ' ')}")
     _in_range(value, path, key, low, high)
@@ -210,7 +210,7 @@ def _span(low: float | None, high: float | None, lead: str = "") -> str:
     return f"{lead}of at most {high:g}" if high is not None else ""
 
 
-def _bool(value: Any, path: Path, key: str) -> bool:
+def as_bool(value: Any, path: Path, key: str) -> bool:
     if not isinstance(value, bool):
         raise SpecError(path, key, f"expected true or false, got '{value}'", "write true or false")
     return value

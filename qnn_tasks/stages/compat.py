@@ -96,7 +96,7 @@ def measure(planner, root: str) -> dict[str, Any]:
                 inputs=[], out_dir=f"build/compat/{ct.name}/{runtime.profile.name}", outputs=[], record="", key="",
                 toolchain=runtime.profile_dict(planner.root), runner=COMPAT.runner)
             outcome = for_call(call, root).run(call, None)
-            run = outcome["record"] if outcome["ok"] else {"loads": False, "error": outcome["error"]}
+            run = outcome.record if outcome.ok else {"loads": False, "error": outcome.error}
             entry["runs"][runtime.profile.name] = {**run, "runtime_qnn": runtime.fingerprint.get("qnn")}
             print(f"compat: {ct.name} ({entry['built_with']}) on runtime QNN {runtime.fingerprint.get('qnn')}: "
                   f"{_verdict(entry['runs'][runtime.profile.name])}", flush=True)

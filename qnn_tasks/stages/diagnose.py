@@ -225,7 +225,7 @@ def cancellation_source(model, nodes: list[dict[str, Any]], first: dict[str, Any
                 seen.add(index)
                 upstream = model.graph.node[index]
                 row = by_tensor.get(upstream.output[0])
-                if upstream.op_type == "Sub" and row and _cancels(upstream, cpu):
+                if upstream.op_type == "Sub" and row and cancels(upstream, cpu):
                     if row["rel_max_abs"] > threshold / JUMP:
                         return {**row, "cancellation": True}
                     # its own error looks small (its output is tiny), yet a difference of two large nearly equal
@@ -236,7 +236,7 @@ def cancellation_source(model, nodes: list[dict[str, Any]], first: dict[str, Any
     return quiet
 
 
-def _cancels(node, cpu) -> bool:
+def cancels(node, cpu) -> bool:
     a, b, out = (np.abs(np.stack([c[t] for c in cpu])) if t in cpu[0] else None for t in (*node.input[:2], node.output[0]))
     if a is None or b is None or out is None:
         return False

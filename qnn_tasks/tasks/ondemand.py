@@ -73,9 +73,9 @@ class OnDemand:
                                  outputs=[], record=str(record), key="",
                                  toolchain=binding.profile_dict(self.planner.root), runner=SOCSCHECK.runner)
                 outcome = for_call(call, self.factory.root).run(call, None)
-                if not outcome["ok"]:
-                    return TaskFailed(f"socscheck:{name}: {outcome['error']}")
-                results = outcome["record"]["rows"]
+                if not outcome.ok:
+                    return TaskFailed(f"socscheck:{name}: {outcome.error}")
+                results = outcome.record["rows"]
                 write_json(record, {"toolchain": {"id": binding.id, **binding.fingerprint}, "rows": results})
                 bad = [r["soc"]["name"] + (f" ({r['error']})" if "error" in r else
                                            f" (binary says socModel {r['recorded_soc_model']}, {r['recorded_arch']})")

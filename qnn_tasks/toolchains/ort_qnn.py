@@ -114,7 +114,8 @@ class OrtQnnToolchain:
         try:
             ctx_onnx = staging / f"{graph.name}_ctx.onnx"
             precision = "w8a16" if source.name.endswith("_qdq.onnx") else "fp16"  # quantized_outputs() names it
-            seconds = _compile(source, ctx_onnx, options, log, context={"soc": soc, "graph": graph, "precision": precision})
+            seconds = compile_context(source, ctx_onnx, options, log,
+                                      context={"soc": soc, "graph": graph, "precision": precision})
             partition = cpu_partition(ctx_onnx)
             bin_path = staging / f"{graph.name}_ctx_qnn.bin"
             if not bin_path.is_file():
@@ -139,7 +140,7 @@ class OrtQnnToolchain:
         self.require_installed()
         out_dir.mkdir(parents=True, exist_ok=True)
         out = out_dir / f"{model.stem}_ctx.onnx"
-        _compile(model, out, provider_options, out_dir / "compile.log")
+        compile_context(model, out, provider_options, out_dir / "compile.log")
         return out
 
     # ------------------------------------------------------------ helpers
@@ -226,7 +227,7 @@ def session_options(provider_options: dict[str, str], disable_cpu_fallback: bool
     return so
 
 
-def _compile(model: Path, out: Path, options: dict[str, str], log: Path,
+def compile_context(model: Path, out: Path, options: dict[str, str], log: Path,
              context: dict[str, Any] | None = None) -> float:
     """Compile; a failure is one line with the first logged error and what each QNN code in the log means.
 
@@ -277,12 +278,10 @@ def cpu_partition(ctx_onnx: Path) -> dict[str, Any]:
 
 def check_chip(info: dict[str, Any], soc: Soc, bin_path: Path, record: dict[str, Any]) -> None:
     """The binary must say it was built for the target row's soc_model and arch."""
-    from qnn_tasks.qnn.chipcheck import mismatch
-
-    problems = mismatch(info, soc)
-    if problems:
-        raise StageError(f"{bin_path}: built for the wrong chip for {soc.name}: {', '.join(problems)} "
-                         f"(fix: check {soc.where()})", record)
+    problem = soc.binary_mismatch(info)
+    if problem:
+        raise StageError(f"{bin_path}: built for the wrong chip for {soc.name}: {problem} (fix: check {soc.where()})",
+                         record)
 
 
 def check_fallback(graph: GraphSpec, soc: Soc, partition: dict[str, Any], record: dict[str, Any],

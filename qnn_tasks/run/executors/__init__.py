@@ -9,11 +9,12 @@ QNN_CACHE). Light stages always run in this process.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
 
 from qnn_tasks.errors import QnnTasksError, SpecError
 from qnn_tasks.run import interrupts
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.run.outcome import Outcome
 
 ENV = "QNN_EXECUTOR"
 Sink = Callable[[int, int, str], None]
@@ -22,8 +23,8 @@ Sink = Callable[[int, int, str], None]
 class Executor(Protocol):
     name: str
 
-    def run(self, call: StageCall, sink: Sink | None) -> dict[str, Any]:
-        """Run the call; return its outcome: {ok, record, error?, traceback?, executor, stored?}."""
+    def run(self, call: StageCall, sink: Sink | None) -> Outcome:
+        """Run the call; the stage's own errors come back as a failed Outcome (the executor's may raise)."""
 
 
 _chosen: dict[str, Executor] = {}

@@ -21,12 +21,12 @@ import threading
 import uuid
 from concurrent.futures import CancelledError
 from pathlib import Path
-from typing import Any
 
 from qnn_tasks.errors import SpecError, ToolchainError
 from qnn_tasks.run import console
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.executors import remote
+from qnn_tasks.run.outcome import Outcome
 
 CONNECT_TIMEOUT_S = 20
 
@@ -92,7 +92,7 @@ class DaskExecutor:
                 self._checked[key] = [w for w, _ in good]
             return self._checked[key]
 
-    def run(self, call: StageCall, sink) -> dict[str, Any]:
+    def run(self, call: StageCall, sink) -> Outcome:
         from qnn_tasks.run.cache import action_key
 
         if self.lost:
@@ -106,7 +106,7 @@ class DaskExecutor:
         with self._lock:
             self._futures.add(future)
         try:
-            outcome = future.result()
+            shipped = future.result()
         except CancelledError as err:
             if self.stopped:
                 raise KeyboardInterrupt from None
@@ -118,15 +118,20 @@ class DaskExecutor:
         finally:
             with self._lock:
                 self._futures.discard(future)
-        if outcome.get("ok"):
-            manifest = self.cache.lookup(key)
-            if manifest is None or not self.cache.restore(manifest, Path(call.out_dir)):
-                raise ToolchainError(f"{call.stage}:{call.target}: the worker stored its outputs under {key[:12]} in "
-                                     f"{self.cache.url}, but they cannot be restored here")
-            outcome["record"] = {k: v for k, v in manifest["record"].items()
-                                 if k not in ("stage", "target", "status", "seconds", "files", "executor")}
-            outcome["stored"] = True
-        return outcome
+        try:
+            outcome = Outcome.from_dict(shipped)
+        except ValueError as err:
+            raise ToolchainError(f"{call.stage}:{call.target}: the Dask worker's answer is not this version's "
+                                 f"({err}) (fix: install the same qnn-npu-compile on every worker)") from None
+        if not outcome.ok:
+            return outcome
+        manifest = self.cache.lookup(key)
+        if manifest is None or not self.cache.restore(manifest, Path(call.out_dir)):
+            raise ToolchainError(f"{call.stage}:{call.target}: the worker stored its outputs under {key[:12]} in "
+                                 f"{self.cache.url}, but they cannot be restored here")
+        record = {k: v for k, v in manifest["record"].items()
+                  if k not in ("stage", "target", "status", "seconds", "files", "executor")}
+        return Outcome.success(record, executor=outcome.executor, stored=True)
 
     def _lost(self, reason: str) -> ToolchainError:
         """The scheduler went away under a call: say so once, in one line, and fail every later call with it."""

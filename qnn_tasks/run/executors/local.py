@@ -17,25 +17,24 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any
 
 from qnn_tasks.errors import QnnTasksError, ToolchainError
 from qnn_tasks.run import calls, interrupts, progress
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.run.outcome import Outcome
 
 PACKAGE_ROOT = str(Path(__file__).resolve().parents[3])  # the folder holding qnn_tasks/
 
 
-def run_here(call: StageCall, sink) -> dict[str, Any]:
+def run_here(call: StageCall, sink) -> Outcome:
     """Execute the call in this process and turn any error into an outcome (what every executor returns)."""
     progress.set_sink(sink)
     try:
-        return {"ok": True, "record": calls.execute(call)}
+        return Outcome.success(calls.execute(call))
     except QnnTasksError as err:
-        return {"ok": False, "error": str(err), "record": getattr(err, "record", None) or {}}
+        return Outcome.failure(str(err), getattr(err, "record", None))
     except Exception as err:  # a bug or a tool crash: keep the traceback for the log
-        return {"ok": False, "error": f"unexpected {type(err).__name__}: {err}", "record": {},
-                "traceback": traceback.format_exc()}
+        return Outcome.failure(f"unexpected {type(err).__name__}: {err}", traceback=traceback.format_exc())
     finally:
         progress.set_sink(None)
 
@@ -43,10 +42,8 @@ def run_here(call: StageCall, sink) -> dict[str, Any]:
 class InProcess:
     name = "inprocess"
 
-    def run(self, call: StageCall, sink) -> dict[str, Any]:
-        outcome = run_here(call, sink)
-        outcome["executor"] = {"kind": "inprocess", "host": socket.gethostname(), "pid": os.getpid()}
-        return outcome
+    def run(self, call: StageCall, sink) -> Outcome:
+        return run_here(call, sink).ran_on({"kind": "inprocess", "host": socket.gethostname(), "pid": os.getpid()})
 
 
 class _Worker:
@@ -60,7 +57,7 @@ class _Worker:
                                      bufsize=1)
         interrupts.child_started(self.proc.pid)  # its own session: pid == process group
 
-    def call(self, call: StageCall, sink, cwd: str | None) -> dict[str, Any]:
+    def call(self, call: StageCall, sink, cwd: str | None) -> Outcome:
         self.proc.stdin.write(json.dumps({"call": call.to_json(), "cwd": cwd}) + "\n")
         self.proc.stdin.flush()
         for line in self.proc.stdout:
@@ -69,7 +66,7 @@ class _Worker:
                 if sink:
                     sink(*message["progress"])
                 continue
-            return message["outcome"]
+            return Outcome.from_dict(message["outcome"])  # a damaged answer is a ValueError: the worker is dropped
         raise EOFError
 
     def kill(self) -> None:
@@ -92,7 +89,7 @@ class Child:
         self._lock = threading.Lock()
         self.stopped = False
 
-    def run(self, call: StageCall, sink, cwd: str | None = None) -> dict[str, Any]:
+    def run(self, call: StageCall, sink, cwd: str | None = None) -> Outcome:
         """Run the call in a child; `cwd` overrides the project root (a Dask worker's scratch copy)."""
         python = interpreter_for(call)
         worker = self._take(python)
@@ -110,9 +107,7 @@ class Child:
             self._drop(worker)
             raise
         self._give_back(worker)
-        outcome["executor"] = {"kind": "child", "host": socket.gethostname(), "pid": worker.proc.pid,
-                               "python": python}
-        return outcome
+        return outcome.ran_on({"kind": "child", "host": socket.gethostname(), "pid": worker.proc.pid, "python": python})
 
     def _take(self, python: str) -> _Worker:
         with self._lock:

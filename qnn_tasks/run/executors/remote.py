@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.run.outcome import Outcome
 
 PACKAGE = Path(__file__).resolve().parents[2]  # qnn_tasks/
 
@@ -88,20 +89,25 @@ def _pool():
 
 def run_remote(call_json: str, inputs: dict[str, str], store_url: str, key: str,
                expected: dict[str, Any]) -> dict[str, Any]:
-    """Run one call on this worker; outputs and record go to the store under `key`."""
+    """Run one call on this worker; outputs and record go to the store under `key`. Dask pickles the result back
+    to the client: a plain dict (Outcome.to_dict)."""
+    return _run_remote(StageCall.from_json(call_json), inputs, store_url, key, expected).to_dict()
+
+
+def _run_remote(call: StageCall, inputs: dict[str, str], store_url: str, key: str,
+                expected: dict[str, Any]) -> Outcome:
     from distributed import get_worker
 
     from qnn_tasks.run import records
     from qnn_tasks.run.cache import Store
     from qnn_tasks.run.cacheentry import unsafe_name
 
-    call = StageCall.from_json(call_json)
     here = get_worker()
     worker = here.address
     executor = {"kind": "dask", "worker": worker, "host": socket.gethostname(), "pid": os.getpid()}
     problem = mismatch(expected, worker_versions(call.toolchain))
     if problem:
-        return {"ok": False, "error": f"refused by Dask worker {worker}: {problem}", "record": {}, "executor": executor}
+        return Outcome.failure(f"refused by Dask worker {worker}: {problem}", executor=executor)
     store = Store(store_url)
     # in the worker's own Dask directory: if the worker is killed mid-call, the next worker started on that
     # --local-directory purges it with the dead worker's folder (a folder in /tmp would stay forever)
@@ -109,26 +115,24 @@ def run_remote(call_json: str, inputs: dict[str, str], store_url: str, key: str,
     try:
         for name, sha in inputs.items():
             if unsafe_name(name, "", hidden_ok=True):  # a plain project-relative name, or it could land anywhere
-                return {"ok": False, "error": f"input {name} lies outside the project: not shippable to a worker",
-                        "record": {}, "executor": executor}
+                return Outcome.failure(f"input {name} lies outside the project: not shippable to a worker",
+                                       executor=executor)
             store.download(sha, scratch / name)
-        outcome = _pool().run(call, None, cwd=str(scratch))
-        outcome["executor"] = executor
-        if not outcome.get("ok"):
+        outcome = _pool().run(call, None, cwd=str(scratch)).ran_on(executor)
+        if not outcome.ok:
             return outcome
         missing = [p for p in call.outputs if not (scratch / p).is_file()]
         if missing:
-            return {"ok": False, "error": f"the stage finished but wrote no {', '.join(missing)}", "record": {},
-                    "executor": executor}
-        record = {"stage": call.stage, "target": call.target, **outcome["record"], "executor": executor,
-                  "status": "warning" if outcome["record"].get("warnings") else "passed",
+            return Outcome.failure(f"the stage finished but wrote no {', '.join(missing)}", executor=executor)
+        record = {"stage": call.stage, "target": call.target, **outcome.record, "executor": executor,
+                  "status": "warning" if outcome.record.get("warnings") else "passed",
                   "files": records.vouch(call.outputs, scratch)}
         try:
             store.put(key, call.stage, call.target, Path(call.out_dir), json.loads(json.dumps(record, default=str)),
                       root=scratch)
         except OSError as err:  # the client restores from the store: without the entry, the call did not happen
-            return {"ok": False, "error": f"Dask worker {worker} could not store its outputs in {store_url}: {err}",
-                    "record": {}, "executor": executor}
+            return Outcome.failure(f"Dask worker {worker} could not store its outputs in {store_url}: {err}",
+                                   executor=executor)
         return outcome
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

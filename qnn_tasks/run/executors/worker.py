@@ -47,7 +47,7 @@ def main() -> None:
             outcome = run_here(call, lambda done, total, unit: send({"progress": [done, total, unit]}))
         if log.is_file() and log.stat().st_size == 0:
             log.unlink()  # nothing was said: no empty file beside the outputs
-        send({"outcome": outcome})
+        send({"outcome": outcome.to_dict()})
 
 
 if __name__ == "__main__":

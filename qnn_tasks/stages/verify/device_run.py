@@ -136,7 +136,7 @@ def cpu_use(samples: list[tuple[int, int]], tck: int, total_cpu_s: float | None 
     return result
 
 
-def _runner_args(bin_name: str, input_list: str, out: str, native: bool, extra: list[str] = ()) -> list[str]:
+def runner_args(bin_name: str, input_list: str, out: str, native: bool, extra: list[str] = ()) -> list[str]:
     args = ["--retrieve_context", bin_name, "--backend", "lib/libQnnHtp.so", "--input_list", input_list,
             "--output_dir", out]
     if native:
@@ -144,7 +144,7 @@ def _runner_args(bin_name: str, input_list: str, out: str, native: bool, extra: 
     return args + list(extra)
 
 
-def _require_ok(run: RunResult, phone: adb.Phone, what: str, log_file: Path, soc: Any = None) -> None:
+def require_ok(run: RunResult, phone: adb.Phone, what: str, log_file: Path, soc: Any = None) -> None:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.write_text(run.output + "\n")
     if run.returncode == 0:
@@ -159,7 +159,7 @@ def _require_ok(run: RunResult, phone: adb.Phone, what: str, log_file: Path, soc
                      f"output: {tail} (full log: {log_file})")
 
 
-def _push(job: Job, phone: adb.Phone, payload: Payload, workdir: str, entry: dict[str, Any],
+def push_payload(job: Job, phone: adb.Phone, payload: Payload, workdir: str, entry: dict[str, Any],
           save: Callable[[], None]) -> None:
     entry.update(phase="push", device_folder=workdir)
     save()
@@ -172,7 +172,7 @@ def _push(job: Job, phone: adb.Phone, payload: Payload, workdir: str, entry: dic
           f"{len(report.skipped)} already there (same size and md5)", flush=True)
 
 
-def _cleanup(job: Job, phone: adb.Phone, workdir: str, settings: DeviceSettings, entry: dict[str, Any]) -> None:
+def cleanup(job: Job, phone: adb.Phone, workdir: str, settings: DeviceSettings, entry: dict[str, Any]) -> None:
     if settings.keep_files:
         entry["device_files"] = f"kept in {workdir} ({ENV_KEEP}=1 or settings.device.keep_files)"
     elif phone.remove(workdir):

@@ -16,22 +16,22 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.qnn import runtimelibs
-from qnn_tasks.stages.verify.device_run import _cleanup, _push, _require_ok, _runner_args, run_on_device
-from qnn_tasks.stages.verify.measure import _cpu_text, _ms, _num, best_cpu, measure_latency, real_time_factor
+from qnn_tasks.stages.verify.device_run import cleanup, push_payload, require_ok, run_on_device, runner_args
+from qnn_tasks.stages.verify.measure import best_cpu, cpu_text, measure_latency, ms_text, num_text, real_time_factor
 from qnn_tasks.stages.verify.payload import build_payload, read_outputs
-from qnn_tasks.stages.verify.power import _power_on
+from qnn_tasks.stages.verify.power import power_on
 from qnn_tasks.stages.verify.refusal import binary_facts, refuse_incompatible
 from qnn_tasks.stages.verify.settings import (
     DEVICE_LABEL,
     POWER_CONDITIONS,
     DeviceSettings,
     Job,
-    _now,
-    _safe,
-    _unexpected,
     device_folder,
     device_settings,
+    now_iso,
+    safe_text,
     touch_stamp,
+    unexpected_error,
 )
 
 
@@ -40,13 +40,13 @@ def verify_target(job: Job) -> dict[str, Any]:
 
 
 def power_target(job: Job) -> dict[str, Any]:
-    return _on_devices(job, _power_on)
+    return _on_devices(job, power_on)
 
 
 def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
     start = time.perf_counter()
     record: dict[str, Any] = {"stage": job.stage, "target": job.target, **job.base, "kind": "device",
-                              "label": DEVICE_LABEL, "measured_at": _now(), "status": "running", "devices": []}
+                              "label": DEVICE_LABEL, "measured_at": now_iso(), "status": "running", "devices": []}
     if job.stage == "power":
         record["conditions"] = POWER_CONDITIONS
 
@@ -96,7 +96,7 @@ def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
             except QnnTasksError as err:
                 entry.update(status="failed", error=str(err))
             except Exception as err:  # a bug or a tool crash on this phone: keep the traceback, go on with the others
-                log = job.record_path.with_name(f"{job.stage}-{_safe(info.serial)}-error.log")
+                log = job.record_path.with_name(f"{job.stage}-{safe_text(info.serial)}-error.log")
                 log.write_text(traceback.format_exc())
                 entry.update(status="failed", error=f"unexpected {type(err).__name__}: {err} (traceback: {log})")
             if entry["status"] == "failed":
@@ -118,7 +118,7 @@ def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
         save()
         raise
     except Exception as err:
-        raise _unexpected(record, job.record_path, err, start) from None
+        raise unexpected_error(record, job.record_path, err, start) from None
 
 
 class _Recorded(StageError):
@@ -131,17 +131,18 @@ def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtime
     from qnn_tasks.judge import samples as sample_store
 
     workdir = device_folder(job.root, job.target)
-    local = job.out_dir / _safe(phone.info.serial)
+    local = job.out_dir / safe_text(phone.info.serial)
     payload = build_payload(job, binary, libs, job.verify["samples"])
     label = phone.info.label()
     try:
-        _push(job, phone, payload, workdir, entry, save)
+        push_payload(job, phone, payload, workdir, entry, save)
         entry.update(phase="run", samples=payload.samples)
         save()
         timeout = 600 + 60 * payload.samples
-        run = run_on_device(phone, workdir, _runner_args(payload.bin_name, payload.input_list, "out", payload.native_inputs),
+        run = run_on_device(phone, workdir,
+                            runner_args(payload.bin_name, payload.input_list, "out", payload.native_inputs),
                             "run.log", "the verification run", settings.cpu_sample_seconds, timeout)
-        _require_ok(run, phone, "the verification run", local / "qnn-net-run.log", job.soc)
+        require_ok(run, phone, "the verification run", local / "qnn-net-run.log", job.soc)
         entry.update(runner_log=str(local / "qnn-net-run.log"), accuracy_run={"seconds": run.seconds, "cpu": run.cpu})
         entry["phase"] = "pull"
         save()
@@ -163,13 +164,15 @@ def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtime
         save()
         line = (f"{job.stage}:{job.target}: {label}: {payload.samples} samples "
                 f"{'FAILED: ' + '; '.join(violations) if violations else 'match the CPU'}; "
-                f"{_ms(timing.get('per_inference_median_s'))}/inference (p90 {_ms(timing.get('per_inference_p90_s'))}), "
-                f"first output {_ms(timing.get('first_output_median_s'))}, RTF {_num(entry['rtf'].get('value'))}, "
-                + _cpu_text(entry["cpu"]))
+                f"{ms_text(timing.get('per_inference_median_s'))}/inference "
+                f"(p90 {ms_text(timing.get('per_inference_p90_s'))}), "
+                f"first output {ms_text(timing.get('first_output_median_s'))}, "
+                f"RTF {num_text(entry['rtf'].get('value'))}, "
+                + cpu_text(entry["cpu"]))
         print(line, flush=True)
         if violations:
             raise StageError(f"device outputs of {job.target} on {label} differ from the CPU: " + "; ".join(violations)
                              + f" (the simulator's verdict: doit simverify:{job.target}; to find the first diverging "
                                f"node: doit diagnose:{job.target})")
     finally:
-        _cleanup(job, phone, workdir, settings, entry)
+        cleanup(job, phone, workdir, settings, entry)

@@ -14,7 +14,7 @@ from typing import Any
 
 from qnn_tasks.devices import adb
 from qnn_tasks.spec.project import GraphSpec
-from qnn_tasks.stages.verify.device_run import RunResult, _require_ok, _runner_args, run_on_device
+from qnn_tasks.stages.verify.device_run import RunResult, require_ok, run_on_device, runner_args
 from qnn_tasks.stages.verify.payload import Payload
 from qnn_tasks.stages.verify.settings import ENV_INFERENCES, DeviceSettings, Job
 
@@ -33,15 +33,15 @@ def measure_latency(job: Job, phone: adb.Phone, payload: Payload, workdir: str, 
         "accuracy_run_samples": payload.samples, "_cpu": []}
     firsts, per = [], []
     for r in range(rounds):
-        one = run_on_device(phone, workdir, _runner_args(payload.bin_name, payload.one_sample_list, f"t{r}a",
+        one = run_on_device(phone, workdir, runner_args(payload.bin_name, payload.one_sample_list, f"t{r}a",
                                                          payload.native_inputs),
                             f"t{r}a.log", f"latency round {r + 1}", settings.cpu_sample_seconds, 600)
-        _require_ok(one, phone, f"latency round {r + 1} (1 inference)", local / f"latency-{r + 1}-single.log")
-        bulk = run_on_device(phone, workdir, _runner_args(payload.bin_name, payload.one_sample_list, f"t{r}b",
+        require_ok(one, phone, f"latency round {r + 1} (1 inference)", local / f"latency-{r + 1}-single.log")
+        bulk = run_on_device(phone, workdir, runner_args(payload.bin_name, payload.one_sample_list, f"t{r}b",
                                                           payload.native_inputs,
                                                           ["--num_inferences", str(n), "--keep_num_outputs", "1"]),
                              f"t{r}b.log", f"latency round {r + 1}", settings.cpu_sample_seconds, 600 + 30 * n)
-        _require_ok(bulk, phone, f"latency round {r + 1} ({n} inferences)", local / f"latency-{r + 1}-bulk.log")
+        require_ok(bulk, phone, f"latency round {r + 1} ({n} inferences)", local / f"latency-{r + 1}-bulk.log")
         phone.shell(f"cd {shlex.quote(workdir)} && rm -rf t{r}a t{r}b", "cleanup of latency outputs")
         timing["_cpu"] += [one.cpu, bulk.cpu]
         if one.seconds is not None:
@@ -86,14 +86,14 @@ def real_time_factor(graph: GraphSpec, per_inference: float | None, verify: dict
             "note": "per-inference wall time / audio seconds per inference (< 1: faster than real time)"}
 
 
-def _cpu_text(cpu: dict[str, Any] | None) -> str:
+def cpu_text(cpu: dict[str, Any] | None) -> str:
     cores = (cpu or {}).get("cores")
     return f"CPU {cores:.2f} cores" if cores is not None else "CPU use: not measured"
 
 
-def _ms(seconds: float | None) -> str:
+def ms_text(seconds: float | None) -> str:
     return "-" if seconds is None else (f"{seconds * 1000:.2f} ms" if seconds < 1 else f"{seconds:.2f} s")
 
 
-def _num(value: Any) -> str:
+def num_text(value: Any) -> str:
     return "-" if value is None else (f"{value:.3g}" if isinstance(value, float) else str(value))

@@ -15,7 +15,7 @@ from typing import Any
 from qnn_tasks import fileio
 from qnn_tasks.errors import StageError
 from qnn_tasks.qnn import runtimelibs
-from qnn_tasks.stages.verify.settings import RUNNER, Job, _safe
+from qnn_tasks.stages.verify.settings import RUNNER, Job, safe_text
 
 
 @dataclass
@@ -54,7 +54,7 @@ def build_payload(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLib
     for i, sample in enumerate(samples):
         words = []
         for spec, tensor in inputs:
-            rel = f"inputs/s{i:04d}_{_safe(tensor['name'])}.raw"
+            rel = f"inputs/s{i:04d}_{safe_text(tensor['name'])}.raw"
             members[rel] = _encode(np.asarray(sample[spec.name]), tensor, native, job.binary)
             words.append(f"{tensor['name']}:={rel}")
         lines.append(" ".join(words))
@@ -131,7 +131,7 @@ def read_outputs(out_dir: Path, payload: Payload, binary: Path) -> list[dict[str
         sample = {}
         for out in payload.outputs:
             candidates = [folder / f"{out['name']}.raw", folder / f"{plain_name(out['name'])}.raw",
-                          folder / f"{_safe(out['name'])}.raw"]
+                          folder / f"{safe_text(out['name'])}.raw"]
             path = next((c for c in candidates if c.is_file()), None)
             if path is None:
                 have = sorted(p.name for p in folder.glob("*.raw")) if folder.is_dir() else []

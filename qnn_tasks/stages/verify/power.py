@@ -10,27 +10,27 @@ from typing import Any, Callable
 
 from qnn_tasks.devices import adb
 from qnn_tasks.qnn import runtimelibs
-from qnn_tasks.stages.verify.device_run import _cleanup, _push, _require_ok, _runner_args, run_on_device
-from qnn_tasks.stages.verify.measure import _cpu_text, _num
+from qnn_tasks.stages.verify.device_run import cleanup, push_payload, require_ok, run_on_device, runner_args
+from qnn_tasks.stages.verify.measure import cpu_text, num_text
 from qnn_tasks.stages.verify.payload import build_payload
-from qnn_tasks.stages.verify.settings import POWER_CONDITIONS, DeviceSettings, Job, _now, _safe, device_folder
+from qnn_tasks.stages.verify.settings import POWER_CONDITIONS, DeviceSettings, Job, device_folder, now_iso, safe_text
 
 
-def _power_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs,
+def power_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs,
               settings: DeviceSettings, entry: dict[str, Any], save: Callable[[], None]) -> None:
     workdir = device_folder(job.root, job.target)
-    local = job.out_dir / _safe(phone.info.serial)
+    local = job.out_dir / safe_text(phone.info.serial)
     payload = build_payload(job, binary, libs, 1)
     n = settings.timing_inferences
     try:
-        _push(job, phone, payload, workdir, entry, save)
+        push_payload(job, phone, payload, workdir, entry, save)
         entry["phase"] = "calibrate"
         save()
-        calib = run_on_device(phone, workdir, _runner_args(payload.bin_name, payload.one_sample_list, "p0",
+        calib = run_on_device(phone, workdir, runner_args(payload.bin_name, payload.one_sample_list, "p0",
                                                            payload.native_inputs,
                                                            ["--num_inferences", str(n), "--keep_num_outputs", "1"]),
                               "p0.log", "the calibration run", settings.cpu_sample_seconds, 600 + 30 * n)
-        _require_ok(calib, phone, "the calibration run", local / "power-calibration.log")
+        require_ok(calib, phone, "the calibration run", local / "power-calibration.log")
         per = (calib.seconds or 1.0) / n
         total = max(n, math.ceil(settings.power_seconds / max(per, 1e-6)))
         before = battery(phone)
@@ -41,22 +41,23 @@ def _power_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimel
         save()
         print(f"power:{job.target}: {phone.info.label()}: {total} inferences (~{settings.power_seconds:g} s); "
               f"hold these fixed: {POWER_CONDITIONS}", flush=True)
-        run = run_on_device(phone, workdir, _runner_args(payload.bin_name, payload.one_sample_list, "p1",
+        run = run_on_device(phone, workdir, runner_args(payload.bin_name, payload.one_sample_list, "p1",
                                                          payload.native_inputs,
                                                          ["--num_inferences", str(total), "--keep_num_outputs", "1"]),
                             "p1.log", "the power run", settings.cpu_sample_seconds,
                             settings.power_seconds * 3 + 600)
-        _require_ok(run, phone, "the power run", local / "power-run.log")
+        require_ok(run, phone, "the power run", local / "power-run.log")
         after = battery(phone)
         entry.update(phase="done", battery_after=after, seconds=run.seconds, cpu=run.cpu,
                      per_inference_mean_s=(run.seconds / total) if run.seconds else None,
                      battery_drop=battery_drop(before, after), conditions=POWER_CONDITIONS)
         save()
         drop = entry["battery_drop"]
-        print(f"power:{job.target}: {phone.info.label()}: {_num(run.seconds)} s, battery {drop.get('level_points')} "
-              f"points / {_num(drop.get('charge_mah'))} mAh, {_cpu_text(run.cpu)}", flush=True)
+        print(f"power:{job.target}: {phone.info.label()}: {num_text(run.seconds)} s, "
+              f"battery {drop.get('level_points')} points / {num_text(drop.get('charge_mah'))} mAh, "
+              f"{cpu_text(run.cpu)}", flush=True)
     finally:
-        _cleanup(job, phone, workdir, settings, entry)
+        cleanup(job, phone, workdir, settings, entry)
 
 
 def battery(phone: adb.Phone) -> dict[str, Any]:
@@ -77,7 +78,7 @@ def battery(phone: adb.Phone) -> dict[str, Any]:
     temp = number("temperature")
     return {"level": number("level"), "scale": number("scale"), "charge_counter_uah": number("charge counter"),
             "temperature_c": temp / 10 if temp is not None else None, "voltage_mv": number("voltage"),
-            "status": fields.get("status"), "powered_by": powered, "charging": bool(powered), "at": _now()}
+            "status": fields.get("status"), "powered_by": powered, "charging": bool(powered), "at": now_iso()}
 
 
 def battery_drop(before: dict[str, Any], after: dict[str, Any]) -> dict[str, Any]:

@@ -15,6 +15,7 @@ from qnn_tasks.devices import adb
 from qnn_tasks.errors import StageError
 from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.spec.project import BINARY_CHIP_FACTS
 from qnn_tasks.stages.verify.settings import Job
 
 COMPAT_FILE = COMPAT_RECORD
@@ -61,11 +62,9 @@ def refuse_incompatible(job: Job, binary: dict[str, Any], libs: runtimelibs.Runt
     """Nothing is pushed to a phone that cannot load the binary: wrong chip or arch, runtime older than the binary's
     measured minimum runtime (build/compat/compat.json) or, without a measurement, older than its QNN build."""
     soc = job.soc
-    problems = []
-    if binary["soc_model"] != soc.soc_id:
-        problems.append(f"socModel {binary['soc_model']} (the device's {soc.name} is soc_id {soc.soc_id})")
-    if binary["dsp_arch"] != soc.dsp_arch:
-        problems.append(f"arch {binary['dsp_arch']} (the device's {soc.name} is {soc.dsp_arch})")
+    device_has = {"soc_model": f"soc_id {soc.soc_id}", "dsp_arch": soc.dsp_arch}  # this message's own wording
+    problems = [f"{BINARY_CHIP_FACTS[m.fact][0]} {m.recorded} (the device's {soc.name} is {device_has[m.fact]})"
+                for m in soc.binary_mismatches(binary)]
     if problems:
         raise StageError(f"refused before pushing anything to {info.label()}: {binary['path']} was built for "
                          f"{' and '.join(problems)}; a context binary runs only on the chip it was compiled for "

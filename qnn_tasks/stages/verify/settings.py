@@ -122,24 +122,24 @@ class Job:
 
 
 def device_folder(root: Path, target: str) -> str:
-    return f"{adb.DEVICE_TMP}/{_safe(root.resolve().name)}/{_safe(target)}"
+    return f"{adb.DEVICE_TMP}/{safe_text(root.resolve().name)}/{safe_text(target)}"
 
 
-def _safe(text: str) -> str:
+def safe_text(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]", "_", text) or "_"
 
 
-def _now() -> str:
+def now_iso() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def touch_stamp() -> None:
     """The report re-renders when this changes (one file instead of every target's device records)."""
     RECORDS_STAMP.parent.mkdir(parents=True, exist_ok=True)
-    RECORDS_STAMP.write_text(f"{_now()} {time.time_ns()}\n")
+    RECORDS_STAMP.write_text(f"{now_iso()} {time.time_ns()}\n")
 
 
-def _unexpected(record: dict[str, Any], record_path: Path, err: Exception, start: float) -> StageError:
+def unexpected_error(record: dict[str, Any], record_path: Path, err: Exception, start: float) -> StageError:
     log = record_path.with_name(f"{record.get('stage', 'verify')}-error.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(traceback.format_exc())

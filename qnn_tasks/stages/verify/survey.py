@@ -12,13 +12,13 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.spec.project import Soc
-from qnn_tasks.stages.verify.settings import _now, _unexpected
+from qnn_tasks.stages.verify.settings import now_iso, unexpected_error
 
 
 def survey(socs: dict[str, Soc], targets: list[tuple[str, str, str | None]], record_path: Path) -> dict[str, Any]:
     """Devices found, their chips, which targets each runs; `targets` = (name, soc name, skip reason)."""
     start = time.perf_counter()
-    record: dict[str, Any] = {"stage": "verify-devices", "measured_at": _now(), "devices": []}
+    record: dict[str, Any] = {"stage": "verify-devices", "measured_at": now_iso(), "devices": []}
     try:
         server = adb.server_from_env()
         record["adb_server"] = server.address
@@ -50,7 +50,7 @@ def survey(socs: dict[str, Soc], targets: list[tuple[str, str, str | None]], rec
         fileio.write_json(record_path, record)
         raise
     except Exception as err:
-        raise _unexpected(record, record_path, err, start) from None
+        raise unexpected_error(record, record_path, err, start) from None
 
 
 def classify(info: adb.DeviceInfo, socs: dict[str, Soc], targets: list[tuple[str, str, str | None]],
