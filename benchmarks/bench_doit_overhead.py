@@ -22,6 +22,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import runpy
 import shutil
 import statistics
@@ -186,13 +187,19 @@ def doit(dodo: Path, *args: str) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, check=True, env=env)
 
 
-def timed(dodo: Path, *args: str) -> float:
-    start = time.perf_counter()
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def timed(dodo: Path, *args: str) -> tuple[float, float]:
+    """(wall, CPU) seconds of one run; CPU (user + system of the doit process) is what a loaded machine blurs least."""
+    cpu, start = _children_cpu(), time.perf_counter()
     result = doit(dodo, *args)
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, _children_cpu() - cpu
     if not args and re.search(r"^\.  ", result.stdout, re.M):  # a no-op run must execute nothing
         raise RuntimeError(f"{dodo}: the no-op run executed tasks:\n{result.stdout[:500]}")
-    return seconds
+    return seconds, cpu
 
 
 def peak_memory_mib(dodo: Path, *args: str) -> float:
@@ -207,13 +214,14 @@ def peak_memory_mib(dodo: Path, *args: str) -> float:
     return usage.ru_maxrss / 1024  # KiB on Linux
 
 
-def medians(dodos: dict[str, Path], args: tuple[str, ...], reps: int) -> dict[str, float]:
-    """Median wall time per project; runs alternate so drift on the machine hits both alike."""
-    times: dict[str, list[float]] = {k: [] for k in dodos}
+def medians(dodos: dict[str, Path], args: tuple[str, ...], reps: int) -> tuple[dict[str, float], dict[str, float]]:
+    """Median wall and CPU time per project; runs alternate so drift on the machine hits both alike."""
+    times: dict[str, list[tuple[float, float]]] = {k: [] for k in dodos}
     for _ in range(reps):
         for key, dodo in dodos.items():
             times[key].append(timed(dodo, *args))
-    return {k: statistics.median(v) for k, v in times.items()}
+    return ({k: statistics.median(w for w, _ in v) for k, v in times.items()},
+            {k: statistics.median(c for _, c in v) for k, v in times.items()})
 
 
 # ------------------------------------------------------------------ report
@@ -233,7 +241,7 @@ def load() -> str:
 
 
 def print_times(rows: dict[str, tuple[dict[str, float], str]]) -> None:
-    print(f"\n{'median wall time':<22}{'qnn_tasks':>11}{'bare':>9}{'ratio':>8}")
+    print(f"\n{'median time':<22}{'qnn_tasks':>11}{'bare':>9}{'ratio':>8}")
     for label, (t, loads) in rows.items():
         ratio = t["qnn_tasks"] / t["bare"]
         goal = next((g for prefix, g in GOALS.items() if label.startswith(prefix)), None)
@@ -261,7 +269,10 @@ def main() -> None:
         rows = {}
         for label, args in ((f"no-op `doit` (x{reps})", ()), (f"`doit list` (x{reps})", ("list",))):
             before = load()
-            rows[label] = (medians(dodos, args, reps), f"{before} before, {load()} after")
+            wall, cpu = medians(dodos, args, reps)
+            loads = f"{before} before, {load()} after"
+            rows[label] = (wall, loads)
+            rows[f"{label.split(' (')[0]}, CPU"] = (cpu, loads)
         print_times(rows)
         memory = {k: peak_memory_mib(d, "list") for k, d in dodos.items()}
         print(f"{'`doit list` peak RSS':<22}{memory['qnn_tasks']:>9.0f}MiB{memory['bare']:>6.0f}MiB"
