@@ -115,6 +115,7 @@ class Planner:
         self.chips = [ct for b in self.bindings for ct in b.chips]
         self.pipelines = [pt for b in self.bindings for pt in b.pipelines]
         self._by_suffix = {b.suffix: b for b in self.bindings}
+        self._models = {m.name: m for m in project.models}  # a scan per graph grew with models x graphs
         self._json: dict[tuple, str] = {}
         self._sources: dict[str, str] = {}
         self._key_prefixes: dict[tuple[str, int], str] = {}
@@ -147,7 +148,7 @@ class Planner:
         return specjson.graph_to_dict(graph, self.root)
 
     def model(self, graph: GraphSpec):
-        return next(m for m in self.project.models if m.name == graph.model)
+        return self._models[graph.model]
 
     def _source_of(self, graph: GraphSpec):
         return graph.source or self.model(graph).source  # a graph's `source:` overrides the model's

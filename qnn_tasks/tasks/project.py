@@ -34,7 +34,13 @@ from qnn_tasks.plan.stages import (
 )
 from qnn_tasks.run import digests, interrupts, treelock
 from qnn_tasks.spec.project import load_project
-from qnn_tasks.tasks.uptodate import ChecksThisRun, Fresh, content_signature, key_of
+from qnn_tasks.tasks.uptodate import (
+    ChecksThisRun,
+    Fresh,
+    content_signature,
+    content_signature_by_stamp,
+    key_of,
+)
 
 if TYPE_CHECKING:
     from qnn_tasks.run.calls import StageCall
@@ -74,10 +80,11 @@ def project_tasks(root: Path) -> dict[str, Any]:
     # moving it out of the collector's reach keeps the full collections that thousands of task dicts
     # trigger from walking it again and again (~40 ms of a no-op run's task loading, measured). Once per
     # process: a test session that loads projects in-process keeps collecting its own garbage.
-    if gc.get_freeze_count() == 0:
+    first = gc.get_freeze_count() == 0
+    if first:
         gc.freeze()
     _suggest_task_names()
-    return TaskFactory(planner).namespace()
+    return TaskFactory(planner, freeze=first).namespace()
 
 
 class UnknownTask(InvalidCommand):
@@ -144,10 +151,32 @@ def stage_action(call: Callable[[], StageCall], base: Callable[[], dict[str, Any
     return action
 
 
-def _task_function(name: str, doc: str, make: Callable[[], Any]) -> Callable[[], Any]:
-    """A `task_<name>` function for doit: its docstring is the group's doc in `doit list`."""
+FREEZE_EVERY = 1000  # tasks between two gc.freeze() calls while doit loads the tasks
+
+
+def frozen_as_made(tasks: Iterator[dict], every: int = FREEZE_EVERY) -> Iterator[dict]:
+    """The tasks, moving what is alive out of the collector's reach every `every` of them.
+
+    doit keeps every task (and the closures and plans it holds) until the process ends, yet each full
+    collection triggered while thousands of them are made walks all of them again: at 27,000 tasks that
+    was about half of the loading time (measured with gc disabled). gc.freeze() is a list splice, and
+    what it moves is what lives until exit anyway.
+    """
+    for count, task in enumerate(tasks, 1):
+        yield task
+        if count % every == 0:
+            gc.freeze()
+    gc.freeze()
+
+
+def _task_function(name: str, doc: str, make: Callable[[], Any], freeze: bool = False) -> Callable[[], Any]:
+    """A `task_<name>` function for doit: its docstring is the group's doc in `doit list`.
+
+    freeze: the tasks of a generator are frozen out of the collector as they are made (frozen_as_made).
+    """
     def task() -> Any:
-        return make()
+        made = make()
+        return frozen_as_made(made) if freeze and not isinstance(made, dict) else made
     task.__name__ = f"task_{name}"
     task.__doc__ = doc
     return task
@@ -156,8 +185,9 @@ def _task_function(name: str, doc: str, make: Callable[[], Any]) -> Callable[[],
 # ------------------------------------------------------------------ tasks
 
 class TaskFactory:
-    def __init__(self, planner: Planner) -> None:
+    def __init__(self, planner: Planner, freeze: bool = False) -> None:
         self.planner = planner
+        self.freeze = freeze  # the doit process's own factory: freeze its tasks as made (not in a test session)
         self.project = planner.project
         self.root = str(planner.root)
         self._cache: list[Any] = []
@@ -188,14 +218,16 @@ class TaskFactory:
         config["default_tasks"] = [name for name, _, _ in stages]
         namespace: dict[str, Any] = {"DOIT_CONFIG": config}
         for name, doc, make in stages:
-            namespace[f"task_{name}"] = _task_function(name, doc, make)
+            namespace[f"task_{name}"] = _task_function(name, doc, make, self.freeze)
         # not in the default run, but created at load: doit parses options (cache:gc --keep-days) only of tasks
         # that exist then
         namespace["task_cache"] = _task_function("cache", "The shared artifact cache: cache:stats, cache:gc "
                                                  "--keep-days N (on demand).", self.cache_tasks)
+        # a delayed group may be made after tasks ran in this process: frozen only where none run (`doit list`)
+        freeze_delayed = self.freeze and not treelock.needs_lock(sys.argv)
         for row in ON_DEMAND:  # created only when asked for: `doit` and no-op runs skip them
-            namespace[f"task_{row.name}"] = create_after()(_task_function(row.name, row.doc,
-                                                                          lambda name=row.name: _on_demand(self, name)))
+            namespace[f"task_{row.name}"] = create_after()(_task_function(
+                row.name, row.doc, lambda name=row.name: _on_demand(self, name), freeze_delayed))
         return namespace
 
     def stage_tasks(self, row: StageDef) -> Iterator[dict]:
@@ -320,12 +352,21 @@ class TaskFactory:
             interrupts.running(None)
             targets = "\n".join([f"{ct.name}:{ct.skip_reason}" for ct in planner.chips]  # added/removed targets too
                                 + [f"broken {m}: {e}" for m, e in planner.project.broken])
-            signature = f"{content_signature(record_paths(planner))}:{renderer_code()}:{key_of({'targets': targets})}"
-            task.value_savers.append(lambda: {"records": signature, "outputs": outputs_signature(),
-                                              "report": content_signature([str(REPORT_JSON)])})
+            context = f"{renderer_code()}:{key_of({'targets': targets})}"
+            stamps, records = content_signature_by_stamp(record_paths(planner), values.get("records_stamp"),
+                                                         values.get("records_content"))
+            signature = f"{records}:{context}"
+
+            def save() -> dict[str, str]:
+                report_stamp, report = content_signature_by_stamp([str(REPORT_JSON)], None, None)
+                return {"records": signature, "records_stamp": stamps, "records_content": records,
+                        "outputs": outputs_signature(), "report": report, "report_stamp": report_stamp}
+
+            task.value_savers.append(save)
             if values.get("records") != signature or not REPORT_JSON.is_file():
                 return False
-            if values.get("report") != content_signature([str(REPORT_JSON)]):
+            if content_signature_by_stamp([str(REPORT_JSON)], values.get("report_stamp"),
+                                          values.get("report"))[1] != values.get("report"):
                 return False
             return bool(self.checks) or values.get("outputs") == outputs_signature()
 

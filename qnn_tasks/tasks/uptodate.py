@@ -37,6 +37,28 @@ def content_signature(paths: list[str]) -> str:
     return h.hexdigest()
 
 
+def stamp_signature(paths: list[str]) -> str:
+    """One digest of the files' stamps (size, mtime, inode, ctime: the key run/digests.py caches a digest under)."""
+    from qnn_tasks.run.digests import stamp
+
+    h = hashlib.md5()
+    for path, st in _stats(paths):
+        h.update(f"{path}\0{stamp(st) if st is not None else '-'}\n".encode())
+    return h.hexdigest()
+
+
+def content_signature_by_stamp(paths: list[str], saved_stamp: Any, saved: Any) -> tuple[str, str]:
+    """(stamp_signature, content_signature) of the files, one `stat` each while every stamp is as saved.
+
+    Equal stamps are what the digest cache would answer from without reading a file, so the saved content
+    signature still holds; it also spares a no-op run loading that cache. Any stamp changed: digested.
+    """
+    stamps = stamp_signature(paths)
+    if isinstance(saved, str) and saved_stamp == stamps:
+        return stamps, saved
+    return stamps, content_signature(paths)
+
+
 def _signatures(paths: list[str]) -> tuple[int, int]:
     """(mtime, size) and (inode, ctime) signatures of the files, from one `stat` each."""
     times: list[int] = []

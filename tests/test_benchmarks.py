@@ -1,0 +1,29 @@
+"""The cluster cost benchmark at its smallest size: a real tiny build, a real local Dask cluster (Dask's CLI on
+127.0.0.1), real trivial calls through every executor, and the model's table saying what it is."""
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_cluster_cost.py"
+
+
+@pytest.mark.slow
+def test_cluster_cost_runs_at_a_tiny_size_and_says_it_is_a_model() -> None:
+    result = subprocess.run([sys.executable, str(BENCH), "--tiny", "--calls", "2"], capture_output=True, text=True,
+                            timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    out = result.stdout
+    for stage in ("export", "simplify", "lint", "cpucheck", "config", "context", "simulate", "simverify"):
+        row = re.search(rf"^{stage}\s+1\s+([\d.]+)\s+\d+\s+\d+\s+(yes|no)\s+([\d.]+)\s+([+-][\d.]+)\s+([+-][\d.]+)\s+(\d+)$",
+                        out, re.M)
+        assert row, f"no row for {stage}:\n{out}"
+        assert float(row.group(5)) > 0, f"{stage}: a Dask call cannot cost less than an in-process one:\n{out}"
+        assert int(row.group(6)) > 0, f"{stage}: a Dask call ships its record through the store at least:\n{out}"
+    for workers in ("none", "2", "8", "32"):
+        assert re.search(rf"^\s+{workers}\s+[\d.]+\s+[\d.]+x$", out, re.M), out
+    assert "not a measured cluster" in out and "load average" in out
