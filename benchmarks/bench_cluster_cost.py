@@ -199,8 +199,8 @@ def timed_calls(executor, calls: list) -> list[float]:
         start = time.perf_counter()
         outcome = executor.run(call, None)
         times.append(time.perf_counter() - start)
-        if not outcome.get("ok"):
-            raise SystemExit(f"{call.stage}:{call.target} failed on {executor.name}: {outcome.get('error')}")
+        if not outcome.ok:
+            raise SystemExit(f"{call.stage}:{call.target} failed on {executor.name}: {outcome.error}")
     return times
 
 
