@@ -115,10 +115,36 @@ def test_chain_is_verified_end_to_end(good):
         assert all(m["cosine"] > 0.999 for m in link["metrics"].values()), link
     top1 = next(c for c in rec["checks"] if c["kind"] == "top1")
     assert top1["passed"] and top1["value"] == 1.0
+    # the first link is the features graph's own simulate output (all 8 samples): simulated once, not twice
+    kept = rec["links"][0]["simulated_by"]
+    assert kept.endswith("/SM8650/simulate/outputs.npz") and "/features/" in kept, kept
+    assert "simulated_by" not in rec["links"][1] and rec["links"][1]["seconds"] > 0
+    assert {"simulate:features-SM8650", "pipeline:chain-SM8650"} <= good.result.executed
     report = json.loads(good.path("build/report/report.json").read_text())
     assert [p["name"] for p in report["pipelines"]] == ["chain-SM8650"] and report["pipelines"][0]["status"] == "passed"
     assert "## Pipelines" in good.path("build/report/report.md").read_text()
     assert good.doit("pipeline").executed == set()
+
+
+def test_the_first_link_reuses_the_first_graphs_simulation_only_when_it_covers_the_chain(tmp_path):
+    """Planning only: the pipeline takes the first graph's simulate outputs when they hold every sample the chain
+    starts from, and simulates the first graph itself when they hold fewer."""
+    from qnn_tasks.plan.stages import PIPELINE, Planner, plan_pipeline, simulated_first_link
+    from qnn_tasks.spec.project import load_project
+
+    def first_link(project: Project) -> tuple[str | None, list[str]]:
+        planner = Planner(load_project(project.root))
+        (pt,) = planner.pipelines
+        return simulated_first_link(pt), plan_pipeline(planner, PIPELINE, pt).file_dep
+
+    project = chain_project(tmp_path / "covered", "[centred-variance]")
+    kept, file_dep = first_link(project)  # features: all its samples; the chain: all of them
+    assert "/features/" in kept and kept.endswith("/SM8650/simulate/outputs.npz") and kept in file_dep
+    project.edit(YAML, "    socs: [SM8650]\n  classifier:", "    socs: [SM8650]\n    verify: {samples: 2}\n  classifier:")
+    assert first_link(project)[0] is None  # the chain needs all 8; the features' simulation holds 2
+    project.edit(YAML, "  graphs: [features, classifier]\n  verify:", "  graphs: [features, classifier]\n  verify:\n    samples: 2")
+    kept, file_dep = first_link(project)
+    assert kept is not None and kept in file_dep  # 2 of 2: covered again
 
 
 def test_a_degraded_first_graph_fails_the_pipelines_task_check(tmp_path):

@@ -215,8 +215,8 @@ def _graph(name: str, inputs: dict, outputs: dict):
 
 def test_stacks_of_stacks_follow_the_runs_of_a_three_graph_chain():
     """front end (once per window) -> embed over 3 front-end runs every 2 -> classify over the last 2 embeddings."""
+    from qnn_tasks.spec.pipeline import first_samples
     from qnn_tasks.stages.glue import feed_runs
-    from qnn_tasks.stages.pipeline import first_samples
 
     front = _graph("front", {"audio": (1, 4)}, {"mel": (1, 2)})
     embed = _graph("embed", {"frames": (1, 3, 2)}, {"y": (1, 2)})

@@ -30,6 +30,7 @@ from qnn_tasks.plan.targets import (
 )
 from qnn_tasks.spec import serial as specjson
 from qnn_tasks.spec.checks import MODEL_CHECKS
+from qnn_tasks.spec.pipeline import first_samples
 from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
 from qnn_tasks.spec.yamlread import as_name
 
@@ -386,8 +387,9 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
     chain = [{"graph": ct.graph, "ctx": p.context_files(ct), "config": p.config_files(ct)[0],
               "simplified": str(ct.graph_target.simplified), "target": ct.name} for ct in pt.chips]
     first_inputs = str(pt.chips[0].graph_target.inputs)
+    first_outputs = simulated_first_link(pt)
     file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]] \
-        + p.check_deps(chain[-1]["graph"], spec.verify)
+        + p.check_deps(chain[-1]["graph"], spec.verify) + ([first_outputs] if first_outputs else [])
     settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify,
                            **({"glue": spec.glue} if spec.glue else {})}, sort_keys=True)
     soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
@@ -402,10 +404,25 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                               "soc": specjson.soc_to_dict(pt.soc),
                               "binaries": [[next((f for f in link["ctx"] if f.endswith(".bin")), None), link["target"]]
                                            for link in chain],
-                              **({"glue": spec.glue} if spec.glue else {})},
+                              **({"glue": spec.glue} if spec.glue else {}),
+                              **({"first_outputs": first_outputs} if first_outputs else {})},
                 base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),
                               "toolchain": {"id": binding.id, "profile": binding.profile.name, **binding.fingerprint}},
                 binding=binding)
+
+
+def simulated_first_link(pt: PipelineTarget) -> str | None:
+    """The first graph's simulate outputs when they cover the samples the chain starts from: the same binary on
+    the same inputs (its first N samples), so the pipeline takes them instead of simulating the window again."""
+    first = pt.chips[0]
+    if first.skip_reason:
+        return None
+    spec = pt.pipeline
+    needed = first_samples([ct.graph for ct in pt.chips], spec.glue, spec.feed, spec.verify["samples"])
+    limit = first.verify["samples"]
+    if limit is None or (needed is not None and needed <= limit):
+        return f"{first.dir_str}/simulate/outputs.npz"
+    return None
 
 
 def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:

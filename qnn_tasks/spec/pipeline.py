@@ -217,3 +217,35 @@ def _split(ref: str, graphs: list) -> list[str]:
 def _output(graph, name: str) -> tuple[str, tuple[int, ...]] | None:
     tensor = next((t for t in graph.outputs if t.name == name), None)
     return (graph.name, tensor.shape) if tensor else None
+
+
+def source(graph: Any, tensor: str, feed: dict[str, Any], earlier: list[Any]) -> tuple[str, str]:
+    """(graph, output) feeding `graph`'s input `tensor`: the feed mapping, else the latest earlier output of that name."""
+    declared = feed.get(f"{graph.name}.{tensor}")
+    if declared:
+        return declared[0], declared[1]
+    for other in reversed(earlier):
+        if any(t.name == tensor for t in other.outputs):
+            return other.name, tensor
+    from qnn_tasks.errors import StageError
+
+    raise StageError(f"pipeline: nothing produced input '{tensor}' of graph '{graph.name}'")
+
+
+def first_samples(graphs: list[Any], glue: dict[str, dict[str, Any]], feed: dict[str, Any],
+                  end_samples: int | None) -> int | None:
+    """How many of the first graph's samples make `end_samples` runs of the last graph (None: all of them):
+    every stack on the way back to the first graph needs (runs - 1) * hop + its runs of its source."""
+    if end_samples is None:
+        return None
+    needed, graph = end_samples, graphs[-1]
+    by_name = {g.name: g for g in graphs}
+    while graph is not graphs[0]:
+        earlier = graphs[:graphs.index(graph)]
+        tensor = graph.inputs[0]  # every input of a graph comes at one rate (checked at load): follow any
+        from_graph, _ = source(graph, tensor.name, feed, earlier)
+        settings = (glue.get(f"{graph.name}.{tensor.name}") or {}).get("stack")
+        if settings:
+            needed = (needed - 1) * settings["hop"] + settings["runs"]
+        graph = by_name[from_graph]
+    return needed

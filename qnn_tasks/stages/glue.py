@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from qnn_tasks.errors import StageError
+from qnn_tasks.spec.pipeline import source
 from qnn_tasks.spec.project import GraphSpec
 
 Runs = list[dict[str, np.ndarray]]  # one graph's outputs (or inputs), one dict per run
@@ -28,17 +29,6 @@ def stack(values: list[np.ndarray], runs: int, axis: int, hop: int, rank: int) -
         raise ValueError(f"values of rank {ndim} neither stack nor join into rank {rank}")
     join = np.stack if rank == ndim + 1 else np.concatenate
     return [join(values[start:start + runs], axis=axis) for start in range(0, len(values) - runs + 1, hop)]
-
-
-def source(graph: GraphSpec, tensor: str, feed: dict[str, list[str]], earlier: list[GraphSpec]) -> tuple[str, str]:
-    """(graph, output) feeding `graph`'s input `tensor`: the feed mapping, else the latest earlier output of that name."""
-    declared = feed.get(f"{graph.name}.{tensor}")
-    if declared:
-        return declared[0], declared[1]
-    for other in reversed(earlier):
-        if any(t.name == tensor for t in other.outputs):
-            return other.name, tensor
-    raise StageError(f"pipeline: nothing produced input '{tensor}' of graph '{graph.name}'")
 
 
 def feed_runs(graph: GraphSpec, feed: dict[str, list[str]], glue: dict[str, dict[str, Any]],

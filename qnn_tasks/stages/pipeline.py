@@ -2,7 +2,9 @@
 
 The first graph gets its own verification inputs; each later graph gets the NPU outputs of the
 graphs before it (by name, or as `pipeline.feed` says). The same chain runs on CPU with the
-simplified ONNX graphs. Error carried downstream is measured, not assumed: every link's outputs
+simplified ONNX graphs. When the first graph's own simulate stage already ran the binary on the
+samples the chain starts from (`first_outputs`), its kept outputs start the NPU chain: the same
+binary on the same inputs, so a window that takes minutes on the simulator is simulated once. Error carried downstream is measured, not assumed: every link's outputs
 are compared, and the last graph's are judged with the pipeline's thresholds and task checks.
 """
 from __future__ import annotations
@@ -21,6 +23,7 @@ from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.qnn import chipcheck as binchip
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec.pipeline import first_samples
 from qnn_tasks.spec.project import GraphSpec, Soc
 from qnn_tasks.stages import glue as glue_step
 from qnn_tasks.stages.cpucheck import run_onnx_cpu
@@ -29,7 +32,8 @@ from qnn_tasks.stages.cpucheck import run_onnx_cpu
 def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], simplified: list[Path], inputs_file: Path,
         feed: dict[str, list[str]], verify: dict[str, Any], target: str, out_dir: Path,
         glue: dict[str, dict[str, Any]] | None = None,
-        binaries: list[tuple[Path, str]] | None = None, soc: Soc | None = None) -> dict[str, Any]:
+        binaries: list[tuple[Path, str]] | None = None, soc: Soc | None = None,
+        first_outputs: Path | None = None) -> dict[str, Any]:
     if soc is not None:  # every link's binary (and its chip target) must be this chip's before any of them runs
         for binary, chip_target in binaries or []:
             binchip.refuse_other_chip(binary, soc, chip_target)
@@ -46,8 +50,12 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
             raise StageError(f"pipeline {target}: graph '{graph.name}' has no run to make (its first graph has no "
                              "samples)")
         cpu_out = run_onnx_cpu(onnx_file, cpu_in)
-        npu_out, seconds, _ = simulator.run(ctx, fileio.read_json(config), npu_in, log)
+        if index == 0 and first_outputs is not None:
+            npu_out, seconds = kept_outputs(first_outputs, len(npu_in), graph, target)
+        else:
+            npu_out, seconds = simulator.run(ctx, fileio.read_json(config), npu_in, log)[:2]
         links.append({"graph": graph.name, "runs": len(npu_in), "seconds": float(np.sum(seconds)),
+                      **({"simulated_by": str(first_outputs)} if index == 0 and first_outputs is not None else {}),
                       "metrics": {t.name: metrics.compare(np.stack([c[t.name] for c in cpu_out]),
                                                           np.stack([n[t.name] for n in npu_out])) for t in graph.outputs},
                       **({"stacked": stacks} if stacks else {})})
@@ -73,23 +81,19 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
     return record
 
 
-def first_samples(graphs: list[GraphSpec], glue: dict[str, dict[str, Any]], feed: dict[str, list[str]],
-                  end_samples: int | None) -> int | None:
-    """How many of the first graph's samples make `end_samples` runs of the last graph (None: all of them):
-    every stack on the way back to the first graph needs (runs - 1) * hop + its runs of its source."""
-    if end_samples is None:
-        return None
-    needed, graph = end_samples, graphs[-1]
-    by_name = {g.name: g for g in graphs}
-    while graph is not graphs[0]:
-        earlier = graphs[:graphs.index(graph)]
-        tensor = graph.inputs[0]  # every input of a graph comes at one rate (checked at load): follow any
-        from_graph, _ = glue_step.source(graph, tensor.name, feed, earlier)
-        settings = (glue.get(f"{graph.name}.{tensor.name}") or {}).get("stack")
-        if settings:
-            needed = (needed - 1) * settings["hop"] + settings["runs"]
-        graph = by_name[from_graph]
-    return needed
+def kept_outputs(outputs_file: Path, runs: int, graph: GraphSpec, target: str) -> tuple[glue_step.Runs, list[float]]:
+    """The first `runs` outputs the first graph's simulate stage kept, and its seconds for them (from its record,
+    when there is one: timing only, never a verdict)."""
+    kept = sample_store.load(outputs_file, limit=runs)
+    if len(kept) < runs or set(kept[0]) != {t.name for t in graph.outputs}:
+        raise StageError(f"pipeline {target}: {outputs_file} holds {len(kept)} runs of {sorted(kept[0]) if kept else []}, "
+                         f"not {runs} of graph '{graph.name}''s outputs (rerun its simulate task)")
+    try:
+        timing = fileio.read_json(outputs_file.parent / "simulate.json")["timing"]
+        per_run = timing["total_s"] / timing["runs"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        per_run = 0.0
+    return kept, [per_run] * runs
 
 
 def run_call(call: StageCall) -> dict[str, Any]:
@@ -98,4 +102,4 @@ def run_call(call: StageCall) -> dict[str, Any]:
                [Path(p) for p in a["configs"]], [Path(p) for p in a["simplified"]], Path(a["inputs"]), a["feed"],
                a["verify"], call.target, Path(call.out_dir), glue=a.get("glue"),
                binaries=[(Path(b), target) for b, target in a.get("binaries") or [] if b],
-               soc=calls.soc(a) if a.get("soc") else None)
+               soc=calls.soc(a) if a.get("soc") else None, first_outputs=calls.path(a, "first_outputs"))
