@@ -224,7 +224,7 @@ def stage_record(project: Project, glob: str) -> dict:
 LINT = ("build/silero-vad/vad/lint/lint.json", "build/minilm/minilm/lint/lint.json")
 
 
-@pytest.mark.parametrize("backend", ["ftp", "dbfs"])
+@pytest.mark.parametrize("backend", ["ftp", pytest.param("dbfs", marks=pytest.mark.slow)])  # dbfs: ~50 s of retries
 def test_doit_with_an_unreachable_store_builds_without_it_saying_so_once(project_copy, backend):
     """ftp:// connects on opening (the issue's probe); dbfs:// (over requests) on first use, from inside a stage."""
     project_copy.doit("forget", "lint:vad", "lint:minilm", check=True)

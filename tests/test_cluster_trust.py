@@ -22,6 +22,8 @@ from tiny_project import tiny_project
 
 from qnn_tasks.run.executors.dask import CONNECT_TIMEOUT_S
 
+pytestmark = pytest.mark.slow  # real Dask schedulers and workers, started and killed: tens of seconds each
+
 CLUSTER = ROOT / "cluster"
 
 

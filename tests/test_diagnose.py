@@ -24,6 +24,7 @@ def pow_project(built_graphs, tmp_path_factory):
     return project
 
 
+@pytest.mark.slow
 def test_diagnose_names_the_pow_node_as_first_divergence(pow_project):
     result = pow_project.doit(f"diagnose:{TARGET}")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -43,6 +44,7 @@ def test_diagnose_names_the_pow_node_as_first_divergence(pow_project):
     assert "Pow node" in summary and "Mul(x, x)" in summary
 
 
+@pytest.mark.slow
 def test_diagnostic_graph_reproduces_the_failure_and_ranks_every_node(pow_project):
     record = _diagnosis(pow_project)
     assert record["diagnostic_reproduces_failure"] is True
@@ -54,6 +56,7 @@ def test_diagnostic_graph_reproduces_the_failure_and_ranks_every_node(pow_projec
     assert (pow_project.root / record["plot"]).is_file()
 
 
+@pytest.mark.slow
 def test_lint_warns_about_pow_square_before_compiling(pow_project):
     pow_project.doit("lint:vad", check=True)
     lint = read_json(pow_project.root / "build/silero-vad/vad/lint/lint.json")
@@ -62,12 +65,14 @@ def test_lint_warns_about_pow_square_before_compiling(pow_project):
     assert any("Mul(x, x)" in w for w in lint["warnings"])
 
 
+@pytest.mark.slow
 def test_simverify_failure_points_at_diagnose(pow_project):
     result = pow_project.doit(f"simverify:{TARGET}")
     assert result.returncode != 0
     assert f"doit diagnose:{TARGET}" in result.stdout + result.stderr
 
 
+@pytest.mark.slow
 def test_bisection_by_cutting_finds_the_same_node(pow_project):
     """The fallback when the diagnostic graph hides a failure: compile prefixes of the graph, bisect."""
     import onnx
@@ -87,6 +92,7 @@ def test_bisection_by_cutting_finds_the_same_node(pow_project):
     assert found is not None and found["op_type"] == "Pow"
 
 
+@pytest.mark.slow
 def test_each_target_diagnoses_its_own_chip(pow_project):
     """Two targets in one run: each record names its own graph, model and chip (a loop variable bound late once
     gave every diagnose.json the last target's)."""
@@ -98,6 +104,7 @@ def test_each_target_diagnoses_its_own_chip(pow_project):
         assert record["graph"] == "vad" and record["model"] == "silero-vad"
 
 
+@pytest.mark.slow
 def test_a_diagnosis_of_another_binary_is_marked_stale(pow_project, tmp_path):
     project = copy_project(tmp_path / "project", source=pow_project.root, with_build=True)
     path = next(project.root.glob("build/silero-vad/vad/*/fp16/SM8650/diagnose/diagnose.json"))
@@ -131,6 +138,7 @@ def test_verdicts_say_what_the_table_and_plot_show():
     assert named["kind"] == "node" and "Pow node 'p'" in named["text"] and "write Mul(x, x)" in named["text"]
 
 
+@pytest.mark.slow
 def test_shipped_export_passes_and_shows_no_divergence(built_graphs, tmp_path):
     project = copy_project(tmp_path / "project", source=built_graphs.root, with_build=True)
     project.doit(f"simverify:{TARGET}", check=True)

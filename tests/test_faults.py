@@ -117,6 +117,7 @@ def stage_dir(project: Project, task: str) -> Path:
     return next(project.root.glob(STAGE_DIRS[task]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", sorted(STAGE_DIRS))
 def test_ctrl_c_stops_at_once_says_one_line_and_keeps_nothing_half_written(built, task):
     stage = task.split(":")[0]
@@ -146,6 +147,7 @@ def test_ctrl_c_stops_at_once_says_one_line_and_keeps_nothing_half_written(built
     no_passed_without_outputs(built)
 
 
+@pytest.mark.slow
 def test_ctrl_c_during_a_whole_build_reports_the_stage_and_resumes(built):
     """The issue's case: a `context` rebuild of a fully built tree is interrupted; no `passed` stays behind."""
     built.edit("socs/socs.yaml", "SM8650:  {soc_id: 57, dsp_arch: v75, vtcm_mb: 8", "SM8650:  {soc_id: 57, dsp_arch: v75, vtcm_mb: 4")
@@ -169,6 +171,7 @@ def test_ctrl_c_during_a_whole_build_reports_the_stage_and_resumes(built):
 
 # ------------------------------------------------------------------ SIGKILL: litter is swept by the next run
 
+@pytest.mark.slow
 @pytest.mark.parametrize("task", sorted(STAGE_DIRS))
 def test_sigkill_litter_is_swept_and_the_tree_repaired(built, task):
     built.doit("forget", task, check=True)
@@ -193,6 +196,7 @@ def test_sigkill_litter_is_swept_and_the_tree_repaired(built, task):
 
 # ------------------------------------------------------------------ two doit runs in one tree
 
+@pytest.mark.slow
 def test_second_doit_refuses_naming_the_first_and_read_only_commands_work(built):
     built.doit("forget", "simulate:vad-SM8650", "simulate:vad-SM8750", check=True)
     first = Running(built, "simverify")
@@ -218,6 +222,7 @@ def test_second_doit_refuses_naming_the_first_and_read_only_commands_work(built)
 
 # ------------------------------------------------------------------ damaged and deleted targets
 
+@pytest.mark.slow
 def test_truncated_binary_is_stale_in_the_report_and_rebuilt_by_the_next_doit(built):
     binary = next(built.root.glob("build/minilm/minilm/*/fp16/SM8650/context/minilm_ctx_qnn.bin"))
     with open(binary, "r+b") as fh:
@@ -242,6 +247,7 @@ def test_truncated_binary_is_stale_in_the_report_and_rebuilt_by_the_next_doit(bu
     assert all(t["status"] == "passed" for t in report_of(built)["targets"])
 
 
+@pytest.mark.slow
 def test_deleted_binary_is_rebuilt(built):
     binary = next(built.root.glob("build/silero-vad/vad/*/fp16/SM8750/context/vad_ctx_qnn.bin"))
     binary.unlink()
@@ -282,11 +288,12 @@ def test_threshold_edit_rejudges_without_simulating(built):
 
 # ------------------------------------------------------------------ a console a person can follow
 
+@pytest.mark.slow
 def test_console_shows_progress_and_durations(built):
     built.doit("forget", "simulate:vad-SM8650", check=True)
     result = built.doit("simulate:vad-SM8650", env={"QNN_PROGRESS_SECONDS": "0"})  # every step, not every 15 s
     assert result.returncode == 0, result.stderr
     progress = [line for line in result.stderr.splitlines() if line.startswith("simulate:vad-SM8650: sample ")]
-    assert progress[0].startswith("simulate:vad-SM8650: sample 1/231, ") and "elapsed, ~" in progress[0]
+    assert progress[0].startswith("simulate:vad-SM8650: sample 1/72, ") and "elapsed, ~" in progress[0]
     assert re.search(r"^simulate:vad-SM8650: passed in \d+\.\d s$", result.stderr, re.M), result.stderr
     assert "Traceback" not in result.stderr and "[W:onnxruntime" not in result.stderr  # tool chatter is in the log

@@ -369,6 +369,7 @@ def test_export_function_raising(tmp_path):
 
 # ================================================================ bad inputs: the real examples
 
+@pytest.mark.slow
 def test_cpucheck_impossible_tolerance(project_copy):
     project_copy.edit("models/minilm/model.yaml", "max_abs: 1.0e-4", "max_abs: 1.0e-12")
     result = project_copy.doit("cpucheck:minilm")

@@ -118,7 +118,7 @@ def test_option_edit_reruns_only_that_graph(proj):
     samples_before = json.loads((vad / "cpucheck/cpucheck.json").read_text())["samples"]
     exported_before = md5(vad / "export/vad.onnx")
 
-    proj.edit(VAD_YAML, "frames_per_clip: 40", "frames_per_clip: 12")
+    proj.edit(VAD_YAML, "frames_per_clip: 12", "frames_per_clip: 6")
     result = build(proj)
     # export and cpucheck key on the graph's options, so both re-run; nothing of minilm does.
     # frames_per_clip only changes the verification samples, not the exported graph: export writes
@@ -131,6 +131,7 @@ def test_option_edit_reruns_only_that_graph(proj):
     assert build(proj).executed == set()
 
 
+@pytest.mark.slow
 def test_option_edit_that_changes_the_export_reruns_all_its_stages(proj):
     proj.edit(VAD_YAML, "keep_pow: false", "keep_pow: true")
     result = build(proj)
@@ -141,6 +142,7 @@ def test_option_edit_that_changes_the_export_reruns_all_its_stages(proj):
     assert lint["op_counts"].get("Pow", 0) > 0
 
 
+@pytest.mark.slow
 def test_tolerance_edit_reruns_only_cpucheck(proj):
     proj.edit(MINILM_YAML, "max_abs: 1.0e-4", "max_abs: 2.0e-4")
     result = build(proj)

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+import pytest
 from conftest import EXAMPLES, Project
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image, ImageDraw
@@ -224,6 +225,7 @@ def media_project(root: Path) -> Project:
     return Project(root)
 
 
+@pytest.mark.slow
 def test_image_and_audio_samples_build_and_verify_on_sm8650(tmp_path):
     project = media_project(tmp_path / "project")
     result = project.doit()

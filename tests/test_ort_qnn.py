@@ -393,6 +393,7 @@ def qnn_ep_in_process(monkeypatch) -> None:
         monkeypatch.setattr(ort_qnn, "_REGISTERED", True)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("qnn_ep_in_process")
 def test_toolchain_version_change_reruns_exactly_the_toolchain_stages(compiled, tmp_path, monkeypatch):
     project = copy_project(tmp_path / "project", source=compiled.root, with_build=True)
@@ -518,6 +519,7 @@ def test_ep_devices_when_the_ep_is_already_registered():
 
 # ================================================================ 6. socscheck
 
+@pytest.mark.slow
 def test_socscheck_confirms_the_real_table_and_catches_a_wrong_row(tmp_path):
     project = copy_project(tmp_path / "project")
     socs = load_soc_table(project.root)[0]  # the packaged table with the project's rows over it

@@ -237,6 +237,28 @@ def test_stacks_of_stacks_follow_the_runs_of_a_three_graph_chain():
     assert stacked[0]["windows"] == 2 and stacked[0]["source_runs"] == 3
 
 
+def test_kept_first_link_outputs_are_checked_and_timed(tmp_path):
+    """The first link's outputs taken from the first graph's simulate stage: its first N runs, each timed at the
+    simulate record's mean; a file holding fewer runs or other outputs is one line naming it and the fix."""
+    from qnn_tasks.errors import StageError
+    from qnn_tasks.judge import samples as sample_store
+    from qnn_tasks.stages.pipeline import kept_outputs
+
+    front = _graph("front", {"audio": (1, 4)}, {"mel": (1, 2)})
+    kept = tmp_path / "simulate" / "outputs.npz"
+    kept.parent.mkdir()
+    sample_store.save(kept, [{"mel": np.full((1, 2), run, np.float32)} for run in range(3)])
+    runs, seconds = kept_outputs(kept, 2, front, "chain-SM8650")
+    assert [run["mel"][0, 0] for run in runs] == [0, 1] and seconds == [0.0, 0.0]  # no record: no time claimed
+    (kept.parent / "simulate.json").write_text(json.dumps({"timing": {"total_s": 6.0, "runs": 3}}))
+    assert kept_outputs(kept, 2, front, "chain-SM8650")[1] == [2.0, 2.0]
+    with pytest.raises(StageError, match=r"holds 3 runs of \['mel'\], not 4 runs .*\(rerun its simulate task\)"):
+        kept_outputs(kept, 4, front, "chain-SM8650")
+    other = _graph("front", {"audio": (1, 4)}, {"spectrum": (1, 2)})
+    with pytest.raises(StageError, match="not 2 runs of the outputs of graph 'front'"):
+        kept_outputs(kept, 2, other, "chain-SM8650")
+
+
 def test_stack_of_runs_feeds_the_next_graph_on_both_chains(tmp_path):
     project = stacked_project(tmp_path / "project")
     result = project.doit()

@@ -205,6 +205,7 @@ def reference(ctx, inputs):
 
 # ================================================================ the example models through the stand-in SDK
 
+@pytest.mark.slow
 def test_sdk_stages_run_once_per_variant_and_per_chip(sdk_built):
     project, result = sdk_built
     chips = {f"{v}-{s}" for v in VARIANTS for s in SOCS}
@@ -217,6 +218,7 @@ def test_sdk_stages_run_once_per_variant_and_per_chip(sdk_built):
     assert again.returncode == 0 and again.executed == set(), again.stdout
 
 
+@pytest.mark.slow
 def test_convert_runs_the_guides_command_and_keeps_its_log(sdk_built, standin):
     project, _ = sdk_built
     converter = str(sdk_at(standin) / "bin/x86_64-linux-clang/qnn-onnx-converter")
@@ -251,6 +253,7 @@ def test_convert_runs_the_guides_command_and_keeps_its_log(sdk_built, standin):
     assert read_json(variant_dir(project, "minilm-w8a16") / "convert/convert.json")["calibration_samples"] == 8
 
 
+@pytest.mark.slow
 def test_modellib_builds_host_and_16k_android_libs(sdk_built, standin):
     project, _ = sdk_built
     generator = str(sdk_at(standin) / "bin/x86_64-linux-clang/qnn-model-lib-generator")
@@ -274,6 +277,7 @@ def test_modellib_builds_host_and_16k_android_libs(sdk_built, standin):
         assert "qnn-model-lib-generator.log" in record["log"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("soc", SOCS)
 @pytest.mark.parametrize("variant", ["vad", "minilm-w8a16"])
 def test_config_files_are_spec_2c(sdk_built, standin, variant, soc):
@@ -291,6 +295,7 @@ def test_config_files_are_spec_2c(sdk_built, standin, variant, soc):
                      "cores": [{"core_id": 0, "perf_profile": "burst", "rpc_control_latency": 200}]}]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("soc", SOCS)
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_context_binary_is_inspected_and_wrapped(sdk_built, standin, variant, soc):
@@ -327,6 +332,7 @@ def test_context_binary_is_inspected_and_wrapped(sdk_built, standin, variant, so
     assert [o.name for o in wrapper.graph.output] == [t.name for t in spec.outputs]
 
 
+@pytest.mark.slow
 def test_the_w8a16_binary_is_smaller_than_the_fp16_one(sdk_built):
     project, _ = sdk_built
     fp16 = stage_record(project, "minilm", "context", "SM8650")["bin_size"]
@@ -334,6 +340,7 @@ def test_the_w8a16_binary_is_smaller_than_the_fp16_one(sdk_built):
     assert w8a16 < 0.8 * fp16, (w8a16, fp16)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("target", SIMULATED)
 def test_simverify_passes_on_sdk_built_binaries(sdk_built, target):
     project, _ = sdk_built
@@ -345,6 +352,7 @@ def test_simverify_passes_on_sdk_built_binaries(sdk_built, target):
     assert min(m["cosine"] for m in record["metrics"].values()) > 0.99
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("soc", SOCS)
 def test_runtime_libs_manifest_names_the_chips_stub_and_skel(sdk_built, standin, soc):
     project, _ = sdk_built
@@ -373,6 +381,7 @@ def test_runtime_libs_of_an_arch_the_sdk_lacks_are_listed_missing(standin, tmp_p
 
 # ================================================================ SDK version change
 
+@pytest.mark.slow
 def test_sdk_version_change_reruns_exactly_the_sdk_stages(built_graphs, standin, tmp_path):
     project = copy_project(tmp_path / "project", source=built_graphs.root, with_build=True)
     shutil.rmtree(project.path("models/minilm"))  # vad alone keeps this short
@@ -407,6 +416,7 @@ def test_sdk_version_change_reruns_exactly_the_sdk_stages(built_graphs, standin,
 
 # ================================================================ bad input
 
+@pytest.mark.slow
 def test_page_check_fails_on_a_library_linked_without_16k_pages(sdk_built, standin, tmp_path):
     project, _ = sdk_built
     convert = variant_dir(project, "vad") / "convert"
@@ -465,6 +475,7 @@ def test_without_an_ndk_only_the_aarch64_library_fails(project_copy, standin):
     assert again.executed == set()   # the missing aarch64 lib is not a target: no rebuild loop
 
 
+@pytest.mark.slow
 def test_converter_rejects_neg_and_w8a16_with_int32_inputs_verifies(fixture_models, standin):
     project = fixture_models
     write_profile(project, sdk_at(standin), ndk=standin / "android_ndk")
@@ -488,6 +499,7 @@ def test_converter_rejects_neg_and_w8a16_with_int32_inputs_verifies(fixture_mode
     assert verdict["status"] == "passed", verdict.get("error")
 
 
+@pytest.mark.slow
 def test_a_graph_name_the_converter_would_mangle_is_renamed_consistently(project_copy, standin):
     project_copy.edit("models/silero-vad/model.yaml", "\n  vad:\n", "\n  vad-v2:\n")
     write_profile(project_copy, sdk_at(standin), ndk=standin / "android_ndk")

@@ -468,6 +468,7 @@ def chromium(*args: str, profile: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=60)
 
 
+@pytest.mark.slow
 def test_report_renders_in_a_headless_browser(verified, tmp_path):
     index = (verified.root / REPORT_DIR / "index.html").resolve()
     data = load_report(verified)
@@ -551,6 +552,7 @@ def cpucheck_broken(verified, tmp_path_factory) -> Project:
     return project
 
 
+@pytest.mark.slow
 def test_report_runs_after_a_failed_graph_stage(cpucheck_broken):
     run = cpucheck_broken.run
     assert run.returncode != 0
@@ -582,6 +584,7 @@ def test_report_runs_after_a_failed_graph_stage(cpucheck_broken):
     assert str(escape(error)) in html
 
 
+@pytest.mark.slow
 def test_targets_of_a_failed_graph_say_why(cpucheck_broken):
     data = load_report(cpucheck_broken)
     for t in data["targets"]:

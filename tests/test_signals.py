@@ -84,6 +84,7 @@ def interrupt(project: Project, signals: list[int], gap_s: float, *options: str)
     no_passed_without_outputs(project)
 
 
+@pytest.mark.slow
 def test_any_number_of_signals_at_any_gap_end_the_run_and_the_next_run_repairs(tiny):
     tiny.doit("forget", TASK, check=True)
     interrupt(tiny, [INT], 0)  # one signal: the graceful path

@@ -2,7 +2,7 @@
 
 One copy of `built_graphs` is taken through `doit simverify report` for SM8650 and SM8750 once
 (conftest's `verified`, shared with test_report.py) with minilm's `verify: samples:` cut to 2
-(each simulated MiniLM run takes ~3 s); the VAD keeps its 231 real audio frames. Tests that
+(each simulated MiniLM run takes ~3 s); the VAD keeps its 72 real audio frames. Tests that
 break something (a tolerance, the export, a binary) work on their own copy of that build.
 
 Asserted: the records (metrics against thresholds, recomputed independently from the kept NPU
@@ -106,7 +106,7 @@ def test_simverify_record(verified, graph, soc):
     expected_samples = MINILM_SAMPLES if graph == "minilm" else cpu_samples
     assert rec["samples"] == expected_samples
     if graph == "vad":
-        assert rec["samples"] == 231  # every real frame: 6 clips (speech, noise, tts, quiet, silence)
+        assert rec["samples"] == 72  # 12 real frames of each of 6 clips (speech, noise, 2 tts, quiet, silence)
 
     # metrics per declared output, with the thresholds that applied
     assert set(rec["metrics"]) == set(declared)
@@ -220,6 +220,7 @@ def test_doit_fails_on_a_verification_and_still_writes_the_report(tight_vad):
     assert "vad-SM8650 — failed" in tight_vad.path("build/report/index.html").read_text()
 
 
+@pytest.mark.slow
 def test_fp16_pow_hazard_is_caught_on_the_simulator(own_copy):
     # keep_pow: true exports Pow(x, 2) as the packaged model has it. On CPU that is exact; on HTP
     # in fp16 it returns garbage once x underflows fp16 (the quiet-speech clip).
@@ -272,6 +273,7 @@ def test_corrupt_binary_fails_to_load_on_the_simulator(verified, tmp_path):
     assert "\n" not in message  # one line, no traceback
 
 
+@pytest.mark.slow
 def test_corrupt_binary_in_the_build_is_rebuilt_not_simulated(own_copy):
     """A binary damaged by hand no longer matches what its context record vouches for: context runs again."""
     binary = chip_dir(own_copy, "vad", "SM8650") / "context" / "vad_ctx_qnn.bin"
@@ -337,9 +339,10 @@ def test_missing_reference_is_rebuilt_before_simverify(own_copy):
     assert not any(t.startswith(("export", "simplify", "lint", "context", "config")) for t in result.executed)
 
 
+@pytest.mark.slow
 def test_sample_change_reruns_verification_of_that_graph_on_every_chip(own_copy):
     before = {soc: sim_record(own_copy, "vad", soc)["samples"] for soc in SOCS}
-    own_copy.edit(VAD_YAML, "frames_per_clip: 40", "frames_per_clip: 12")
+    own_copy.edit(VAD_YAML, "frames_per_clip: 12", "frames_per_clip: 6")
     result = own_copy.doit("simverify")
     assert result.returncode == 0, result.stderr
     # export re-runs (options are in its key) but writes the same graph, so simplify/lint/context

@@ -273,6 +273,7 @@ def _tree(folder: Path) -> set[str]:
     return {str(p.relative_to(folder)) for p in folder.rglob("*")}
 
 
+@pytest.mark.slow
 def test_unsafe_graph_name_deletes_and_writes_nothing_outside_the_project(tmp_path):
     """A graph named ../../../bait made `doit clean` delete bait/lint/lint.json beside the project, and a build
     write there: now both stop at load with the spec error, and the folder around the project is untouched."""

@@ -49,6 +49,7 @@ def patched_package(dest: Path, module: str, line: str = "\n# a change to this m
 
 # ------------------------------------------------------------------ 1. keys carry the code version
 
+@pytest.mark.slow
 @pytest.mark.parametrize("module, reruns", [
     # lint's code also decides which findings stop an export, and simplify checks I/O with it: the three stages
     # import it, so its code is in their three keys (derived from the imports); their outputs come out the same,

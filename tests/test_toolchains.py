@@ -34,7 +34,7 @@ def record(project: Project, graph: str, stage: str, tree: str) -> dict:
 
 @pytest.fixture(scope="module")
 def both(built_graphs, tmp_path_factory) -> Project:
-    """Both examples (fp16, SM8650; the VAD on 40 frames, MiniLM on 2 sentences) under both toolchains.
+    """Both examples (fp16, SM8650; the VAD on 24 frames, MiniLM on 2 sentences) under both toolchains.
 
     From the session's built graph stages: the toolchain stages are what this module is about.
     """
@@ -42,7 +42,7 @@ def both(built_graphs, tmp_path_factory) -> Project:
     restrict_socs(project, ["SM8650"])
     only_fp16(project)
     project.edit("models/minilm/model.yaml", "      samples: 8", "      samples: 2")
-    project.edit("models/silero-vad/model.yaml", "    verify:\n", "    verify:\n      samples: 40\n")
+    project.edit("models/silero-vad/model.yaml", "    verify:\n", "    verify:\n      samples: 24\n")
     project.result = project.doit(env={"QNN_TOOLCHAIN": BOTH})
     return project
 

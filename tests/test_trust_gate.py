@@ -107,6 +107,7 @@ def test_pending_targets_fail_the_gate_and_doit_report(built):
     assert not gate_passes(built)  # the old gate (failed == 0 and stale == 0 ...) was true here
 
 
+@pytest.mark.slow
 def test_a_killed_run_never_leaves_the_previous_verdict_looking_current(built):
     assert built.doit("report").returncode == 0 and gate_passes(built)
     built.doit("forget", "simulate:vad-SM8650", check=True)
@@ -143,6 +144,7 @@ def swap_binary(project: Project, target: str = "SM8650", source: str = "SM8750"
     return binary
 
 
+@pytest.mark.slow
 def test_a_binary_replaced_with_size_and_mtime_kept_is_stale_and_rebuilt(built):
     binary = swap_binary(built)
     line = report_failure(built.doit("report"))
@@ -161,6 +163,7 @@ def test_a_binary_replaced_with_size_and_mtime_kept_is_stale_and_rebuilt(built):
     assert gate_passes(built)
 
 
+@pytest.mark.slow
 def test_a_record_with_a_forged_digest_is_stale_and_its_stage_reruns(built):
     record = one(built, f"{VAD}/SM8750/context/context.json")
     before = record.stat()

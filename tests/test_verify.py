@@ -33,7 +33,7 @@ from qnn_tasks.qnn import runtimelibs
 
 pytestmark = pytest.mark.skipif(not os.path.exists(ADB), reason="needs the adb binary (apt-get install adb)")
 
-SAMPLES = 24            # verification samples of the vad graph (of 231): keeps each device run short
+SAMPLES = 24            # verification samples of the vad graph (of 72): keeps each device run short
 AUDIO_S = 0.032         # 512 new samples at 16 kHz per call (the example's model.yaml declares it)
 
 
@@ -94,6 +94,7 @@ def phone(tmp_path: Path, name: str, server, soc: str, **kw):
 
 # ------------------------------------------------------------------ the stand-in runner itself
 
+@pytest.mark.slow
 def test_standin_runner_behaves_like_qnn_net_run(project, libs, tmp_path):
     """CLI errors, the runtime checks (Skel on ADSP_LIBRARY_PATH, err 5005) and real outputs."""
     work = tmp_path / "dev"
@@ -191,6 +192,7 @@ def test_unknown_or_empty_soc_model_is_cpu_fallback(project, server, libs, tmp_p
 
 # ------------------------------------------------------------------ the main flow
 
+@pytest.mark.slow
 def test_two_phones_of_different_chips_in_one_run(project, server, libs, tmp_path):
     with phone(tmp_path, "a", server, "SM8650") as a, phone(tmp_path, "b", server, "SM8750") as b, \
             phone(tmp_path, "c", server, "SM8550") as c:
@@ -408,6 +410,7 @@ def test_qnn_error_code_in_the_phone_log_is_explained(project, server, libs, tmp
         assert "build with the same QAIRT version as the runtime libs you ship, for this phone's chip" in error
 
 
+@pytest.mark.slow
 def test_unplug_mid_run_fails_that_target_keeps_its_measurements(project, server, libs, tmp_path):
     with phone(tmp_path, "a", server, "SM8650"), \
             phone(tmp_path, "b", server, "SM8750", env={"STANDIN_QNN_NET_RUN_STALL": "60"}) as b:
@@ -433,6 +436,7 @@ def test_unplug_mid_run_fails_that_target_keeps_its_measurements(project, server
     assert "verify:vad-SM8750" in stdout + stderr and "went away" in stdout + stderr
 
 
+@pytest.mark.slow
 def test_power_run_records_battery_and_conditions(project, server, libs, tmp_path):
     with phone(tmp_path, "a", server, "SM8650", battery_level=80):
         result = doit(project, server, "power:vad-SM8650", libs=libs, QNN_POWER_SECONDS="2")

@@ -2,10 +2,11 @@
 
 The first graph gets its own verification inputs; each later graph gets the NPU outputs of the
 graphs before it (by name, or as `pipeline.feed` says). The same chain runs on CPU with the
-simplified ONNX graphs. When the first graph's own simulate stage already ran the binary on the
-samples the chain starts from (`first_outputs`), its kept outputs start the NPU chain: the same
-binary on the same inputs, so a window that takes minutes on the simulator is simulated once. Error carried downstream is measured, not assumed: every link's outputs
+simplified ONNX graphs. Error carried downstream is measured, not assumed: every link's outputs
 are compared, and the last graph's are judged with the pipeline's thresholds and task checks.
+When the first graph's own simulate stage already ran its binary on the samples the chain starts
+from (`first_outputs`), its kept outputs start the NPU chain: the same binary on the same inputs,
+so a window that takes minutes on the simulator is simulated once.
 """
 from __future__ import annotations
 
@@ -87,7 +88,7 @@ def kept_outputs(outputs_file: Path, runs: int, graph: GraphSpec, target: str) -
     kept = sample_store.load(outputs_file, limit=runs)
     if len(kept) < runs or set(kept[0]) != {t.name for t in graph.outputs}:
         raise StageError(f"pipeline {target}: {outputs_file} holds {len(kept)} runs of {sorted(kept[0]) if kept else []}, "
-                         f"not {runs} of graph '{graph.name}''s outputs (rerun its simulate task)")
+                         f"not {runs} runs of the outputs of graph '{graph.name}' (rerun its simulate task)")
     try:
         timing = fileio.read_json(outputs_file.parent / "simulate.json")["timing"]
         per_run = timing["total_s"] / timing["runs"]
