@@ -1,7 +1,7 @@
 """simverify end to end: real compiles of both example graphs, real runs on the x86 HTP simulator.
 
 One copy of `built_graphs` is taken through `doit simverify report` for SM8650 and SM8750 once
-(conftest's `verified`, shared with test_report.py) with minilm's `verify: samples:` cut to 2
+(conftest's `verified`, shared with test_report.py) with minilm's `verify: samples:` cut to 1
 (each simulated MiniLM run takes ~3 s); the VAD keeps its 72 real audio frames. Tests that
 break something (a tolerance, the export, a binary) work on their own copy of that build.
 
