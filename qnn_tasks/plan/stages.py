@@ -414,10 +414,7 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
 def simulated_first_link(pt: PipelineTarget) -> str | None:
     """The first graph's simulate outputs when they cover the samples the chain starts from: the same binary on
     the same inputs (its first N samples), so the pipeline takes them instead of simulating the window again."""
-    first = pt.chips[0]
-    if first.skip_reason:
-        return None
-    spec = pt.pipeline
+    first, spec = pt.chips[0], pt.pipeline  # never a skipped chip: pipeline_targets leaves those out
     needed = first_samples([ct.graph for ct in pt.chips], spec.glue, spec.feed, spec.verify["samples"])
     limit = first.verify["samples"]
     if limit is None or (needed is not None and needed <= limit):

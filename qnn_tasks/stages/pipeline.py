@@ -51,12 +51,13 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
             raise StageError(f"pipeline {target}: graph '{graph.name}' has no run to make (its first graph has no "
                              "samples)")
         cpu_out = run_onnx_cpu(onnx_file, cpu_in)
-        if index == 0 and first_outputs is not None:
-            npu_out, seconds = kept_outputs(first_outputs, len(npu_in), graph, target)
+        kept = first_outputs if index == 0 else None  # the first graph's simulate stage ran these very runs
+        if kept is not None:
+            npu_out, seconds = kept_outputs(kept, len(npu_in), graph, target)
         else:
             npu_out, seconds = simulator.run(ctx, fileio.read_json(config), npu_in, log)[:2]
         links.append({"graph": graph.name, "runs": len(npu_in), "seconds": float(np.sum(seconds)),
-                      **({"simulated_by": str(first_outputs)} if index == 0 and first_outputs is not None else {}),
+                      **({"simulated_by": str(kept)} if kept is not None else {}),
                       "metrics": {t.name: metrics.compare(np.stack([c[t.name] for c in cpu_out]),
                                                           np.stack([n[t.name] for n in npu_out])) for t in graph.outputs},
                       **({"stacked": stacks} if stacks else {})})
