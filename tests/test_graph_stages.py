@@ -21,7 +21,7 @@ from conftest import EXAMPLES, Project
 
 # graph -> (model folder, inputs {name: (shape, dtype)}, outputs {name: shape})
 GRAPHS = {
-    "minilm": ("minilm", {"input_ids": ([1, 128], "int32"), "attention_mask": ([1, 128], "int32")},
+    "minilm": ("minilm", {"input_ids": ([1, 64], "int32"), "attention_mask": ([1, 64], "int32")},
                {"embedding": [1, 384]}),
     "vad": ("silero-vad", {"input": ([1, 576], "float32"), "state": ([2, 1, 128], "float32")},
             {"output": [1, 1], "stateN": [2, 1, 128]}),

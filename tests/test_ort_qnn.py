@@ -50,7 +50,7 @@ SOCS = {"SM8650": (57, "v75"), "SM8750": (69, "v79")}  # the chips built_graphs 
 IO = {
     "vad": ([("input", "float32", [1, 576]), ("state", "float32", [2, 1, 128])],
             [("output", "float32", [1, 1]), ("stateN", "float32", [2, 1, 128])]),
-    "minilm": ([("input_ids", "int32", [1, 128]), ("attention_mask", "int32", [1, 128])],
+    "minilm": ([("input_ids", "int32", [1, 64]), ("attention_mask", "int32", [1, 64])],
                [("embedding", "float32", [1, 384])]),
 }
 GRAPH_TASKS = {f"{stage}:{graph}" for stage in GRAPH_STAGES for graph in GRAPHS}

