@@ -26,8 +26,9 @@ GRAPH_STAGES = list(report_columns("graph"))  # the stage table's graph columns
 # --no-loadscope-reorder`) each xdist worker takes the next module in collection order, so these start
 # first and the run does not end with one worker busy for minutes and the other idle. Only the order of
 # the run depends on this list (measured with --durations; a stale entry costs time, never a result).
-LONGEST_FIRST = ("test_whisper_npu.py", "test_w8a16.py", "test_team.py", "test_qairt.py", "test_toolchains.py",
-                 "test_faults.py", "test_report.py", "test_loops.py", "test_diagnose.py", "test_cluster_trust.py")
+LONGEST_FIRST = ("test_whisper_npu.py", "test_w8a16.py", "test_team.py", "test_faults.py", "test_qairt.py",
+                 "test_verify.py", "test_loops.py", "test_cluster_trust.py", "test_cache_trust.py", "test_ort_qnn.py",
+                 "test_toolchains.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -243,7 +244,7 @@ def matrix_project(dest: Path) -> Project:
 def verified(built_graphs, session_store, tmp_path_factory, worker_id) -> Project:
     """`built_graphs` + `doit simverify report` (both chips, fp16), built once per session.
 
-    MiniLM's `verify: samples:` is cut to 1; the VAD keeps its 72 real audio frames (12 from each of 6 clips). Never edit
+    MiniLM's `verify: samples:` is cut to 1; the VAD keeps its 36 real audio frames (6 from each of 6 clips). Never edit
     it: copy it (`own_copy`) to change something. Its results are in `session_store` too
     (`project.store`); `project.wall` is the time both builds took; `project.build_run` that doit run.
     """

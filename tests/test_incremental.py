@@ -118,7 +118,7 @@ def test_option_edit_reruns_only_that_graph(proj):
     samples_before = json.loads((vad / "cpucheck/cpucheck.json").read_text())["samples"]
     exported_before = md5(vad / "export/vad.onnx")
 
-    proj.edit(VAD_YAML, "frames_per_clip: 12", "frames_per_clip: 6")
+    proj.edit(VAD_YAML, "frames_per_clip: 6", "frames_per_clip: 3")
     result = build(proj)
     # export and cpucheck key on the graph's options, so both re-run; nothing of minilm does.
     # frames_per_clip only changes the verification samples, not the exported graph: export writes

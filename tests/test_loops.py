@@ -208,7 +208,7 @@ def test_the_vads_state_carried_by_the_npu_over_the_whole_stream(tmp_path):
     project = copy_project(tmp_path / "project")
     shutil.rmtree(project.path("models/minilm"))
     restrict_socs(project, ["SM8650"])
-    project.edit("models/silero-vad/model.yaml", "frames_per_clip: 12", "frames_per_clip: 40")  # the whole stream
+    project.edit("models/silero-vad/model.yaml", "frames_per_clip: 6", "frames_per_clip: 40")  # the whole stream
     yaml = project.path("models/silero-vad/model.yaml")
     yaml.write_text(yaml.read_text() + VAD_LOOP)
     result = project.doit("loop:vad-SM8650", "simverify:vad-SM8650")

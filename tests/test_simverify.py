@@ -2,7 +2,7 @@
 
 One copy of `built_graphs` is taken through `doit simverify report` for SM8650 and SM8750 once
 (conftest's `verified`, shared with test_report.py) with minilm's `verify: samples:` cut to 1
-(each simulated MiniLM run takes ~3 s); the VAD keeps its 72 real audio frames. Tests that
+(each simulated MiniLM run takes ~3 s); the VAD keeps its 36 real audio frames. Tests that
 break something (a tolerance, the export, a binary) work on their own copy of that build.
 
 Asserted: the records (metrics against thresholds, recomputed independently from the kept NPU
@@ -106,7 +106,7 @@ def test_simverify_record(verified, graph, soc):
     expected_samples = MINILM_SAMPLES if graph == "minilm" else cpu_samples
     assert rec["samples"] == expected_samples
     if graph == "vad":
-        assert rec["samples"] == 72  # 12 real frames of each of 6 clips (speech, noise, 2 tts, quiet, silence)
+        assert rec["samples"] == 36  # 6 real frames of each of 6 clips (speech, noise, 2 tts, quiet, silence)
 
     # metrics per declared output, with the thresholds that applied
     assert set(rec["metrics"]) == set(declared)
@@ -342,7 +342,7 @@ def test_missing_reference_is_rebuilt_before_simverify(own_copy):
 @pytest.mark.slow
 def test_sample_change_reruns_verification_of_that_graph_on_every_chip(own_copy):
     before = {soc: sim_record(own_copy, "vad", soc)["samples"] for soc in SOCS}
-    own_copy.edit(VAD_YAML, "frames_per_clip: 12", "frames_per_clip: 6")
+    own_copy.edit(VAD_YAML, "frames_per_clip: 6", "frames_per_clip: 3")
     result = own_copy.doit("simverify")
     assert result.returncode == 0, result.stderr
     # export re-runs (options are in its key) but writes the same graph, so simplify/lint/context

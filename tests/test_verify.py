@@ -33,7 +33,7 @@ from qnn_tasks.qnn import runtimelibs
 
 pytestmark = pytest.mark.skipif(not os.path.exists(ADB), reason="needs the adb binary (apt-get install adb)")
 
-SAMPLES = 24            # verification samples of the vad graph (of 72): keeps each device run short
+SAMPLES = 24            # verification samples of the vad graph (of 36): keeps each device run short
 AUDIO_S = 0.032         # 512 new samples at 16 kHz per call (the example's model.yaml declares it)
 
 
