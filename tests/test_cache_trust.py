@@ -224,16 +224,15 @@ def stage_record(project: Project, glob: str) -> dict:
 LINT = ("build/silero-vad/vad/lint/lint.json", "build/minilm/minilm/lint/lint.json")
 
 
-@pytest.mark.parametrize("backend", ["ftp", "webhdfs", pytest.param("dbfs", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("backend", ["ftp", "webhdfs"])
 def test_doit_with_an_unreachable_store_builds_without_it_saying_so_once(project_copy, backend):
-    """ftp:// connects on opening (the issue's probe); webhdfs:// and dbfs:// (over requests) on first use, from
-    inside a stage. dbfs's client retries 10 times with backoff first (~50 s), which is why it is slow."""
+    """ftp:// connects on opening (the issue's probe); webhdfs:// (over requests) on first use, from inside a stage.
+    dbfs:// takes the webhdfs path after its client's 10 retries with backoff (measured: 53 s, the same one line);
+    it is not in the suite because those 53 s are all waiting."""
     project_copy.doit("forget", "lint:vad", "lint:minilm", check=True)
     port = closed_port()
-    url = {"ftp": f"ftp://127.0.0.1:{port}/cache", "webhdfs": f"webhdfs://127.0.0.1:{port}/cache",
-           "dbfs": "dbfs:///cache"}[backend]
-    env = {"QNN_CACHE": url, "FSSPEC_DBFS_INSTANCE": f"127.0.0.1:{port}", "FSSPEC_DBFS_TOKEN": "t"}
-    result = project_copy.doit("lint", env=env)
+    url = {"ftp": f"ftp://127.0.0.1:{port}/cache", "webhdfs": f"webhdfs://127.0.0.1:{port}/cache"}[backend]
+    result = project_copy.doit("lint", env={"QNN_CACHE": url})
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
     assert "Traceback" not in output, output

@@ -28,7 +28,21 @@ from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.executors import remote
 from qnn_tasks.run.outcome import Outcome
 
-CONNECT_TIMEOUT_S = 20
+CONNECT_TIMEOUT_S = 20  # when Dask's config does not set distributed.comm.timeouts.connect (Dask's own default: 30 s)
+
+
+def connect_timeout_s() -> float:
+    """Seconds to wait for the scheduler: Dask's `distributed.comm.timeouts.connect` where the user's Dask config sets
+    it (DASK_CONFIG's yaml or DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT), else CONNECT_TIMEOUT_S."""
+    import dask.config
+    import distributed  # noqa: F401  (registers distributed's own defaults with dask.config)
+    from dask.utils import parse_timedelta
+
+    key = "distributed.comm.timeouts.connect"
+    configured = dask.config.get(key, None)
+    if configured is None or configured == dask.config.get(key, None, config=dask.config.merge(*dask.config.defaults)):
+        return float(CONNECT_TIMEOUT_S)
+    return float(parse_timedelta(configured, default="seconds"))
 
 
 def _security(address: str):
@@ -61,7 +75,7 @@ class DaskExecutor:
         self.cache = cache
         security = _security(self.address)
         try:
-            self.client = Client(self.address, timeout=CONNECT_TIMEOUT_S, set_as_default=False, security=security)
+            self.client = Client(self.address, timeout=connect_timeout_s(), set_as_default=False, security=security)
         except (OSError, TimeoutError) as err:
             raise ToolchainError(f"cannot reach the Dask scheduler at {self.address}: {err} (fix: start it with "
                                  f"`dask scheduler`, or check QNN_EXECUTOR"
