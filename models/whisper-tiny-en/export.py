@@ -313,9 +313,11 @@ def _whisper(ctx):
 
     key = str(model_dir(ctx))
     if key not in _MODELS:
-        # no more threads than cores: oversubscribed OpenMP threads slow decoding several-fold on a busy host
+        # no more threads than the cores this process may use (taskset, cgroups): oversubscribed OpenMP threads
+        # slow decoding several-fold on a busy host
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
         _MODELS[key] = ctranslate2.models.Whisper(key, device="cpu", compute_type="float32",
-                                                  intra_threads=min(4, os.cpu_count() or 1))
+                                                  intra_threads=min(4, cores))
     return _MODELS[key]
 
 
