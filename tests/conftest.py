@@ -60,9 +60,9 @@ def pin_worker_to_a_core() -> None:
 ALL_CORES: set[int] = set()  # filled when this worker is pinned
 
 
-def finished_marker(session_or_item) -> Path:
-    """Shared by the workers of one run: the folder above each worker's basetemp."""
-    basetemp = session_or_item.config._tmp_path_factory.getbasetemp()
+def finished_marker(node: pytest.Session | pytest.Item) -> Path:
+    """This worker's "no more work" file, in the folder above each worker's basetemp (shared by one run's workers)."""
+    basetemp = node.config._tmp_path_factory.getbasetemp()  # what the tmp_path_factory fixture returns, in a hook
     return basetemp.parent / f"finished-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}"
 
 

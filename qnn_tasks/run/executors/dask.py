@@ -33,7 +33,8 @@ CONNECT_TIMEOUT_S = 20  # when Dask's config does not set distributed.comm.timeo
 
 def connect_timeout_s() -> float:
     """Seconds to wait for the scheduler: Dask's `distributed.comm.timeouts.connect` where the user's Dask config sets
-    it (DASK_CONFIG's yaml or DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT), else CONNECT_TIMEOUT_S."""
+    it (DASK_CONFIG's yaml or DASK_DISTRIBUTED__COMM__TIMEOUTS__CONNECT), else CONNECT_TIMEOUT_S. A value equal to
+    Dask's shipped default (30 s) cannot be told from no setting, so it counts as none."""
     import dask.config
     import distributed  # noqa: F401  (registers distributed's own defaults with dask.config)
     from dask.utils import parse_timedelta
