@@ -40,6 +40,9 @@ def pytest_configure(config: pytest.Config) -> None:
     pin_worker_to_a_core()
 
 
+ALL_CORES: set[int] = set()  # filled when this worker is pinned
+
+
 def pin_worker_to_a_core() -> None:
     """With one xdist worker per core, worker N (and every doit, simulator and Dask process it starts) runs on core N.
 
@@ -55,9 +58,6 @@ def pin_worker_to_a_core() -> None:
     if count.isdigit() and int(count) == len(cores) > 1:
         ALL_CORES.update(cores)
         os.sched_setaffinity(0, {cores[int(worker[2:]) % len(cores)]})
-
-
-ALL_CORES: set[int] = set()  # filled when this worker is pinned
 
 
 def finished_marker(node: pytest.Session | pytest.Item) -> Path:
