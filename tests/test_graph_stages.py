@@ -11,6 +11,8 @@ import importlib.metadata
 import json
 import re
 import shutil
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
@@ -268,6 +270,28 @@ def test_synthetic_project_builds(tmp_path):
     for stage, name in (("export", "export.json"), ("simplify", "simplify.json"), ("lint", "lint.json"),
                         ("cpucheck", "cpucheck.json")):
         assert json.loads(project.path(f"build/tinym/tiny/{stage}/{name}").read_text())["status"] == "passed"
+
+
+def test_simplify_loads_onnxsims_simplifier_without_its_package_init():
+    """The simplify stage takes onnxsim's simplifier alone (not the ~400 modules and torch its __init__ imports),
+    and a later plain `import onnxsim` still gets the whole package, sharing that simplifier."""
+    probe = textwrap.dedent("""
+        import sys
+        from onnx import TensorProto, helper
+        from qnn_tasks.stages.simplify import onnxsim_simplify
+        simplify = onnxsim_simplify()
+        light = 'torch' not in sys.modules and 'onnxsim' not in sys.modules
+        x = helper.make_tensor_value_info('x', TensorProto.FLOAT, [1, 4])
+        y = helper.make_tensor_value_info('y', TensorProto.FLOAT, [1, 4])
+        graph = helper.make_graph([helper.make_node('Identity', ['x'], ['t']), helper.make_node('Relu', ['t'], ['y'])],
+                                  'g', [x], [y])
+        simplified, ok = simplify(helper.make_model(graph, opset_imports=[helper.make_opsetid('', 17)]))
+        import onnxsim
+        print(light, ok, [n.op_type for n in simplified.graph.node], onnxsim.simplify is simplify,
+              hasattr(onnxsim, 'quantize'), onnxsim_simplify() is simplify)
+    """)
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", "True", "['Relu']", "True", "True", "True"], out
 
 
 def test_export_that_writes_nothing_says_so(tmp_path):

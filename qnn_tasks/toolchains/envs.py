@@ -54,9 +54,9 @@ def root() -> Path:
 
 
 def requirements(profile: ToolchainProfile) -> list[str]:
-    """The pinned packages, plus this project's onnx pin and the support packages (unpinned)."""
+    """The pinned packages, plus this project's onnx (and its ml_dtypes) pins and the support packages (unpinned)."""
     pinned = {_normal(p.split("==")[0]) for p in profile.packages}
-    extra = [f"onnx=={importlib.metadata.version('onnx')}"] + list(SUPPORT)
+    extra = [f"{name}=={importlib.metadata.version(name)}" for name in ("onnx", "ml_dtypes")] + list(SUPPORT)
     return list(profile.packages) + [r for r in extra if _normal(re.split(r"[=<>]", r)[0]) not in pinned]
 
 
