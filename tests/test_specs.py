@@ -278,8 +278,9 @@ def test_unsafe_graph_name_deletes_and_writes_nothing_outside_the_project(tmp_pa
     """A graph named ../../../bait made `doit clean` delete bait/lint/lint.json beside the project, and a build
     write there: now both stop at load with the spec error, and the folder around the project is untouched."""
     project = copy_project(tmp_path / "w" / "project")
-    project.edit(VAD, "\n  vad:\n", "\n  ../../../bait:\n")
-    (project.root / "build" / "silero-vad").mkdir(parents=True)  # so build/silero-vad/../../../bait resolves
+    # the bait is MiniLM's graph, so the model that still builds is the VAD (seconds; MiniLM's export is ~15 s)
+    project.edit(MINILM, "\n  minilm:\n", "\n  ../../../bait:\n")
+    (project.root / "build" / "minilm").mkdir(parents=True)  # so build/minilm/../../../bait resolves
     bait = tmp_path / "w" / "bait" / "lint" / "lint.json"
     bait.parent.mkdir(parents=True)
     bait.write_text("{}")
@@ -289,10 +290,11 @@ def test_unsafe_graph_name_deletes_and_writes_nothing_outside_the_project(tmp_pa
         assert result.returncode == 0, (command, result.returncode, result.stdout)  # `doit` alone exits 1 (tested)
         line = next(line for line in result.stderr.splitlines() if line.startswith("error: "))
         assert "Traceback" not in result.stdout + result.stderr
-        assert f"{project.root / VAD}: graphs: graph name '../../../bait' is not a safe name" in line, line
+        assert f"{project.root / MINILM}: graphs: graph name '../../../bait' is not a safe name" in line, line
     assert bait.read_text() == "{}" and _tree(tmp_path / "w" / "bait") == before
     assert sorted(p.name for p in (tmp_path / "w").iterdir()) == ["bait", "project"]
-    assert not list((project.root / "build" / "silero-vad").rglob("*.json"))  # the other model built, this one not
+    assert not list((project.root / "build" / "minilm").rglob("*.json"))  # this model built nothing
+    assert (project.root / "build" / "silero-vad" / "vad" / "lint" / "lint.json").is_file()  # the other one did
 
 
 def test_unsafe_model_folder_name(fresh):
