@@ -231,13 +231,21 @@ def project_copy(built_graphs, tmp_path) -> Project:
 MINILM_SAMPLES = 1  # each simulated MiniLM run takes ~4 s (8 s beside another worker)
 
 
-def matrix_project(dest: Path) -> Project:
-    """A fresh copy with `verified`'s matrix (both graphs, SM8650 + SM8750, fp16, MiniLM on 1 sample), not built."""
-    project = copy_project(dest)
-    restrict_socs(project, ["SM8650", "SM8750"])
+def matrix_edits(project: Project) -> Project:
+    """`verified`'s matrix from a copy restricted to SM8650 + SM8750: fp16 only, MiniLM verified on 1 sample."""
     project.edit("models/minilm/model.yaml", "      samples: 8", f"      samples: {MINILM_SAMPLES}")
     only_fp16(project)
     return project
+
+
+def matrix_project(dest: Path, graphs_from: Project | None = None) -> Project:
+    """A copy with `verified`'s matrix (both graphs, SM8650 + SM8750, fp16, MiniLM on 1 sample), not built; or,
+    with `graphs_from` (`built_graphs`), its graph stages built (export .. cpucheck) and its chip stages not."""
+    if graphs_from is not None:
+        return matrix_edits(copy_project(dest, source=graphs_from.root, with_build=True))
+    project = copy_project(dest)
+    restrict_socs(project, ["SM8650", "SM8750"])
+    return matrix_edits(project)
 
 
 @pytest.fixture(scope="session")
@@ -249,9 +257,7 @@ def verified(built_graphs, session_store, tmp_path_factory, worker_id) -> Projec
     (`project.store`); `project.wall` is the time both builds took; `project.build_run` that doit run.
     """
     def build(root: Path) -> Project:
-        project = copy_project(root, source=built_graphs.root, with_build=True)
-        project.edit("models/minilm/model.yaml", "      samples: 8", f"      samples: {MINILM_SAMPLES}")
-        only_fp16(project)
+        project = matrix_project(root, graphs_from=built_graphs)
         start = time.monotonic()
         result = project.doit("simverify", "report", env={"QNN_CACHE": str(session_store)})
         assert result.returncode == 0, f"{result.stdout}\n{result.stderr}"

@@ -210,8 +210,10 @@ def cluster(tmp_path):
 
 
 @pytest.mark.slow
-def test_matrix_on_a_dask_cluster_matches_a_local_build_and_survives_a_lost_worker(verified, cluster, tmp_path):
-    project = matrix_project(tmp_path / "project")
+def test_matrix_on_a_dask_cluster_matches_a_local_build_and_survives_a_lost_worker(built_graphs, verified, cluster,
+                                                                                    tmp_path):
+    # the chip stages on the cluster (graph stages through Dask: benchmarks/bench_cluster_cost.py and its test)
+    project = matrix_project(tmp_path / "project", graphs_from=built_graphs)
     env = {"QNN_EXECUTOR": f"dask://{cluster['address'].split('://')[1]}", "QNN_CACHE": str(tmp_path / "store"),
            "DASK_CONFIG": str(ROOT / "cluster")}
     proc = subprocess.Popen([sys.executable, "-m", "doit", "-n", "2", "-P", "thread"], cwd=project.root, text=True,

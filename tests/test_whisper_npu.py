@@ -129,8 +129,8 @@ def test_a_damaged_decoder_fails_the_gate_with_the_first_differing_token_and_the
     record, so doit rebuilds the real binary over it (tests/test_trust_gate.py, a replaced binary is stale and
     rebuilt). That is right, so the damage has to be a build the tool accepts as the user's own. The decoder is
     rebuilt with `options.temperature: 1e-5`: its logits divided by 1e-5 inside the graph. On the CPU (float32)
-    that changes no argmax: the CPU loop's tokens and transcript stay exactly those of the undamaged build (checked
-    below), so the CPU reference stays right. On the NPU (fp16) the logits saturate (measured: 131008 for every
+    that changes no argmax: the CPU loop's tokens and transcript stay exactly those of the undamaged build over the
+    steps it runs (checked below), so the CPU reference stays right. On the NPU (fp16) the logits saturate (measured: 131008 for every
     token at step 0, for hundreds at later steps), so its argmax picks another token: the damage comes from the
     real simulator running the damaged binary. Only the decoder's graph stages and the loop rerun; the encoder and
     the pipeline (minutes on the simulator) are not redone.
@@ -143,7 +143,8 @@ def test_a_damaged_decoder_fails_the_gate_with_the_first_differing_token_and_the
     # the logits x 1e5: the CPU check of the export against PyTorch needs its absolute tolerance scaled alike
     project.edit(WHISPER, "options: {clips: 2, decoder_samples: 3}",
                  "options: {clips: 10, decoder_samples: 3, temperature: 1.0e-5}\n    cpucheck: {max_abs: 10.0}")
-    project.edit(WHISPER, "steps: 64", f"steps: {good['steps'] + 1}")  # a damaged loop need not run 64 steps
+    # the damage shows from the first step: 5 steps (the prompt, then 3 words) judge it; each takes ~2.5 s
+    project.edit(WHISPER, "steps: 64", "steps: 5")
     result = project.doit("loop:decoder-SM8650")
     assert result.returncode != 0, result.stdout + result.stderr
     assert {"export:decoder", "context:decoder-SM8650", "loop:decoder-SM8650"} <= result.executed
@@ -160,7 +161,8 @@ def test_a_damaged_decoder_fails_the_gate_with_the_first_differing_token_and_the
     assert difference["cpu"]["index"] == good_tokens[first] != difference["npu"]["index"]
     wer = next(c for c in rec["checks"] if c["kind"] == "wer")
     transcript = wer["transcripts"][0]
-    assert not wer["passed"] and transcript["cpu"] == good_wer["cpu"] != transcript["npu"]
+    assert not wer["passed"] and transcript["cpu"] != transcript["npu"]
+    assert len(transcript["cpu"].split()) >= 2 and good_wer["cpu"].startswith(transcript["cpu"])  # its first words
     line = result.failure_line("loop:decoder-SM8650")
     assert f"a task result first differed at step {first} (top1 on 'logits': NPU {difference['npu']['text']}, " \
            f"CPU {difference['cpu']['text']})" in line, line
