@@ -9,9 +9,9 @@ SPEC 9), so a profile such as
 runs its heavy stages in a virtual environment made once with uv (fast, caches wheels) and
 reused: keyed by the package list and this Python's version, under $QNN_ENVS_DIR (default
 ~/.cache/qnn-npu-compile/envs). The environment holds the pinned packages plus what the stage code
-imports (numpy, onnx, PyYAML, matplotlib); qnn_tasks itself comes from this checkout through
-PYTHONPATH, so both sides run the same code. Versions are read from the environment's package
-metadata without starting it.
+imports (numpy, onnx and ml_dtypes at this interpreter's versions, PyYAML, matplotlib); qnn_tasks
+itself comes from this checkout through PYTHONPATH, so both sides run the same code. Versions are
+read from the environment's package metadata without starting it.
 
     python -m qnn_tasks.toolchains.envs ort-qnn-2.47    # create it now (install.sh does)
 """
