@@ -585,6 +585,21 @@ def test_report_runs_after_a_failed_graph_stage(cpucheck_broken):
 
 
 @pytest.mark.slow
+def test_cpucheck_impossible_tolerance(cpucheck_broken):
+    """A tolerance the simplified graph cannot meet fails cpucheck in one line naming the output, the measured
+    value and the key to loosen, and the record keeps what was measured."""
+    line = cpucheck_broken.run.failure_line("cpucheck:minilm")
+    assert "cpucheck of graph 'minilm'" in line
+    assert "output 'embedding': max_abs = " in line and "above the threshold 1e-12" in line
+    assert "loosen graphs.minilm.cpucheck" in line
+    rec = json.loads(cpucheck_broken.path("build/minilm/minilm/cpucheck/cpucheck.json").read_text())
+    assert rec["status"] == "failed"
+    assert rec["thresholds"]["max_abs"] == 1e-12
+    assert rec["metrics"]["embedding"]["max_abs"] > 1e-12  # what was measured is kept in the record
+    assert rec["error"] in line
+
+
+@pytest.mark.slow
 def test_targets_of_a_failed_graph_say_why(cpucheck_broken):
     data = load_report(cpucheck_broken)
     for t in data["targets"]:
