@@ -30,7 +30,6 @@ from qnn_tasks.spec.project import load_project, load_socs
 GRAPHS = {"minilm": "minilm", "vad": "silero-vad"}
 ALL_GRAPH_TASKS = {f"{stage}:{graph}" for stage in GRAPH_STAGES for graph in GRAPHS}
 VAD_YAML = "models/silero-vad/model.yaml"
-MINILM_YAML = "models/minilm/model.yaml"
 
 
 def tasks(graph: str, *stages: str) -> set[str]:

@@ -130,9 +130,9 @@ def test_a_damaged_decoder_fails_the_gate_with_the_first_differing_token_and_the
     rebuilt). That is right, so the damage has to be a build the tool accepts as the user's own. The decoder is
     rebuilt with `options.temperature: 1e-5`: its logits divided by 1e-5 inside the graph. On the CPU (float32)
     that changes no argmax: the CPU loop's tokens and transcript stay exactly those of the undamaged build over the
-    steps it runs (checked below), so the CPU reference stays right. On the NPU (fp16) the logits saturate (measured: 131008 for every
-    token at step 0, for hundreds at later steps), so its argmax picks another token: the damage comes from the
-    real simulator running the damaged binary. Only the decoder's graph stages and the loop rerun; the encoder and
+    steps it runs (checked below), so the CPU reference stays right. On the NPU (fp16) the logits saturate
+    (measured: 131008 for every token at step 0, for hundreds at later steps), so its argmax picks another token:
+    the damage comes from the real simulator running the damaged binary. Only the decoder's graph stages and the loop rerun; the encoder and
     the pipeline (minutes on the simulator) are not redone.
     """
     from test_trust_gate import documented_gate, gate_passes
