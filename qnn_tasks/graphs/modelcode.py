@@ -24,6 +24,9 @@ class ModelContext:
     out_path: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
     export_record: dict[str, Any] | None = None  # set by default_export(): what it fixed and rewrote
+    # export() may say what a size of its graph comes from and which option changes it: {"what", "bytes", "option"}
+    # each; the export record keeps them (`size_notes`) and a package's manifest carries them
+    size_notes: list[dict[str, Any]] = field(default_factory=list)
     step: int | None = None   # in a loop's step(): the index of the step just run
     side: str | None = None   # in a loop's step(): "cpu" or "npu", the loop being driven
 
