@@ -115,7 +115,7 @@ EMBEDDING = {
 
 
 def _embedding(ctx) -> str:
-    value = ctx.options.get("embedding", "twice-on-npu")
+    value = ctx.options.get("embedding", "once-on-npu")
     if value not in EMBEDDING:
         raise ctx.error(f"options.embedding is {value!r}: use one of {', '.join(EMBEDDING)}")
     return value
