@@ -109,8 +109,8 @@ _MODULES: dict[tuple[str, str, float, str], object] = {}
 EMBEDDING = {
     "once-on-npu": "stored once on the NPU: the output projection reads a run-time copy of the lookup's table "
                    "(embedding: twice-on-npu stores it twice, these bytes more, for a projection with a packed weight)",
-    "twice-on-npu": "stored twice on the NPU: flat for the token lookup and repacked as the output projection's "
-                    "weight (embedding: once-on-npu saves these bytes, the projection then reads a run-time copy)",
+    "twice-on-npu": "stored twice on the NPU: as the token lookup's table and again as the output projection's "
+                    "static weight (embedding: once-on-npu saves these bytes, the projection then reads a run-time copy)",
 }
 
 

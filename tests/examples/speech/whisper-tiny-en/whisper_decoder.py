@@ -10,7 +10,7 @@ Built from a CTranslate2 model's `decoder/...` variables (SPEC 11). Two graphs:
            over cat(cache, its own k/v); the host writes the new k/v into the cache (the loop's step()).
 The tied embedding is one parameter, used by the Gather and by the output projection (a Gemm with
 transB, so the exported ONNX holds the [vocab, d] matrix once). The HTP compiler still stores it twice
-(measured, docs/whisper.md): flat for the Gather and repacked as the projection's static weight. With
+(measured, docs/whisper.md): the Gather's table and a second copy as the projection's static weight. With
 `projection_from_table` the projection reads a run-time copy of the Gather's table instead (all rows
 gathered with indices the compiler cannot fold), so the binary holds the table once.
 """
