@@ -367,6 +367,8 @@ def documented(pattern: str) -> Block:
      r"socs/socs.yaml: socs.SM7550.vtcm_mb"),
     (r"# toolchain/ort-qnn.yaml", "options:", "optoins:", r"toolchain/ort-qnn.yaml: optoins"),
     (r"# excerpt of models/silero-vad/model.yaml$", "{state: stateN}", "{state: stateM}", r"loop.feed.state"),
+    (r"# excerpt of .*ship: section", "delivery: on-demand", "delivery: on-demnd", r"model.yaml: ship.delivery: 'on-demnd'"),
+    (r"# socs/socs.yaml", "platform: automotive", "platform: car", r"socs.SA8255.platform: 'car' is not a platform"),
 ])
 def test_a_broken_example_fails_with_the_loaders_line(tmp_path, header, old, new, error):
     """The same helper on a deliberately broken copy of a documented example: it fails with the loader's line."""
