@@ -216,6 +216,12 @@ def test_two_phones_of_different_chips_in_one_run(project, server, libs, tmp_pat
             assert dev["rtf"]["value"] == pytest.approx(timing["per_inference_median_s"] / AUDIO_S)
             assert dev["cpu"] is not None and dev["push"]["pushed"] == 7
             assert rec["runtime"]["version"] == "2.51.0" and rec["binary"]["dsp_arch"] == arch
+            # the package selector's decision (ship/select.py), as an app with this package would make it
+            assert dev["decision"]["target"] == "npu" and dev["decision"]["rule"] == "npu"
+            assert dev["decision"]["precision"] == "fp16" and dev["decision"]["path"] == rec["binary"]["path"]
+            assert f"built for {soc}, runtime QNN 2.51.0 >= minimum 2.51.0 (from compiler), context loaded" \
+                in dev["decision"]["reason"]
+            assert f"{ph.serial} (Standin-{ph.sandbox.name}, {soc}): decision: NPU: fp16 " in result.stdout
             # each phone got exactly its own chip's build: the SM8650 binary never went to the SM8750 phone
             assert device_dirs(ph) == [f"vad-{soc}"]
             pushed = qnnbin.read_binary_info(next((ph.sandbox / "project" / f"vad-{soc}").glob("*.bin")))
@@ -267,6 +273,12 @@ def test_runtime_older_than_the_binary_is_refused(project, server, tmp_path):
         assert result.returncode != 0
         assert "built with QNN 2.51.0" in out and "runtime libs to ship are QNN 2.40.0" in out
         assert "err 5000/5005" in out and not (a.sandbox / "project").exists()
+        (dev,) = record(project, "SM8650")["devices"]
+        decision = dev["decision"]
+        assert (decision["target"], decision["rule"], decision["precision"]) == ("cpu", "runtime-older", None)
+        assert decision["reason"].startswith("runtime QNN 2.40.0 is too old: fp16 ") and "5000/5005" in decision["reason"]
+        assert decision["reason"].endswith("; the CPU runs build/silero-vad/vad/simplify/vad.onnx")
+        assert "decision: CPU: runtime QNN 2.40.0 is too old" in out
     unpacked = list((project.root / "build/verify/runtime-libs").glob("qnn-libs-2.40.0-*/qnn-libs-2.40.0/libQnnHtp.so"))
     assert unpacked
 
@@ -312,6 +324,8 @@ def test_runtime_older_than_the_measured_minimum_is_refused(project, server, lib
         (dev,) = record(measured, "SM8650")["devices"]
         assert dev["status"] == "failed" and "push" not in dev
         assert dev["compat"] == {"minimum_runtime": "2.52.0", "source": "build/compat/compat.json, measured by doit compat"}
+        assert dev["decision"]["rule"] == "runtime-older" and "needs QNN 2.52.0 or newer (minimum from compat)" \
+            in dev["decision"]["reason"]
 
         alone = doit(measured, server, "verify:vad-SM8650", libs=libs, QNN_TOOLCHAIN="ort-qnn")  # only the builder
         assert alone.returncode != 0
@@ -395,6 +409,9 @@ def test_runner_failure_is_surfaced(project, server, libs, tmp_path):
         assert rec["status"] == "failed" and message in rec["devices"][0]["error"]
         assert Path(project.root / rec["devices"][0]["error"].rsplit("full log: ", 1)[1].rstrip(")")).is_file()
         assert rec["devices"][0]["device_files"] == "removed" and not (a.sandbox / "project" / "vad-SM8650").exists()
+        decision = rec["devices"][0]["decision"]  # the selector's rule 4: a failed first run falls back to the CPU
+        assert (decision["target"], decision["rule"]) == ("cpu", "load-failed") and message in decision["reason"]
+        assert decision["reason"].startswith(f"fp16 {rec['binary']['path']} did not load: qnn-net-run exited with 1")
 
 
 def test_qnn_error_code_in_the_phone_log_is_explained(project, server, libs, tmp_path):
