@@ -26,7 +26,7 @@ import xml.etree.ElementTree as ET
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.spec.ship import DELIVERY_TYPES
@@ -58,8 +58,15 @@ def write(manifest: Mapping[str, Any], package_root: Path, dest: Path, *, delive
     model = str(manifest["model"])
     pack = pack_name(model)
     table = socs if socs is not None else _packaged_socs()
-    groups, left_out = _groups(manifest, table, root)
-    fallbacks = [_entry_file(root, g["fallback"], f"graphs.{name}.fallback")
+    scans: dict[Path, tuple[str, int]] = {}
+
+    def scanned(path: Path) -> tuple[str, int]:  # each file read once per call
+        if path not in scans:
+            scans[path] = scan(path)
+        return scans[path]
+
+    groups, left_out = _groups(manifest, table, root, scanned)
+    fallbacks = [_entry_file(root, g["fallback"], f"graphs.{name}.fallback", scanned)
                  for name, g in (manifest.get("graphs") or {}).items() if g.get("fallback")]
     if not fallbacks:
         raise StageError(f"{root / 'manifest.json'}: graphs.*.fallback: no CPU fallback in the manifest (fix: rerun "
@@ -74,7 +81,7 @@ def write(manifest: Mapping[str, Any], package_root: Path, dest: Path, *, delive
         contents[group] = sorted({*binaries, *fallbacks})
         for _, path in contents[group]:
             if path not in sizes:
-                sizes[path] = compressed_size(path)
+                sizes[path] = scanned(path)[1]
         facts["groups"][group] = {"files": sorted(["manifest.json", *(rel for rel, _ in contents[group])]),
                                   "bytes": len(manifest_text) + sum(p.stat().st_size for _, p in contents[group]),
                                   "compressed_bytes": manifest_packed + sum(sizes[p] for _, p in contents[group])}
@@ -97,7 +104,7 @@ def write(manifest: Mapping[str, Any], package_root: Path, dest: Path, *, delive
             (folder / "manifest.json").write_bytes(manifest_text)
         (work / pack / "build.gradle.kts").write_text(gradle(pack, delivery))
         (work / "device_targeting_configuration.xml").write_bytes(targeting_xml(groups))
-        facts["runtime_module"] = _runtime_module(work / RUNTIME_MODULE, runtime)
+        facts["runtime_module"] = _runtime_module(work / RUNTIME_MODULE, runtime, scanned)
         (work / "README.md").write_text(readme(model, pack, delivery, facts))
         _replace(work, dest)
     finally:
@@ -106,15 +113,17 @@ def write(manifest: Mapping[str, Any], package_root: Path, dest: Path, *, delive
     return facts
 
 
-def compressed_size(path: Path) -> int:
-    """The file's size deflated as a zip entry (raw deflate, level 6), as APKs and bundles store assets: the estimate
-    of its download."""
+def scan(path: Path) -> tuple[str, int]:
+    """One read of the file: its SHA-256, and its size deflated as a zip entry (raw deflate, level 6) as app bundles
+    store assets, the estimate of its download."""
     deflate = zlib.compressobj(6, zlib.DEFLATED, -15)
+    digest = hashlib.sha256()
     size = 0
     with open(path, "rb") as fh:
         while chunk := fh.read(1 << 20):
+            digest.update(chunk)
             size += len(deflate.compress(chunk))
-    return size + len(deflate.flush())
+    return digest.hexdigest(), size + len(deflate.flush())
 
 
 def deflated_size(data: bytes) -> int:
@@ -143,14 +152,14 @@ def targeting_xml(groups: Mapping[str, Any]) -> bytes:
     return ET.tostring(top, encoding="utf-8", xml_declaration=True) + b"\n"
 
 
-def _groups(manifest: Mapping[str, Any], table: Mapping[str, Any], root: Path
+def _groups(manifest: Mapping[str, Any], table: Mapping[str, Any], root: Path, scanned: Callable[[Path], Any]
             ) -> tuple[dict[str, list[tuple[str, Path]]], list[dict[str, str]]]:
     """Phone chip -> the binaries listed for it in `socs` (every graph), each checked against its file; the chips
     left out and why."""
     listed: dict[str, list[tuple[str, Path]]] = {}
     for name, graph in (manifest.get("graphs") or {}).items():
         for i, binary in enumerate(graph.get("binaries") or []):
-            found = _entry_file(root, binary, f"graphs.{name}.binaries[{i}]")
+            found = _entry_file(root, binary, f"graphs.{name}.binaries[{i}]", scanned)
             for soc in binary.get("socs") or [binary.get("soc")]:
                 listed.setdefault(str(soc), []).append(found)
     groups: dict[str, list[tuple[str, Path]]] = {}
@@ -180,7 +189,7 @@ def _runtime_libs(manifest: Mapping[str, Any], root: Path) -> list[dict[str, Any
     return out
 
 
-def _runtime_module(module: Path, libs: list[dict[str, Any]]) -> dict[str, Any]:
+def _runtime_module(module: Path, libs: list[dict[str, Any]], scanned: Callable[[Path], Any]) -> dict[str, Any]:
     """An Android library module: the runtime libraries under src/main/jniLibs/arm64-v8a/ (when shipped) and the
     Java selector; without a source the list of what is required, never a silent gap."""
     jni = module / "src" / "main" / "jniLibs" / ABI
@@ -200,7 +209,7 @@ def _runtime_module(module: Path, libs: list[dict[str, Any]]) -> dict[str, Any]:
             missing.append(lib)
             continue
         if lib["name"] in placed:
-            if _digest(placed[lib["name"]]) != _digest(lib["source"]):
+            if scanned(placed[lib["name"]])[0] != scanned(lib["source"])[0]:
                 raise StageError(f"manifest.json: runtime_libs: two different {lib['name']} files (fix: ship runtime "
                                  f"libraries of one QNN version for every arch)")
             continue
@@ -214,7 +223,7 @@ def _runtime_module(module: Path, libs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"dir": RUNTIME_MODULE, "shipped": sorted(placed), "missing": sorted({m["name"] for m in missing})}
 
 
-def _entry_file(root: Path, entry: Mapping[str, Any], key: str) -> tuple[str, Path]:
+def _entry_file(root: Path, entry: Mapping[str, Any], key: str, scanned: Callable[[Path], Any]) -> tuple[str, Path]:
     """A manifest file entry checked against the file: inside the package, there, same size and SHA-256."""
     path = _confined(root, str(entry["path"]), key)
     if not path.is_file():
@@ -222,7 +231,7 @@ def _entry_file(root: Path, entry: Mapping[str, Any], key: str) -> tuple[str, Pa
     if entry.get("size") is not None and path.stat().st_size != entry["size"]:
         raise StageError(f"{root / 'manifest.json'}: {key}: {entry['path']} is {path.stat().st_size} bytes, the "
                          f"manifest says {entry['size']} (fix: rerun doit dist; never edit a package by hand)")
-    if entry.get("sha256") and _digest(path) != entry["sha256"]:
+    if entry.get("sha256") and scanned(path)[0] != entry["sha256"]:
         raise StageError(f"{root / 'manifest.json'}: {key}: {entry['path']} does not match its SHA-256 in the "
                          f"manifest (fix: rerun doit dist; never edit a package by hand)")
     return str(entry["path"]), path
@@ -233,14 +242,6 @@ def _confined(root: Path, rel: str, key: str) -> Path:
     if Path(rel).is_absolute() or not path.is_relative_to(root):
         raise StageError(f"{root / 'manifest.json'}: {key}: path '{rel}' leaves the package (fix: rerun doit dist)")
     return path
-
-
-def _digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(1 << 20):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _place(source: Path, target: Path) -> None:
