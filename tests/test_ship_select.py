@@ -66,9 +66,12 @@ def test_versions_are_numbers_not_strings():
     assert select.version("unknown") is None and select.version(None) is None
 
 
-def test_a_graph_the_manifest_lacks_is_an_error():
+def test_a_graph_the_manifest_lacks_or_a_newer_schema_is_an_error():
     with pytest.raises(KeyError, match="no graph 'nope'"):
         select.choose(table()["manifests"]["main"], "nope", "SM8650", "2.41.0", lambda b: None)
+    newer = {**table()["manifests"]["main"], "schema_version": 2}
+    with pytest.raises(ValueError, match="schema_version 2, this selector reads 1"):
+        select.choose(newer, "minilm", "SM8650", "2.41.0", lambda b: None)
 
 
 def test_java_reference_compiles_and_passes_the_same_table(tmp_path):
@@ -86,7 +89,7 @@ def test_java_reference_compiles_and_passes_the_same_table(tmp_path):
     run = subprocess.run(["java", f"-Dselector.cases={CASES}", "-cp", f"{tmp_path}:{classpath}",
                           "org.junit.runner.JUnitCore", "qnntasks.ship.SelectorTest"],
                          capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "OK (3 tests)" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and "OK (4 tests)" in run.stdout, run.stdout + run.stderr
 
 
 def test_java_logic_has_no_android_dependency():

@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 DEFAULT_PRECISION_ORDER = ("fp16", "w8a16")
+SCHEMA_VERSION = 1  # the manifest.json these rules read
 CODE = "5000/5005"  # QNN's errors for a context binary newer than the runtime libraries
 
 # Decision.rule: which rule decided
@@ -93,6 +94,9 @@ def choose(manifest: Mapping[str, Any], graph: str, soc: str | None, runtime_qnn
            load: Callable[[Mapping[str, Any]], str | None]) -> Decision:
     """The decision for `graph` on a device whose ro.soc.model is `soc` and whose runtime libraries are QNN
     `runtime_qnn` (None: unknown or absent); `load(binary)` returns None when the context loaded, else the error."""
+    if manifest.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+        raise ValueError(f"manifest of {manifest.get('model')}: schema_version {manifest.get('schema_version')}, this "
+                         f"selector reads {SCHEMA_VERSION} (fix: use the selector of the qnn-npu-compile that wrote it)")
     graphs = manifest.get("graphs") or {}
     if graph not in graphs:
         raise KeyError(f"manifest of {manifest.get('model')}: no graph '{graph}' (graphs: {', '.join(graphs)})")

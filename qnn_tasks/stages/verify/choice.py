@@ -33,7 +33,8 @@ def binary_entry(job: Job, binary: dict[str, Any], measured: str | None) -> dict
 
 def manifest_view(job: Job, entry: dict[str, Any]) -> dict[str, Any]:
     fallback = {"path": str(job.fallback), "runs_on": "CPU"} if job.fallback else None
-    return {"model": job.graph.model, "selection": {"precision_order": [job.precision]},
+    return {"schema_version": select.SCHEMA_VERSION, "model": job.graph.model,
+            "selection": {"precision_order": [job.precision]},
             "graphs": {job.graph.name: {"binaries": [entry], "fallback": fallback}}}
 
 

@@ -30,6 +30,7 @@ import org.json.JSONObject;
 
 public final class Selector {
     public static final String CODE = "5000/5005";
+    public static final int SCHEMA_VERSION = 1;
     public static final String[] DEFAULT_PRECISION_ORDER = {"fp16", "w8a16"};
 
     public static final String NPU = "npu";
@@ -110,6 +111,11 @@ public final class Selector {
     }
 
     public static Decision choose(JSONObject manifest, String graph, String soc, String runtimeQnn, Loader load) {
+        if (manifest.has("schema_version") && manifest.optInt("schema_version", -1) != SCHEMA_VERSION) {
+            throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": schema_version "
+                    + manifest.opt("schema_version") + ", this selector reads " + SCHEMA_VERSION
+                    + " (fix: use the selector of the qnn-npu-compile that wrote it)");
+        }
         JSONObject graphs = manifest.optJSONObject("graphs");
         if (graphs == null || !graphs.has(graph)) {
             throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": no graph '" + graph + "'");

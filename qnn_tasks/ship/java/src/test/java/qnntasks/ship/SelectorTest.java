@@ -75,6 +75,18 @@ public class SelectorTest {
     }
 
     @Test
+    public void aNewerManifestSchemaIsAnError() throws Exception {
+        JSONObject manifest = table().getJSONObject("manifests").getJSONObject("main");
+        manifest.put("schema_version", 2);
+        try {
+            Selector.choose(manifest, "minilm", "SM8650", "2.41.0", binary -> null);
+            fail("no exception");
+        } catch (IllegalArgumentException expected) {
+            assertTrue(expected.getMessage().contains("schema_version 2, this selector reads 1"));
+        }
+    }
+
+    @Test
     public void aGraphTheManifestLacksIsAnError() throws Exception {
         JSONObject manifest = table().getJSONObject("manifests").getJSONObject("main");
         try {
