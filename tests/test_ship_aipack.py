@@ -171,6 +171,10 @@ def test_pack_layout_targeting_and_files_follow_the_manifest(package):
     readme = (android / "README.md").read_text()
     assert "useLegacyPackaging = true" in readme and "ADSP_LIBRARY_PATH" in readme and "nativeLibraryDir" in readme
     assert facts["runtime_module"]["missing"] == []
+    line = aipack.summary(facts)
+    assert "\n" not in line and line.startswith("AI pack tiny_kws (install-time): 3 chip group(s) (SM7550, SM7675, SM8650)")
+    assert f"largest download {facts['compressed_bytes']:,} bytes compressed" in line
+    assert "left out: SA8255 (platform automotive)" in line and "6 runtime libraries in qnn_runtime/" in line
 
 
 def test_delivery_type_from_the_model_and_a_rewrite_is_byte_identical(package):
@@ -224,3 +228,4 @@ def test_runtime_libraries_not_shipped_are_listed_never_silently_missing(tmp_pat
     assert "libQnnHtpV75Skel.so  (QNN 2.41.0, arch v75)" in required and "jniLibs/arm64-v8a/" in required
     assert facts["runtime_module"]["shipped"] == [] and "libQnnHtpV73Skel.so" in facts["runtime_module"]["missing"]
     assert "still to add" in (root / "android" / "README.md").read_text()
+    assert "runtime libraries NOT shipped: qnn_runtime/RUNTIME_LIBS_REQUIRED.txt lists 6" in aipack.summary(facts)

@@ -113,6 +113,19 @@ def write(manifest: Mapping[str, Any], package_root: Path, dest: Path, *, delive
     return facts
 
 
+def summary(facts: Mapping[str, Any]) -> str:
+    """The one line dist prints about the pack."""
+    groups = [g for g in facts["groups"] if g != OTHER]
+    runtime = facts["runtime_module"]
+    libs = (f"{len(runtime['shipped'])} runtime libraries in {RUNTIME_MODULE}/" if not runtime["missing"] else
+            f"runtime libraries NOT shipped: {RUNTIME_MODULE}/RUNTIME_LIBS_REQUIRED.txt lists {len(runtime['missing'])}")
+    left = "; left out: " + ", ".join(f"{x['soc']} ({x['reason'].split(' in ')[0]})" for x in facts["left_out"]) \
+        if facts["left_out"] else ""
+    return (f"AI pack {facts['pack']} ({facts['delivery']}): {len(groups)} chip group(s) ({', '.join(groups) or 'none'})"
+            f" + other; largest download {facts['compressed_bytes']:,} bytes compressed (Play's limit "
+            f"{facts['limit_bytes']:,}){left}; {libs}")
+
+
 def scan(path: Path) -> tuple[str, int]:
     """One read of the file: its SHA-256, and its size deflated as a zip entry (raw deflate, level 6) as app bundles
     store assets, the estimate of its download."""
