@@ -176,7 +176,8 @@ def test_no_phone_attached_fails_with_one_clear_line(project, server, libs):
 
 
 def test_unknown_or_empty_soc_model_is_cpu_fallback(project, server, libs, tmp_path):
-    with phone(tmp_path, "mtk", server, "MT6989") as mtk, phone(tmp_path, "old", server, "") as old:
+    with phone(tmp_path, "mtk", server, "MT6989") as mtk, phone(tmp_path, "old", server, "") as old, \
+            phone(tmp_path, "mid", server, "SM7550") as mid:
         result = doit(project, server, "verify", libs=libs)
         out = result.stdout + result.stderr
         assert result.returncode != 0
@@ -185,9 +186,13 @@ def test_unknown_or_empty_soc_model_is_cpu_fallback(project, server, libs, tmp_p
         assert "none of the attached phones can run a build" in out
         devices = json.loads((project.root / "build/verify/devices.json").read_text())
         assert {d["status"] for d in devices["devices"]} == {"cpu-fallback"}
+        # a known chip without a build (SM7550, quantized-only; the vad builds for SM8650/SM8750): the selector's rule 1
+        assert {d["serial"]: d["verdict"] for d in devices["devices"]}[mid.serial] == "CPU fallback: no build for SM7550"
+        assert device_dirs(mid) == []
         only = doit(project, server, "verify:devices", libs=libs, QNN_DEVICES=mtk.serial)  # the serial filter
         statuses = {d["serial"]: d["status"] for d in json.loads((project.root / "build/verify/devices.json").read_text())["devices"]}
-        assert only.returncode != 0 and statuses == {mtk.serial: "cpu-fallback", old.serial: "ignored"}
+        assert only.returncode != 0 and statuses == {mtk.serial: "cpu-fallback", old.serial: "ignored",
+                                                     mid.serial: "ignored"}
 
 
 # ------------------------------------------------------------------ the main flow
