@@ -17,6 +17,7 @@
 package qnntasks.ship;
 
 import java.util.ArrayList;
+import java.util.Arrays;
 import java.util.HashMap;
 import java.util.List;
 import java.util.Map;
@@ -216,7 +217,7 @@ public final class Selector {
         JSONObject selection = manifest.optJSONObject("selection");
         List<String> order = selection == null ? new ArrayList<>() : strings(selection.optJSONArray("precision_order"));
         if (order.isEmpty()) {
-            order = List.of(DEFAULT_PRECISION_ORDER);
+            order = Arrays.asList(DEFAULT_PRECISION_ORDER);
         }
         return order;
     }
