@@ -16,7 +16,9 @@ from qnn_tasks.devices import adb
 from qnn_tasks.errors import StageError
 from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.ship import select
 from qnn_tasks.spec.project import BINARY_CHIP_FACTS
+from qnn_tasks.stages.verify import choice
 from qnn_tasks.stages.verify.settings import Job
 
 COMPAT_FILE = COMPAT_RECORD
@@ -64,8 +66,6 @@ def refuse_incompatible(job: Job, binary: dict[str, Any], libs: runtimelibs.Runt
     returns the binary as the selector sees it (choice.binary_entry): its minimum runtime is the one `doit compat`
     measured for this exact binary (build/compat/compat.json) or, without a measurement, its QNN build. The runtime
     comparison itself is the selector's rule 3 (choice.decide); `refused` words its CPU decisions with the fix."""
-    from qnn_tasks.stages.verify import choice
-
     soc = job.soc
     device_has = {"soc_model": f"soc_id {soc.soc_id}", "dsp_arch": soc.dsp_arch}  # this message's own wording
     problems = [f"{BINARY_CHIP_FACTS[m.fact][0]} {m.recorded} (the device's {soc.name} is {device_has[m.fact]})"
@@ -92,10 +92,8 @@ def refuse_incompatible(job: Job, binary: dict[str, Any], libs: runtimelibs.Runt
 
 
 def refused(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs, info: adb.DeviceInfo,
-            selection: dict[str, Any], decision: Any) -> StageError:
+            selection: dict[str, Any], decision: select.Decision) -> StageError:
     """A CPU decision of rules 1-3 (ship/select.py) as one line with the fix; nothing was pushed."""
-    from qnn_tasks.ship import select
-
     shipped = runtimelibs.version_tuple(libs.version)
     built = runtimelibs.version_tuple(binary["build_id"])
     if decision.rule == select.RUNTIME_UNKNOWN:
