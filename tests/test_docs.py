@@ -389,8 +389,8 @@ def test_the_soc_table_page_shows_the_packaged_table():
     text = (DOCS / "socs.md").read_text()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if re.match(r"\| [A-Z]{2,3}\d{3,4}[A-Z]* \|", line)]
-    assert [(n, int(i), a, r, note) for n, i, a, r, note in rows] == \
-        [(s.name, s.soc_id, s.dsp_arch, ", ".join(s.runs), s.note) for s in socs.values()]
+    assert [(n, int(i), a, r, platform, note) for n, i, a, r, platform, note in rows] == \
+        [(s.name, s.soc_id, s.dsp_arch, ", ".join(s.runs), s.platform, s.note) for s in socs.values()]
     listed = re.search(r"the packaged default, the (\d+) chips the demo builds \(([^)]+)\)", " ".join(text.split()))
     assert listed and int(listed.group(1)) == len(default) and listed.group(2).split(", ") == default
 
