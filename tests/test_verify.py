@@ -250,7 +250,9 @@ def test_two_phones_of_different_chips_in_one_run(project, server, libs, tmp_pat
     assert target["device"]["verify"]["devices"][0]["serial"] == b.serial
     md = (project.root / "build/report/report.md").read_text()
     assert "## On phones" in md and b.serial in md
-    assert b.serial in (project.root / "build/report/index.html").read_text()
+    assert f"({b.serial}) | 14 | SM8750 | passed | NPU fp16 |" in md
+    html = (project.root / "build/report/index.html").read_text()
+    assert b.serial in html and "runs here: NPU: fp16 " in html
 
 
 # ------------------------------------------------------------------ refusals before pushing
