@@ -14,7 +14,7 @@ import pytest
 from PIL import Image
 
 from qnn_tasks.errors import SpecError, StageError
-from qnn_tasks.judge import media
+from qnn_tasks.judge import bounds, media
 from qnn_tasks.judge.samples import read_declared
 from qnn_tasks.spec.project import load_model, load_socs
 
@@ -311,7 +311,7 @@ def test_the_samples_bytes_are_bounded_before_any_file_is_decoded(tmp_path, monk
     for i in range(9):
         write_png(folder / f"{i}.png", gradient(64, 64))
     (folder / "9.png").write_bytes(b"\x89PNG damaged")  # decoding anything would fail on this file first
-    monkeypatch.setattr(media, "MAX_SAMPLE_BYTES", 256 << 10)
+    monkeypatch.setattr(bounds, "MAX_SAMPLE_BYTES", 256 << 10)
     with pytest.raises(StageError) as info:
         read_declared(graph(folder))
     line = str(info.value)
@@ -368,14 +368,16 @@ def test_an_audio_header_that_cannot_be_true_is_refused_before_decoding(tmp_path
     ("gain", "[" + ", ".join(["1.0"] * 17) + "]", "samples.audio.gain: 17 gains, more than 16"),
 ])
 def test_audio_keys_that_multiply_memory_are_bounded_at_load(tmp_path, key, value, problem):
-    folder = model_folder(tmp_path, "x: {shape: [1, 400], dtype: float32}", f'{{audio: {{files: "a.wav", {key}: {value}}}}}')
+    folder = model_folder(tmp_path, "x: {shape: [1, 400], dtype: float32}",
+                          f'{{audio: {{files: "a.wav", {key}: {value}}}}}')
     write_wav(folder / "a.wav", np.zeros(1000), 16000)
     with pytest.raises(SpecError) as info:
         load_model(folder, SOCS)
     assert problem in str(info.value) and "(fix: " in str(info.value), str(info.value)
 
 
-needs_sox = pytest.mark.skipif(not shutil.which("sox"), reason="sox makes the test clips (scripts/install.sh installs it)")
+needs_sox = pytest.mark.skipif(not shutil.which("sox"),
+                               reason="sox makes the test clips (scripts/install.sh installs it)")
 
 
 @needs_sox

@@ -5,7 +5,7 @@ options were validated at spec load (spec/samples.py), here they are applied. Ev
 stay inside the model folder (symlinks too). Memory is bounded by bytes, not by counts: each
 source is first planned from what the files say without decoding them (an image is one sample, a
 clip's header gives its windows, a raw file's size its chunks), `limit` picks the samples, their
-bytes are checked against MAX_SAMPLE_BYTES, and only then are the chosen samples decoded, one file
+bytes are checked against judge/bounds.py, and only then are the chosen samples decoded, one file
 at a time. A header that cannot be true (an audio rate no recorder makes, more frames than the file
 holds) is refused before anything is decoded.
 
@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from qnn_tasks.errors import StageError
+from qnn_tasks.judge import bounds
 from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
 from qnn_tasks.spec.samples import KINDS, MAX_SAMPLES
@@ -29,7 +30,6 @@ from qnn_tasks.spec.samples import KINDS, MAX_SAMPLES
 MAX_PIXELS = 40_000_000          # a decompression bomb is refused before it is decoded
 MAX_FILE_BYTES = 1 << 30         # a clip or a raw file larger than 1 GiB is not a verification sample
 MAX_CLIP_VALUES = 1 << 26        # decoded audio of one clip, every channel, before and after resampling (256 MiB)
-MAX_SAMPLE_BYTES = 1 << 30       # every sample of a graph (all sources and fills), as the declared dtypes
 AUDIO_RATES = (1000, 768000)     # a header claiming a rate outside this is not a recording
 
 
@@ -73,10 +73,11 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str
                          f"(fix: make each source give the same number, or set limit on each)")
     count = next(iter(counts.values()))
     per_sample = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in graph.inputs)
-    if count * per_sample > MAX_SAMPLE_BYTES:
-        raise StageError(f"{where}: {count} samples of {per_sample} bytes take {_mib(count * per_sample)}, more than "
-                         f"the bound of {_mib(MAX_SAMPLE_BYTES)} (fix: set limit: "
-                         f"{max(1, MAX_SAMPLE_BYTES // per_sample)} or less on each source)")
+    bound = bounds.MAX_SAMPLE_BYTES
+    if count * per_sample > bound:
+        raise StageError(f"{where}: {count} samples of {per_sample} bytes take {bounds.mib(count * per_sample)}, "
+                         f"more than the bound of {bounds.mib(bound)} (fix: set limit: {max(1, bound // per_sample)} "
+                         "or less on each source)")
     columns = {}
     for name, (kind, planned, chosen) in plans.items():
         options = graph.samples[kind]
@@ -131,10 +132,6 @@ def _confine(path: Path, model_dir: Path, where: str) -> None:
     if not path.resolve().is_relative_to(root):
         raise StageError(f"{where}: {path} leads outside the model folder (a symlink?) "
                          f"(fix: copy the file into {model_dir})")
-
-
-def _mib(size: int) -> str:
-    return f"{size / (1 << 20):.1f} MiB"
 
 
 def _noted(seen: dict[str, Any], key: str, name: str) -> None:
@@ -251,7 +248,8 @@ def plan_audio(path: Path, options: dict[str, Any], spec: TensorSpec, where: str
                          f"{MAX_CLIP_VALUES} values (fix: cut the clip into shorter files)")
     if frames == 0:
         raise StageError(f"{where}: holds no audio (0 frames) (fix: replace or remove the file)")
-    windows = window_count(target_length(frames, rate, options), options["frame"], options["hop"], options["pad"], where)
+    length = target_length(frames, rate, options)
+    windows = window_count(length, options["frame"], options["hop"], options["pad"], where)
     per_sample = int(np.prod(spec.shape)) // options["frame"]
     return Planned(path, len(options["gain"]) * (windows // per_sample), info)
 
