@@ -1,7 +1,8 @@
 """`samples:` from media declared in model.yaml: images, WAV clips, raw bytes (qnn_tasks/spec/samples.py, judge/media.py).
 
-Unit tests read real files written here (PNG/JPEG by Pillow, WAV by the stdlib `wave`, raw bytes by numpy)
-through the spec loader and the one sample loader; spec errors are one line naming the key and the fix.
+Unit tests read real files written here (PNG/JPEG by Pillow, WAV by the stdlib `wave`, WAV/FLAC/OGG by sox, raw
+bytes by numpy) through the spec loader and the one sample loader; spec errors are one line naming the key and the
+fix; memory peaks are measured with tracemalloc.
 """
 from __future__ import annotations
 
