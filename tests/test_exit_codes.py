@@ -158,3 +158,22 @@ def test_stage_timeout_in_model_yaml_is_checked(tiny):
     result = tiny.doit("list")
     assert "models/tiny/model.yaml: stage_timeout: expected a number, got 'soon'" in result.stdout + result.stderr
     assert Path(tiny.root / "models/tiny/model.yaml").is_file()
+
+
+@pytest.mark.slow
+def test_a_dask_run_writes_its_report_last(tmp_path):
+    """`QNN_EXECUTOR=dask://... doit -n 2 -P thread` (docs/team.md's Dask run) on a real local cluster."""
+    from test_cluster_trust import dask_env, start_cluster, stop_cluster, wait_for_workers
+
+    cluster = start_cluster(tmp_path)
+    try:
+        wait_for_workers(cluster)
+        project = tiny_project(tmp_path / "project", socs=("SM8650", "SM8750"))
+        result = project.doit("-n", "2", "-P", "thread", env=dask_env(tmp_path, cluster["address"]))
+    finally:
+        stop_cluster(cluster)
+    assert result.returncode == 0, result.stdout + result.stderr
+    started = [line[3:] for line in result.stdout.splitlines() if line.startswith(".  ")]
+    assert started[-1] == "report" and {"simulate:tiny-SM8650", "simulate:tiny-SM8750"} <= set(started), started
+    summary = json.loads(project.path("build/report/report.json").read_text())["summary"]
+    assert summary["current"] and summary["complete"] and summary["passed"] == 2, summary
