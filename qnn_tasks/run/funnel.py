@@ -39,8 +39,10 @@ def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | N
 def _run(call: StageCall, base: dict[str, Any], root: str, cache, task: str) -> str | None:
     start = time.perf_counter()
     out_dir = Path(call.out_dir)
-    Path(call.record).unlink(missing_ok=True)  # first, needing no space: the old verdict goes before anything can fail
-    reportmark.supersede(root)  # the last report is not this run's verdict until this run writes its own
+    try:
+        Path(call.record).unlink(missing_ok=True)  # first, needing no space: the old verdict goes before anything fails
+    finally:
+        reportmark.supersede(root)  # the last report is not this run's verdict until this run writes its own
     treelock.sweep(out_dir)
     interrupts.running(task, call.out_dir)
     record: dict[str, Any] = {"stage": call.stage, "target": call.target, **base}
