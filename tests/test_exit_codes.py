@@ -62,6 +62,18 @@ def test_1_for_a_failed_stage_not_2(tiny):
     assert "graph 'tiny': no graph today" in failed.failure_line("export:tiny")
 
 
+def test_2_only_for_a_task_that_raised(tiny):
+    """2 stays doit's code for a bug (a task that raised), also beside a failed stage, which alone is 1."""
+    with open(tiny.path("dodo.py"), "a") as dodo:
+        dodo.write("\n\ndef task_boom():\n    def boom():\n        raise RuntimeError('a bug')\n"
+                   "    return {'actions': [boom], 'uptodate': [False]}\n")
+    tiny.path("models/tiny/export.py").write_text("def export(ctx):\n    raise ctx.error('no graph today')\n")
+    bug = tiny.doit("boom")
+    assert bug.returncode == 2 and "RuntimeError: a bug" in bug.stdout + bug.stderr
+    both = tiny.doit("simplify", "boom")
+    assert both.returncode == 2, both.stdout + both.stderr
+
+
 def test_3_for_an_unknown_task_and_78_for_a_bad_setup(tiny):
     unknown = tiny.doit("simplfy:tiny")
     assert unknown.returncode == 3 and "simplify:tiny" in unknown.stdout + unknown.stderr
