@@ -34,7 +34,7 @@ PLATFORMS = ("phone", "automotive", "iot", "pc")  # what a chip ships in; Play's
 SOC_TABLE_KEYS = {"socs", "default"}
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
-MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline", "loop", "ship"}
+MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline", "loop", "ship", "stage_timeout"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
               "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
@@ -204,6 +204,7 @@ class ModelSpec:
     pipeline: Any = None  # specpipeline.PipelineSpec: the graphs chained, verified end to end
     loop: Any = None      # specloop.LoopSpec: one graph run repeatedly, outputs fed back
     ship: dict[str, Any] = field(default_factory=specship.default)  # `ship:` precision_order, delivery (spec/ship.py)
+    stage_timeout: float | None = None  # seconds any stage of this model may take (None: $QNN_STAGE_TIMEOUT or 4 h)
 
 
 @dataclass(frozen=True)
@@ -359,7 +360,15 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
                      loop=specloop.load(data.get("loop"), graphs, model_dir.name, path, pipeline),
-                     ship=specship.load(data.get("ship"), path))
+                     ship=specship.load(data.get("ship"), path),
+                     stage_timeout=_stage_timeout(data.get("stage_timeout"), path))
+
+
+def _stage_timeout(value: Any, path: Path) -> float | None:
+    """`stage_timeout: <seconds>`: a stage of this model that runs longer is stopped (its child process killed)."""
+    from qnn_tasks.envvalues import STAGE_TIMEOUT_MAX
+
+    return None if value is None else as_number(value, path, "stage_timeout", 1, STAGE_TIMEOUT_MAX)
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],
