@@ -34,14 +34,24 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
     outputs = sample_store.load(outputs_file)
     reference = sample_store.load(reference_file, limit=len(outputs))
     result, violations = verification.judge(graph, verify, reference, outputs)
+    made_by = reference_from(reference_file)
     record = {"device": sim.get("device"), "samples": len(outputs), **result, "timing": sim.get("timing"),
+              "reference_from": made_by,
               "outputs_file": str(outputs_file), "reference_file": str(reference_file), "log": sim.get("log"),
               "violations": violations}
     if violations:
-        raise StageError(f"simverify of {target} failed: " + "; ".join(violations)
+        truth = f" (judged against {made_by})" if "float64" in made_by else ""
+        raise StageError(f"simverify of {target} failed: " + "; ".join(violations) + truth
                          + (quantized_hint(graph) if precision == "w8a16" else "") + (accuracy_hints(lint_record) if lint_record else "")
                          + f" (to find the first diverging node: doit diagnose:{target})", record)
     return record
+
+
+def reference_from(reference_file: Path) -> str | None:
+    """What made the CPU reference (cpucheck's record beside it): the float32 simplified graph, or a float64
+    evaluation of the original when cpucheck found the original's float32 rounding to be the weaker side."""
+    made = (records.read(Path(reference_file).with_name("cpucheck.json")) or {}).get("reference_from")
+    return made if made and "float64" in made else "the simplified graph in float32 on CPU"
 
 
 def accuracy_hints(lint_record: Path) -> str:
