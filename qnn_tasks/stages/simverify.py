@@ -39,6 +39,9 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
               "reference_from": made_by,
               "outputs_file": str(outputs_file), "reference_file": str(reference_file), "log": sim.get("log"),
               "violations": violations}
+    notes = [check["note"] for check in result["checks"] if check.get("note")]  # a check's doubt about its own setup
+    if notes:
+        record["warnings"] = notes
     if violations:
         truth = f" (judged against {made_by})" if "float64" in made_by else ""
         raise StageError(f"simverify of {target} failed: " + "; ".join(violations) + truth
