@@ -22,11 +22,15 @@ def checks(*entries: dict, outputs: dict | None = None, where: Path = YAML) -> d
     return verify_section({"checks": list(entries)}, "fp16", outputs or {"y": (1, 8, 7)}, where, "graphs.g.verify")
 
 
+def graph_of(model_dir: Path, name: str, shape: tuple[int, ...]) -> GraphSpec:
+    return GraphSpec(name="g", model="m", model_dir=model_dir, inputs=(TensorSpec("x", (1,), "float32"),),
+                     outputs=(TensorSpec(name, shape, "float32"),), precisions=("fp16",), socs=None,
+                     export="export", options={}, simplify={}, cpucheck={}, lint={}, verify={},
+                     allow_cpu_fallback=False, calibration={})
+
+
 def judge(verify: dict, ref: np.ndarray, got: np.ndarray, model_dir: Path = Path("."), name: str = "y") -> dict:
-    graph = GraphSpec(name="g", model="m", model_dir=model_dir, inputs=(TensorSpec("x", (1,), "float32"),),
-                      outputs=(TensorSpec(name, tuple(ref.shape[1:]), "float32"),), precisions=("fp16",), socs=None,
-                      export="export", options={}, simplify={}, cpucheck={}, lint={}, verify={},
-                      allow_cpu_fallback=False, calibration={})
+    graph = graph_of(model_dir, name, tuple(ref.shape[1:]))
     result, violations = verification.judge(graph, {**verify, "thresholds": {}, "per_output": {}},
                                             [{name: r} for r in ref], [{name: g} for g in got])
     result["violations"] = violations
@@ -184,11 +188,7 @@ def test_a_ctc_alphabet_of_the_wrong_size_is_a_console_warning_of_simverify(tmp_
     samples.save(tmp_path / "outputs.npz", [{"y": o} for o in cpu])
     samples.save(tmp_path / "reference.npz", [{"y": o} for o in cpu])
     records.write(tmp_path / "simulate.json", {"status": "passed"})
-    graph = GraphSpec(name="g", model="m", model_dir=tmp_path, inputs=(TensorSpec("x", (1,), "float32"),),
-                      outputs=(TensorSpec("y", (1, 4, 5), "float32"),), precisions=("fp16",), socs=None,
-                      export="export", options={}, simplify={}, cpucheck={}, lint={}, verify={},
-                      allow_cpu_fallback=False, calibration={})
-    record = simverify.run(graph, {**verify, "thresholds": {}, "per_output": {}}, tmp_path / "outputs.npz",
+    record = simverify.run(graph_of(tmp_path, "y", (1, 4, 5)), {**verify, "thresholds": {}, "per_output": {}}, tmp_path / "outputs.npz",
                            tmp_path / "reference.npz", tmp_path / "simulate.json", "g-SM8650", "fp16")
     [check] = record["checks"]
     assert check["passed"] and check["decoded"] == [{"sample": 0, "cpu": "ab[3]", "npu": "ab[3]"}]
