@@ -147,13 +147,16 @@ def test_the_npu_is_judged_against_the_float64_truth_on_the_simulator(tmp_path):
     """The same project through compile and the HTP simulator (fp16, SM8650): the binary passes against the
     float64 truth, and simverify's record names it (on 04de191 cpucheck failed, so no chip was ever judged)."""
     project = layer_norm_project(tmp_path / "p")
-    result = project.doit("simverify:norm-SM8650")
+    result = project.doit("simverify:norm-SM8650", "report")
     output = result.stdout + result.stderr
     assert result.returncode == 0 and "Traceback" not in output, output
     record = project.one_json("build/ln/norm/*/*/SM8650/simverify/simverify.json")
     assert record["reference_from"] == ("a float64 copy of m.onnx under onnxruntime CPU "
                                         "(the float32 original is the weaker side)")
     assert record["metrics"]["y"]["cosine"] > 0.999  # measured 0.99966
+    html = project.path("build/report/index.html").read_text()
+    assert "judged against a float64 copy of m.onnx under onnxruntime CPU" in html
+    assert "the original&#39;s own float32 error is what differs" in html
 
 
 @pytest.mark.slow
