@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from test_rewrites import model_of
+from test_rewrites import const, model_of
 from test_yaml_defects import arithmetic_layer_norm, small_project
 
 from qnn_tasks.graphs import float64
@@ -53,6 +53,23 @@ def test_the_double_copy_computes_in_float64_and_says_how():
     assert np.abs(out["y"] - exact).max() < 1e-9
     # the copy is valid ONNX: every float32 tensor, I/O and cast is double now
     onnx.checker.check_model(float64.double_copy(model), full_check=True)
+
+
+def test_constants_of_every_form_and_casts_are_doubled():
+    """Constant(value_float[s]), Constant(value), ConstantOfShape and Cast(to=float) all compute in float64."""
+    nodes = [helper.make_node("Constant", [], ["c"], value_float=100.0),
+             helper.make_node("Constant", [], ["d"], value_floats=[1.0, 3.0]),
+             helper.make_node("ConstantOfShape", ["shape"], ["z"], value=const("", [1e-9])),
+             helper.make_node("Cast", ["i"], ["f"], to=1),
+             helper.make_node("Add", ["x", "c"], ["a"]), helper.make_node("Mul", ["a", "d"], ["b"]),
+             helper.make_node("Add", ["b", "z"], ["e"]), helper.make_node("Add", ["e", "f"], ["y"])]
+    model = model_of(nodes, [helper.make_tensor_value_info("x", 1, [2]), helper.make_tensor_value_info("i", 6, [2])],
+                     [helper.make_tensor_value_info("y", 1, [2])], [const("shape", [2], np.int64)])
+    onnx.checker.check_model(float64.double_copy(model), full_check=True)
+    [out], how = float64.evaluate(model, [{"x": np.array([1e-7, 2.0], np.float32), "i": np.array([1, 2], np.int32)}],
+                                  "c.onnx")
+    assert how == "a float64 copy of c.onnx under onnxruntime CPU"
+    np.testing.assert_allclose(out["y"], [(100 + 1e-7) + 1e-9 + 1, 306 + 1e-9 + 2], rtol=1e-15)  # float32 loses 1e-7
 
 
 def erf_model(op="Erf", opset=13):

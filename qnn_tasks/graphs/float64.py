@@ -45,7 +45,13 @@ def _to_double(graph) -> None:
 
 def _node_to_double(node) -> None:
     import onnx
+    from onnx import helper
 
+    if node.op_type == "Constant" and node.attribute and node.attribute[0].name in ("value_float", "value_floats"):
+        value = helper.get_attribute_value(node.attribute[0])  # a float32 scalar or list: made a double tensor
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("value", _tensor_to_double(
+            helper.make_tensor("", FLOAT, [len(value)] if isinstance(value, list) else [], np.atleast_1d(value)))))
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.TENSOR and attr.t.data_type == FLOAT:  # Constant, ConstantOfShape
             attr.t.CopyFrom(_tensor_to_double(attr.t))
@@ -137,7 +143,9 @@ def _skeleton(model):
     skeleton.CopyFrom(model)
     weights = list(skeleton.graph.initializer)
     del skeleton.graph.initializer[:]
-    skeleton.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in weights)
+    listed = {i.name for i in skeleton.graph.input}  # before IR 4 initializers are listed as inputs too
+    skeleton.graph.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims))
+                                for t in weights if t.name not in listed)
     return skeleton
 
 
