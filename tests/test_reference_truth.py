@@ -18,6 +18,7 @@ from onnx import helper
 from test_rewrites import const, model_of
 from test_yaml_defects import arithmetic_layer_norm, small_project
 
+from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import float64
 
 SHAPE = (1, 16, 64)
@@ -183,7 +184,13 @@ def test_a_diagnosis_of_earlier_samples_is_stale_once_the_target_passes(tmp_path
     yaml = LAYER_NORM_YAML.replace("    rewrites: [centred-variance]\n", "    cpucheck: {max_abs: 0.01}\n")
     project = layer_norm_project(tmp_path / "p", yaml)
     failed = project.doit("simverify:norm-SM8650")
-    assert failed.returncode != 0, failed.stdout + failed.stderr  # the cancelling variance on fp16
+    line = failed.failure_line("simverify:norm-SM8650")  # the cancelling variance on fp16
+    # judged again against the float64 truth: the NPU is the side that is off, and the line says so with both numbers
+    found = re.search(r"; against a float64 copy of norm\.onnx under onnxruntime CPU too: output 'y': NPU max_abs "
+                      r"([0-9.e+-]+), float32 CPU reference ([0-9.e+-]+)", line)
+    assert found and float(found[1]) > 100 * float(found[2]) and float(found[2]) > 1e-3, line
+    record = project.one_json("build/ln/norm/*/*/SM8650/simverify/simverify.json")
+    assert record["status"] == "failed" and record["reference_from"] == "the simplified graph in float32 on CPU"
     project.doit("diagnose:norm-SM8650", check=True)
     # new samples (mean 0: nothing cancels), the same binary: the target passes
     x = np.random.default_rng(3).standard_normal((4, *SHAPE)).astype(np.float32)
@@ -198,3 +205,38 @@ def test_a_diagnosis_of_earlier_samples_is_stale_once_the_target_passes(tmp_path
     html = project.path("build/report/index.html").read_text()
     section = html[html.index("Diagnosis: where the NPU diverges"):]
     assert "This diagnosis is stale: diagnosed other inputs than the current samples" in section
+
+
+def test_simverify_judges_a_failure_again_against_float64_and_blames_a_weak_float32_reference(tmp_path):
+    """The judging logic alone: the NPU outputs here are the exact LayerNorm in float32, written by the test (no
+    simulator computes better than float32 CPU; the line of a real NPU failure is checked on the simulator above).
+    The float32 CPU reference of the cancelling graph is 3e-3 off: against it the exact outputs fail max_abs 1e-3,
+    against the float64 evaluation of the same graph they pass, and the record and console line say so."""
+    from test_taskchecks import graph_of
+
+    from qnn_tasks.judge import samples
+    from qnn_tasks.run import records
+    from qnn_tasks.stages import cpucheck, simverify
+
+    model = arithmetic_layer_norm("sum_mul", shape=SHAPE)
+    onnx.save(model, str(tmp_path / "norm.onnx"))
+    x = (100.0 + np.random.default_rng(36).standard_normal((4, *SHAPE))).astype(np.float32)
+    inputs = [{"x": s} for s in x]
+    exact = x.astype(np.float64)
+    exact = (exact - exact.mean(-1, keepdims=True)) / np.sqrt(exact.var(-1, keepdims=True) + 1e-5)
+    samples.save(tmp_path / "inputs.npz", inputs)
+    samples.save(tmp_path / "reference.npz", cpucheck.run_onnx_cpu(tmp_path / "norm.onnx", inputs))
+    samples.save(tmp_path / "outputs.npz", [{"y": e.astype(np.float32)} for e in exact])
+    records.write(tmp_path / "simulate.json", {"status": "passed"})
+    verify = {"thresholds": {"max_abs": 1e-3}, "per_output": {}, "checks": []}
+    args = (graph_of(tmp_path, "y", SHAPE), verify, tmp_path / "outputs.npz", tmp_path / "reference.npz",
+            tmp_path / "simulate.json", "norm-SM8650", "fp16")
+    with pytest.raises(StageError, match=r"max_abs = 0\.00[0-9]+ is above the threshold 0\.001"):
+        simverify.run(*args)  # without the graph and its inputs nothing can be evaluated again
+    record = simverify.run(*args, inputs_file=tmp_path / "inputs.npz", simplified=tmp_path / "norm.onnx")
+    assert record["reference_from"] == ("a float64 copy of norm.onnx under onnxruntime CPU "
+                                        "(the float32 CPU reference is the weaker side)")
+    sides = record["float64"]["max_abs"]["y"]
+    assert sides["npu_max_abs"] < 1e-5 and sides["cpu_float32_max_abs"] > 1e-3 and record["metrics"]["y"]["max_abs"] < 1e-5
+    assert record["console"][0].startswith("the float32 CPU reference's own error is what differed (against a float64 "
+                                           "copy of norm.onnx under onnxruntime CPU: output 'y': NPU max_abs ")
