@@ -15,7 +15,7 @@ import numpy as np
 
 FLOAT, DOUBLE = 1, 11  # onnx.TensorProto.FLOAT, DOUBLE
 ORT = "a float64 copy of {name} under onnxruntime CPU"
-REFERENCE_EVALUATOR = "a float64 copy of {name} under onnx's ReferenceEvaluator (onnxruntime has no double kernel: {why})"
+REFERENCE_EVALUATOR = "a float64 copy of {name} under onnx's ReferenceEvaluator (onnxruntime could not run it: {why})"
 
 
 def double_copy(model) -> Any:
@@ -78,15 +78,21 @@ def evaluate(model, feeds: list[dict[str, np.ndarray]], name: str) -> tuple[list
     where onnx's ReferenceEvaluator (the fallback, all in float64) took 20-48 s. Raises RuntimeError (one line)
     when neither can run the copy.
     """
-    double = double_copy(model)
+    try:
+        double = double_copy(model)
+    except Exception as err:  # a tensor onnx cannot convert: said, never a traceback in the stage that asked
+        raise RuntimeError(f"no float64 copy of {name}: {_first_line(err)}") from None
     wide = [{k: (np.asarray(v, np.float64) if np.asarray(v).dtype == np.float32 else v) for k, v in f.items()}
             for f in feeds]
     narrow, why = _missing_kernels(double)
     if why is None:
-        session = _session(_narrowed(double, narrow) if narrow else double)
-        names = [o.name for o in session.get_outputs()]
-        how = ORT.format(name=name) + (f" ({', '.join(narrow)} in float32: no double kernel)" if narrow else "")
-        return [dict(zip(names, session.run(None, f))) for f in wide], how
+        try:
+            session = _session(_narrowed(double, narrow) if narrow else double)
+            names = [o.name for o in session.get_outputs()]
+            how = ORT.format(name=name) + (f" ({', '.join(narrow)} in float32: no double kernel)" if narrow else "")
+            return [dict(zip(names, session.run(None, f))) for f in wide], how
+        except Exception as err:  # e.g. a kernel that fails at run time: the reference evaluator may still run it
+            why = _first_line(err)
     from onnx.reference import ReferenceEvaluator
 
     try:
