@@ -61,3 +61,15 @@ def test_five_cpu_nodes_of_one_op_are_one_hint_in_lint_and_context(tmp_path):
     assert re.search(r"5 node\(s\) of graph 'erfs' fall back to CPU on SM8650: 5 Erf nodes \('erf_\d', 'erf_\d', "
                      r"'erf_\d' and 2 more\) \(often left on CPU", line), line  # in the partitioner's order
     assert line.count("add simplify: {skip_optimizers") == 1 and len(line) < 600, line
+
+
+def test_three_overflowing_constants_are_one_warning_naming_each_value():
+    """Masks of -inf and finfo(float32).min were one warning each, their text differing only by the value."""
+    from test_rewrites import graph_spec, mask_model
+
+    from qnn_tasks.stages.lint import find_problems, summary_lines
+
+    found = [f for f in find_problems(mask_model(), graph_spec()) if f.rule == "fp16-overflow-constant"]
+    [line] = summary_lines(found)
+    assert line.startswith("[fp16-overflow-constant] 3 sites (constant '")
+    assert "(min -inf)" in line and "(min -3.4e+38)" in line and line.count("(fix: ") == 1, line

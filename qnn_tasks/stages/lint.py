@@ -198,7 +198,7 @@ def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
         for site in sites[name]:
             if op is None:
                 lowest = float(numpy_helper.to_array(constants[site]).min())
-                where, message = f"constant '{site}'", f"value {lowest:.3g} {problem}"
+                where, message = f"constant '{site}' (min {lowest:.3g})", problem  # same text: one grouped warning
             else:
                 where, message = f"{op} node '{site}'", problem
             findings.append(Finding(rule, "warning", where, message, fix, rewrite.why))
