@@ -148,12 +148,11 @@ def test_a_broken_export_still_fails_and_the_float64_numbers_say_it_is_the_expor
     assert "(fix the export, or loosen graphs.norm.cpucheck)" in line and "weaker side" not in json.dumps(record)
 
 
-@pytest.mark.parametrize("loc", [0.0])
-def test_a_passing_cpucheck_pays_nothing(tmp_path, loc):
+def test_a_passing_cpucheck_pays_nothing(tmp_path):
     """Inputs of mean 0: the float32 runs agree and no float64 evaluation is made (off the hot path)."""
     project = layer_norm_project(tmp_path / "p")
     folder = project.root / "models" / "ln"
-    np.savez(folder / "samples" / "a.npz", x=(loc + np.random.default_rng(2).standard_normal((4, *SHAPE))).astype(np.float32))
+    np.savez(folder / "samples" / "a.npz", x=np.random.default_rng(2).standard_normal((4, *SHAPE)).astype(np.float32))
     result = project.doit("cpucheck:norm")
     assert result.returncode == 0, result.stdout + result.stderr
     record = project.one_json("build/ln/norm/cpucheck/cpucheck.json")
