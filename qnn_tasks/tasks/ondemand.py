@@ -141,7 +141,8 @@ class OnDemand:
             context_record=context_dir / "context.json", inputs=ct.graph_target.inputs,
             reference=ct.graph_target.reference, out_dir=ct.stage_dir(stage), profile=binding.profile,
             root=self.project.root, base=self.planner.chip_base(ct), required=_asked_by_name(stage, ct.name),
-            toolchains=[(b.profile.name, b.fingerprint.get("qnn")) for b in self.planner.bindings])
+            toolchains=[(b.profile.name, b.fingerprint.get("qnn")) for b in self.planner.bindings],
+            fallback=ct.graph_target.simplified)
 
     def verify_tasks(self) -> Iterator[dict]:
         yield from self._device_tasks("verify", "run {graph} on attached {soc} phones, compare with the CPU, measure")
