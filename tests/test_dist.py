@@ -293,3 +293,19 @@ def test_errors_are_one_line(verified, tmp_path):
     with pytest.raises(QnnTasksError) as err:
         dist(verified, "silero-vad", tmp_path, env={"QNN_RUNTIME_LIBS": str(tmp_path / "missing")})
     assert "\n" not in str(err.value) and "does not exist" in str(err.value)
+
+
+def test_quantized_binary_io_carries_the_scale_the_app_applies():
+    """A binary whose I/O the converter made 16-bit (as the qairt SDK's can be): the tensor info the context stage
+    records (qnn/binary.py's shape of it; no such build is made here) becomes the manifest's scale and offset."""
+    context = {"binary": {"graphs": [{"name": "g", "inputs": [
+        {"name": "input_ids", "dtype": "ufixed_point_16", "shape": [1, 64], "quantization": {
+            "encoding": "scale_offset", "scale": 0.000152587890625, "offset": -32768}}],
+        "outputs": [{"name": "embedding", "dtype": "float32", "shape": [1, 384], "quantization": None}]}]}}
+    io = {"inputs": [{"name": "input_ids", "shape": [1, 64], "dtype": "float32"}],
+          "outputs": [{"name": "embedding", "shape": [1, 384], "dtype": "float32"}]}
+    found = manifest.binary_io(context, io)
+    assert found["inputs"][0]["dtype"] == "ufixed_point_16"
+    assert found["inputs"][0]["quantization"] == {"encoding": "scale_offset", "scale": 0.000152587890625,
+                                                  "offset": -32768, "formula": "real = scale * (q + offset)"}
+    assert found["outputs"][0]["quantization"] is None

@@ -94,9 +94,13 @@ def binary_io(context: dict[str, Any], graph_io: dict[str, Any]) -> dict[str, An
 
 
 def _quantization(q: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not q or "scale" not in q:
+    """A quantized tensor's encoding as qnn/binary.py reads it; a per-axis one has no single scale (null) but still
+    says it is quantized, so an app never takes it for float."""
+    if not q:
         return None
-    return {"scale": q["scale"], "offset": q.get("offset", 0), "formula": "real = scale * (q + offset)"}
+    extra = {k: q[k] for k in ("bitwidth", "axis", "count") if k in q}
+    return {"encoding": q.get("encoding"), "scale": q.get("scale"), "offset": q.get("offset"), **extra,
+            "formula": "real = scale * (q + offset)"}
 
 
 def min_runtime(compat: dict[str, Any] | None, compiler_qnn: str | None) -> tuple[str | None, str]:
