@@ -125,7 +125,7 @@ def write(inventory: dict[str, Any], root: Path, dest_root: Path, cache_dir: Pat
 
 def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Path, cache_dir: Path):
     toolchain = inventory["toolchain"]
-    compiler_qnn = toolchain.get("qnn")
+    compiler_qnn = compiler_version(toolchain, ship)
     from qnn_tasks.stages import compat
 
     graphs: dict[str, Any] = {}
@@ -180,7 +180,7 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
             "description": inventory["description"], "licence": inventory["licence"],
             "source": mf.source(export, records.sha256(root / source_file) if source_file else None),
             "tool": {"name": "qnn-npu-compile", "version": mf.tool_version()},
-            "toolchain": {k: v for k, v in toolchain.items() if k not in ("file", "settings", "profile")},
+            "toolchain": toolchain_facts(toolchain, compiler_qnn),
             "selection": {"precision_order": mf.precision_order(inventory["graphs"]), "rule": mf.RULE},
             "graphs": graphs, "runtime_libs": libs, "omitted": sorted(omitted, key=lambda o: o["target"])}
     work.put(mf.dumps(mf.schema()), mf.SCHEMA_FILE)
@@ -189,6 +189,25 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
     mf.validate(data)
     (work.tmp / "manifest.json").write_bytes(mf.dumps(data))  # last: a folder without it is no package
     return data, line
+
+
+def compiler_version(toolchain: dict[str, Any], ship: list[verified.Shippable]) -> str | None:
+    """The compiler's QNN version: the toolchain's (ort-qnn), else the SDK's (qairt), else the binaries' build id."""
+    version = toolchain.get("qnn") or (toolchain.get("sdk") or {}).get("version")
+    if version is None:
+        build = next((s.records["context"].get("binary", {}).get("build_id") for s in ship), None)
+        version = mf.qnn_version(build, None)
+    found = runtime.runtimelibs.version_tuple(version)
+    return ".".join(map(str, found)) if found else version
+
+
+def toolchain_facts(toolchain: dict[str, Any], qnn: str | None) -> dict[str, Any]:
+    """Which toolchain compiled the binaries: its id, kind, QNN and package versions, options; no local paths."""
+    facts = {"id": toolchain["id"], "kind": toolchain["kind"], "qnn": qnn, "options": toolchain.get("options") or {}}
+    facts.update({k: toolchain[k] for k in ("onnxruntime", "onnxruntime-qnn") if k in toolchain})
+    if isinstance(toolchain.get("sdk"), dict):
+        facts["sdk"] = {k: toolchain["sdk"].get(k) for k in ("version", "folder")}
+    return facts
 
 
 def provider_options(compiled: dict[str, Any], soc: dict[str, Any]) -> dict[str, str]:
