@@ -50,7 +50,8 @@ def _why_not(graph: dict[str, Any], own: dict[str, Any], links: list[tuple[str, 
         status = combine([record])
         if status in BAD:
             word = "stale" if status == "stale" else "failed"
-            return f"{word}: {label}: {record.get('error') or status}"
+            error = str(record.get("error") or status)
+            return f"{word}: {label}: {error.removeprefix(f'{word}: ')}"
         if status == "pending":
             return f"unbuilt: {label} has no record (run doit to build and verify it)"
     return None
