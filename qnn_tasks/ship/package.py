@@ -26,6 +26,8 @@ SETTING = "dist"             # settings.dist in the first toolchain profile: a f
 DEFAULT = "dist"
 HTP_BACKEND = "libQnnHtp.so"
 SYSTEM_LIB = "libQnnSystem.so"
+FALLBACK_WHEN = ("no binary was verified for the device's chip, its runtime QNN is older than the binary's, or the "
+                 "context fails to load")
 
 
 def dist_root(settings: dict[str, Any], profile_file: Path, root: Path, env: dict[str, str] | None = None) -> Path:
@@ -136,7 +138,7 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
         simplified = stages["simplify"]["files"][g["simplified"]]
         fallback = work.copy(root / g["simplified"], f"cpu/{g['name']}.onnx", simplified["sha256"])
         graphs[g["name"]] = {"inputs": mf.tensors(g["io"]["inputs"]), "outputs": mf.tensors(g["io"]["outputs"]),
-                             "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU",
+                             "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU", "when": FALLBACK_WHEN,
                                           "verified_against": mf.cpu_reference(stages.get("cpucheck"))},
                              "binaries": []}
     archs, manifests = set(), {}
