@@ -275,8 +275,11 @@ def run_call(call: StageCall) -> dict[str, Any]:
 def summary(done: dict[str, Any]) -> str:
     """What dist prints: the package, what is in it, what was left out and why, the runtime libs' line."""
     omitted = "; ".join(f"{o['target']} ({o['reason']})" for o in done["omitted"])
-    lines = [f"dist:{done['model']}: {done['dest']}: {done['binaries']} binaries for {', '.join(done['socs'])}, "
-             f"{done['bytes'] / 2**20:.1f} MiB ({done['copied']} files written, {done['linked']} unchanged kept)"
+    dest = Path(done["dest"])
+    shown = os.path.relpath(dest) if Path.cwd() in dest.parents else str(dest)
+    count = done["binaries"]
+    lines = [f"dist:{done['model']}: {shown}: {count} binar{'y' if count == 1 else 'ies'} for {', '.join(done['socs'])}, "
+             f"{done['bytes'] / 2**20:.1f} MiB (files written: {done['copied']}, unchanged and kept: {done['linked']})"
              + (f"; left out {len(done['omitted'])}: {omitted}" if done["omitted"] else "")]
     if done["runtime_line"]:
         lines.append(f"dist:{done['model']}: {done['runtime_line']}")
