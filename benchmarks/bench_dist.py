@@ -65,7 +65,8 @@ def sizes(package: Path) -> dict[str, int]:
 def machine() -> str:
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").is_file() else "?"
-    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {platform.system()} {platform.release()}"
+    system = f"{platform.system()} {platform.release()}"
+    return f"{os.cpu_count()} cores ({cpu}), Python {platform.python_version()}, {system}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -83,7 +84,8 @@ def main(argv: list[str] | None = None) -> int:
         load_after = os.getloadavg()
         print(f"machine: {machine()}")
         print(f"load average (1 min) before {load_before[0]:.2f}, after {load_after[0]:.2f}")
-        print(f"tree: {'--tree ' + str(tree) if args.tree else 'the test examples (MiniLM 64 tokens, VAD), SM8650 + SM8750, fp16'}")
+        examples = "the test examples (MiniLM 64 tokens, VAD), SM8650 + SM8750, fp16"
+        print(f"tree: {'--tree ' + str(tree) if args.tree else examples}")
         print(f"doit dist, every model, fresh folder (all copied): {cold:.2f} s")
         print(f"doit dist again, unchanged build (linked), median of {len(warm)}: {statistics.median(warm):.2f} s "
               f"(min {min(warm):.2f}, max {max(warm):.2f})")
@@ -96,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'binary':<40} {'MiB':>9}")
         for package in sorted(p for p in out.iterdir() if not p.name.startswith(".")):
             for binary in sorted(package.glob("*/*.bin")):
-                print(f"{package.name + '/' + str(binary.relative_to(package)):<40} {binary.stat().st_size / 2**20:>9.2f}")
+                name = f"{package.name}/{binary.relative_to(package)}"
+                print(f"{name:<40} {binary.stat().st_size / 2**20:>9.2f}")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

@@ -7,8 +7,8 @@ from typing import Any
 
 def card(data: dict[str, Any]) -> str:
     source = data["source"]
-    origin = " ".join(filter(None, [source.get("package") and f"package {source['package']} {source.get('version') or ''}".strip(),
-                                    source.get("file") and f"file {source['file']}",
+    package = source.get("package") and f"package {source['package']} {source.get('version') or ''}".strip()
+    origin = " ".join(filter(None, [package, source.get("file") and f"file {source['file']}",
                                     source.get("file_sha256") and f"(SHA-256 {source['file_sha256'][:16]}...)"]))
     chain = data["toolchain"]
     lines = [f"# {data['model']}", "", data.get("description") or "", "",

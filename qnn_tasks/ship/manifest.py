@@ -130,7 +130,8 @@ def verification(records: dict[str, dict[str, Any]], pipelines: list[dict[str, A
         "loop": None if loop is None else {"measured_on": SIMULATOR, "status": loop.get("status"),
                                            **{k: loop[k] for k in ("steps", "compared_steps", "first_differing_step")
                                               if k in loop},
-                                           "metrics": _metrics(loop.get("metrics")), "checks": _checks(loop.get("checks"))},
+                                           "metrics": _metrics(loop.get("metrics")),
+                                           "checks": _checks(loop.get("checks"))},
         "pipelines": [{"measured_on": SIMULATOR, "graphs": p.get("graphs"), "status": p.get("status"),
                        "samples": p.get("samples"),
                        "metrics": _metrics(p.get("metrics")), "checks": _checks(p.get("checks"))} for p in pipelines],

@@ -126,51 +126,18 @@ def write(inventory: dict[str, Any], root: Path, dest_root: Path, cache_dir: Pat
 
 
 def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Path, cache_dir: Path):
+    """Every file of the package into `work`, manifest.json last; returns (manifest, the runtime libs' line)."""
     toolchain = inventory["toolchain"]
     compiler_qnn = compiler_version(toolchain, ship)
-    from qnn_tasks.stages import compat
-
-    graphs: dict[str, Any] = {}
-    for g in inventory["graphs"]:
-        stages = graph_records[g["name"]]
-        if not verified.graph_ok(stages):
-            continue  # its chips are in `omitted` with the reason; no CPU fallback of an unverified graph either
-        simplified = stages["simplify"]["files"][g["simplified"]]
-        fallback = work.copy(root / g["simplified"], f"cpu/{g['name']}.onnx", simplified["sha256"])
-        graphs[g["name"]] = {"inputs": mf.tensors(g["io"]["inputs"]), "outputs": mf.tensors(g["io"]["outputs"]),
-                             "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU", "when": FALLBACK_WHEN,
-                                          "verified_against": mf.cpu_reference(stages.get("cpucheck"))},
-                             "binaries": []}
+    graphs = {g["name"]: _graph(g, graph_records[g["name"]], work, root) for g in inventory["graphs"]
+              if verified.graph_ok(graph_records[g["name"]])}  # else its chips are in `omitted` with the reason
     archs, manifests = set(), {}
     for item in sorted(ship, key=lambda s: (s.chip["graph"], s.chip["soc"]["name"], s.chip["precision"])):
-        chip, context = item.chip, item.records["context"]
-        g = next(x for x in inventory["graphs"] if x["name"] == chip["graph"])
-        soc, precision = chip["soc"], chip["precision"]
-        stem = f"{soc['name']}/{chip['graph']}.{precision}"
-        binary = work.copy(root / chip["binary"], f"{stem}.bin", context["files"][chip["binary"]]["sha256"])
-        work.put(_wrapper(root / chip["ctx_onnx"], context["files"][chip["ctx_onnx"]]["sha256"],
-                          f"{chip['graph']}.{precision}.bin"), f"{stem}_ctx.onnx")
-        options = records.read(root / chip["provider_options"]) or {}
-        work.put(mf.dumps(provider_options(options, soc)), f"{stem}.provider_options.json")
-        info = context.get("binary") or {}
-        build_qnn = mf.qnn_version(info.get("build_id"), compiler_qnn)
-        minimum, minimum_from = mf.min_runtime(compat.lookup(binary["sha256"]), build_qnn)
-        phone = records.read(root / chip["device_records"]["verify"])
-        if phone and (phone.get("binary") or {}).get("sha256") != binary["sha256"]:
-            phone = None  # results of another build of this target
-        graphs[chip["graph"]]["binaries"].append({
-            "soc": soc["name"], "socs": [soc["name"]], "soc_model": soc["soc_id"], "dsp_arch": soc["dsp_arch"],
-            "precision": precision, "path": f"{stem}.bin", **binary,
-            "qnn_build_id": info.get("build_id"), "qnn_version": build_qnn,
-            "min_runtime_qnn": minimum, "min_runtime_from": minimum_from,
-            "io": mf.binary_io(context, g["io"]),
-            "ort": {"ctx_onnx": f"{stem}_ctx.onnx", "provider_options": f"{stem}.provider_options.json"},
-            "sherpa_onnx": {"context_binary": f"{stem}.bin", "backend_lib": HTP_BACKEND, "system_lib": SYSTEM_LIB},
-            "target": chip["target"],
-            "verification": mf.verification(item.records, item.pipelines, phone)})
-        archs.add(soc["dsp_arch"])
-        if chip.get("runtime_manifest"):
-            manifests.setdefault(soc["dsp_arch"], root / chip["runtime_manifest"])
+        graph = next(g for g in inventory["graphs"] if g["name"] == item.chip["graph"])
+        graphs[graph["name"]]["binaries"].append(_binary(item, graph, work, root, compiler_qnn))
+        archs.add(item.chip["soc"]["dsp_arch"])
+        if item.chip.get("runtime_manifest"):
+            manifests.setdefault(item.chip["soc"]["dsp_arch"], root / item.chip["runtime_manifest"])
     libs, copies, line = runtime.plan(sorted(archs), compiler_qnn, toolchain.get("settings") or {},
                                       Path(toolchain["file"]), root, manifests, cache_dir)
     for arch, files in sorted(copies.items()):
@@ -191,6 +158,45 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
     mf.validate(data)
     (work.tmp / "manifest.json").write_bytes(mf.dumps(data))  # last: a folder without it is no package
     return data, line
+
+
+def _graph(g: dict[str, Any], stages: dict[str, Any], work: _Assembly, root: Path) -> dict[str, Any]:
+    """A verified graph's entry: its tensors and its CPU fallback (the simplified ONNX its binaries were judged by)."""
+    simplified = stages["simplify"]["files"][g["simplified"]]
+    fallback = work.copy(root / g["simplified"], f"cpu/{g['name']}.onnx", simplified["sha256"])
+    return {"inputs": mf.tensors(g["io"]["inputs"]), "outputs": mf.tensors(g["io"]["outputs"]),
+            "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU", "when": FALLBACK_WHEN,
+                         "verified_against": mf.cpu_reference(stages.get("cpucheck"))},
+            "binaries": []}
+
+
+def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, root: Path,
+            compiler_qnn: str | None) -> dict[str, Any]:
+    """One verified binary into the package (with its EPContext wrapper and provider options) and its entry."""
+    from qnn_tasks.stages import compat
+
+    chip, context = item.chip, item.records["context"]
+    soc, precision = chip["soc"], chip["precision"]
+    stem = f"{soc['name']}/{chip['graph']}.{precision}"
+    binary = work.copy(root / chip["binary"], f"{stem}.bin", context["files"][chip["binary"]]["sha256"])
+    work.put(_wrapper(root / chip["ctx_onnx"], context["files"][chip["ctx_onnx"]]["sha256"],
+                      f"{chip['graph']}.{precision}.bin"), f"{stem}_ctx.onnx")
+    options = records.read(root / chip["provider_options"]) or {}
+    work.put(mf.dumps(provider_options(options, soc)), f"{stem}.provider_options.json")
+    info = context.get("binary") or {}
+    build_qnn = mf.qnn_version(info.get("build_id"), compiler_qnn)
+    minimum, minimum_from = mf.min_runtime(compat.lookup(binary["sha256"]), build_qnn)
+    phone = records.read(root / chip["device_records"]["verify"])
+    if phone and (phone.get("binary") or {}).get("sha256") != binary["sha256"]:
+        phone = None  # results of another build of this target
+    return {"soc": soc["name"], "socs": [soc["name"]], "soc_model": soc["soc_id"], "dsp_arch": soc["dsp_arch"],
+            "precision": precision, "path": f"{stem}.bin", **binary,
+            "qnn_build_id": info.get("build_id"), "qnn_version": build_qnn,
+            "min_runtime_qnn": minimum, "min_runtime_from": minimum_from,
+            "io": mf.binary_io(context, graph["io"]),
+            "ort": {"ctx_onnx": f"{stem}_ctx.onnx", "provider_options": f"{stem}.provider_options.json"},
+            "sherpa_onnx": {"context_binary": f"{stem}.bin", "backend_lib": HTP_BACKEND, "system_lib": SYSTEM_LIB},
+            "target": chip["target"], "verification": mf.verification(item.records, item.pipelines, phone)}
 
 
 def compiler_version(toolchain: dict[str, Any], ship: list[verified.Shippable]) -> str | None:
@@ -278,7 +284,8 @@ def summary(done: dict[str, Any]) -> str:
     dest = Path(done["dest"])
     shown = os.path.relpath(dest) if Path.cwd() in dest.parents else str(dest)
     count = done["binaries"]
-    lines = [f"dist:{done['model']}: {shown}: {count} binar{'y' if count == 1 else 'ies'} for {', '.join(done['socs'])}, "
+    binaries = f"{count} binar{'y' if count == 1 else 'ies'}"
+    lines = [f"dist:{done['model']}: {shown}: {binaries} for {', '.join(done['socs'])}, "
              f"{done['bytes'] / 2**20:.1f} MiB (files written: {done['copied']}, unchanged and kept: {done['linked']})"
              + (f"; left out {len(done['omitted'])}: {omitted}" if done["omitted"] else "")]
     if done["runtime_line"]:

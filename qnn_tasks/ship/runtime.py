@@ -37,7 +37,8 @@ def plan(archs: list[str], compiler_qnn: str | None, settings: dict[str, Any], p
         libs = _resolve(settings, profile_file, root, manifest, arch, cache_dir)
         if runtimelibs.version_tuple(libs.version) != runtimelibs.version_tuple(compiler_qnn):
             raise StageError(f"runtime libs {libs.source}: QNN {libs.version or 'unknown'} (from {libs.version_from}), "
-                             f"the binaries were compiled with QNN {compiler_qnn}: a phone needs the compiler's version "
+                             f"the binaries were compiled with QNN {compiler_qnn}: a phone needs the compiler's "
+                             "version "
                              f"(fix: point {runtimelibs.ENV} at the QNN {compiler_qnn} libraries)")
         copies[arch] = {name: libs.libs[name] for name, _ in required}
         entries[arch] = _entry(arch, libs.version, required, source=_given(configured, manifest))
