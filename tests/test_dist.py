@@ -246,11 +246,12 @@ def test_schema_refuses_what_the_selector_could_not_trust(shipped):
 @pytest.fixture(scope="module")
 def damaged(verified, tmp_path_factory) -> Project:
     """A copy whose VAD fails verification (a threshold its binaries cannot meet, judged again by real doit), whose
-    MiniLM SM8750 binary was changed after it was verified, and whose MiniLM asks for a chip never built."""
+    MiniLM SM8750 binary was changed after it was verified, and whose MiniLM asks for a chip never built and for one
+    that runs only quantized graphs (its fp16 target skipped)."""
     project = copy_project(tmp_path_factory.mktemp("damaged") / "project", source=verified.root, with_build=True)
     project.edit("models/silero-vad/model.yaml", "min_cosine: 0.999}", "min_cosine: 0.9999999}")
     project.judged = project.doit("simverify")
-    project.edit("models/minilm/model.yaml", "socs: [SM8650, SM8750]", "socs: [SM8650, SM8750, SM8550]")
+    project.edit("models/minilm/model.yaml", "socs: [SM8650, SM8750]", "socs: [SM8650, SM8750, SM8550, SM7550]")
     binary = next(project.root.glob("build/minilm/minilm/*/fp16/SM8750/context/*.bin"))
     data = bytearray(binary.read_bytes())
     data[len(data) // 2] ^= 0xFF  # same size, other bytes
@@ -260,7 +261,7 @@ def damaged(verified, tmp_path_factory) -> Project:
 
 
 @pytest.mark.slow
-def test_failed_stale_and_unbuilt_targets_are_left_out_and_named(damaged):
+def test_failed_stale_skipped_and_unbuilt_targets_are_left_out_and_named(damaged):
     assert damaged.judged.returncode != 0  # the VAD's judgement failed for real
     run = damaged.run
     assert run.returncode != 0, run.stdout + run.stderr
@@ -272,10 +273,11 @@ def test_failed_stale_and_unbuilt_targets_are_left_out_and_named(damaged):
     reasons = {o["target"]: o["reason"] for o in data["omitted"]}
     assert reasons["minilm-SM8750"].startswith("stale: context:") and "SHA-256" in reasons["minilm-SM8750"]
     assert reasons["minilm-SM8550"].startswith("unbuilt: ")
+    assert reasons["minilm-SM7550"].startswith("skipped: ") and "fp16" in reasons["minilm-SM7550"]
     assert [b["soc"] for b in data["graphs"]["minilm"]["binaries"]] == ["SM8650"]
     assert not (minilm / "SM8750").exists() and "minilm-SM8750" in (minilm / "MODEL_CARD.md").read_text()
     printed = [x for x in run.stdout.splitlines() if x.startswith("dist:minilm: ")]
-    assert "left out 2" in printed[0] and "minilm-SM8750 (stale" in printed[0]
+    assert "left out 3" in printed[0] and "minilm-SM8750 (stale" in printed[0]
     assert any(x.startswith("dist:minilm: runtime libs NOT shipped") for x in printed)
 
 
