@@ -239,6 +239,9 @@ def test_schema_refuses_what_the_selector_could_not_trust(shipped):
     notes = {**data, "size_notes": [{"graph": "vad", "what": "tied embedding stored twice", "bytes": 1,
                                      "option": "host-side lookup"}]}
     jsonschema.validate(notes, schema)  # the Whisper helper's size notes fit
+    from qnn_tasks.ship.card import card
+
+    assert "- vad: tied embedding stored twice: 0.0 MiB (host-side lookup)" in card(notes)  # and the card shows them
 
 
 # ------------------------------------------------------------------ what was not verified stays out
@@ -289,6 +292,23 @@ def test_dist_is_on_demand_and_one_task_per_model(verified):
 
 def re_names(text: str) -> list[str]:
     return [line.split()[0] for line in text.splitlines() if line.strip()]
+
+
+def test_the_benchmark_runs_on_a_verified_build(own_copy):
+    """benchmarks/bench_dist.py on a copy of the session's build: its figures and the machine and load it ran on."""
+    import subprocess
+
+    bench = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_dist.py"
+    result = subprocess.run([sys.executable, str(bench), "--tree", str(own_copy.root), "--runs", "1"],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    out = result.stdout
+    assert "machine: " in out and "load average (1 min) before" in out
+    assert "fresh folder (all copied)" in out and "unchanged build (linked), median of 1" in out
+    for line in ("silero-vad     SM8650", "silero-vad     cpu", "minilm         (whole package)",
+                 "silero-vad/SM8750/vad.fp16.bin"):
+        assert line in out, out
+    assert not own_copy.path("dist").exists()  # the benchmark's packages went to its own folder
 
 
 def test_errors_are_one_line(verified, tmp_path):

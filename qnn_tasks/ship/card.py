@@ -55,6 +55,9 @@ def card(data: dict[str, Any]) -> str:
         state = "in this package" if libs["shipped"] else "NOT in this package: the app must ship them"
         lines.append(f"- {arch}: QNN {libs['qnn_version']} ({state}): "
                      + ", ".join(f"{f['name']} ({f['search_path']})" for f in libs["files"]))
+    if data.get("size_notes"):
+        lines += ["", "## Size notes", ""]
+        lines += [f"- {n['graph']}: {n['what']}: {_mb(n['bytes'])} ({n['option']})" for n in data["size_notes"]]
     if data["omitted"]:
         lines += ["", "## Left out (not verified)", ""]
         lines += [f"- {o['target']}: {o['reason']}" for o in data["omitted"]]
