@@ -198,6 +198,34 @@ def test_an_interrupted_dist_leaves_no_package_that_looks_finished(verified, tmp
     assert [p.name for p in dest.iterdir()] == ["silero-vad"] and tree(dest / "silero-vad") == before
 
 
+@pytest.mark.slow
+def test_a_dist_killed_while_copying_leaves_the_package_before_it(own_copy):
+    """SIGKILL to `doit dist` once its folder exists (nothing can clean up): the package before stays as it was,
+    the dead run's folder holds no manifest.json, and the next dist clears it."""
+    import signal
+    import subprocess
+    import time
+
+    assert own_copy.doit("dist:minilm").returncode == 0
+    package_dir = own_copy.path("dist/minilm")
+    first = tree(package_dir)
+    (package_dir / "cpu/minilm.onnx").write_bytes(b"not the fallback")  # so the next dist copies 86 MB: time to kill
+    before = tree(package_dir)
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "dist:minilm"], cwd=own_copy.root,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(own_copy.path("dist").glob(".minilm.dist-*")) and time.monotonic() < deadline:
+        time.sleep(0.005)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    (leftover,) = own_copy.path("dist").glob(".minilm.dist-*")
+    assert not (leftover / "manifest.json").exists()
+    assert tree(package_dir) == before
+    again = own_copy.doit("dist:minilm")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert sorted(p.name for p in own_copy.path("dist").iterdir()) == ["minilm"] and tree(package_dir) == first
+
+
 def test_a_copy_that_differs_from_its_record_is_refused(tmp_path):
     source = tmp_path / "x.bin"
     source.write_bytes(b"verified bytes")
