@@ -200,11 +200,14 @@ def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, ro
 
 
 def compiler_version(toolchain: dict[str, Any], ship: list[verified.Shippable]) -> str | None:
-    """The compiler's QNN version: the toolchain's (ort-qnn), else the SDK's (qairt), else the binaries' build id."""
-    version = toolchain.get("qnn") or (toolchain.get("sdk") or {}).get("version")
-    if version is None:
-        build = next((s.records["context"].get("binary", {}).get("build_id") for s in ship), None)
-        version = mf.qnn_version(build, None)
+    """The QNN version that compiled the binaries, as they say themselves (their build id); else the toolchain's
+    (ort-qnn) or its SDK's (qairt). What the phone's runtime libraries must match."""
+    builds = sorted({v for s in ship if (v := mf.qnn_version((s.records["context"].get("binary") or {}).get(
+        "build_id"), None))})
+    if len(builds) > 1:
+        raise StageError(f"dist: the binaries were built by several QNN versions ({', '.join(builds)}): one package "
+                         "holds one (fix: rebuild them with one toolchain)")
+    version = builds[0] if builds else toolchain.get("qnn") or (toolchain.get("sdk") or {}).get("version")
     found = runtime.runtimelibs.version_tuple(version)
     return ".".join(map(str, found)) if found else version
 
