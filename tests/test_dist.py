@@ -322,6 +322,7 @@ def re_names(text: str) -> list[str]:
     return [line.split()[0] for line in text.splitlines() if line.strip()]
 
 
+@pytest.mark.slow
 def test_the_benchmark_runs_on_a_verified_build(own_copy):
     """benchmarks/bench_dist.py on a copy of the session's build: its figures and the machine and load it ran on."""
     import subprocess
