@@ -125,6 +125,15 @@ def test_the_npu_carries_its_own_state_and_its_error_grows_per_step(stream):
     assert stream.doit("loop").executed == set()
 
 
+def test_the_package_of_a_loop_graph_carries_its_loop_verdict(stream, tmp_path):
+    shipped = stream.doit("dist", env={"QNN_DIST": str(tmp_path)})
+    assert shipped.returncode == 0, shipped.stdout + shipped.stderr
+    (binary,) = json.loads((tmp_path / "acc" / "manifest.json").read_text())["graphs"]["acc"]["binaries"]
+    loop = binary["verification"]["loop"]
+    assert loop["measured_on"] == "x86 HTP simulator" and loop["status"] == "passed"
+    assert loop["steps"] == loop_record(stream)["steps"] and loop["metrics"]
+
+
 def test_a_task_check_that_breaks_names_the_first_differing_step(stream, tmp_path):
     """The same loop judged by a decision the fp16 state flips: the failure says at which step it first differed."""
     project = copy_project(tmp_path / "project", source=stream.root, with_build=True)

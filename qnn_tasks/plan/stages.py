@@ -60,7 +60,7 @@ class Plan:
 class StageDef:
     """One stage: everything the task layer, the executors, the report and the code key need to know of it."""
     name: str
-    scope: str                                 # "graph" | "variant" | "chip" | "pipeline" | "project"
+    scope: str                                 # "graph" | "variant" | "chip" | "pipeline" | "model" | "project"
     doc: str
     runner: str                                # "module:function" run with the StageCall; its imports are the code key
     plan: Callable[["Planner", "StageDef", Any], Plan | None] | None
@@ -517,6 +517,11 @@ SOCSCHECK = StageDef("socscheck", "project", "Compile a tiny model for every SoC
 COMPAT = StageDef("compat", "project", "Load every built binary on every configured runtime's simulator: which QNN "
                   "runtimes load it, and do outputs still match (on demand).", "qnn_tasks.stages.compat:run_call", None,
                   toolchain=True, column=False)
+# A release act, not a build step: it writes outside build/ (dist/<model>/, what an app ships), so a plain `doit`
+# never replaces a package someone may be uploading; asked for by name once the report passes.
+DIST = StageDef("dist", "model", "Package what was verified for phones: dist/<model>/ with the binaries per chip, "
+                "manifest.json, model card, CPU fallback, runtime libraries (on demand).",
+                "qnn_tasks.ship.package:run_call", None, heavy=False, column=False)
 ON_DEMAND = (
     DIAGNOSE, SOCSCHECK,
     StageDef("toolcheck", "project", "Run each toolchain's dependency checks and say clearly what is missing (on "
@@ -526,6 +531,7 @@ ON_DEMAND = (
              "latency, CPU use (on demand).", "", None, column=False),
     StageDef("power", "chip", "Fixed-length run on an attached phone with battery level before/after (on demand, "
              "opt-in).", "", None, column=False),
+    DIST,
 )
 
 

@@ -1,5 +1,5 @@
 """On-demand doit tasks (created only when asked for, so `doit` and no-op runs never build them):
-diagnose, socscheck, toolcheck, compat, and the phone stages verify / power. (cache:stats / cache:gc
+diagnose, socscheck, toolcheck, compat, the phone stages verify / power, and dist. (cache:stats / cache:gc
 are in tasks/project.py: doit parses a task's options only for tasks that exist at load.)
 """
 from __future__ import annotations
@@ -14,7 +14,7 @@ from doit.exceptions import TaskFailed
 
 from qnn_tasks.errors import QnnTasksError, machine_failure
 from qnn_tasks.plan import paths
-from qnn_tasks.plan.stages import DIAGNOSE, SOCSCHECK
+from qnn_tasks.plan.stages import DIAGNOSE, DIST, SOCSCHECK
 from qnn_tasks.plan.targets import ChipTarget
 from qnn_tasks.tasks.uptodate import Fresh, key_of
 
@@ -139,6 +139,36 @@ class OnDemand:
 
         return {"actions": [run], "uptodate": [False], "verbosity": 2, "targets": ["build/compat/compat.json"],
                 "doc": "load every built binary on every configured runtime's simulator (build/compat/compat.json)"}
+
+    # ---------------------------------------------------------- dist
+    def dist_tasks(self) -> Iterator[dict]:
+        """One subtask per model (`dist:<model>`): its package from the verified targets of the first toolchain."""
+        broken = {name for name, _ in self.project.broken}
+        for model in self.project.models:
+            if model.name in broken:
+                continue
+
+            def run(model=model.name) -> TaskFailed | None:
+                from qnn_tasks.run.calls import StageCall, execute
+                from qnn_tasks.ship import inventory, package
+
+                binding = self.planner.bindings[0]
+                try:
+                    dest_root = package.dist_root(binding.profile.settings, binding.profile.file, self.project.root)
+                    call = StageCall(stage=DIST.name, target=model, args={
+                        "inventory": inventory.of_model(self.planner, model), "root": str(self.project.root),
+                        "dest_root": str(dest_root), "cache_dir": str(Path("build") / "verify" / "runtime-libs")},
+                        inputs=[], out_dir=str(dest_root / model), outputs=[], record="", key="", heavy=False,
+                        runner=DIST.runner)
+                    done = execute(call)
+                except QnnTasksError as err:
+                    return TaskFailed(f"dist:{model}: {err}")
+                print(package.summary(done))
+                return None
+
+            yield {"name": model.name, "actions": [run], "uptodate": [False], "verbosity": 2,
+                   "doc": f"package {model.name}'s verified binaries, manifest, CPU fallback and runtime libs "
+                          f"(dist/{model.name}/)"}
 
     # ---------------------------------------------------------- on phones (stages/verify/)
     def _device_job(self, ct: ChipTarget, stage: str) -> Any:
