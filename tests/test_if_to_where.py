@@ -195,3 +195,84 @@ def test_if_to_where_declared_in_model_yaml_is_applied_by_the_export_stage(tmp_p
         [entry] = record["rewrites"]
         assert entry["name"] == "if-to-where" and entry["sites"] == sites and entry.get("refused") == refused
         assert ("If" in ops(onnx.load(str(tmp_path / "out.onnx")))) == bool(refused)
+
+
+I32 = TensorProto.INT32
+
+
+def guarded(then_nodes, table=None):
+    """y = If(token < 4): x + then_nodes(token, x) else x: the condition guards what the then branch computes.
+
+    The then branch ends in 'found' [1, 8]; the table has 4 rows, so a token >= 4 must take the else branch."""
+    table = RNG.standard_normal((4, 8)) if table is None else table
+    then_g = helper.make_graph(then_nodes + [helper.make_node("Add", ["x", "found"], ["y_then"])], "then", [],
+                               [value("y_then", (1, 8))])
+    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["y_else"])], "else", [], [value("y_else", (1, 8))])
+    nodes = [helper.make_node("Less", ["token", "rows"], ["known"], name="known"),
+             helper.make_node("If", ["known"], ["y"], name="pick", then_branch=then_g, else_branch=else_g)]
+    return model_of(nodes, [value("x", (1, 8)), value("token", (1,), I32)], [value("y", (1, 8))],
+                    [const("table", table), const("rows", 4, np.int32), const("two", [[2.0] * 8]), const("two_i", 2.0)])
+
+
+LOOKUP = [helper.make_node("Gather", ["table", "token"], ["found"], axis=0, name="lookup")]
+OUT_OF_RANGE = {"x": np.ones((1, 8), np.float32), "token": np.array([7], np.int32)}
+
+
+def test_if_to_where_refuses_a_branch_the_condition_guards():
+    """The If guards an embedding lookup: on main the rewrite computed the Gather on every token, and the rewritten
+    graph failed on token 7, which the original handles (its else branch)."""
+    model = guarded(LOOKUP)
+    np.testing.assert_array_equal(run(model, OUT_OF_RANGE)[0], OUT_OF_RANGE["x"])  # the original handles it
+    [report] = rewrites.apply(model, ["if-to-where"])
+    reason = ("its then branch's Gather node 'lookup' reads data-dependent indices (out of range on some inputs), "
+              "and both branches would run on inputs the condition keeps from it")
+    assert report["count"] == 0 and report["refused"] == [f"If node 'pick': {reason}"]
+    assert "If" in ops(model) and run(model, OUT_OF_RANGE)[0].shape == (1, 8)
+    [line] = [f.line() for f in find_problems(model, graph_spec()) if f.rule == "control-flow"]
+    assert f"if-to-where does not apply: {reason}" in line and "rewrites: [if-to-where]" not in line
+
+
+def scores(op):
+    """then: found = op(x, ...) on data-dependent values."""
+    return [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=1, name="total"),
+            {"Div": helper.make_node("Div", ["x", "total"], ["found"], name="ratio"),
+             "Log": helper.make_node("Log", ["x"], ["found"], name="ratio"),
+             "Sqrt": helper.make_node("Sqrt", ["x"], ["found"], name="ratio"),
+             "Pow": helper.make_node("Pow", ["x", "total"], ["found"], name="ratio"),
+             "Mod": helper.make_node("Mod", ["x", "total"], ["found"], name="ratio", fmod=1)}[op]]
+
+
+@pytest.mark.parametrize("op, problem", [
+    ("Div", "divides by a data-dependent value (it may be 0)"),
+    ("Mod", "divides by a data-dependent value (it may be 0)"),
+    ("Log", "reads a data-dependent value (NaN or Inf outside its domain)"),
+    ("Sqrt", "reads a data-dependent value (NaN or Inf outside its domain)"),
+    ("Pow", "raises to a power that is not a constant non-negative integer (NaN or Inf on some inputs)"),
+])
+def test_if_to_where_refuses_ops_not_defined_on_every_input(op, problem):
+    [report] = rewrites.apply(guarded(scores(op)), ["if-to-where"])
+    assert report["refused"] == [f"If node 'pick': its then branch's {op} node 'ratio' {problem}, and both branches "
+                                 "would run on inputs the condition keeps from it"]
+
+
+def test_if_to_where_keeps_total_branches():
+    """A constant in-range lookup, a division by a constant without zeros, x^2 and an op not listed but computed from
+    constants only: all defined on every input, so the rewrite applies and the outputs are equal on both branches."""
+    branch = [helper.make_node("Constant", [], ["row"], value=helper.make_tensor("row", I32, [1], [3])),
+              helper.make_node("Gather", ["table", "row"], ["picked"], axis=0, name="lookup"),
+              helper.make_node("Sqrt", ["two"], ["root2"], name="root2"),  # constants only
+              helper.make_node("Div", ["picked", "root2"], ["scaled"], name="scale"),
+              helper.make_node("Pow", ["scaled", "two_i"], ["found"], name="square")]
+    model = guarded(branch)
+    sites, after = rewritten(model, "if-to-where")
+    assert sites == ["pick"] and "Where" in ops(after)
+    for token in (1, 7):
+        feeds = {"x": RNG.standard_normal((1, 8)).astype(np.float32), "token": np.array([token], np.int32)}
+        np.testing.assert_array_equal(run(after, feeds)[0], run(model, feeds)[0])
+
+
+def test_if_to_where_refuses_a_constant_index_out_of_range():
+    model = guarded([helper.make_node("Constant", [], ["row"], value=helper.make_tensor("row", I32, [1], [9])),
+                     helper.make_node("Gather", ["table", "row"], ["found"], axis=0, name="lookup")])
+    [report] = rewrites.apply(model, ["if-to-where"])
+    assert "Gather node 'lookup' reads constant indices outside [-4, 4)" in report["refused"][0]
