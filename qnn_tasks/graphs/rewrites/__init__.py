@@ -123,26 +123,54 @@ def _options(rewrite: Rewrite, options: Any) -> dict[str, Any]:
     return merged
 
 
+FP16_SCALES = (-14, 15)  # the powers of two fp16 holds as normal numbers: 2^-14 .. 2^15
+
+
 def power_of_two(value: Any) -> float:
-    """scale-input's factor: a number or "1/64" / "2^-6", a power of two other than 1 (scaling by it is exact)."""
+    """scale-input's factor: a number or "1/64" / "2^-6", a power of two other than 1 (scaling by it is exact)
+    that fp16 holds as a normal number (2^-14 .. 2^15: the NPU computes the scaled input in fp16).
+
+    Written forms are parsed without evaluating anything large: "2^1000000000" is refused, not computed.
+    """
     from fractions import Fraction
 
     problem = (f"scale-input factor must be a power of two such as 1/64 (doit diagnose advises one), got {value!r}")
     if value is None:
         raise ValueError("scale-input needs a factor: a power of two such as 1/64 (doit diagnose advises one)")
+    huge = None
     try:
-        if isinstance(value, str) and "^" in value:
-            base, exponent = value.split("^")
-            number = Fraction(int(base)) ** int(exponent)
-        elif isinstance(value, bool):
+        if isinstance(value, bool):
             raise ValueError(problem)
+        if isinstance(value, str) and "^" in value:
+            base, exponent = (int(part) for part in value.split("^"))  # two parts, else ValueError
+            if not 1 < base <= 2 ** 16:
+                raise ValueError(problem)
+            if abs(exponent) > 64:  # far outside fp16 anyway: never evaluated (2^1000000000 took 12 s and 441 MB)
+                huge = f"{base}^{exponent}"
+            number = Fraction(base) ** exponent if huge is None else Fraction(0)
+        elif isinstance(value, str) and "/" in value:
+            top, bottom = (int(part) for part in value.split("/"))
+            number = Fraction(top, bottom)
         else:
-            number = Fraction(value)
+            number = Fraction(float(value) if isinstance(value, str) else value)  # float("1e999") is inf: refused
     except (TypeError, ValueError, ZeroDivisionError, OverflowError):
         raise ValueError(problem) from None
-    if number <= 0 or number == 1 or not _is_power_of_two(number) or not 2 ** -40 <= number <= 2 ** 40:
+    if huge:
+        raise ValueError(_outside(value, huge))
+    if number <= 0 or number == 1 or not _is_power_of_two(number):
         raise ValueError(problem)
+    low, high = FP16_SCALES
+    if not Fraction(2) ** low <= number <= Fraction(2) ** high:
+        exponent = number.numerator.bit_length() - number.denominator.bit_length()
+        raise ValueError(_outside(value, f"2^{exponent}"))
     return float(number)
+
+
+def _outside(value: Any, power: str) -> str:
+    low, high = FP16_SCALES
+    return (f"scale-input factor {value!r} ({power}) is outside fp16's range: the NPU computes the scaled input in fp16, "
+            f"which holds powers of two from 2^{low} to 2^{high} (2^40 gave all-zero outputs); use one in that range, "
+            "as doit diagnose advises")
 
 
 def _is_power_of_two(number) -> bool:

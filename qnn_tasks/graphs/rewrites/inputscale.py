@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qnn_tasks.errors import RewriteError
+from qnn_tasks.graphs.rewrites import FP16_MAX, FP16_SCALES
 from qnn_tasks.graphs.rewrites.graphtools import (
     Names,
     Sites,
@@ -165,12 +166,41 @@ def scale_input(model: onnx.ModelProto, dry_run: bool = False, input: str | None
     if found.refusal:
         raise RewriteError(f"scaling input '{name}' cannot be undone exactly: {found.refusal}",
                            "scale the input at export, or cut the graph before that node")
+    problem = fp16_products(model, found, float(factor))
+    if problem:
+        raise RewriteError(f"scaling input '{name}' by {_power(float(factor))}: {problem}",
+                           "use a factor nearer 1 (doit diagnose advises one that fits)")
     sites = Sites([f"input '{name}'"] + [f"Log node '{label(model.graph.node[i])}'" for i in found.logs]
                   + [f"output '{o}'" for o in found.outputs]
                   + [f"constant '{model.graph.node[i].input[slot]}'" for i, slot, _ in found.constants])
     if not dry_run and model.graph.node:
         _apply(model, found, float(factor))
     return sites
+
+
+FP16_POWERS = tuple(2.0 ** k for k in FP16_SCALES)  # the powers of two fp16 holds as normal numbers
+
+
+def fp16_products(model: onnx.ModelProto, found: Plan, factor: float) -> str:
+    """Why a constant the rewrite writes would leave fp16's range on the NPU ("" when every one fits): the factor
+    undone at an output (s^-d), or a constant scaled with its neighbour (c s^d) beyond 65504."""
+    low, high = FP16_POWERS
+    for out in found.outputs:
+        back = factor ** -float(found.degrees[out])
+        if not low <= back <= high:
+            return (f"undoing it at output '{out}' multiplies by {_power(back)}, outside fp16's powers of two "
+                    f"({_power(low)} .. {_power(high)})")
+    constants = constant_tensors(model.graph)
+    for index, slot, degree in found.constants:
+        name = model.graph.node[index].input[slot]
+        largest = float(np.abs(numpy_helper.to_array(constants[name])).max(initial=0.0)) * factor ** float(degree)
+        if largest > FP16_MAX:
+            return f"constant '{name}' scaled with it reaches {largest:.4g}, beyond fp16's 65504"
+    return ""
+
+
+def _power(value: float) -> str:
+    return f"2^{round(math.log2(value))}"
 
 
 def _input(model: onnx.ModelProto, declared: str | None) -> str:
@@ -237,14 +267,16 @@ def _apply(model: onnx.ModelProto, found: Plan, factor: float) -> None:
 HEADROOM = 4.0  # the advised factor keeps the largest scaled value this far under fp16's max (unseen inputs)
 
 
-def advised_factor(found: Plan, maxima: dict[str, float], fp16_max: float = 65504.0) -> Fraction | None:
+def advised_factor(found: Plan, maxima: dict[str, float], fp16_max: float = FP16_MAX) -> Fraction | None:
     """The largest power of two s <= 1/2 that brings every scaled tensor's measured max under fp16_max / HEADROOM.
 
     `maxima`: tensor -> largest |value| seen on CPU. None when no power of two fits every tensor.
     """
     limit = fp16_max / HEADROOM
-    for k in range(1, 41):
+    for k in range(1, 1 - FP16_SCALES[0]):  # to 2^-14, fp16's smallest normal power of two (smaller is refused)
         s = 2.0 ** -k
+        if any(not FP16_POWERS[0] <= s ** -float(found.degrees[o]) <= FP16_POWERS[1] for o in found.outputs):
+            break  # the scale could not be undone at an output in fp16; smaller factors only make it worse
         if all(m * s ** float(d) <= limit for t, d in found.degrees.items() if (m := maxima.get(t)) is not None):
             return Fraction(1, 2 ** k)
     return None
