@@ -215,9 +215,27 @@ def find(model: onnx.ModelProto, names: Iterable[str] = NAMES) -> dict[str, list
     return {name: function(name)(model, dry_run=True) for name in names}
 
 
-def yaml_fix(name: str, graph_name: str, model_name: str, declared: Iterable[str] = ()) -> str:
-    """The model.yaml line that enables rewrite `name` for a graph (the `fix:` of lint and fallback messages)."""
-    where = f"graphs.{graph_name} in models/{model_name}/model.yaml"
+def entry_yaml(name: str, options: Mapping[str, Any] | None = None) -> str:
+    """One `rewrites:` entry as model.yaml writes it: `name`, or `{name: {option: value}}`.
+
+    Dumped by PyYAML, so it reads back as written (-1e4 dumps as -10000.0: YAML 1.1 reads "-1.0e4" as a string).
+    """
+    import yaml
+
+    entry = {name: dict(options)} if options else name
+    return yaml.safe_dump([entry], default_flow_style=True, sort_keys=False, width=2 ** 16).strip()[1:-1]
+
+
+def example() -> str:
+    """The `rewrites:` line spec errors show as an example."""
+    return f"rewrites: [pow-square, {entry_yaml('finite-mask', CATALOGUE['finite-mask'].options)}]"
+
+
+def yaml_fix(name: str, graph_name: str, model_name: str, declared: Iterable[str] = (),
+             options: Mapping[str, Any] | None = None) -> str:
+    """The model.yaml line that enables rewrite `name` (with `options`) for a graph: the `fix:` of lint, diagnose and
+    fallback messages."""
+    entry = entry_yaml(name, options)
     if declared:
-        return f'add {name} to graphs.{graph_name}.rewrites in models/{model_name}/model.yaml'
-    return f'add "rewrites: [{name}]" to {where}'
+        return f'add {entry} to graphs.{graph_name}.rewrites in models/{model_name}/model.yaml'
+    return f'add "rewrites: [{entry}]" to graphs.{graph_name} in models/{model_name}/model.yaml'

@@ -22,7 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qnn_tasks.errors import RewriteError
-from qnn_tasks.graphs.rewrites import FP16_MAX, FP16_SCALES
+from qnn_tasks.graphs.rewrites import FP16_MAX, FP16_SCALES, entry_yaml
 from qnn_tasks.graphs.rewrites.graphtools import (
     Names,
     Sites,
@@ -207,8 +207,12 @@ def _input(model: onnx.ModelProto, declared: str | None) -> str:
     candidates = float_inputs(model)
     if declared is None:
         if len(candidates) != 1:
-            raise RewriteError(f"the graph has {len(candidates)} float inputs ({', '.join(candidates) or 'none'})",
-                               "name the one to scale: {scale-input: {input: <name>, factor: ...}}")
+            if not candidates:
+                raise RewriteError("the graph has no float input to scale", "remove scale-input from its rewrites")
+            raise RewriteError(f"the graph has {len(candidates)} float inputs ({', '.join(candidates)})",
+                               "name the one to scale, e.g. rewrites: "
+                               f"[{entry_yaml('scale-input', {'input': candidates[0], 'factor': '1/64'})}] (doit "
+                               "diagnose advises the factor)")
         return candidates[0]
     if declared not in candidates:
         raise RewriteError(f"input {declared!r} is not a float input of the graph (its float inputs: "
