@@ -291,3 +291,40 @@ def test_advised_factor_stays_where_fp16_can_undo_it():
     assert plan.outputs == ["y"] and plan.degrees["y"] == 2
     assert inputscale.advised_factor(plan, {"spec": 6e5}) == Fraction(1, 2 ** 6)  # 6e5 s <= 65504 / 4
     assert inputscale.advised_factor(plan, {"y": 3.6e11}) is None  # would need 2^-8: s^-2 = 2^16 overflows fp16
+
+
+def clipped_spectrum(low="low", high="high"):
+    """power_spectrum with the conv clipped to constant bounds first (a front end's saturation): Clip commutes with the
+    scale once its bounds are scaled with its input (issue 35: refused on main, "does not commute")."""
+    model = power_spectrum()
+    nodes = list(model.graph.node)
+    nodes.insert(1, helper.make_node("Clip", ["spec", low, high], ["spec_clipped"], name="saturate"))
+    nodes[2].input[0] = nodes[2].input[1] = "spec_clipped"
+    nodes[2].op_type, nodes[2].input[:] = "Mul", ["spec_clipped", "spec_clipped"]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend([const("low", -20000.0), const("high", 30000.0)])
+    if high == "ceiling":  # a bound fed at run time: not scaled with the input
+        model.graph.input.append(value("ceiling", ()))
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_scale_input_scales_a_clips_constant_bounds():
+    model = clipped_spectrum()
+    sites, after = rewritten(model, "scale-input", factor="1/1024")
+    assert "constant 'low'" in sites and "constant 'high'" in sites
+    bounds = {t.name: float(onnx.numpy_helper.to_array(t)) for t in after.graph.initializer if t.name.startswith(("low", "high"))}
+    assert sorted(bounds.values()) == [-20000.0 / 1024, 30000.0 / 1024]
+    clipping = audio(3, loudness=30000.0)
+    assert any(np.abs(cpu_tensors(model, [f])[0]["spec"]).max() > 30000 for f in clipping)  # the bounds bite
+    for feeds in clipping:
+        np.testing.assert_allclose(run(after, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-4)
+
+
+def test_scale_input_refuses_a_clip_to_a_computed_bound():
+    model = clipped_spectrum(high="ceiling")
+    with pytest.raises(RewriteError) as info:
+        rewrites.apply(model, [{"scale-input": {"input": "x", "factor": "1/64"}}])
+    assert ("Clip node 'saturate' clips to a bound that is neither a constant nor scaled like its input (fix: scale the "
+            "input at export where the scale can be undone, or drop scale-input)") in str(info.value)

@@ -5,8 +5,8 @@ Scaling the input by s = 2^-k first is exact in floating point, and the scale is
 the ops that are homogeneous in their input: a tensor of degree d holds s^d times its true value.
 Linear ops keep the degree (their additive constants, e.g. a Conv bias, are scaled by s^d), Mul
 adds degrees, Div subtracts them, Pow by a constant p multiplies by p, Sqrt halves, Reciprocal
-negates; Relu, Abs, pooling, reductions and shape ops pass it through. The scale is undone where
-the region ends: after a Log by subtracting d*log(s) (log(s^d x) = log x + d log s), at a graph
+negates; Relu, Abs, pooling, reductions and shape ops pass it through. A Clip with constant
+bounds commutes once its bounds are scaled with its input. The scale is undone where the region ends: after a Log by subtracting d*log(s) (log(s^d x) = log x + d log s), at a graph
 output by multiplying by s^-d, and nothing is needed where the degree returns to 0 (ArgMax, Shape).
 Any other op reading a scaled tensor (Tanh, Exp, Softmax, a comparison ...) would see different
 values: the rewrite is refused naming that node.
@@ -108,6 +108,14 @@ def _degree(node, index: int, degrees: dict[str, Fraction], constants, found: Pl
             if degree != target and (degree != 0 or not _scale_constant(node, index, slot, target, constants, found)):
                 return "combines a scaled tensor with one scaled differently (not a constant)"
         return target
+    if op == "Clip":  # clip(s^d x, s^d lo, s^d hi) = s^d clip(x, lo, hi) for s > 0: its constant bounds scale along
+        if any(a.name in ("min", "max") for a in node.attribute):
+            return "has its bounds as attributes (opset < 11; re-export with opset 11 or later)"
+        for slot in (1, 2):
+            if len(node.input) > slot and node.input[slot] and d[slot] != d[0] and \
+                    (d[slot] != 0 or not _scale_constant(node, index, slot, d[0], constants, found)):
+                return "clips to a bound that is neither a constant nor scaled like its input"
+        return d[0]
     if op == "Mul":
         return sum(d, Fraction(0))
     if op == "Div":
@@ -127,8 +135,8 @@ def _degree(node, index: int, degrees: dict[str, Fraction], constants, found: Pl
     if op == "Log":
         found.logs.append(index)
         return Fraction(0)
-    return ("does not commute with scaling its input: the scale can only be undone after linear ops, powers and "
-            "products (at a graph output) or after a Log")
+    return ("does not commute with scaling its input: the scale can only be undone after linear ops, powers, "
+            "products and constant-bound Clips (at a graph output) or after a Log")
 
 
 def _scale_constant(node, index: int, slot: int, degree: Fraction, constants, found: Plan) -> bool:
@@ -165,7 +173,7 @@ def scale_input(model: onnx.ModelProto, dry_run: bool = False, input: str | None
     found = plan(model, name)
     if found.refusal:
         raise RewriteError(f"scaling input '{name}' cannot be undone exactly: {found.refusal}",
-                           "scale the input at export, or cut the graph before that node")
+                           "scale the input at export where the scale can be undone, or drop scale-input")
     problem = fp16_products(model, found, float(factor))
     if problem:
         raise RewriteError(f"scaling input '{name}' by {_power(float(factor))}: {problem}",
