@@ -39,6 +39,8 @@ MODEL_YAML = '''\
 #     samples: {files: "samples/*.npz"}           # real inputs, one array per input (docs/samples.md)
 #     precision: fp16                             # or [fp16, w8a16]: w8a16 also builds for quantized-only chips
 #     socs: [SM8650, SM8750]                      # omit: the table's default chips (socs/socs.yaml)
+# loop: {graph: vad, feed: {state: stateN}}      # state fed back each call: verified as a stream, the error
+#                                                # the state carries measured (docs/pipelines-and-loops.md)
 '''
 
 SOCS_YAML = '''\

@@ -210,7 +210,7 @@ def test_non_integer_lint_limit(fresh):
 
 
 def test_unknown_lint_rule_in_allow(fresh):
-    fresh.edit(VAD, "allow: [batch]", "allow: [bacth]")
+    fresh.edit(VAD, "allow: [batch,", "allow: [bacth,")
     assert_spec_error(fresh, fresh.doit("list"), VAD, "graphs.vad.lint.allow")
 
 
