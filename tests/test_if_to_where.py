@@ -80,10 +80,14 @@ def branch_with(node_count):
         [helper.make_node("Softmax", [f"t{relus}"], ["p"], axis=-1)]
 
 
+COSTLY = ("its then branch (60 nodes) costs about 15,728,880 element-ops, computed on every input beside the 2,097,298 "
+          "of the graph's cheaper path: more than the 25% if-to-where allows (or 4,259,840)")
+
+
 @pytest.mark.parametrize("model, reason", [
     (lambda: classifier(else_shape=(1, 8)), "output 'probs' differs between the branches: then float32 [1, 4], "
                                             "else float32 [1, 8] (Where needs the same shape and dtype)"),
-    (lambda: classifier(branch_with(17)), "its then branch has 17 nodes (at most 16 are computed both ways)"),
+    (lambda: classifier(branch_with(60)), COSTLY),
     (lambda: classifier([helper.make_node("RandomUniformLike", ["score_a"], ["noise"], name="noise"),
                          helper.make_node("Add", ["score_a", "noise"], ["sharp"]),
                          helper.make_node("Softmax", ["sharp"], ["p"], axis=-1)]),
@@ -105,10 +109,40 @@ def test_if_to_where_refuses_with_the_reason(model, reason):
     assert f"if-to-where does not apply: {reason}" in line
 
 
-def test_branch_sizes_up_to_the_bound_are_rewritten():
-    assert ifwhere.MAX_BRANCH_NODES == 16  # the bound the catalogue's summary states
-    sites, after = rewritten(classifier(branch_with(ifwhere.MAX_BRANCH_NODES)), "if-to-where")
-    assert sites == ["pick"]
+def deep(branch_nodes, layers, width=256):
+    """y = If(sum(h) > 0): chain(h) else h, with h = `layers` width x width MatMuls of x; the then chain alternates Add
+    of 0.01 and Relu, `branch_nodes` nodes on [1, width]: the branch's share of the cost falls as the layers grow."""
+    rng = np.random.default_rng(layers)
+    rest = [helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"h{i + 1}"], name=f"layer{i}") for i in range(layers)]
+    rest[0].input[0] = "x"
+    chain = [helper.make_node("Add" if i % 2 == 0 else "Relu", [f"t{i}", "step"][:2 - i % 2], [f"t{i + 1}"])
+             for i in range(branch_nodes)]
+    chain[0].input[0] = f"h{layers}"
+    chain[-1].output[0] = "y_then"
+    then_g = helper.make_graph(chain, "then", [], [value("y_then", (1, width))])
+    else_g = helper.make_graph([helper.make_node("Identity", [f"h{layers}"], ["y_else"])], "else", [],
+                               [value("y_else", (1, width))])
+    nodes = rest + [helper.make_node("ReduceSum", [f"h{layers}"], ["total"], keepdims=0, name="total"),
+                    helper.make_node("Greater", ["total", "zero"], ["positive"], name="positive"),
+                    helper.make_node("If", ["positive"], ["y"], name="pick", then_branch=then_g, else_branch=else_g)]
+    weights = [const(f"w{i}", rng.standard_normal((width, width)) / np.sqrt(width)) for i in range(layers)]
+    return model_of(nodes, [value("x", (1, width))], [value("y", (1, width))],
+                    weights + [const("step", 0.01), const("zero", 0.0)])
+
+
+def test_the_bound_is_on_cost_not_on_nodes():
+    """A 40-node branch (refused on main: > 16 nodes) beside 160 MatMul layers adds 24% to the graph's cost and is
+    rewritten (exact on both branches); beside 64 layers it adds 48% and is refused; 16 small nodes stay free."""
+    assert ifwhere.MAX_EXTRA_WORK == 0.25
+    assert rewritten(classifier(branch_with(16)), "if-to-where")[0] == ["pick"]
+    model = deep(40, 160, width=128)
+    sites, after = rewritten(model, "if-to-where")
+    assert sites == ["pick"] and "If" not in ops(after)
+    for sign in (1, -1):
+        feeds = {"x": (sign * np.abs(RNG.standard_normal((1, 128)))).astype(np.float32)}
+        np.testing.assert_array_equal(run(after, feeds)[0], run(model, feeds)[0])
+    [report] = rewrites.apply(deep(40, 64, width=128), ["if-to-where"])
+    assert report["count"] == 0 and "its then branch (40 nodes) costs about" in report["refused"][0]
 
 
 def test_a_constant_condition_is_left_to_fold_if():
@@ -188,8 +222,7 @@ def test_if_to_where_declared_in_model_yaml_is_applied_by_the_export_stage(tmp_p
                                                  TensorSpec("logits", (1, 4), "float32")]
     graph = packaged_graph(tmp_path, *io, rewrites=declared)
     for model, sites, refused in ((classifier(), ["pick"], None),
-                                  (classifier(branch_with(17)), [], ["If node 'pick': its then branch has 17 nodes "
-                                                                     "(at most 16 are computed both ways)"])):
+                                  (classifier(branch_with(60)), [], [f"If node 'pick': {COSTLY}"])):
         onnx.save(model, str(tmp_path / "m.onnx"))
         record = packaged.export(graph, tmp_path / "m.onnx", tmp_path / "out.onnx")
         [entry] = record["rewrites"]

@@ -46,7 +46,8 @@ CATALOGUE: dict[str, Rewrite] = {r.name: r for r in (
             "compatibility: control flow does not compile for HTP"),
     Rewrite("if-to-where", "ifwhere", "if_to_where",
             "an If with a data-dependent condition and pure, cheap branches (no nested control flow or random ops, "
-            "<= 16 nodes each, outputs of the same shape and dtype) computes both and picks with Where",
+            "every node defined on every input, the branch not taken adding at most 25% to the graph's cost, outputs "
+            "of the same shape and dtype) computes both and picks with Where",
             "compatibility: the If runs on CPU (the build fails unless allow_cpu_fallback)"),
     Rewrite("centred-variance", "reductions", "centred_variance",
             "variance as E[x^2] - E[x]^2 (means as ReduceMean or ReduceSum x 1/N) becomes E[(x - E[x])^2]",

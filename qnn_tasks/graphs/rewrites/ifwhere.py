@@ -1,8 +1,7 @@
 """if-to-where: an If with a data-dependent condition computes both branches and picks with Where(cond, then, else).
 
 HTP has no control flow: such an If runs on CPU (or fails the build). When both branches are pure
-(no nested If/Loop/Scan, no random or non-standard ops) and cheap (at most MAX_BRANCH_NODES nodes
-each), computing both costs little and is exact: Where selects the taken branch's values element
+(no nested If/Loop/Scan, no random or non-standard ops) and cheap, computing both costs little and is exact: Where selects the taken branch's values element
 for element - provided the branch not taken can be computed at all. The original computes a branch
 only on the inputs its condition lets through (an `If` may guard a Gather whose index is out of
 range otherwise); the rewrite computes both on every input. So each branch node must be *total*:
@@ -14,6 +13,11 @@ constant positive base). Anything else (Log, Sqrt, a data-dependent index or div
 listed) is refused, naming the node. Each output pair must have the same static shape and dtype; the condition (one
 element) is reshaped to the outputs' rank so Where never broadcasts the result to a new shape.
 Ifs with a constant condition are fold-if's; anything else is refused with its reason.
+
+Cheap is a bound on cost, not on nodes: the branch not taken is extra work, at most MAX_EXTRA_WORK of the work
+on the graph's cheaper path (or FREE_WORK, whatever the graph). Work is counted in element operations from the
+static shapes (a MatMul or Conv: its multiply-adds; other ops: the elements they write), plus NODE_OVERHEAD per
+node (each op has a fixed cost on the NPU, whatever its size); constant-only nodes are folded and cost nothing.
 """
 from __future__ import annotations
 
@@ -35,7 +39,12 @@ from qnn_tasks.graphs.rewrites.graphtools import (
     subgraphs,
 )
 
-MAX_BRANCH_NODES = 16  # both branches always run: bounded so the rewrite never makes a graph much slower
+MAX_EXTRA_WORK = 0.25  # both branches always run: the one not taken may add this share of the graph's work
+# A node's fixed cost, beside its work: on the SM8650 simulator a [1, 256] Add or Relu took about as long as a
+# 256 x 256 MatMul (rough: a loaded host, docs/rewrites.md), so a node costs some 2^18 element-ops for being there.
+NODE_OVERHEAD = 2 ** 18
+FREE_WORK = 16 * (NODE_OVERHEAD + 4096)  # cheap whatever the graph: 16 nodes on up to 4096 elements (the former bound)
+MAX_BRANCH_NODES = 512  # and a bound on how much the graph grows, whatever the work
 # defined for every finite input, whatever the values (no error, no NaN; Inf only by overflow), shapes being static
 TOTAL_OPS = {
     "Identity", "Add", "Sub", "Mul", "Neg", "Abs", "Sign", "Floor", "Ceil", "Round", "Max", "Min", "Sum", "Mean",
@@ -105,7 +114,7 @@ def _impure(node) -> str:
     for which, branch in branches.items():
         side = which.split("_")[0]
         if len(branch.node) > MAX_BRANCH_NODES:
-            return f"its {side} branch has {len(branch.node)} nodes (at most {MAX_BRANCH_NODES} are computed both ways)"
+            return f"its {side} branch has {len(branch.node)} nodes (at most {MAX_BRANCH_NODES} are inlined)"
         for inner in branch.node:
             if subgraphs(inner):
                 return f"its {side} branch holds control flow ({inner.op_type} node '{label(inner)}')"
@@ -146,7 +155,7 @@ def _build(model: onnx.ModelProto, node, candidate: Candidate, names: Names) -> 
                                                     name=names(f"{candidate.node}_cond_rank{rank}")))
         candidate.nodes.append(helper.make_node("Where", [flat[rank], then_out, else_out], [final],
                                                 name=names(f"{candidate.node}_where")))
-    return _partial(trial, origins)
+    return _partial(trial, origins) or _costly(trial, origins)
 
 
 def _copy_branch(branch, names: Names, side: str) -> tuple[list, list, list[str]]:
@@ -217,6 +226,51 @@ def _partial(trial: onnx.ModelProto, origins: dict[str, tuple[str, str]]) -> str
             return (f"its {side} branch's {node.op_type} node '{where}' {problem}, and both branches would run on "
                     "inputs the condition keeps from it")
     return ""
+
+
+def _costly(trial: onnx.ModelProto, origins: dict[str, tuple[str, str]]) -> str:
+    """Why computing both branches would cost too much ("" when the branch not taken is cheap enough)."""
+    evaluator = Evaluator(trial)
+    shapes = static_shapes(trial)
+    cost = {"then": 0, "else": 0, "rest": 0}
+    nodes = {"then": 0, "else": 0}
+    for node in trial.graph.node:
+        side = origins[node.name][0] if node.name in origins else "rest"
+        work = _work(node, evaluator, shapes)
+        if work is None:
+            return f"the cost of its {side} branch cannot be bounded ({node.op_type} node '{label(node)}' has no static shape)"
+        cost[side] += work
+        if side in nodes:
+            nodes[side] += 1
+    extra = max(cost["then"], cost["else"])
+    cheaper = cost["rest"] + min(cost["then"], cost["else"])
+    if extra <= max(FREE_WORK, MAX_EXTRA_WORK * cheaper):
+        return ""
+    side = "then" if cost["then"] >= cost["else"] else "else"
+    return (f"its {side} branch ({nodes[side]} nodes) costs about {extra:,} element-ops, computed on every input beside "
+            f"the {cheaper:,} of the graph's cheaper path: more than the {MAX_EXTRA_WORK:.0%} if-to-where allows "
+            f"(or {FREE_WORK:,})")
+
+
+def _work(node, evaluator: Evaluator, shapes: dict[str, tuple[int, ...]]) -> int | None:
+    """A node's cost in element operations (multiply-adds for MatMul, Gemm, Conv), plus its fixed overhead."""
+    if all(evaluator.value(o) is not None for o in node.output if o):
+        return 0  # computed from constants: folded before it runs
+    written = [shapes.get(o) for o in node.output if o]
+    if any(shape is None for shape in written):
+        return None
+    elements = sum(int(np.prod(shape)) for shape in written)
+    depth = 1
+    if node.op_type in ("MatMul", "Gemm"):
+        a = shapes.get(node.input[0])
+        transposed = any(attr.name == "transA" and attr.i for attr in node.attribute)
+        depth = (a[-2] if transposed else a[-1]) if a else None
+    elif node.op_type in ("Conv", "ConvTranspose"):
+        w = shapes.get(node.input[1])
+        depth = int(np.prod(w[1:])) if w else None
+    if depth is None:
+        return None
+    return NODE_OVERHEAD + elements * depth
 
 
 def _not_total(node, evaluator: Evaluator, shapes: dict[str, tuple[int, ...]]) -> str:
