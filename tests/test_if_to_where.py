@@ -309,3 +309,66 @@ def test_if_to_where_refuses_a_constant_index_out_of_range():
                      helper.make_node("Gather", ["table", "row"], ["found"], axis=0, name="lookup")])
     [report] = rewrites.apply(model, ["if-to-where"])
     assert "Gather node 'lookup' reads constant indices outside [-4, 4)" in report["refused"][0]
+
+
+CLASSIFIER_YAML = """\
+licence: test
+source: {{file: m.onnx}}
+graphs:
+  cls:
+    inputs:
+      x: {{shape: [1, 16], dtype: float32}}
+    outputs:
+      probs: {{shape: [1, 4]}}
+      logits: {{shape: [1, 4]}}
+    samples: {{files: "samples/*.npz"}}
+    socs: [SM8650]
+    lint: {{allow: [control-flow]}}
+{extra}"""
+
+
+def if_project(root, model, extra=""):
+    """A fresh project whose only model is `model` (an If it keeps), YAML only, with 4 samples taking both branches."""
+    import shutil
+
+    from conftest import copy_project
+
+    project = copy_project(root)
+    for folder in project.path("models").iterdir():
+        shutil.rmtree(folder)
+    folder = project.path("models/if-cls")
+    (folder / "samples").mkdir(parents=True)
+    onnx.save(model, str(folder / "m.onnx"))
+    feeds = feeds_both_ways(4)
+    np.savez(folder / "samples" / "x.npz", x=np.stack([f["x"] for f in feeds]))
+    (folder / "model.yaml").write_text(CLASSIFIER_YAML.format(extra=extra))
+    return project
+
+
+def test_allowed_control_flow_without_cpu_fallback_is_one_export_line(tmp_path):
+    """`lint: {allow: [control-flow]}` alone: the If can only run on the CPU, so export says which key is missing."""
+    result = if_project(tmp_path / "project", classifier(branch_with(60))).doit("export:cls")
+    line = result.failure_line("export:cls")
+    assert ("If node 'pick': graphs.cls.lint allows control-flow, but it can only run on the CPU (fix: add "
+            "allow_cpu_fallback: true to graphs.cls in models/if-cls/model.yaml to keep it there") in line
+
+
+@pytest.mark.slow
+def test_allowed_control_flow_builds_a_reported_cpu_partition(tmp_path):
+    """An If if-to-where refuses (too costly), allowed to stay on the CPU: on main export refused it whatever the
+    spec said. Now the whole chain builds for SM8650: the context record and the report name the CPU partition, and
+    the simulator (CPU fallback allowed for this graph only) agrees with the CPU on inputs taking both branches."""
+    import json
+
+    project = if_project(tmp_path / "project", classifier(branch_with(60)), "    allow_cpu_fallback: true\n")
+    result = project.doit()
+    assert result.returncode == 0, result.stdout + result.stderr
+    context = project.one_json("build/if-cls/cls/*/fp16/SM8650/context/context.json")
+    assert [n["op_type"] for n in context["partition"]["cpu_nodes"]] == ["If"]
+    assert context["status"] == "warning" and "1 node(s) of graph 'cls' fall back to CPU on SM8650: If 'pick'" in \
+        context["warnings"][0]
+    simverify = project.one_json("build/if-cls/cls/*/fp16/SM8650/simverify/simverify.json")
+    assert simverify["status"] in ("passed", "warning") and simverify["metrics"]["probs"]["cosine"] > 0.999
+    report = json.loads(project.path("build/report/report.json").read_text())
+    [target] = report["targets"]
+    assert target["status"] == "warning" and "fall back to CPU on SM8650: If 'pick'" in target["reason"]
