@@ -212,8 +212,8 @@ def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
 # past_key_values.0.key/present.0.key. Names are stripped of these affixes; a pair also needs one shape and dtype.
 _IN_AFFIXES = (("past_key_values", "past_", "prev_", "previous_", "old_", "in_", "input_"),
                ("_in", "_0", "0", "_prev", "_past", "_old"))
-_OUT_AFFIXES = (("present", "next_", "new_", "out_", "output_", "updated_"),
-                ("_out", "_n", "n", "_1", "_new", "_next", "_updated"))
+_OUT_AFFIXES = (("present", "new_", "out_", "output_", "updated_"),  # not "next_": next_ids = ids + 1 is no state
+                ("_out", "_n", "n", "_1", "_new", "_updated"))
 
 
 def _stems(name: str, affixes: tuple[tuple[str, ...], tuple[str, ...]]) -> set[str]:
