@@ -110,7 +110,7 @@ def init(target: Path) -> list[Path]:
     try:
         for rel, text in FILES.items():
             path = target / rel
-            made += _make_folders(target, path.parent)
+            _make_folders(target, path.parent, made)
             _write(path, text)
             written.append(path)
     except OSError as err:
@@ -153,14 +153,13 @@ def _check(target: Path) -> None:
             raise Exists(f"{target}: cannot write in {folder}: {why} (fix: init a writable folder; {nothing})")
 
 
-def _make_folders(target: Path, folder: Path) -> list[Path]:
-    """Create `folder` and its missing parents; returns those created (outermost first)."""
-    missing = [p for p in [*reversed(folder.parents), folder] if not os.path.lexists(p)]
-    for path in missing:
+def _make_folders(target: Path, folder: Path, made: list[Path]) -> None:
+    """Create `folder` and its missing parents, adding each to `made` as soon as it exists (outermost first)."""
+    for path in [p for p in [*reversed(folder.parents), folder] if not os.path.lexists(p)]:
         path.mkdir()
+        made.append(path)
     if not folder.resolve().is_relative_to(target.resolve()):  # a link made since _check
         raise OSError(f"{folder} leads outside {target}")
-    return missing
 
 
 def _write(path: Path, text: str) -> None:
