@@ -40,8 +40,8 @@ from qnn_tasks.graphs.rewrites.graphtools import (
 )
 
 MAX_EXTRA_WORK = 0.25  # both branches always run: the one not taken may add this share of the graph's work
-# A node's fixed cost, beside its work: on the SM8650 simulator a [1, 256] Add or Relu took about as long as a
-# 256 x 256 MatMul (rough: a loaded host, docs/rewrites.md), so a node costs some 2^18 element-ops for being there.
+# A node's fixed cost, beside its work: an assumption (four 256 x 256 MatMuls' multiply-adds), set after the SM8650
+# simulator showed a [1, 256] Add or Relu taking about as long as such a MatMul, in timings too noisy to calibrate it.
 NODE_OVERHEAD = 2 ** 18
 FREE_WORK = 16 * (NODE_OVERHEAD + 4096)  # cheap whatever the graph: 16 nodes on up to 4096 elements (the former bound)
 MAX_BRANCH_NODES = 512  # and a bound on how much the graph grows, whatever the work
