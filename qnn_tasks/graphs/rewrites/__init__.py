@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from qnn_tasks.errors import RewriteError
+from qnn_tasks.graphs.rewrites.fp16range import FP16_MAX, FP16_SCALES
+from qnn_tasks.graphs.rewrites.yamlhint import entry_yaml
 
 if TYPE_CHECKING:
     import onnx
 
-FP16_MAX = 65504.0
 
 
 @dataclass(frozen=True)
@@ -124,8 +125,6 @@ def _options(rewrite: Rewrite, options: Any) -> dict[str, Any]:
     return merged
 
 
-FP16_SCALES = (-14, 15)  # the powers of two fp16 holds as normal numbers: 2^-14 .. 2^15
-
 
 def power_of_two(value: Any) -> float:
     """scale-input's factor: a number or "1/64" / "2^-6", a power of two other than 1 (scaling by it is exact)
@@ -214,17 +213,6 @@ def apply(model: onnx.ModelProto, rewrites: Iterable[str] | Mapping[str, Any], s
 def find(model: onnx.ModelProto, names: Iterable[str] = NAMES) -> dict[str, list[str]]:
     """Sites each rewrite would change (nothing is edited): what lint reports."""
     return {name: function(name)(model, dry_run=True) for name in names}
-
-
-def entry_yaml(name: str, options: Mapping[str, Any] | None = None) -> str:
-    """One `rewrites:` entry as model.yaml writes it: `name`, or `{name: {option: value}}`.
-
-    Dumped by PyYAML, so it reads back as written (-1e4 dumps as -10000.0: YAML 1.1 reads "-1.0e4" as a string).
-    """
-    import yaml
-
-    entry = {name: dict(options)} if options else name
-    return yaml.safe_dump([entry], default_flow_style=True, sort_keys=False, width=2 ** 16).strip()[1:-1]
 
 
 def example() -> str:
