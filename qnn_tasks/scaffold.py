@@ -1,7 +1,8 @@
 """`qnn-npu-compile init [DIR]`: the files a team's own repository needs to use the installed tool.
 
-Writes nothing when any of them exists already (one line naming them): a user's files are never
-overwritten. The SoC table and toolchain profiles are not copied: they come with the package, and the
+Writes nothing when it refuses (one line): a file of these exists already (a user's files are never
+overwritten), a file or a symlink stands where a folder goes, the folder is read-only, or the disk fills up
+(what was written is removed). Every write stays inside the target folder. The SoC table and toolchain profiles are not copied: they come with the package, and the
 project's socs/socs.yaml and toolchain/*.yaml only add to or override them.
 """
 from __future__ import annotations
@@ -38,6 +39,8 @@ MODEL_YAML = '''\
 #     samples: {files: "samples/*.npz"}           # real inputs, one array per input (docs/samples.md)
 #     precision: fp16                             # or [fp16, w8a16]: w8a16 also builds for quantized-only chips
 #     socs: [SM8650, SM8750]                      # omit: the table's default chips (socs/socs.yaml)
+# loop: {graph: vad, feed: {state: stateN}}      # state fed back each call: verified as a stream, the error
+#                                                # the state carries measured (docs/pipelines-and-loops.md)
 '''
 
 SOCS_YAML = '''\
@@ -92,23 +95,91 @@ FILES = {
 
 
 class Exists(QnnTasksError):
-    """init would overwrite a user's file."""
+    """init would overwrite a user's file, or cannot write the project where it was asked (nothing is written)."""
 
 
 def init(target: Path) -> list[Path]:
-    """Write the project files into `target` (created if missing); refuse if any exists. Returns them."""
+    """Write the project files into `target` (created if missing). Returns them.
+
+    Everything is checked before anything is written (existing files, a file or a symlink where a folder goes, a
+    folder that cannot be written); a write that fails anyway (a full disk) removes what this call wrote. So a
+    refusal is one line and leaves `target` as it was; every write stays inside `target`.
+    """
+    _check(target)
+    written: list[Path] = []
+    made: list[Path] = []  # folders this call created, deepest last
+    try:
+        for rel, text in FILES.items():
+            path = target / rel
+            _make_folders(target, path.parent, made)
+            _write(path, text)
+            written.append(path)
+    except OSError as err:
+        _undo(written, made)
+        raise Exists(f"{target}: writing {rel} failed: {err.strerror or err} (fix: free space or init a writable "
+                     f"folder; nothing was written)") from None
+    return written
+
+
+def _check(target: Path) -> None:
+    """Refuse (one line) anything that would make init fail halfway or write outside `target`."""
+    nothing = "nothing was written"
+    if os.path.lexists(target):
+        if not target.is_dir():
+            raise Exists(f"{target}: is not a folder (fix: name a folder to create the project in; {nothing})")
+        base = target
+    else:
+        base = next((p for p in target.parents if os.path.lexists(p)), Path("."))
+        if not base.is_dir():
+            raise Exists(f"{target}: {base} is a file, not a folder (fix: name a folder to create the project in; "
+                         f"{nothing})")
     existing = [rel for rel in FILES if os.path.lexists(target / rel)]
     if existing:
         raise Exists(f"{target}: init would overwrite {', '.join(existing)} (fix: init an empty folder, "
-                     "or move those files away first; nothing was written)")
-    if target.exists() and not target.is_dir():
-        raise Exists(f"{target}: is not a folder (fix: name a folder to create the project in)")
-    written = []
-    for rel, text in FILES.items():
-        path = target / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
-        tmp.write_text(text)
+                     f"or move those files away first; {nothing})")
+    folders = dict.fromkeys(str(parent) for rel in FILES for parent in reversed(Path(rel).parents) if str(parent) != ".")
+    for folder in folders:
+        path = target / folder
+        if os.path.islink(path):
+            raise Exists(f"{target}: {folder} is a symlink (to {os.readlink(path)}) and init writes only inside "
+                         f"{target} (fix: make {folder} a real folder, or init another folder; {nothing})")
+        if os.path.lexists(path) and not path.is_dir():
+            needed = next(rel for rel in FILES if rel.startswith(f"{folder}/"))
+            raise Exists(f"{target}: {folder} is a file, but init writes {needed} (fix: move {folder} away, or init "
+                         f"another folder; {nothing})")
+    writable = [base] + [target / f for f in folders if (target / f).is_dir()]
+    for folder in writable:
+        if not os.access(folder, os.W_OK | os.X_OK):
+            why = "read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else "permission denied"
+            raise Exists(f"{target}: cannot write in {folder}: {why} (fix: init a writable folder; {nothing})")
+
+
+def _make_folders(target: Path, folder: Path, made: list[Path]) -> None:
+    """Create `folder` and its missing parents, adding each to `made` as soon as it exists (outermost first)."""
+    for path in [p for p in [*reversed(folder.parents), folder] if not os.path.lexists(p)]:
+        path.mkdir()
+        made.append(path)
+    if not folder.resolve().is_relative_to(target.resolve()):  # a link made since _check
+        raise OSError(f"{folder} leads outside {target}")
+
+
+def _write(path: Path, text: str) -> None:
+    """Temp + rename; the temp is created exclusively (never through a link someone left there)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
         os.replace(tmp, path)
-        written.append(path)
-    return written
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _undo(written: list[Path], made: list[Path]) -> None:
+    """Remove what this call wrote: its files, then the folders it created (deepest first)."""
+    for path in [*written, *reversed(made)]:
+        try:
+            path.rmdir() if path in made else path.unlink()
+        except OSError:  # a folder something else wrote into meanwhile: kept
+            pass

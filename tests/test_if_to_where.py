@@ -80,10 +80,14 @@ def branch_with(node_count):
         [helper.make_node("Softmax", [f"t{relus}"], ["p"], axis=-1)]
 
 
+COSTLY = ("its then branch (60 nodes) costs about 15,728,880 element-ops, computed on every input beside the 2,097,298 "
+          "of the graph's cheaper path: more than the 25% if-to-where allows (or 4,259,840)")
+
+
 @pytest.mark.parametrize("model, reason", [
     (lambda: classifier(else_shape=(1, 8)), "output 'probs' differs between the branches: then float32 [1, 4], "
                                             "else float32 [1, 8] (Where needs the same shape and dtype)"),
-    (lambda: classifier(branch_with(17)), "its then branch has 17 nodes (at most 16 are computed both ways)"),
+    (lambda: classifier(branch_with(60)), COSTLY),
     (lambda: classifier([helper.make_node("RandomUniformLike", ["score_a"], ["noise"], name="noise"),
                          helper.make_node("Add", ["score_a", "noise"], ["sharp"]),
                          helper.make_node("Softmax", ["sharp"], ["p"], axis=-1)]),
@@ -105,10 +109,40 @@ def test_if_to_where_refuses_with_the_reason(model, reason):
     assert f"if-to-where does not apply: {reason}" in line
 
 
-def test_branch_sizes_up_to_the_bound_are_rewritten():
-    assert ifwhere.MAX_BRANCH_NODES == 16  # the bound the catalogue's summary states
-    sites, after = rewritten(classifier(branch_with(ifwhere.MAX_BRANCH_NODES)), "if-to-where")
-    assert sites == ["pick"]
+def deep(branch_nodes, layers, width=256):
+    """y = If(sum(h) > 0): chain(h) else h, with h = `layers` width x width MatMuls of x; the then chain alternates Add
+    of 0.01 and Relu, `branch_nodes` nodes on [1, width]: the branch's share of the cost falls as the layers grow."""
+    rng = np.random.default_rng(layers)
+    rest = [helper.make_node("MatMul", [f"h{i}", f"w{i}"], [f"h{i + 1}"], name=f"layer{i}") for i in range(layers)]
+    rest[0].input[0] = "x"
+    chain = [helper.make_node("Add" if i % 2 == 0 else "Relu", [f"t{i}", "step"][:2 - i % 2], [f"t{i + 1}"])
+             for i in range(branch_nodes)]
+    chain[0].input[0] = f"h{layers}"
+    chain[-1].output[0] = "y_then"
+    then_g = helper.make_graph(chain, "then", [], [value("y_then", (1, width))])
+    else_g = helper.make_graph([helper.make_node("Identity", [f"h{layers}"], ["y_else"])], "else", [],
+                               [value("y_else", (1, width))])
+    nodes = rest + [helper.make_node("ReduceSum", [f"h{layers}"], ["total"], keepdims=0, name="total"),
+                    helper.make_node("Greater", ["total", "zero"], ["positive"], name="positive"),
+                    helper.make_node("If", ["positive"], ["y"], name="pick", then_branch=then_g, else_branch=else_g)]
+    weights = [const(f"w{i}", rng.standard_normal((width, width)) / np.sqrt(width)) for i in range(layers)]
+    return model_of(nodes, [value("x", (1, width))], [value("y", (1, width))],
+                    weights + [const("step", 0.01), const("zero", 0.0)])
+
+
+def test_the_bound_is_on_cost_not_on_nodes():
+    """A 40-node branch (refused on main: > 16 nodes) beside 160 MatMul layers adds 23% to the graph's cost and is
+    rewritten (exact on both branches); beside 64 layers it adds 56% and is refused; 16 small nodes stay free."""
+    assert ifwhere.MAX_EXTRA_WORK == 0.25
+    assert rewritten(classifier(branch_with(16)), "if-to-where")[0] == ["pick"]
+    model = deep(40, 160, width=128)
+    sites, after = rewritten(model, "if-to-where")
+    assert sites == ["pick"] and "If" not in ops(after)
+    for sign in (1, -1):
+        feeds = {"x": (sign * np.abs(RNG.standard_normal((1, 128)))).astype(np.float32)}
+        np.testing.assert_array_equal(run(after, feeds)[0], run(model, feeds)[0])
+    [report] = rewrites.apply(deep(40, 64, width=128), ["if-to-where"])
+    assert report["count"] == 0 and "its then branch (40 nodes) costs about" in report["refused"][0]
 
 
 def test_a_constant_condition_is_left_to_fold_if():
@@ -188,10 +222,153 @@ def test_if_to_where_declared_in_model_yaml_is_applied_by_the_export_stage(tmp_p
                                                  TensorSpec("logits", (1, 4), "float32")]
     graph = packaged_graph(tmp_path, *io, rewrites=declared)
     for model, sites, refused in ((classifier(), ["pick"], None),
-                                  (classifier(branch_with(17)), [], ["If node 'pick': its then branch has 17 nodes "
-                                                                     "(at most 16 are computed both ways)"])):
+                                  (classifier(branch_with(60)), [], [f"If node 'pick': {COSTLY}"])):
         onnx.save(model, str(tmp_path / "m.onnx"))
         record = packaged.export(graph, tmp_path / "m.onnx", tmp_path / "out.onnx")
         [entry] = record["rewrites"]
         assert entry["name"] == "if-to-where" and entry["sites"] == sites and entry.get("refused") == refused
         assert ("If" in ops(onnx.load(str(tmp_path / "out.onnx")))) == bool(refused)
+
+
+I32 = TensorProto.INT32
+
+
+def guarded(then_nodes, table=None):
+    """y = If(token < 4): x + then_nodes(token, x) else x: the condition guards what the then branch computes.
+
+    The then branch ends in 'found' [1, 8]; the table has 4 rows, so a token >= 4 must take the else branch."""
+    table = RNG.standard_normal((4, 8)) if table is None else table
+    then_g = helper.make_graph(then_nodes + [helper.make_node("Add", ["x", "found"], ["y_then"])], "then", [],
+                               [value("y_then", (1, 8))])
+    else_g = helper.make_graph([helper.make_node("Identity", ["x"], ["y_else"])], "else", [], [value("y_else", (1, 8))])
+    nodes = [helper.make_node("Less", ["token", "rows"], ["known"], name="known"),
+             helper.make_node("If", ["known"], ["y"], name="pick", then_branch=then_g, else_branch=else_g)]
+    return model_of(nodes, [value("x", (1, 8)), value("token", (1,), I32)], [value("y", (1, 8))],
+                    [const("table", table), const("rows", 4, np.int32), const("two", [[2.0] * 8]), const("two_i", 2.0)])
+
+
+LOOKUP = [helper.make_node("Gather", ["table", "token"], ["found"], axis=0, name="lookup")]
+OUT_OF_RANGE = {"x": np.ones((1, 8), np.float32), "token": np.array([7], np.int32)}
+
+
+def test_if_to_where_refuses_a_branch_the_condition_guards():
+    """The If guards an embedding lookup: on main the rewrite computed the Gather on every token, and the rewritten
+    graph failed on token 7, which the original handles (its else branch)."""
+    model = guarded(LOOKUP)
+    np.testing.assert_array_equal(run(model, OUT_OF_RANGE)[0], OUT_OF_RANGE["x"])  # the original handles it
+    [report] = rewrites.apply(model, ["if-to-where"])
+    reason = ("its then branch's Gather node 'lookup' reads data-dependent indices (out of range on some inputs), "
+              "and both branches would run on inputs the condition keeps from it")
+    assert report["count"] == 0 and report["refused"] == [f"If node 'pick': {reason}"]
+    assert "If" in ops(model) and run(model, OUT_OF_RANGE)[0].shape == (1, 8)
+    [line] = [f.line() for f in find_problems(model, graph_spec()) if f.rule == "control-flow"]
+    assert f"if-to-where does not apply: {reason}" in line and "rewrites: [if-to-where]" not in line
+
+
+def scores(op):
+    """then: found = op(x, ...) on data-dependent values."""
+    return [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=1, name="total"),
+            {"Div": helper.make_node("Div", ["x", "total"], ["found"], name="ratio"),
+             "Log": helper.make_node("Log", ["x"], ["found"], name="ratio"),
+             "Sqrt": helper.make_node("Sqrt", ["x"], ["found"], name="ratio"),
+             "Pow": helper.make_node("Pow", ["x", "total"], ["found"], name="ratio"),
+             "Mod": helper.make_node("Mod", ["x", "total"], ["found"], name="ratio", fmod=1)}[op]]
+
+
+@pytest.mark.parametrize("op, problem", [
+    ("Div", "divides by a data-dependent value (it may be 0)"),
+    ("Mod", "divides by a data-dependent value (it may be 0)"),
+    ("Log", "reads a data-dependent value (NaN or Inf outside its domain)"),
+    ("Sqrt", "reads a data-dependent value (NaN or Inf outside its domain)"),
+    ("Pow", "raises to a power that is not a constant non-negative integer (NaN or Inf on some inputs)"),
+])
+def test_if_to_where_refuses_ops_not_defined_on_every_input(op, problem):
+    [report] = rewrites.apply(guarded(scores(op)), ["if-to-where"])
+    assert report["refused"] == [f"If node 'pick': its then branch's {op} node 'ratio' {problem}, and both branches "
+                                 "would run on inputs the condition keeps from it"]
+
+
+def test_if_to_where_keeps_total_branches():
+    """A constant in-range lookup, a division by a constant without zeros, x^2 and an op not listed but computed from
+    constants only: all defined on every input, so the rewrite applies and the outputs are equal on both branches."""
+    branch = [helper.make_node("Constant", [], ["row"], value=helper.make_tensor("row", I32, [1], [3])),
+              helper.make_node("Gather", ["table", "row"], ["picked"], axis=0, name="lookup"),
+              helper.make_node("Sqrt", ["two"], ["root2"], name="root2"),  # constants only
+              helper.make_node("Div", ["picked", "root2"], ["scaled"], name="scale"),
+              helper.make_node("Pow", ["scaled", "two_i"], ["found"], name="square")]
+    model = guarded(branch)
+    sites, after = rewritten(model, "if-to-where")
+    assert sites == ["pick"] and "Where" in ops(after)
+    for token in (1, 7):
+        feeds = {"x": RNG.standard_normal((1, 8)).astype(np.float32), "token": np.array([token], np.int32)}
+        np.testing.assert_array_equal(run(after, feeds)[0], run(model, feeds)[0])
+
+
+def test_if_to_where_refuses_a_constant_index_out_of_range():
+    model = guarded([helper.make_node("Constant", [], ["row"], value=helper.make_tensor("row", I32, [1], [9])),
+                     helper.make_node("Gather", ["table", "row"], ["found"], axis=0, name="lookup")])
+    [report] = rewrites.apply(model, ["if-to-where"])
+    assert "Gather node 'lookup' reads constant indices outside [-4, 4)" in report["refused"][0]
+
+
+CLASSIFIER_YAML = """\
+licence: test
+source: {{file: m.onnx}}
+graphs:
+  cls:
+    inputs:
+      x: {{shape: [1, 16], dtype: float32}}
+    outputs:
+      probs: {{shape: [1, 4]}}
+      logits: {{shape: [1, 4]}}
+    samples: {{files: "samples/*.npz"}}
+    socs: [SM8650]
+    lint: {{allow: [control-flow]}}
+{extra}"""
+
+
+def if_project(root, model, extra=""):
+    """A fresh project whose only model is `model` (an If it keeps), YAML only, with 4 samples taking both branches."""
+    import shutil
+
+    from conftest import copy_project
+
+    project = copy_project(root)
+    for folder in project.path("models").iterdir():
+        shutil.rmtree(folder)
+    folder = project.path("models/if-cls")
+    (folder / "samples").mkdir(parents=True)
+    onnx.save(model, str(folder / "m.onnx"))
+    feeds = feeds_both_ways(4)
+    np.savez(folder / "samples" / "x.npz", x=np.stack([f["x"] for f in feeds]))
+    (folder / "model.yaml").write_text(CLASSIFIER_YAML.format(extra=extra))
+    return project
+
+
+def test_allowed_control_flow_without_cpu_fallback_is_one_export_line(tmp_path):
+    """`lint: {allow: [control-flow]}` alone: the If can only run on the CPU, so export says which key is missing."""
+    result = if_project(tmp_path / "project", classifier(branch_with(60))).doit("export:cls")
+    line = result.failure_line("export:cls")
+    assert ("If node 'pick': graphs.cls.lint allows control-flow, but it can only run on the CPU (fix: add "
+            "allow_cpu_fallback: true to graphs.cls in models/if-cls/model.yaml to keep it there") in line
+
+
+@pytest.mark.slow
+def test_allowed_control_flow_builds_a_reported_cpu_partition(tmp_path):
+    """An If if-to-where refuses (too costly), allowed to stay on the CPU: on main export refused it whatever the
+    spec said. Now the whole chain builds for SM8650: the context record and the report name the CPU partition, and
+    the simulator (CPU fallback allowed for this graph only) agrees with the CPU on inputs taking both branches."""
+    import json
+
+    project = if_project(tmp_path / "project", classifier(branch_with(60)), "    allow_cpu_fallback: true\n")
+    result = project.doit()
+    assert result.returncode == 0, result.stdout + result.stderr
+    context = project.one_json("build/if-cls/cls/*/fp16/SM8650/context/context.json")
+    assert [n["op_type"] for n in context["partition"]["cpu_nodes"]] == ["If"]
+    assert context["status"] == "warning" and "1 node(s) of graph 'cls' fall back to CPU on SM8650: If 'pick'" in \
+        context["warnings"][0]
+    simverify = project.one_json("build/if-cls/cls/*/fp16/SM8650/simverify/simverify.json")
+    assert simverify["status"] in ("passed", "warning") and simverify["metrics"]["probs"]["cosine"] > 0.999
+    report = json.loads(project.path("build/report/report.json").read_text())
+    [target] = report["targets"]
+    assert target["status"] == "warning" and "fall back to CPU on SM8650: If 'pick'" in target["reason"]

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 from qnn_tasks.scaffold import FILES
 
@@ -53,3 +56,75 @@ def test_socs_and_explain_commands(tmp_path):
     explained = cli("explain", str(log), cwd=tmp_path)
     assert explained.returncode == 0
     assert explained.stdout.startswith(f"{log}: QNN error 3110 (QNN_OP_PACKAGE_ERROR_VALIDATION_FAILURE)")
+
+
+def refused_line(result: subprocess.CompletedProcess) -> str:
+    """A refusal is exit 2, one line on stderr, nothing on stdout."""
+    assert result.returncode == 2 and result.stdout == "", (result.returncode, result.stdout, result.stderr)
+    line, = result.stderr.splitlines()
+    assert "Traceback" not in line and line.endswith("nothing was written)"), line
+    return line
+
+
+def tree(root: Path) -> list[str]:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_init_under_a_file_refuses_in_one_line(tmp_path):
+    (tmp_path / "notes").write_text("mine\n")
+    line = refused_line(cli("init", "notes/proj", cwd=tmp_path))
+    assert line == ("error: notes/proj: notes is a file, not a folder (fix: name a folder to create the project in; "
+                    "nothing was written)")
+    assert tree(tmp_path) == ["notes"] and (tmp_path / "notes").read_text() == "mine\n"
+
+
+def test_init_checks_every_folder_before_writing_any_file(tmp_path):
+    """`.github` is a file: today's init wrote dodo.py, models/, socs/ and .gitignore before failing on it."""
+    (tmp_path / ".github").write_text("mine\n")
+    line = refused_line(cli("init", ".", cwd=tmp_path))
+    assert line == ("error: .: .github is a file, but init writes .github/workflows/qnn-npu-compile.yml (fix: move "
+                    ".github away, or init another folder; nothing was written)")
+    assert tree(tmp_path) == [".github"]
+
+
+def test_init_never_writes_through_a_symlink_out_of_the_folder(tmp_path):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    project = tmp_path / "proj"
+    project.mkdir()
+    (project / "models").symlink_to(outside)
+    line = refused_line(cli("init", "proj", cwd=tmp_path))
+    assert line.startswith(f"error: proj: models is a symlink (to {outside}) and init writes only inside proj (fix: ")
+    assert tree(outside) == [] and tree(project) == ["models"]
+
+
+@contextmanager
+def tmpfs(where: Path, size: str, read_only: bool = False):
+    """A real small filesystem mounted at `where` (needs root and mount rights; the test is skipped without)."""
+    where.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(where)], capture_output=True,
+                             text=True)
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here ({mounted.stderr.strip() or 'not root'}): the filesystem cases need one")
+    try:
+        if read_only:
+            subprocess.run(["mount", "-o", "remount,ro", str(where)], check=True)
+        yield where
+    finally:
+        subprocess.run(["umount", str(where)], check=True)
+
+
+def test_init_on_a_read_only_filesystem_refuses_in_one_line(tmp_path):
+    with tmpfs(tmp_path / "ro", "1m", read_only=True) as ro:
+        line = refused_line(cli("init", "ro/proj", cwd=tmp_path))
+        assert line == ("error: ro/proj: cannot write in ro: read-only file system (fix: init a writable folder; "
+                        "nothing was written)")
+        assert tree(ro) == []
+
+
+def test_init_on_a_full_disk_removes_what_it_wrote(tmp_path):
+    """Three pages of tmpfs: the first files fit, a later one does not; the refusal leaves no half project."""
+    with tmpfs(tmp_path / "small", "12k") as small:
+        line = refused_line(cli("init", "small/proj", cwd=tmp_path))
+        assert line.startswith("error: small/proj: writing ") and "No space left on device" in line
+        assert tree(small) == []

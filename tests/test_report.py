@@ -207,6 +207,11 @@ def test_report_json_matches_the_documented_schema(verified):
         assert t["toolchain_id"] == t["stages"]["simverify"]["toolchain"]["id"]
     vad = next(g for g in data["graphs"] if g["graph"] == "vad")
     assert vad["source"]["package"] == "silero-vad" and vad["source"]["version"]
+    # the examples' VAD feeds stateN back into state and declares no loop: marked so (lint allows the rule)
+    assert vad["recurrent"]["feed"] == {"state": "stateN"} and vad["recurrent"]["loop"] is False
+    assert "verified WITHOUT a loop" in vad["recurrent"]["note"]
+    assert "## Recurrent graphs verified without a loop" in verified.path("build/report/report.md").read_text()
+    assert "recurrent" not in next(g for g in data["graphs"] if g["graph"] == "minilm")
 
 
 def test_schema_check_rejects_broken_reports(verified):

@@ -7,6 +7,7 @@ casts, constant inputs), the catalogue's option validation and the static onnxsi
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 import numpy as np
@@ -489,3 +490,83 @@ def test_skipping_the_batched_gemm_fusion_keeps_matmul_add():
     kept, _ = onnxsim.simplify(model, skipped_optimizers=[BATCHED_GEMM])
     assert "Gemm" in {n.op_type for n in fused.graph.node}
     assert [n.op_type for n in kept.graph.node] == ["MatMul", "Add"]
+
+
+# ================================================================ every hint is YAML the spec loader reads
+
+GRAPH_KEYS = ("rewrites", "constant_inputs", "simplify", "lint")
+
+
+def yaml_snippets(text: str) -> list[str]:
+    """The model.yaml text a message tells the user to write: `<key>: [...]`/`{...}` (brackets balanced), and the
+    entry of `add <entry> to graphs.g.rewrites` (as a list of its own)."""
+    import re
+
+    found = []
+    for match in re.finditer(rf"\b({'|'.join(GRAPH_KEYS)}): ([\[{{])", text):
+        depth, end = 0, match.start(2)
+        for end in range(match.start(2), len(text)):
+            depth += (text[end] in "[{") - (text[end] in "]}")
+            if depth == 0:
+                break
+        assert depth == 0, f"unbalanced hint in: {text}"
+        found.append(text[match.start():end + 1])
+    found += [f"rewrites: [{m.group(1)}]" for m in re.finditer(r"(?:add|set \S+ to) (\S.*?) (?:to|in) graphs\.\w+\.rewrites",
+                                                                text)]
+    return found
+
+
+def every_hint() -> list[str]:
+    """The fix text of every message that suggests a model.yaml line: lint on a model with each hazard (without and
+    with other rewrites declared), the spec error for a bad rewrite, diagnose's scale-input advice, scale-input's own
+    refusal, and the CPU-fallback hints."""
+    from test_if_to_where import classifier
+    from test_scale_input import audio, cpu_tensors, power_spectrum
+
+    from qnn_tasks.errors import RewriteError
+    from qnn_tasks.stages.diagnose import advise_scale_input, hazards
+    from qnn_tasks.toolchains.ort_qnn import FALLBACK_HINTS
+
+    hazardous = [pow_model(), clip_model(), layer_norm(), mask_model(), sample_rate_model(), classifier(),
+                 model_of([helper.make_node("Neg", ["x"], ["y"], name="flip")], [tensor("x")], [tensor("y")]),
+                 model_of([helper.make_node("ReduceSumSquare", ["x"], ["y"], axes=[2], keepdims=1)], [tensor("x")],
+                          [tensor("y", shape=(1, 8, 1))]),
+                 model_of([helper.make_node("Erf", ["x"], ["y"])], [tensor("x", shape=(2, 8, 16))],
+                          [tensor("y", shape=(2, 8, 16))])]
+    fixes = [f.fix for model in hazardous for graph in (graph_spec(), graph_spec(["neg"]))
+             for f in find_problems(model, graph)]
+    with pytest.raises(specport.SpecError) as bad:
+        specport.rewrites(["pow-squared"], Path("model.yaml"), "graphs.g.rewrites")
+    fixes.append(str(bad.value))
+    spectrum = power_spectrum()
+    declared = dataclasses.replace(graph_spec(), rewrites=rewrites.normalize([{"scale-input": {"factor": "1/64"}}]))
+    for graph in (graph_spec(), declared):
+        detail = {"tensor": "spec", "cpu_value": -670882.0, "npu_value": -65504.0, "input_values": {"x": 3.0}}
+        detail["hazards"] = hazards(spectrum.graph.node[0], detail, {}, "fp16")
+        advise_scale_input(spectrum, detail, cpu_tensors(spectrum, audio(2, loudness=20000.0)), graph)
+        fixes += [h["fix"] for h in detail["hazards"]]
+    two_inputs = model_of([helper.make_node("Add", ["x", "z"], ["y"])], [tensor("x"), tensor("z")], [tensor("y")])
+    with pytest.raises(RewriteError) as ambiguous:
+        rewrites.apply(two_inputs, [{"scale-input": {"factor": "1/64"}}])
+    return fixes + [str(ambiguous.value)] + list(FALLBACK_HINTS.values())
+
+
+def test_every_yaml_hint_loads_through_the_spec_loader(tmp_path):
+    """On main the spec error's example `{finite-mask: {value: -1.0e4}}` was read as a string and refused."""
+    from conftest import EXAMPLES
+    from tiny_packaged import write_model
+
+    from qnn_tasks.spec.project import load_model, load_socs
+
+    socs = load_socs(EXAMPLES / "socs" / "socs.yaml")
+    snippets = sorted({s for fix in every_hint() for s in yaml_snippets(fix)})
+    keys = {s.split(":")[0] for s in snippets}
+    assert keys == set(GRAPH_KEYS) and len(snippets) >= 12, snippets
+    for i, snippet in enumerate(snippets):
+        # lint's fold-if hint leaves the deployment's value to the user; the tiny model's own input is x, not fixed
+        filled = snippet.replace("<value>", "16000").replace("constant_inputs: {x:", "constant_inputs: {x_fixed:")
+        model_dir = write_model(tmp_path / f"m{i}", graph="g", extra=f"    {filled}\n")
+        graph = load_model(model_dir, socs).graphs[0]  # a SpecError here is one line naming the snippet's key
+        declared = {"rewrites": graph.rewrites, "constant_inputs": graph.constant_inputs, "simplify": graph.simplify,
+                    "lint": graph.lint}[snippet.split(":")[0]]
+        assert declared, snippet

@@ -14,7 +14,7 @@ import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, model_of, ops, rewritten, run
 
-from qnn_tasks.errors import StageError
+from qnn_tasks.errors import RewriteError, StageError
 from qnn_tasks.graphs import rewrites
 from qnn_tasks.graphs.rewrites import inputscale
 
@@ -243,3 +243,88 @@ def test_scale_input_fixes_the_overflowing_front_end_on_the_simulator(tmp_path):
           f"{before['max_abs']:.3g}; rewritten cosine {now['cosine']:.6f} max-abs {now['max_abs']:.3g}")
     assert before["cosine"] < 0.99 or before["max_abs"] > 1.0
     assert now["cosine"] > 0.9999 and now["max_abs"] < 0.1
+
+
+@pytest.mark.parametrize("factor, power", [("2^40", "2^40"), (2 ** 16, "2^16"), ("1/32768", "2^-15"), (2.0 ** -20, "2^-20"),
+                                           ("2^1000000000", "2^1000000000")])
+def test_scale_input_refuses_a_factor_fp16_cannot_hold(factor, power):
+    """2^40 was accepted on main and the NPU output was all zeros; a huge exponent is refused without evaluating it."""
+    import time
+
+    start = time.perf_counter()
+    with pytest.raises(ValueError) as info:
+        rewrites.normalize([{"scale-input": {"factor": factor}}])
+    assert time.perf_counter() - start < 1.0
+    assert str(info.value) == (f"scale-input factor {factor!r} ({power}) is outside fp16's range: the NPU computes the "
+                               "scaled input in fp16, which holds powers of two from 2^-14 to 2^15 (2^40 gave all-zero "
+                               "outputs); use one in that range, as doit diagnose advises")
+    for edge in (2.0 ** -14, 2 ** 15):
+        assert rewrites.normalize([{"scale-input": {"factor": edge}}])["scale-input"]["factor"] == edge
+
+
+def energy(bias=1.0):
+    """y = conv(x)^2 (no Log): the scale s is undone at the output by s^-2; the conv bias is scaled by s."""
+    nodes = [helper.make_node("Conv", ["x", "basis", "bias"], ["spec"], strides=[HOP], name="stft"),
+             helper.make_node("Mul", ["spec", "spec"], ["y"], name="square")]
+    return model_of(nodes, [value("x", (1, 1, SAMPLES))], [value("y", (1, 2 * FREQS, FRAMES))],
+                    [const("basis", stft_basis()), const("bias", np.full(2 * FREQS, bias))])
+
+
+@pytest.mark.parametrize("model, factor, problem", [
+    (energy, 2 ** -8, "undoing it at output 'y' multiplies by 2^16, outside fp16's powers of two (2^-14 .. 2^15)"),
+    (lambda: energy(bias=1000.0), 2 ** 7, "constant 'bias' scaled with it reaches 1.28e+05, beyond fp16's 65504"),
+])
+def test_scale_input_refuses_a_factor_whose_products_leave_fp16(model, factor, problem):
+    with pytest.raises(RewriteError) as info:
+        rewrites.apply(model(), [{"scale-input": {"factor": factor}}])
+    assert str(info.value) == (f"scale-input: scaling input 'x' by 2^{round(np.log2(factor))}: {problem} (fix: use a "
+                               "factor nearer 1 (doit diagnose advises one that fits))")
+    sites, after = rewritten(energy(), "scale-input", factor=2 ** -7)  # s^-2 = 2^14: fits, and exact on CPU
+    assert "output 'y'" in sites
+    for feeds in audio(2, loudness=100.0):
+        np.testing.assert_allclose(run(after, feeds)[0], run(energy(), feeds)[0], rtol=1e-5)
+
+
+def test_advised_factor_stays_where_fp16_can_undo_it():
+    """At an output of degree 2 the advice stops at 2^-7 (s^-2 = 2^14); a tensor needing a smaller s gets none."""
+    plan = inputscale.plan(energy(), "x")
+    assert plan.outputs == ["y"] and plan.degrees["y"] == 2
+    assert inputscale.advised_factor(plan, {"spec": 6e5}) == Fraction(1, 2 ** 6)  # 6e5 s <= 65504 / 4
+    assert inputscale.advised_factor(plan, {"y": 3.6e11}) is None  # would need 2^-8: s^-2 = 2^16 overflows fp16
+
+
+def clipped_spectrum(low="low", high="high"):
+    """power_spectrum with the conv clipped to constant bounds first (a front end's saturation): Clip commutes with the
+    scale once its bounds are scaled with its input (issue 35: refused on main, "does not commute")."""
+    model = power_spectrum()
+    nodes = list(model.graph.node)
+    nodes.insert(1, helper.make_node("Clip", ["spec", low, high], ["spec_clipped"], name="saturate"))
+    nodes[2].input[0] = nodes[2].input[1] = "spec_clipped"
+    nodes[2].op_type, nodes[2].input[:] = "Mul", ["spec_clipped", "spec_clipped"]
+    del model.graph.node[:]
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend([const("low", -20000.0), const("high", 30000.0)])
+    if high == "ceiling":  # a bound fed at run time: not scaled with the input
+        model.graph.input.append(value("ceiling", ()))
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_scale_input_scales_a_clips_constant_bounds():
+    model = clipped_spectrum()
+    sites, after = rewritten(model, "scale-input", factor="1/1024")
+    assert "constant 'low'" in sites and "constant 'high'" in sites
+    bounds = {t.name: float(onnx.numpy_helper.to_array(t)) for t in after.graph.initializer if t.name.startswith(("low", "high"))}
+    assert sorted(bounds.values()) == [-20000.0 / 1024, 30000.0 / 1024]
+    clipping = audio(3, loudness=30000.0)
+    assert any(np.abs(cpu_tensors(model, [f])[0]["spec"]).max() > 30000 for f in clipping)  # the bounds bite
+    for feeds in clipping:
+        np.testing.assert_allclose(run(after, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-4)
+
+
+def test_scale_input_refuses_a_clip_to_a_computed_bound():
+    model = clipped_spectrum(high="ceiling")
+    with pytest.raises(RewriteError) as info:
+        rewrites.apply(model, [{"scale-input": {"input": "x", "factor": "1/64"}}])
+    assert ("Clip node 'saturate' clips to a bound that is neither a constant nor scaled like its input (fix: scale the "
+            "input at export where the scale can be undone, or drop scale-input)") in str(info.value)

@@ -254,8 +254,11 @@ def plan_simplify(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
 
 def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
     g = gt.graph
-    return graph_plan(p, stage, gt, [str(gt.simplified)], [], {"lint": g.lint, "precision": g.precision},
-                       lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified)},
+    loop = p.model(g).loop
+    loop_feed = loop.feed if loop is not None and loop.graph == g.name else None  # lint proposes a missing loop
+    return graph_plan(p, stage, gt, [str(gt.simplified)], [],
+                       {"lint": g.lint, "precision": g.precision, **({"loop_feed": loop_feed} if loop_feed else {})},
+                       lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified), "loop_feed": loop_feed},
                        f"lint {gt.simplified} -> {gt.lint_record}")
 
 

@@ -70,9 +70,12 @@ def collect(planner) -> dict[str, Any]:
     for gt in planner.graphs:
         stages = {stage: read_checked(path) for stage, path in graph_record_paths(gt).items()}
         export = stages.get("export") or {}
-        graph_entries.append({"model": gt.graph.model, "graph": gt.name, "precision": gt.graph.precision,
-                              "source": export.get("source"), "status": combine(stages.values()),
-                              "stages": stages})
+        entry = {"model": gt.graph.model, "graph": gt.name, "precision": gt.graph.precision,
+                 "source": export.get("source"), "status": combine(stages.values()), "stages": stages}
+        recurrent = recurrence(planner, gt, stages.get("lint"))
+        if recurrent:
+            entry["recurrent"] = recurrent
+        graph_entries.append(entry)
     graph_status = {g["graph"]: g["status"] for g in graph_entries}
     graph_errors = {g["graph"]: next((f"graph {g['graph']} {r.get('status')} at {stage}: {r.get('error')}"
                                       for stage, r in g["stages"].items()
@@ -128,6 +131,21 @@ def _target(planner, ct: ChipTarget, graph_status: dict[str, str], graph_errors:
             "precision": ct.precision, "status": status, "reason": reason, "toolchain_stages": toolchain_stages,
             "stages": stages, "provenance": provenance(stages), "diagnosis": diagnosis(ct, stages.get("context")),
             "device": device_results(ct)}
+
+
+def recurrence(planner, gt: GraphTarget, lint: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A graph whose outputs feed its own inputs (lint names the pairs): whether a loop verifies it, and if not, the
+    note the report shows (its targets were judged per sample from the CPU's state)."""
+    feed = ((lint or {}).get("recurrent") or {}).get("feed")
+    if not feed:
+        return None
+    loop = planner.model(gt.graph).loop
+    looped = loop is not None and loop.graph == gt.name and all(loop.feed.get(i) == o for i, o in feed.items())
+    pairs = ", ".join(f"{i} <- {o}" for i, o in feed.items())
+    note = (f"recurrent ({pairs}), verified in its loop" if looped else
+            f"recurrent ({pairs}), verified WITHOUT a loop: each sample was judged from the CPU's state, so the fp16 "
+            "error the state carries from step to step was not measured (lint proposes the loop: declaration)")
+    return {"feed": feed, "loop": looped, "note": note}
 
 
 def pipeline_entry(pt) -> dict[str, Any]:

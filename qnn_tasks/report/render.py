@@ -72,6 +72,10 @@ def markdown(data: dict[str, Any]) -> str:
         for r in data["precision_comparison"]:
             lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {size(r['bin_size'])} | "
                          f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} |")
+    unlooped = [g for g in data["graphs"] if g.get("recurrent") and not g["recurrent"]["loop"]]
+    if unlooped:
+        lines += ["", "## Recurrent graphs verified without a loop", ""]
+        lines += [f"- **{g['model']}/{g['graph']}**: {g['recurrent']['note']}" for g in unlooped]
     lines += pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
     problems = [t for t in data["targets"] if t["status"] in ("failed", "stale", "skipped")]
     if problems:

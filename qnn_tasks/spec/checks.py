@@ -51,7 +51,8 @@ SHARED_DEFAULTS = {"elements": {"min": 0.999},
 
 
 LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
-              "erf", "fp16-overflow-constant", "reduce-sum-square", "clip-computed", "variance-cancellation")
+              "erf", "fp16-overflow-constant", "reduce-sum-square", "clip-computed", "variance-cancellation",
+              "recurrent")
 
 
 def check_lint(lint: dict, path: Path, key: str) -> None:

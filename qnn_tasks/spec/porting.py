@@ -116,7 +116,7 @@ def rewrites(data: Any, path: Path, key: str) -> dict[str, dict[str, Any]]:
     except ValueError as err:
         raise SpecError(path, key, str(err),
                         f"use names from: {', '.join(rewrite_catalogue.NAMES)} "
-                        "(e.g. rewrites: [pow-square, {finite-mask: {value: -1.0e4}}])") from None
+                        f"(e.g. {rewrite_catalogue.example()})") from None
 
 
 def constant_inputs(data: Any, path: Path, key: str, inputs: set[str]) -> dict[str, Any]:

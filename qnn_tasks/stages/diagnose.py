@@ -354,7 +354,7 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
     Not w8a16: its calibrated 16-bit range made the STFT conv this was seen in worse. `values` are the CPU
     tensors (inputs included) per sample; the factor fits every scaled tensor they show.
     """
-    from qnn_tasks.graphs.rewrites import inputscale, yaml_fix
+    from qnn_tasks.graphs.rewrites import entry_yaml, inputscale, yaml_fix
 
     overflow = next((h for h in detail["hazards"] if h["hazard"] == "fp16 overflow"), None)
     if overflow is None:
@@ -371,13 +371,14 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
         factor = inputscale.advised_factor(found, maxima, FP16_MAX)
         if factor is None:
             return
-        entry = f"{{scale-input: {{input: {name}, factor: {factor}}}}}"
-        where = (f"set scale-input to {entry} in graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml"
-                 if "scale-input" in graph.rewrites else yaml_fix(entry, graph.name, graph.model, graph.rewrites))
+        options = {"input": name, "factor": str(factor)}
+        where = (f"set scale-input to {entry_yaml('scale-input', options)} in graphs.{graph.name}.rewrites in "
+                 f"models/{graph.model}/model.yaml" if "scale-input" in graph.rewrites
+                 else yaml_fix("scale-input", graph.name, graph.model, graph.rewrites, options))
         overflow["fix"] = (f"{where}: input '{name}' times {factor} keeps every tensor it reaches under "
                            f"{FP16_MAX / inputscale.HEADROOM:g} on these samples, and the scale is undone exactly "
                            "(after a Log, or at the outputs)")
-        overflow["rewrite"] = {"scale-input": {"input": name, "factor": str(factor)}}
+        overflow["rewrite"] = {"scale-input": options}
         return
 
 

@@ -29,6 +29,14 @@ HARD_RULES = {"dynamic-dim", "io-dtype", "control-flow", "int8-in-onnx"}
 SIZE_NOTE_KEYS = {"what", "bytes", "option"}
 
 
+def _no_cpu_partition(finding, graph: GraphSpec) -> str:
+    """Control flow a graph acknowledges (`lint: {allow: [control-flow]}`) stays in the model only as a CPU partition,
+    which `allow_cpu_fallback: true` must allow too (the context stage then reports it)."""
+    return (f"{finding.where}: graphs.{graph.name}.lint allows control-flow, but it can only run on the CPU (fix: add "
+            f"allow_cpu_fallback: true to graphs.{graph.name} in models/{graph.model}/model.yaml to keep it there as "
+            "a reported CPU partition, or remove it: doit lint says whether fold-if or if-to-where applies)")
+
+
 def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]:
     """Export `graph` to `out_onnx` (atomically) and check it; return the stage record."""
     if source is not None and not source.is_file():
@@ -58,7 +66,10 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
             ctx.export_record = {"rewrites": packaged.rewrite_file(graph, tmp)} if graph.rewrites else {}
         model = onnxinfo.load(tmp, f"ONNX written by {what}", shown_as=out_onnx)
         problems = io_mismatches(model, graph)
-        problems += summary_lines([f for f in find_problems(model, graph) if f.rule in HARD_RULES])
+        hard = [f for f in find_problems(model, graph) if f.rule in HARD_RULES]
+        problems += summary_lines([f for f in hard if f.severity != "allowed" or f.rule != "control-flow"])
+        problems += [_no_cpu_partition(f, graph) for f in hard if f.severity == "allowed" and f.rule == "control-flow"
+                     and not graph.allow_cpu_fallback]
         if not problems:
             with all_output_to(log):
                 problems = run_once(tmp, graph)

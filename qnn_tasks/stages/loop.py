@@ -47,7 +47,7 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
         raise StageError(f"{where}.steps: {steps} steps, but the stream has only {len(stream)} samples "
                          f"(fix: lower loop.steps, give the graph more samples, or drive the loop with a step function)")
     log = out_dir / "simulator.log"
-    session = simulator.open_session(ctx_onnx, fileio.read_json(provider_options), log)
+    session = simulator.open_session(ctx_onnx, fileio.read_json(provider_options), log, graph.allow_cpu_fallback)
     npu_names = [o.name for o in session.get_outputs()]
     seconds: list[float] = []
 

@@ -60,7 +60,7 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
         if kept is not None:
             npu_out, seconds = kept_outputs(kept, len(npu_in), graph, target)
         else:
-            npu_out, seconds = simulator.run(ctx, fileio.read_json(config), npu_in, log)[:2]
+            npu_out, seconds = simulator.run(ctx, fileio.read_json(config), npu_in, log, graph.allow_cpu_fallback)[:2]
         links.append({"graph": graph.name, "runs": len(npu_in), "seconds": float(np.sum(seconds)),
                       **({"simulated_by": str(kept)} if kept is not None else {}),
                       "metrics": {t.name: metrics.compare(np.stack([c[t.name] for c in cpu_out]),

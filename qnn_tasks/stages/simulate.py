@@ -36,7 +36,8 @@ def run(graph: GraphSpec, ctx_onnx: Path, provider_options_file: Path, inputs_fi
     inputs = sample_store.load(inputs_file, limit=limit)
     options = fileio.read_json(provider_options_file)
     log = out_dir / "simulator.log"
-    outputs, seconds, signature = simulator.run(ctx_onnx, options, inputs, log)
+    # a CPU partition exists only where the graph allows it (the context stage refuses one otherwise)
+    outputs, seconds, signature = simulator.run(ctx_onnx, options, inputs, log, graph.allow_cpu_fallback)
     check_signature(graph, signature, ctx_onnx)
     sample_store.save(out_dir / OUTPUTS_FILE, outputs)
     with np.load(reference_file) as reference:

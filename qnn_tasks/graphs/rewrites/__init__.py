@@ -20,11 +20,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from qnn_tasks.errors import RewriteError
+from qnn_tasks.graphs.rewrites.fp16range import FP16_MAX, FP16_SCALES
+from qnn_tasks.graphs.rewrites.yamlhint import entry_yaml
 
 if TYPE_CHECKING:
     import onnx
 
-FP16_MAX = 65504.0
 
 
 @dataclass(frozen=True)
@@ -46,7 +47,8 @@ CATALOGUE: dict[str, Rewrite] = {r.name: r for r in (
             "compatibility: control flow does not compile for HTP"),
     Rewrite("if-to-where", "ifwhere", "if_to_where",
             "an If with a data-dependent condition and pure, cheap branches (no nested control flow or random ops, "
-            "<= 16 nodes each, outputs of the same shape and dtype) computes both and picks with Where",
+            "every node defined on every input, the branch not taken adding at most 25% to the graph's cost, outputs "
+            "of the same shape and dtype) computes both and picks with Where",
             "compatibility: the If runs on CPU (the build fails unless allow_cpu_fallback)"),
     Rewrite("centred-variance", "reductions", "centred_variance",
             "variance as E[x^2] - E[x]^2 (means as ReduceMean or ReduceSum x 1/N) becomes E[(x - E[x])^2]",
@@ -123,26 +125,52 @@ def _options(rewrite: Rewrite, options: Any) -> dict[str, Any]:
     return merged
 
 
+
 def power_of_two(value: Any) -> float:
-    """scale-input's factor: a number or "1/64" / "2^-6", a power of two other than 1 (scaling by it is exact)."""
+    """scale-input's factor: a number or "1/64" / "2^-6", a power of two other than 1 (scaling by it is exact)
+    that fp16 holds as a normal number (2^-14 .. 2^15: the NPU computes the scaled input in fp16).
+
+    Written forms are parsed without evaluating anything large: "2^1000000000" is refused, not computed.
+    """
     from fractions import Fraction
 
     problem = (f"scale-input factor must be a power of two such as 1/64 (doit diagnose advises one), got {value!r}")
     if value is None:
         raise ValueError("scale-input needs a factor: a power of two such as 1/64 (doit diagnose advises one)")
+    huge = None
     try:
-        if isinstance(value, str) and "^" in value:
-            base, exponent = value.split("^")
-            number = Fraction(int(base)) ** int(exponent)
-        elif isinstance(value, bool):
+        if isinstance(value, bool):
             raise ValueError(problem)
+        if isinstance(value, str) and "^" in value:
+            base, exponent = (int(part) for part in value.split("^"))  # two parts, else ValueError
+            if not 1 < base <= 2 ** 16:
+                raise ValueError(problem)
+            if abs(exponent) > 64:  # far outside fp16 anyway: never evaluated (2^1000000000 took 12 s and 441 MB)
+                huge = f"{base}^{exponent}"
+            number = Fraction(base) ** exponent if huge is None else Fraction(0)
+        elif isinstance(value, str) and "/" in value:
+            top, bottom = (int(part) for part in value.split("/"))
+            number = Fraction(top, bottom)
         else:
-            number = Fraction(value)
+            number = Fraction(float(value) if isinstance(value, str) else value)  # float("1e999") is inf: refused
     except (TypeError, ValueError, ZeroDivisionError, OverflowError):
         raise ValueError(problem) from None
-    if number <= 0 or number == 1 or not _is_power_of_two(number) or not 2 ** -40 <= number <= 2 ** 40:
+    if huge:
+        raise ValueError(_outside(value, huge))
+    if number <= 0 or number == 1 or not _is_power_of_two(number):
         raise ValueError(problem)
+    low, high = FP16_SCALES
+    if not Fraction(2) ** low <= number <= Fraction(2) ** high:
+        exponent = number.numerator.bit_length() - number.denominator.bit_length()
+        raise ValueError(_outside(value, f"2^{exponent}"))
     return float(number)
+
+
+def _outside(value: Any, power: str) -> str:
+    low, high = FP16_SCALES
+    return (f"scale-input factor {value!r} ({power}) is outside fp16's range: the NPU computes the scaled input in fp16, "
+            f"which holds powers of two from 2^{low} to 2^{high} (2^40 gave all-zero outputs); use one in that range, "
+            "as doit diagnose advises")
 
 
 def _is_power_of_two(number) -> bool:
@@ -187,9 +215,16 @@ def find(model: onnx.ModelProto, names: Iterable[str] = NAMES) -> dict[str, list
     return {name: function(name)(model, dry_run=True) for name in names}
 
 
-def yaml_fix(name: str, graph_name: str, model_name: str, declared: Iterable[str] = ()) -> str:
-    """The model.yaml line that enables rewrite `name` for a graph (the `fix:` of lint and fallback messages)."""
-    where = f"graphs.{graph_name} in models/{model_name}/model.yaml"
+def example() -> str:
+    """The `rewrites:` line spec errors show as an example."""
+    return f"rewrites: [pow-square, {entry_yaml('finite-mask', CATALOGUE['finite-mask'].options)}]"
+
+
+def yaml_fix(name: str, graph_name: str, model_name: str, declared: Iterable[str] = (),
+             options: Mapping[str, Any] | None = None) -> str:
+    """The model.yaml line that enables rewrite `name` (with `options`) for a graph: the `fix:` of lint, diagnose and
+    fallback messages."""
+    entry = entry_yaml(name, options)
     if declared:
-        return f'add {name} to graphs.{graph_name}.rewrites in models/{model_name}/model.yaml'
-    return f'add "rewrites: [{name}]" to {where}'
+        return f'add {entry} to graphs.{graph_name}.rewrites in models/{model_name}/model.yaml'
+    return f'add "rewrites: [{entry}]" to graphs.{graph_name} in models/{model_name}/model.yaml'

@@ -5,8 +5,8 @@ Scaling the input by s = 2^-k first is exact in floating point, and the scale is
 the ops that are homogeneous in their input: a tensor of degree d holds s^d times its true value.
 Linear ops keep the degree (their additive constants, e.g. a Conv bias, are scaled by s^d), Mul
 adds degrees, Div subtracts them, Pow by a constant p multiplies by p, Sqrt halves, Reciprocal
-negates; Relu, Abs, pooling, reductions and shape ops pass it through. The scale is undone where
-the region ends: after a Log by subtracting d*log(s) (log(s^d x) = log x + d log s), at a graph
+negates; Relu, Abs, pooling, reductions and shape ops pass it through. A Clip with constant
+bounds commutes once its bounds are scaled with its input. The scale is undone where the region ends: after a Log by subtracting d*log(s) (log(s^d x) = log x + d log s), at a graph
 output by multiplying by s^-d, and nothing is needed where the degree returns to 0 (ArgMax, Shape).
 Any other op reading a scaled tensor (Tanh, Exp, Softmax, a comparison ...) would see different
 values: the rewrite is refused naming that node.
@@ -22,6 +22,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qnn_tasks.errors import RewriteError
+from qnn_tasks.graphs.rewrites.fp16range import FP16_MAX, FP16_SCALES
 from qnn_tasks.graphs.rewrites.graphtools import (
     Names,
     Sites,
@@ -32,6 +33,7 @@ from qnn_tasks.graphs.rewrites.graphtools import (
     splice,
     subgraphs,
 )
+from qnn_tasks.graphs.rewrites.yamlhint import entry_yaml
 
 PASS_THROUGH = {"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "Expand",
                 "Tile", "Split", "DepthToSpace", "SpaceToDepth", "Relu", "Abs", "Neg", "MaxPool", "AveragePool",
@@ -107,6 +109,14 @@ def _degree(node, index: int, degrees: dict[str, Fraction], constants, found: Pl
             if degree != target and (degree != 0 or not _scale_constant(node, index, slot, target, constants, found)):
                 return "combines a scaled tensor with one scaled differently (not a constant)"
         return target
+    if op == "Clip":  # clip(s^d x, s^d lo, s^d hi) = s^d clip(x, lo, hi) for s > 0: its constant bounds scale along
+        if any(a.name in ("min", "max") for a in node.attribute):
+            return "has its bounds as attributes (opset < 11; re-export with opset 11 or later)"
+        for slot in (1, 2):
+            if len(node.input) > slot and node.input[slot] and d[slot] != d[0] and \
+                    (d[slot] != 0 or not _scale_constant(node, index, slot, d[0], constants, found)):
+                return "clips to a bound that is neither a constant nor scaled like its input"
+        return d[0]
     if op == "Mul":
         return sum(d, Fraction(0))
     if op == "Div":
@@ -126,8 +136,8 @@ def _degree(node, index: int, degrees: dict[str, Fraction], constants, found: Pl
     if op == "Log":
         found.logs.append(index)
         return Fraction(0)
-    return ("does not commute with scaling its input: the scale can only be undone after linear ops, powers and "
-            "products (at a graph output) or after a Log")
+    return ("does not commute with scaling its input: the scale can only be undone after linear ops, powers, "
+            "products and constant-bound Clips (at a graph output) or after a Log")
 
 
 def _scale_constant(node, index: int, slot: int, degree: Fraction, constants, found: Plan) -> bool:
@@ -164,7 +174,11 @@ def scale_input(model: onnx.ModelProto, dry_run: bool = False, input: str | None
     found = plan(model, name)
     if found.refusal:
         raise RewriteError(f"scaling input '{name}' cannot be undone exactly: {found.refusal}",
-                           "scale the input at export, or cut the graph before that node")
+                           "scale the input at export where the scale can be undone, or drop scale-input")
+    problem = fp16_products(model, found, float(factor))
+    if problem:
+        raise RewriteError(f"scaling input '{name}' by {_power(float(factor))}: {problem}",
+                           "use a factor nearer 1 (doit diagnose advises one that fits)")
     sites = Sites([f"input '{name}'"] + [f"Log node '{label(model.graph.node[i])}'" for i in found.logs]
                   + [f"output '{o}'" for o in found.outputs]
                   + [f"constant '{model.graph.node[i].input[slot]}'" for i, slot, _ in found.constants])
@@ -173,12 +187,41 @@ def scale_input(model: onnx.ModelProto, dry_run: bool = False, input: str | None
     return sites
 
 
+FP16_POWERS = tuple(2.0 ** k for k in FP16_SCALES)  # the powers of two fp16 holds as normal numbers
+
+
+def fp16_products(model: onnx.ModelProto, found: Plan, factor: float) -> str:
+    """Why a constant the rewrite writes would leave fp16's range on the NPU ("" when every one fits): the factor
+    undone at an output (s^-d), or a constant scaled with its neighbour (c s^d) beyond 65504."""
+    low, high = FP16_POWERS
+    for out in found.outputs:
+        back = factor ** -float(found.degrees[out])
+        if not low <= back <= high:
+            return (f"undoing it at output '{out}' multiplies by {_power(back)}, outside fp16's powers of two "
+                    f"({_power(low)} .. {_power(high)})")
+    constants = constant_tensors(model.graph)
+    for index, slot, degree in found.constants:
+        name = model.graph.node[index].input[slot]
+        largest = float(np.abs(numpy_helper.to_array(constants[name])).max(initial=0.0)) * factor ** float(degree)
+        if largest > FP16_MAX:
+            return f"constant '{name}' scaled with it reaches {largest:.4g}, beyond fp16's 65504"
+    return ""
+
+
+def _power(value: float) -> str:
+    return f"2^{round(math.log2(value))}"
+
+
 def _input(model: onnx.ModelProto, declared: str | None) -> str:
     candidates = float_inputs(model)
     if declared is None:
         if len(candidates) != 1:
-            raise RewriteError(f"the graph has {len(candidates)} float inputs ({', '.join(candidates) or 'none'})",
-                               "name the one to scale: {scale-input: {input: <name>, factor: ...}}")
+            if not candidates:
+                raise RewriteError("the graph has no float input to scale", "remove scale-input from its rewrites")
+            raise RewriteError(f"the graph has {len(candidates)} float inputs ({', '.join(candidates)})",
+                               "name the one to scale, e.g. rewrites: "
+                               f"[{entry_yaml('scale-input', {'input': candidates[0], 'factor': '1/64'})}] (doit "
+                               "diagnose advises the factor)")
         return candidates[0]
     if declared not in candidates:
         raise RewriteError(f"input {declared!r} is not a float input of the graph (its float inputs: "
@@ -237,14 +280,16 @@ def _apply(model: onnx.ModelProto, found: Plan, factor: float) -> None:
 HEADROOM = 4.0  # the advised factor keeps the largest scaled value this far under fp16's max (unseen inputs)
 
 
-def advised_factor(found: Plan, maxima: dict[str, float], fp16_max: float = 65504.0) -> Fraction | None:
+def advised_factor(found: Plan, maxima: dict[str, float], fp16_max: float = FP16_MAX) -> Fraction | None:
     """The largest power of two s <= 1/2 that brings every scaled tensor's measured max under fp16_max / HEADROOM.
 
     `maxima`: tensor -> largest |value| seen on CPU. None when no power of two fits every tensor.
     """
     limit = fp16_max / HEADROOM
-    for k in range(1, 41):
+    for k in range(1, 1 - FP16_SCALES[0]):  # to 2^-14, fp16's smallest normal power of two (smaller is refused)
         s = 2.0 ** -k
+        if any(not FP16_POWERS[0] <= s ** -float(found.degrees[o]) <= FP16_POWERS[1] for o in found.outputs):
+            break  # the scale could not be undone at an output in fp16; smaller factors only make it worse
         if all(m * s ** float(d) <= limit for t, d in found.degrees.items() if (m := maxima.get(t)) is not None):
             return Fraction(1, 2 ** k)
     return None
