@@ -10,6 +10,7 @@ variants every run. Runs in seconds (no doit subprocess but one).
 from __future__ import annotations
 
 import datetime
+import html
 import random
 import re
 import subprocess
@@ -272,7 +273,8 @@ def documented_keys(page: Path) -> dict[str, str]:
     """The rows of the key reference table in docs/model-yaml.md: `key` | type."""
     text = page.read_text()
     table = text[text.index("## Key reference"):]
-    return {m.group(1): m.group(2).strip() for m in re.finditer(r"^\| `([^`]+)` \| ([^|]+) \|", table, re.M)}
+    return {m.group(1): html.unescape(m.group(2).strip())
+            for m in re.finditer(r"^\| `([^`]+)` \| ([^|]+) \|", table, re.M)}
 
 
 def test_every_documented_key_is_in_the_schema_and_back():

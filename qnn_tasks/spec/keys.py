@@ -22,12 +22,13 @@ from qnn_tasks.spec.schema import (
     MapOf,
     Num,
     Numbers,
+    Section,
     Text,
 )
 
 NAME = Text(max_len=100)
 FILE = Text(doc="path in the model folder")
-FILES = Either((FILE, ListOf(FILE, min_items=1)), fix='e.g. files: "samples/*.npz" or files: [a/*.png, b/*.png]')
+FILES = Either((FILE, ListOf(FILE)), fix='e.g. files: "samples/*.npz" or files: [a/*.png, b/*.png]')
 NUMBER_OR_LIST = Either((Num(), ListOf(Num(), min_items=1)), fix="give one number, or one per channel: [0.5, 0.5, 0.5]")
 
 DIM = Int(1, MAX_DIM, bad="dynamic or invalid dim '{value}': the NPU needs static shapes",
@@ -36,7 +37,7 @@ SHAPE = ListOf(DIM, 1, MAX_RANK, bad="must be a list of integers", fix="e.g. sha
 INPUT = Fields({"shape": SHAPE, "dtype": Text(max_len=40), "onnx_name": Text(max_len=256)}, required=("shape", "dtype"))
 OUTPUT = Fields({"shape": SHAPE, "dtype": Text(max_len=40), "onnx_name": Text(max_len=256)}, required=("shape",))
 
-THRESHOLDS = Fields({name: Num(*THRESHOLD_RANGES[name]) for name in THRESHOLD_KEYS})
+THRESHOLDS = Section("thresholds", Fields({name: Num(*THRESHOLD_RANGES[name]) for name in THRESHOLD_KEYS}))
 _OPTION_TYPES = {"output": NAME, "slice": Text(max_len=200), "box_format": Text(max_len=40), "transpose": Bool(),
                  "objectness": Bool(), "alphabet": FILE}
 
@@ -49,12 +50,13 @@ def _option(kind: str, option: str):
     return _OPTION_TYPES[option]
 
 
-CHECK = Fields({kind: Fields({option: _option(kind, option) for option in sorted(options)})
-                for kind, options in CHECK_KINDS.items()}, one=True,
-               fix="each check is one `kind: {options}` mapping, e.g. - agreement: {output: output, min: 0.99}")
+CHECK = Section("check", Fields({kind: Fields({option: _option(kind, option) for option in sorted(options)})
+                                 for kind, options in CHECK_KINDS.items()}, one=True,
+                                fix="each check is one `kind: {options}` mapping, e.g. - agreement: {output: output, "
+                                "min: 0.99}"))
 _VERIFY = {"samples": Int(1, 1_000_000), "thresholds": THRESHOLDS, "per_output": MapOf(THRESHOLDS, "<output>"),
            "checks": ListOf(CHECK, max_items=100)}
-VERIFY = Fields({**_VERIFY, "w8a16": Fields(dict(_VERIFY))})
+VERIFY = Section("verify", Fields({**_VERIFY, "w8a16": Fields(dict(_VERIFY))}))
 
 _COMMON = {"files": FILES, "input": NAME, "limit": Int(1, MAX_SAMPLES)}
 SAMPLES = Fields({
@@ -72,12 +74,13 @@ SAMPLES = Fields({
 REWRITE_OPTIONS = MapOf(Either((Text(), Num(), Bool())), "<option>")
 REWRITES = Either((ListOf(Either((Text(max_len=100), MapOf(REWRITE_OPTIONS, "<rewrite>")))),
                    MapOf(REWRITE_OPTIONS, "<rewrite>")),
-                  fix="e.g. rewrites: [pow-square, {finite-mask: {value: -1.0e4}}]")
+                  fix="e.g. rewrites: [pow-square, {finite-mask: {value: -1.0e4}}]",
+                  doc="list of rewrite names or `name: {options}`, or a mapping of name to options")
 
 GRAPH = Fields({
     "inputs": MapOf(INPUT, "<input>", max_items=1000),
     "outputs": MapOf(OUTPUT, "<output>", max_items=1000),
-    "precision": Either((Text(max_len=40), ListOf(Text(max_len=40), min_items=1)), fix="e.g. precision: [fp16, w8a16]"),
+    "precision": Either((Text(max_len=40), ListOf(Text(max_len=40))), fix="e.g. precision: [fp16, w8a16]"),
     "socs": ListOf(NAME, min_items=1, bad="must be a non-empty list of SoC names", fix="e.g. socs: [SM8650, SM8750]"),
     "export": NAME,
     "options": Free(),
@@ -91,6 +94,8 @@ GRAPH = Fields({
     "rewrites": REWRITES,
     "constant_inputs": MapOf(Numbers(), "<input>"),
     "samples": SAMPLES,
+    # the stage time limit (run/, issue 34 item 12): seconds, or a duration its reader parses
+    "timeout": Either((Num(1.0, 7 * 24 * 3600.0), Text(max_len=20))),
 }, required=("inputs", "outputs"))
 
 GLUE = Fields({"from": Text(max_len=300), "reshape": Bool(), "scale": Num(), "offset": Num(),
@@ -115,15 +120,14 @@ MODEL = Fields({
 }, required=("licence", "source", "graphs"))
 
 SOC_ROW = Fields({"soc_id": Int(1, 1023), "dsp_arch": Text(max_len=10), "vtcm_mb": Int(1, 64),
-                  "runs": ListOf(Text(max_len=40), min_items=1), "fp16": Bool(), "note": Text(), "alias_of": NAME},
+                  "runs": ListOf(Text(max_len=40)), "fp16": Bool(), "note": Text(), "alias_of": NAME},
                  required=("soc_id", "dsp_arch", "vtcm_mb"))
 SOCS = Fields({"socs": MapOf(SOC_ROW, "<SoC>"),
                "default": Either((Text(max_len=40), ListOf(NAME)), fix="e.g. default: [SM8650, SM8750], or default: all")})
 
-SCALAR = Either((Text(), Num(), Bool()))
 PROFILE = Fields({
     "kind": Text(max_len=40),
-    "options": MapOf(SCALAR, "<option>"),
+    "options": Free(),  # the toolchain kind checks its own options (toolchains/)
     "settings": Free(),
     "packages": ListOf(Text(max_len=300), bad="must be a list of pinned requirements",
                        fix="e.g. packages: [onnxruntime-qnn==2.3.0, onnxruntime==1.24.4]"),

@@ -95,7 +95,8 @@ class Int(Type):
         from qnn_tasks.spec.yamlread import as_int
 
         if self.bad and (not self.accepts(value) or (self.low is not None and value < self.low)):
-            raise SpecError(path, key, self.bad.format(value=value if self.accepts(value) else show(value)), self.fix)
+            shown = value if self.accepts(value) else value[:40] if isinstance(value, str) else show(value)
+            raise SpecError(path, key, self.bad.format(value=shown), self.fix)
         as_int(value, path, key, self.low, self.high)
 
     def describe(self) -> str:
@@ -189,7 +190,7 @@ class ListOf(Type):
         return isinstance(value, list)
 
     def check(self, value: Any, path: Path, key: str) -> None:
-        if value is None and not self.min_items:
+        if value is None:  # written with no value: as if not written (the loader's default, or its message)
             return
         if not isinstance(value, list) or not self.min_items <= len(value) <= self.max_items:
             size = "" if not isinstance(value, list) else f" of {len(value)} (from {self.min_items} to {self.max_items})"
@@ -227,8 +228,9 @@ class Fields(Type):
                             self.fix)
         for k in value:
             if k not in self.fields:
+                example = "" if self.fix == Fields.fix else f"; {self.fix}"
                 raise SpecError(path, _at(key, str(k)), "unknown key",
-                                f"remove it or use one of: {', '.join(sorted(self.fields))}")
+                                f"remove it or use one of: {', '.join(sorted(self.fields))}{example}")
         for k in self.required:
             if k not in value:
                 raise SpecError(path, _at(key, k), "required key is missing", "add it (see docs/model-yaml.md)")
@@ -273,6 +275,7 @@ class Either(Type):
     """One of several types, chosen by the value's outer kind (text or a list; a number or a mapping)."""
     options: tuple[Type, ...] = field(default_factory=tuple)
     fix: str = ""
+    doc: str = ""
 
     def accepts(self, value: Any) -> bool:
         return any(option.accepts(value) for option in self.options)
@@ -285,11 +288,28 @@ class Either(Type):
         raise SpecError(path, key, f"expected {self.describe()}, got {show(value)}", self.fix or "see docs/model-yaml.md")
 
     def describe(self) -> str:
-        return " or ".join(option.describe() for option in self.options)
+        return self.doc or " or ".join(option.describe() for option in self.options)
 
     def children(self) -> Iterator[tuple[str, Type]]:
         for option in self.options:
             yield from option.children()
+
+
+@dataclass(frozen=True)
+class Section(Type):
+    """A part used in several places (a verify section, a task check): listed once in the key reference, as
+    `<name>.key`, where each place that uses it names `<name>`."""
+    name: str
+    inner: Type
+
+    def accepts(self, value: Any) -> bool:
+        return self.inner.accepts(value)
+
+    def check(self, value: Any, path: Path, key: str) -> None:
+        self.inner.check(value, path, key)
+
+    def describe(self) -> str:
+        return f"<{self.name}>"
 
 
 def _inside(kind: Type) -> Iterator[tuple[str, Type]]:
@@ -299,11 +319,14 @@ def _inside(kind: Type) -> Iterator[tuple[str, Type]]:
 
 
 def _span(low: float | None, high: float | None) -> str:
+    def num(value: float) -> str:
+        return str(value) if isinstance(value, int) else f"{value:g}"
+
     if low is not None and high is not None:
-        return f" {low:g}..{high:g}"
+        return f" {num(low)}..{num(high)}"
     if low is not None:
-        return f" >= {low:g}"
-    return f" <= {high:g}" if high is not None else ""
+        return f" >= {num(low)}"
+    return f" <= {num(high)}" if high is not None else ""
 
 
 def check(data: Any, schema: Type, path: Path) -> None:
@@ -315,8 +338,15 @@ def reference(schema: Type) -> dict[str, str]:
     """Every key path the schema knows (`graphs.<graph>.inputs.<input>.shape`, `...checks[].ctc.alphabet`) -> its type,
     as docs/model-yaml.md's key reference lists them."""
     rows: dict[str, str] = {}
-    for sub, kind in schema.children():
-        name = sub.lstrip(".")
-        if name and not name.endswith("[]"):
-            rows.setdefault(name, kind.describe())
+    sections: dict[str, Type] = {}
+    todo: list[tuple[str, Type]] = [("", schema)]
+    while todo:
+        prefix, top = todo.pop(0)
+        for sub, kind in top.children():
+            name = (prefix + sub).lstrip(".")
+            if name and not name.endswith("[]"):
+                rows.setdefault(name, kind.describe())
+            if isinstance(kind, Section) and kind.name not in sections:
+                sections[kind.name] = kind
+                todo.append((f"<{kind.name}>", kind.inner))
     return rows
