@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import html
+import os
 import random
 import re
 import subprocess
@@ -285,3 +286,172 @@ def test_every_documented_key_is_in_the_schema_and_back():
 def test_the_example_specs_pass_the_schema():
     for model_yaml in sorted((EXAMPLES / "models").glob("*/model.yaml")):
         schema.check(load_yaml(model_yaml), speckeys.MODEL, model_yaml)
+
+
+# ---------------------------------------------------------------- hostile specs: types, bounds, confinement
+
+@pytest.fixture
+def chain(tmp_path) -> Path:
+    """A fresh copy of the project with the chain model: (its folder)."""
+    root = copy_project(tmp_path / "project").root
+    return add_chain_model(root)
+
+
+def load_chain(folder: Path, old: str = "", new: str = ""):
+    path = folder / "model.yaml"
+    if old:
+        assert old in path.read_text(), old
+        path.write_text(path.read_text().replace(old, new, 1))
+    socs, _ = load_soc_table(folder.parents[1])
+    return load_model(folder, socs)
+
+
+def refused(folder: Path, old: str, new: str, *fragments: str) -> str:
+    with pytest.raises(SpecError) as info:
+        load_chain(folder, old, new)
+    message = str(info.value)
+    assert_one_line(message, folder / "model.yaml")
+    for fragment in fragments:
+        assert fragment in message, message
+    return message
+
+
+def test_numbers_are_read_as_users_write_them(chain, tmp_path):
+    """YAML 1.1 read 1e7 and -1.0e4 as text, so `{finite-mask: {value: -1.0e4}}` (the lint's own hint) was refused."""
+    (tmp_path / "n.yaml").write_text("a: [1e7, 1.0e-4, -1.0e4, .5, 1.0e+9, 2E-3, 7, 0x10, 1_000, 1e400]\n")
+    assert load_yaml(tmp_path / "n.yaml")["a"] == [1.0e7, 1.0e-4, -1.0e4, 0.5, 1.0e9, 2.0e-3, 7, 16, 1000, float("inf")]
+    graph = {g.name: g for g in load_chain(chain).graphs}["embed"]  # CHAIN_YAML writes value: -1.0e4
+    assert graph.rewrites["finite-mask"]["value"] == -1.0e4
+    assert {g.name: g for g in load_chain(chain, "gain: [1.0, 0.5]", "gain: [1e3, 5e-1]").graphs}[
+        "head"].samples["audio"]["gain"] == [1000.0, 0.5]
+    refused(chain, "gain: [1e3, 5e-1]", "gain: 1.0e7", "graphs.head.samples.audio.gain: 10000000.0 is out of range")
+    refused(chain, "gain: 1.0e7", "gain: 1e400", "graphs.head.samples.audio.gain: expected a number, got inf")
+
+
+@pytest.mark.parametrize("old, new, fragments", [
+    pytest.param("graph: step", "graph: [step]", ["loop.graph: expected text, got a list of 1"], id="loop-graph-list"),
+    pytest.param("graphs: [embed, head]", "graphs: [[embed], head]", ["pipeline.graphs[0]: expected text"],
+                 id="pipeline-graphs-nested"),
+    pytest.param("input: x,", "input: [x],", ["graphs.embed.samples.image.input: expected text"], id="samples-input"),
+    pytest.param("verify: {thresholds: {min_cosine: 0.99}}", "verify: {thresholds: [x]}",
+                 ["pipeline.verify.thresholds: expected a mapping, got a list of 1"], id="thresholds-list"),
+    pytest.param("checks: [{ctc:", "checks: 5\n      zz: [{ctc:", ["graphs.head.verify.checks: expected a list"],
+                 id="checks-number"),
+    pytest.param("socs: [SM8650]", "socs: [[SM8650]]", ["graphs.embed.socs[0]: expected text"], id="socs-nested"),
+    pytest.param("steps: 5", "steps: " + "9" * 5000, ["line 55, column 10", "an integer of 5000 digits", "write a smaller number"], id="5000-digits"),
+    pytest.param("z: {shape: [1, 4, 16]", "z: {shape: [1, 1000000000000000000000000000000, 16]",
+                 ["graphs.head.inputs.z.shape[1]: 1000000000000000000000000000000 is out of range"], id="dim-1e30"),
+    pytest.param("options: {keep: [1, 2.5, text, true]}", "options: {when: 2024-01-01}",
+                 ["graphs.embed.options.when: a date (2024-01-01) is not a plain value", "quote it"], id="date-option"),
+    pytest.param("licence: MIT", "licence: {name: MIT}", ["licence: expected text, got a mapping"], id="licence-map"),
+])
+def test_a_wrong_type_is_one_line_naming_the_key(chain, old, new, fragments):
+    """Each of these crashed the loader (a traceback, exit 3 for every model) on the issue's starting commit."""
+    if old == "checks: [{ctc:":
+        new, old = "checks: 5", "checks: [{ctc: {output: logits, alphabet: alphabet.txt, blank: 0}}]"
+    refused(chain, old, new, *fragments)
+
+
+def test_a_scale_input_power_is_bounded_before_it_is_computed(chain):
+    """`2^1000000000` took 12.5 s and 441 MB in `doit list`: now refused at once, like any factor out of range."""
+    start = time.perf_counter()
+    refused(chain, 'factor: "2^-6"', 'factor: "2^1000000000"', "graphs.embed.rewrites", "power of two")
+    refused(chain, 'factor: "2^1000000000"', 'factor: "1e999999999"', "graphs.embed.rewrites", "power of two")
+    assert time.perf_counter() - start < 1.0
+    assert {g.name: g for g in load_chain(chain, 'factor: "1e999999999"', 'factor: "1/64"').graphs}[
+        "embed"].rewrites["scale-input"]["factor"] == 1 / 64
+
+
+def test_a_recursive_pattern_does_not_follow_symlinked_folders(chain):
+    """`**` through two symlinks back into the model folder was an endless walk: now symlinked folders are not
+    entered by `**` (each file is found once), in a subprocess bounded by a timeout."""
+    (chain / "images" / "deep").mkdir()
+    (chain / "images" / "deep" / "b.png").write_bytes(b"\x89PNG\r\n\x1a\n")
+    (chain / "images" / "back").symlink_to(chain, target_is_directory=True)
+    (chain / "images" / "deep" / "again").symlink_to(chain / "images", target_is_directory=True)
+    (chain / "model.yaml").write_text(CHAIN_YAML.replace('files: "images/*.png"', 'files: "**/*.png"'))
+    code = ("import sys; from pathlib import Path; from qnn_tasks.spec.project import load_model, load_soc_table\n"
+            f"folder = Path({str(chain)!r}); socs, _ = load_soc_table(folder.parents[1])\n"
+            "graph = {g.name: g for g in load_model(folder, socs).graphs}['embed']\n"
+            "print(sorted(str(p.relative_to(folder)) for p in graph.sample_files()))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "['images/a.png', 'images/deep/b.png']"
+
+
+def test_a_pattern_that_walks_too_much_is_one_line(chain, monkeypatch):
+    from qnn_tasks.spec import porting
+
+    monkeypatch.setattr(porting, "MAX_WALKED", 50)
+    for i in range(60):
+        (chain / "raw" / f"{i}.bin").write_bytes(bytes(64))
+    refused(chain, 'files: "raw/*.bin"', 'files: "**/*.bin"', "graphs.step.samples.raw.files: '**/*.bin' walks more "
+            "than 50 files and folders", "more narrowly")
+
+
+def test_a_ctc_alphabet_is_confined_to_the_model_folder(chain, tmp_path):
+    """A symlinked alphabet would put another file's lines into failure messages."""
+    from qnn_tasks.errors import StageError
+    from qnn_tasks.judge.taskchecks import read_alphabet
+
+    secret = tmp_path / "secret.txt"
+    secret.write_text("password\n")
+    (chain / "alphabet.txt").unlink()
+    (chain / "alphabet.txt").symlink_to(secret)
+    refused(chain, "", "", "graphs.head.verify.checks[0].ctc.alphabet: alphabet.txt leads through a symlink",
+            "outside the model folder")
+    with pytest.raises(StageError, match="outside the model folder"):  # swapped after the spec was loaded
+        read_alphabet(chain, "alphabet.txt")
+
+
+def test_cli_socs_of_a_missing_folder_and_explain_of_a_code(tmp_path, capsys):
+    from qnn_tasks.cli import main
+
+    assert main(["socs", str(tmp_path / "nope")]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.count("\n") == 1
+    assert out.err.startswith(f"error: {tmp_path / 'nope'}: no such folder (fix: ")
+    assert main(["explain", "3110"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("QNN error 3110 (QNN_OP_PACKAGE_ERROR_VALIDATION_FAILURE): ") and out.count("\n") == 1
+    assert main(["explain", "QNN_CONTEXT_ERROR_INVALID_ARGUMENT"]) == 0
+    assert capsys.readouterr().out.startswith("QNN error 5000 ")
+    assert main(["explain", "1234"]) == 2
+    assert "not a QNN error code of the catalogue" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name, raw, fragment", [
+    ("QNN_LOCK_WAIT", "abc", "'abc' is not a number"),
+    ("QNN_LOCK_WAIT", "-5", "-5 is out of range"),
+    ("QNN_PROGRESS_SECONDS", "nan", "nan is out of range"),
+    ("QNN_COMPAT_SAMPLES", "2.5", "'2.5' is not a whole number"),
+    ("QNN_VERIFY_ROUNDS", "lots", "'lots' is not a whole number"),
+    ("QNN_POWER_SECONDS", "1e999", "1e999 is out of range"),
+    ("QNN_KEEP_DEVICE_FILES", "maybe", "'maybe' is not a yes or no"),
+    ("QNN_UPGRADE_GATE", "abc", "'abc' is not a yes or no"),
+    ("ANDROID_ADB_SERVER_PORT", "99999", "99999 is out of range"),
+    ("QNN_EXECUTOR", "dask://", "unknown value 'dask://'"),
+])
+def test_environment_values_are_one_line(name, raw, fragment):
+    from qnn_tasks.spec import environ
+
+    with pytest.raises(SpecError) as info:
+        environ.check_all({name: raw})
+    message = str(info.value)
+    assert message.startswith(f"environment variable {name}: ") and fragment in message and "(fix: " in message
+    assert "\n" not in message
+    environ.check_all({name: ""})  # empty is unset: the default
+
+
+def test_a_bad_environment_value_stops_doit_with_one_line(tmp_path):
+    """QNN_LOCK_WAIT=abc was a traceback (exit 3) when a build took the lock; now every command refuses with one line
+    and exit 78 before anything runs or is written."""
+    from qnn_tasks.errors import EXIT_SPEC
+
+    root = copy_project(tmp_path / "p").root
+    proc = subprocess.run([sys.executable, "-m", "doit", "export:vad"], cwd=root, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, "QNN_LOCK_WAIT": "abc"})
+    assert proc.returncode == EXIT_SPEC, proc.stderr
+    assert proc.stderr == ("error: environment variable QNN_LOCK_WAIT: 'abc' is not a number (fix: e.g. "
+                           "QNN_LOCK_WAIT=600 (seconds to wait for the running doit), or unset it)\n")
+    assert not (root / "build").exists()

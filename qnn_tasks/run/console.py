@@ -4,14 +4,13 @@ line each with their fix.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from typing import Any, Callable
 
 # without a terminal: a progress line at most this often (QNN_PROGRESS_SECONDS; 0 = every step)
-PLAIN_EVERY_S = float(os.environ.get("QNN_PROGRESS_SECONDS", "15"))
+PLAIN_EVERY_ENV = "QNN_PROGRESS_SECONDS"
 _lock = threading.Lock()
 
 
@@ -26,8 +25,11 @@ def _tty() -> bool:
 
 def progress_sink(task: str) -> Callable[[int, int, str], None]:
     """A sink for progress.step(): elapsed time and an estimate of what is left."""
+    from qnn_tasks.spec.environ import value
+
     start = time.monotonic()
     state = {"last": start}
+    every = float(value(PLAIN_EVERY_ENV))  # type: ignore[arg-type]
 
     def sink(done: int, total: int, unit: str) -> None:
         now = time.monotonic()
@@ -38,7 +40,7 @@ def progress_sink(task: str) -> Callable[[int, int, str], None]:
             if _tty():
                 OUT.write("\r\033[K" + text + ("\n" if done == total else ""))
                 OUT.flush()
-            elif now - state["last"] >= PLAIN_EVERY_S and done < total:
+            elif now - state["last"] >= every and done < total:
                 print(text, file=OUT, flush=True)
                 state["last"] = now
     return sink

@@ -50,7 +50,10 @@ def acquire(root: Path, argv: list[str], wait: float | None = None) -> dict:
     path = root / LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    wait = float(os.environ.get(WAIT_ENV, "0") or 0) if wait is None else wait
+    if wait is None:
+        from qnn_tasks.spec.environ import value
+
+        wait = float(value(WAIT_ENV))  # type: ignore[arg-type]
     deadline = time.monotonic() + wait
     announced = False
     while True:

@@ -73,7 +73,8 @@ def load_yaml(path: Path) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(path, where, f"malformed YAML: {problem}", "fix the YAML syntax there") from None
+        fix = "write a smaller number" if str(problem).startswith("an integer of") else "fix the YAML syntax there"
+        raise SpecError(path, where, f"malformed YAML: {problem}", fix) from None
 
 
 def read_text(path: Path) -> str:

@@ -25,6 +25,7 @@ from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import good
+from qnn_tasks.spec import environ
 
 SAMPLES_ENV = "QNN_COMPAT_SAMPLES"
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
@@ -72,7 +73,7 @@ def measure(planner, root: str) -> dict[str, Any]:
     if not runtimes:
         raise QnnTasksError("no ort-qnn toolchain in this run: the compatibility table runs binaries on onnxruntime-qnn "
                             "simulators (fix: QNN_TOOLCHAIN=ort-qnn,<other profile>)")
-    samples = int(os.environ.get(SAMPLES_ENV, "2"))
+    samples = int(environ.value(SAMPLES_ENV))  # type: ignore[arg-type]
     table: dict[str, Any] = {"measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                              "samples": samples,
                              "runtimes": [{"profile": b.profile.name, "id": b.id, "qnn": b.fingerprint.get("qnn")}

@@ -33,6 +33,7 @@ from qnn_tasks.plan.stages import (
     targets_of,
 )
 from qnn_tasks.run import digests, interrupts, treelock
+from qnn_tasks.spec import environ
 from qnn_tasks.spec.project import load_project
 from qnn_tasks.tasks.uptodate import (
     ChecksThisRun,
@@ -62,6 +63,7 @@ def project_tasks(root: Path) -> dict[str, Any]:
     """Everything dodo.py exposes to doit. A spec error or a busy tree prints one line and exits
     EXIT_SPEC / EXIT_BUSY (errors.py: distinct from doit's own codes)."""
     try:
+        environ.check_all()  # a wrong QNN_* value is one line now, not a traceback from whatever reads it later
         project = load_project(root, os.environ.get(TOOLCHAIN_ENV, DEFAULT_TOOLCHAIN))
         interrupts.install()  # `doit report` alone too: Ctrl-C is one line and exit 130 for every command
         if treelock.needs_lock(sys.argv):

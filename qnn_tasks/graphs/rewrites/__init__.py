@@ -16,6 +16,7 @@ must stay free of onnx/numpy. The rewrites themselves are imported when applied.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -131,11 +132,15 @@ def power_of_two(value: Any) -> float:
     if value is None:
         raise ValueError("scale-input needs a factor: a power of two such as 1/64 (doit diagnose advises one)")
     try:
-        if isinstance(value, str) and "^" in value:
-            base, exponent = value.split("^")
-            number = Fraction(int(base)) ** int(exponent)
-        elif isinstance(value, bool):
+        if isinstance(value, bool):
             raise ValueError(problem)
+        if isinstance(value, str):  # parsed within bounds: 2^1000000000 or Fraction("1e999999999") would be computed
+            match = _FACTOR.fullmatch(value.strip())
+            if not match:
+                raise ValueError(problem)
+            base, exponent, top, bottom, decimal = match.groups()
+            number = (Fraction(int(base)) ** int(exponent) if base else Fraction(decimal) if decimal
+                      else Fraction(int(top), int(bottom or 1)))
         else:
             number = Fraction(value)
     except (TypeError, ValueError, ZeroDivisionError, OverflowError):
@@ -143,6 +148,10 @@ def power_of_two(value: Any) -> float:
     if number <= 0 or number == 1 or not _is_power_of_two(number) or not 2 ** -40 <= number <= 2 ** 40:
         raise ValueError(problem)
     return float(number)
+
+
+# "2^-6" (a small base and exponent), "1/64", "64" or "0.015625": a factor written as text, bounded before anything is computed
+_FACTOR = re.compile(r"(?:(\d{1,3})\s*\^\s*([-+]?\d{1,3}))|(?:(\d{1,20})\s*(?:/\s*(\d{1,20}))?)|(\d{0,20}\.\d{1,20})")
 
 
 def _is_power_of_two(number) -> bool:

@@ -22,6 +22,7 @@ from qnn_tasks.devices import adb
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.plan.paths import DEVICE_STAMP
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.spec import environ
 from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
 
 DEVICE_LABEL = "measured on an attached phone over adb (device results)"
@@ -76,16 +77,9 @@ def device_settings(profile: ToolchainProfile, env: dict[str, str] | None = None
             values[key] = kind(value)
     for var, key, kind in ((ENV_KEEP, "keep_files", bool), (ENV_ROUNDS, "timing_rounds", int),
                            (ENV_INFERENCES, "timing_inferences", int), (ENV_POWER_SECONDS, "power_seconds", float)):
-        raw = env.get(var)
-        if raw is None or raw == "":
-            continue
-        if kind is bool:
-            values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
-            continue
-        try:
-            values[key] = kind(raw)
-        except ValueError:
-            raise SpecError(f"environment variable {var}", "", f"{raw!r} is not a number", f"e.g. {var}=3") from None
+        given = environ.value(var, env)
+        if given is not None:
+            values[key] = kind(given)
     settings = DeviceSettings(**values)
     if settings.timing_inferences < 2:
         settings = DeviceSettings(**{**values, "timing_inferences": 2})
