@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec import keys as speckeys
 from qnn_tasks.spec import porting as specport
-from qnn_tasks.spec import schema
 from qnn_tasks.spec.checks import PRECISIONS, THRESHOLD_RANGES, calibration_section, check_lint, verify_section
 from qnn_tasks.spec.yamlread import (
     as_bool,
@@ -232,7 +230,7 @@ def load_soc_file(path: Path, base: dict[str, Soc] | None = None
     """The merged table (`base` with this file's rows over it), this file's `default:` (None if absent)
     and the names of the rows this file writes."""
     data = as_mapping(load_yaml(path), path, "")
-    schema.check(data, speckeys.SOCS, path)
+    _check_schema(data, "SOCS", path)
     table = as_mapping(data.get("socs"), path, "socs")
     base = dict(base or {})
     socs: dict[str, Soc] = {name: soc for name, soc in base.items()}
@@ -294,6 +292,13 @@ def _runs(row: dict, path: Path, key: str) -> tuple[str, ...]:
     return tuple(r for r in PRECISIONS if r in runs)  # canonical order: keys do not depend on how it was written
 
 
+def _check_schema(data: Any, table: str, path: Path) -> None:
+    """The file against its table of spec/keys.py (imported only when YAML is read: a warm spec cache skips it)."""
+    from qnn_tasks.spec import keys, schema
+
+    schema.check(data, getattr(keys, table), path)
+
+
 def packaged_socs_file() -> Path:
     return PACKAGED_DATA / "socs.yaml"
 
@@ -320,7 +325,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     path = model_dir / "model.yaml"
     as_name(model_dir.name, path, "", "the model folder name", f"rename the folder {model_dir}")
     data = as_mapping(load_yaml(path), path, "")
-    schema.check(data, speckeys.MODEL, path)  # every key's type and bounds, before any value is used
+    _check_schema(data, "MODEL", path)  # every key's type and bounds, before any value is used
     source_data = as_mapping(data["source"], path, "source")
     source = Source(package=source_data.get("package"), file=source_data.get("file"), url=source_data.get("url"))
     specport.check_source_file(source_data, path, "source.file")
@@ -449,7 +454,7 @@ def load_toolchain(root: Path, name: str) -> ToolchainProfile:
         raise SpecError(path, "", f"no toolchain profile '{name}'",
                         f"use one of: {', '.join(toolchain_names(root)) or 'none found'}, or write toolchain/{name}.yaml")
     data = as_mapping(load_yaml(path), path, "")
-    schema.check(data, speckeys.PROFILE, path)
+    _check_schema(data, "PROFILE", path)
     packages = data.get("packages") or []
     if not isinstance(packages, list) or not all(isinstance(p, str) and "==" in p for p in packages):
         raise SpecError(path, "packages", f"must be a list of pinned requirements, got {packages!r}",
