@@ -42,6 +42,15 @@ def show(value: Any) -> str:
     return f"a {type(value).__name__} ({str(value)[:40]})"  # a YAML date, timestamp, set, binary
 
 
+def _mapping(value: Any, path: Path, key: str, fix: str) -> bool:
+    """True for a mapping to check, False for nothing written (None), else the one line."""
+    if value is None:
+        return False
+    if not isinstance(value, dict):
+        raise SpecError(path, key, f"expected a mapping, got {show(value)}", fix)
+    return True
+
+
 def _at(key: str, part: str) -> str:
     return f"{key}.{part}" if key else str(part)
 
@@ -100,7 +109,9 @@ class Int(Type):
         as_int(value, path, key, self.low, self.high)
 
     def describe(self) -> str:
-        return "integer" + _span(self.low, self.high)
+        from qnn_tasks.spec.yamlread import span
+
+        return "integer" + span(self.low, self.high, " ")
 
 
 @dataclass(frozen=True)
@@ -117,7 +128,9 @@ class Num(Type):
         as_number(value, path, key, self.low, self.high)
 
     def describe(self) -> str:
-        return "number" + _span(self.low, self.high)
+        from qnn_tasks.spec.yamlread import span
+
+        return "number" + span(self.low, self.high, " ")
 
 
 @dataclass(frozen=True)
@@ -160,10 +173,8 @@ class Free(Type):
         return isinstance(value, dict)
 
     def check(self, value: Any, path: Path, key: str) -> None:
-        if value is None:
+        if not _mapping(value, path, key, "write `key: value` pairs there"):
             return
-        if not isinstance(value, dict):
-            raise SpecError(path, key, f"expected a mapping, got {show(value)}", "write `key: value` pairs there")
         stack: list[tuple[Any, str]] = [(value, key)]
         while stack:
             item, where = stack.pop()
@@ -255,10 +266,8 @@ class MapOf(Type):
         return isinstance(value, dict)
 
     def check(self, value: Any, path: Path, key: str) -> None:
-        if value is None:
+        if not _mapping(value, path, key, self.fix):
             return
-        if not isinstance(value, dict):
-            raise SpecError(path, key, f"expected a mapping, got {show(value)}", self.fix)
         if len(value) > self.max_items:
             raise SpecError(path, key, f"{len(value)} entries, more than {self.max_items}", "split the model")
         for k, v in value.items():
@@ -316,17 +325,6 @@ def _inside(kind: Type) -> Iterator[tuple[str, Type]]:
     """The key itself, then every key below it."""
     yield "", kind
     yield from kind.children()
-
-
-def _span(low: float | None, high: float | None) -> str:
-    def num(value: float) -> str:
-        return str(value) if isinstance(value, int) else f"{value:g}"
-
-    if low is not None and high is not None:
-        return f" {num(low)}..{num(high)}"
-    if low is not None:
-        return f" >= {num(low)}"
-    return f" <= {num(high)}" if high is not None else ""
 
 
 def check(data: Any, schema: Type, path: Path) -> None:

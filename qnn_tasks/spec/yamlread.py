@@ -202,7 +202,7 @@ def require_keys(data: dict, required: tuple[str, ...], path: Path, key: str) ->
 
 def as_int(value: Any, path: Path, key: str, low: int | None = None, high: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise SpecError(path, key, f"expected an integer, got '{value}'", f"write a whole number{_span(low, high, ' ')}")
+        raise SpecError(path, key, f"expected an integer, got '{value}'", f"write a whole number{span(low, high, ' ')}")
     _in_range(value, path, key, low, high)
     return value
 
@@ -210,22 +210,26 @@ def as_int(value: Any, path: Path, key: str, low: int | None = None, high: int |
 def as_number(value: Any, path: Path, key: str, low: float | None = None, high: float | None = None) -> float:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         shown = repr(value) if isinstance(value, (str, int, float)) and len(repr(value)) <= 60 else type(value).__name__
-        raise SpecError(path, key, f"expected a number, got {shown}", f"write a number{_span(low, high, ' ')}")
+        raise SpecError(path, key, f"expected a number, got {shown}", f"write a number{span(low, high, ' ')}")
     _in_range(value, path, key, low, high)
     return float(value)
 
 
 def _in_range(value: float, path: Path, key: str, low: float | None, high: float | None) -> None:
     if (low is not None and value < low) or (high is not None and value > high):
-        raise SpecError(path, key, f"{value!r} is out of range", f"use a value{_span(low, high, ' ')}")
+        raise SpecError(path, key, f"{value!r} is out of range", f"use a value{span(low, high, ' ')}")
 
 
-def _span(low: float | None, high: float | None, lead: str = "") -> str:
+def span(low: float | None, high: float | None, lead: str = "") -> str:
+    """" between 1 and 64" / " of at least 0" (whole numbers written out, others as %g), for messages and docs."""
+    def num(value: float) -> str:
+        return str(value) if isinstance(value, int) else f"{value:g}"
+
     if low is not None and high is not None:
-        return f"{lead}between {low:g} and {high:g}"
+        return f"{lead}between {num(low)} and {num(high)}"
     if low is not None:
-        return f"{lead}of at least {low:g}"
-    return f"{lead}of at most {high:g}" if high is not None else ""
+        return f"{lead}of at least {num(low)}"
+    return f"{lead}of at most {num(high)}" if high is not None else ""
 
 
 def as_bool(value: Any, path: Path, key: str) -> bool:
