@@ -247,9 +247,11 @@ def test_a_broken_model_leaves_the_others_listed_and_planned(project):
             assert others <= names, (what, loaded.broken)
             assert ("chain" in names) != any(name == "chain" for name, _ in loaded.broken), what
             tasks = TaskFactory(Planner(loaded)).namespace()  # every task dict, as `doit list` makes them
-            listed = {name for name, value in tasks.items() if name.startswith("task_")}
-            assert "task_export" in listed and tasks, what
-            assert all(g.model_dir.exists() for g in Planner(loaded).project.graphs()), what
+            exported = {task["name"] for task in tasks["task_export"]()}
+            assert {"minilm", "vad"} <= exported, what
+            for name, make in tasks.items():  # every stage's tasks are made: a value planning trips on shows here
+                if name.startswith("task_") and callable(make):
+                    list(make())
     finally:
         path.write_text(original)
 
