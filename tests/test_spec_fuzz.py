@@ -231,6 +231,33 @@ def test_mutated_specs_load_or_are_one_line(project, model):
     assert slowest < 2.0, slowest
 
 
+@pytest.mark.parametrize("file", ["socs/socs.yaml", "toolchain/ort-qnn.yaml"])
+def test_mutated_soc_tables_and_profiles_load_or_are_one_line(project, file):
+    """The project-wide files: loaded and planned, or one line naming the file (every command then stops, exit 78)."""
+    from qnn_tasks.errors import QnnTasksError
+    from qnn_tasks.plan.stages import Planner
+
+    path = project / file
+    original = path.read_text()
+    base, rng = load_yaml(path), random.Random(f"{SEED}:{file}")
+    refused = 0
+    try:
+        for _ in range(40):
+            what, text = mutate(base, original, rng)
+            path.write_text(text)
+            try:
+                Planner(load_project(project))
+            except QnnTasksError as err:
+                assert "\n" not in str(err) and str(err).startswith(f"{path}: ") and "(fix: " in str(err), (what, err)
+                refused += 1
+            except Exception as err:  # noqa: BLE001 - name the variant that escaped
+                pytest.fail(f"{what}: {type(err).__name__}: {err}"[:500])
+    finally:
+        path.write_text(original)
+        (project / ".qnn-specs.cache").unlink(missing_ok=True)
+    assert refused > 10, refused
+
+
 def test_a_broken_model_leaves_the_others_listed_and_planned(project):
     """A sample of variants, each with the whole project: the other models load and plan as before."""
     from qnn_tasks.plan.stages import Planner
