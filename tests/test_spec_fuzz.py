@@ -283,6 +283,27 @@ def test_a_broken_model_leaves_the_others_listed_and_planned(project):
         path.write_text(original)
 
 
+def test_a_loader_bug_still_costs_one_model_only(tmp_path, monkeypatch):
+    """The net under the schema: an exception the loader did not expect is that model's one line, not the project's."""
+    from qnn_tasks.spec import project as specproject
+
+    root = copy_project(tmp_path / "p").root
+    real = specproject.load_model
+
+    def flaky(model_dir, socs):
+        if model_dir.name == "minilm":
+            raise TypeError("unhashable type: 'list'\nsecond line")
+        return real(model_dir, socs)
+
+    monkeypatch.setattr(specproject, "load_model", flaky)
+    loaded = load_project(root)
+    assert [m.name for m in loaded.models] == ["silero-vad"]
+    [(name, line)] = loaded.broken
+    assert name == "minilm" and line == (f"{root / 'models/minilm/model.yaml'}: the loader failed on this file: "
+                                         "TypeError: unhashable type: 'list' (fix: a bug of qnn-npu-compile: please "
+                                         "report it with this file)")
+
+
 def test_doit_list_survives_a_wrong_type_that_crashed_the_loader(project, tmp_path):
     """The one doit subprocess: `socs: [[SM8650]]` (a list where a name is) was a traceback and exit 3 for every
     model; now the model is unbuildable and the others list."""

@@ -528,6 +528,11 @@ def _load_project(root: Path, toolchain: str) -> Project:
             loaded.append(load_model(model_dir, socs))
         except SpecError as err:
             broken.append((model_dir.name, str(err)))
+        except Exception as err:  # noqa: BLE001 - a loader bug (the fuzz finds none) still costs one model only
+            problem = (str(err).splitlines() or [""])[0][:200]
+            broken.append((model_dir.name, str(SpecError(model_dir / "model.yaml", "", f"the loader failed on this "
+                                                         f"file: {type(err).__name__}: {problem}", "a bug of "
+                                                         "qnn-npu-compile: please report it with this file"))))
     seen: dict[str, Path] = {}
     models = []
     for model in loaded:
