@@ -6,9 +6,10 @@ exception from deeper code, so one bad value makes only its own model unbuildabl
 cannot say (a graph that must exist, shapes that must agree, names safe as folders). The key reference of
 docs/model-yaml.md is `reference(MODEL)` (tests/test_spec_fuzz.py compares them, both ways).
 
-Our own small table rather than a schema library: it is read on every cold `doit list`, and here it costs no
-import at all (measured on this machine: `import jsonschema` ~120 ms, `import pydantic` ~55 ms before a model is
-even built; `doit list` with a warm spec cache imports no YAML and no schema). Pure Python, imports nothing heavy.
+Our own small table rather than a schema library: it is read on every cold `doit list`, where a library's import
+would be paid each time (measured on this machine: `import jsonschema` ~120 ms, `import pydantic` ~55 ms before a
+model class is even built), while this module imports nothing but the standard library, and only when YAML is read
+(a warm spec cache, as in a no-op `doit`, imports neither YAML nor this). Checking a model.yaml costs ~0.3 ms.
 """
 from __future__ import annotations
 
