@@ -14,6 +14,7 @@ import html
 import os
 import random
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -113,6 +114,8 @@ def add_chain_model(root: Path) -> Path:
 def project(tmp_path_factory) -> Path:
     root = copy_project(tmp_path_factory.mktemp("fuzz") / "project").root
     add_chain_model(root)
+    for fixture in (EXAMPLES / "speech" / "whisper-tiny-en", EXAMPLES.parent / "models" / "gelu-conv"):
+        shutil.copytree(fixture, root / "models" / fixture.name, ignore=shutil.ignore_patterns("__pycache__"))
     return root
 
 
@@ -203,7 +206,7 @@ def assert_one_line(message: str, path: Path) -> None:
 
 # ---------------------------------------------------------------- the fuzz
 
-@pytest.mark.parametrize("model", ["minilm", "silero-vad", "chain"])
+@pytest.mark.parametrize("model", ["minilm", "silero-vad", "chain", "whisper-tiny-en", "gelu-conv"])
 def test_mutated_specs_load_or_are_one_line(project, model):
     """Every variant: loaded, or one SpecError line naming the file and the key; nothing else escapes; bounded time."""
     folder = project / "models" / model
