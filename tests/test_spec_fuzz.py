@@ -394,6 +394,8 @@ def test_numbers_are_read_as_users_write_them(chain, tmp_path):
     pytest.param("steps: 5", "steps: " + "9" * 5000, ["line 55, column 10", "an integer of 5000 digits", "write a smaller number"], id="5000-digits"),
     pytest.param("z: {shape: [1, 4, 16]", "z: {shape: [1, 1000000000000000000000000000000, 16]",
                  ["graphs.head.inputs.z.shape[1]: 1000000000000000000000000000000 is out of range"], id="dim-1e30"),
+    pytest.param("z: {shape: [1, 4, 16]", "z: {shape: [1, 65536, 65536]",
+                 ["graphs.head.inputs.z.shape: [1, 65536, 65536] holds 4.29e+09 values"], id="tensor-too-big"),
     pytest.param("options: {keep: [1, 2.5, text, true]}", "options: {when: 2024-01-01}",
                  ["graphs.embed.options.when: a date (2024-01-01) is not a plain value", "quote it"], id="date-option"),
     pytest.param("licence: MIT", "licence: {name: MIT}", ["licence: expected text, got a mapping"], id="licence-map"),

@@ -5,6 +5,7 @@ stays instant. Every error names the file and the key, and says how to fix it.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -25,6 +26,7 @@ from qnn_tasks.spec.yamlread import (
     load_yaml,
 )
 
+MAX_ELEMENTS = 2**31 - 1  # values in one declared tensor: QNN indexes tensors with 32 bits
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
@@ -422,6 +424,10 @@ def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorS
             if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
                 raise SpecError(path, f"{tkey}.shape", f"dynamic or invalid dim '{dim}': the NPU needs static shapes",
                                 "give every dim a fixed positive integer (pad or chunk variable lengths at export)")
+        elements = math.prod(shape)
+        if elements > MAX_ELEMENTS:  # each dim is bounded by the schema; their product is what stages allocate
+            raise SpecError(path, f"{tkey}.shape", f"{shape} holds {elements:.3g} values, more than an NPU tensor "
+                            f"can ({MAX_ELEMENTS})", "check the dims (a tensor this size would not fit the NPU's memory)")
         dtype = str(tdata.get("dtype", "float32"))
         if dtype == "int64":
             raise SpecError(path, f"{tkey}.dtype", "int64 is not supported on HTP", "export int32 instead")
