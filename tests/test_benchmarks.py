@@ -27,3 +27,22 @@ def test_cluster_cost_runs_at_a_tiny_size_and_says_it_is_a_model() -> None:
     for workers in ("none", "2", "8", "32"):
         assert re.search(rf"^\s+{workers}\s+[\d.]+\s+[\d.]+x$", out, re.M), out
     assert "not a measured cluster" in out and "load average" in out
+
+
+BENCH_TIED = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_tied_embedding.py"
+
+
+def test_tied_embedding_benchmark_shows_the_compiler_keeps_one_copy_only_for_a_run_time_projection() -> None:
+    """What the Whisper decoder's `embedding: once-on-npu` relies on, compiled for real at a small vocabulary: the
+    lookup and the projection on one initializer give a binary with two copies of the table; the projection reading
+    a run-time copy gives one, as does no lookup at all (a QNN upgrade that changes this shows here first)."""
+    result = subprocess.run([sys.executable, str(BENCH_TIED), "--vocab", "4096"], capture_output=True, text=True,
+                            timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    rows = {m.group(1): (int(m.group(2)), float(m.group(3)), m.group(4))
+            for m in re.finditer(r"^(twice|once|one-hot|host)\s+(\d+)\s+([\d.]+)\s+[\d.]+\s+(.+)$", result.stdout, re.M)}
+    assert set(rows) == {"twice", "once", "one-hot", "host"}, result.stdout
+    assert all(on_cpu == "nothing" for _, _, on_cpu in rows.values()), result.stdout
+    assert 1.0 <= rows["once"][1] < 1.2 and 1.0 <= rows["host"][1] < 1.2, result.stdout
+    assert rows["twice"][1] >= 2.0 and rows["one-hot"][1] >= 2.0, result.stdout
+    assert "table [4096, 384] fp16 = 3145728 bytes" in result.stdout

@@ -224,6 +224,12 @@ def export(ctx):
     _save(ctx, [helper.make_node("If", ["cond"], ["y"], name="sample_rate_branch",
                                  then_branch=then_g, else_branch=else_g)], initializers=[cond])
 ''',
+    "size-notes": '''
+def export(ctx):
+    _save(ctx, [helper.make_node("Identity", ["x"], ["y"])])
+    ctx.size_notes.append({"what": "a table stored once", "bytes": 16, "option": "table: once"})
+    ctx.size_notes.append({"what": "a table", "bytes": "16 MB", "option": "table: once"})
+''',
     "dynamic": '''
 def export(ctx):
     _save(ctx, [helper.make_node("Identity", ["x"], ["y"])], x_shape=(1, "n"))
@@ -301,6 +307,22 @@ def test_export_that_writes_nothing_says_so(tmp_path):
     assert "models/tinym/export.py:export() wrote nothing to ctx.out_path for graph 'tiny'" in line
     assert "onnx.save(model, str(ctx.out_path))" in line and "ir_version" not in line
     assert_no_export_left(project)
+
+
+def test_export_size_notes_reach_the_record_and_a_malformed_one_is_one_line(tmp_path):
+    """export.py's ctx.size_notes ({what, bytes, option}: what a size comes from, which option changes it) are kept
+    in the export record, where a package's manifest reads them; a malformed note fails the export in one line."""
+    project = tiny_project(tmp_path / "p", "size-notes")
+    line = project.doit("export:tiny").failure_line("export:tiny")
+    assert "models/tinym/export.py:export(): ctx.size_notes[1] is {'what': 'a table', 'bytes': '16 MB'" in line, line
+    assert "(fix: append a dict of exactly {'what': str, 'bytes': int >= 0, 'option': str})" in line, line
+    assert_no_export_left(project)
+    export = project.path("models/tinym/export.py")
+    export.write_text(export.read_text().replace('"bytes": "16 MB"', '"bytes": 16 << 20'))
+    assert project.doit("export:tiny").returncode == 0
+    record = json.loads(project.path("build/tinym/tiny/export/export.json").read_text())
+    assert record["size_notes"] == [{"what": "a table stored once", "bytes": 16, "option": "table: once"},
+                                    {"what": "a table", "bytes": 16 << 20, "option": "table: once"}]
 
 
 def test_export_writing_garbage(tmp_path):

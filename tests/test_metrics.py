@@ -287,3 +287,22 @@ def test_judge_reports_nan_in_an_output_with_its_index(tmp_path):
     assert result["metrics"]["h"]["non_finite"] == 1
     assert result["metrics"]["h"]["first_non_finite"] == [1, 0, 2]  # sample 1, then the [1, 4] tensor index
     assert violations == ["output 'h': 1 NaN/Inf values (first at index [1, 0, 2])"]
+
+
+def test_judge_refuses_outputs_that_verify_nothing(tmp_path):
+    """All-zero outputs on both sides pass every threshold (cosine 1.0, max-abs 0): the verdict is "not verified"
+    with the reason, not a pass; so is an output that is the same for every sample (a glue that multiplies by 0)."""
+    graph, verify = _graph(tmp_path, "thresholds: {min_cosine: 0.999}")
+    zeros = _samples([0.0, 0.0, 0.0], np.zeros((3, 4)))
+    result, violations = verification.judge(graph, verify, zeros, [dict(s) for s in zeros])
+    assert result["metrics"]["h"]["cosine"] == 1.0  # what every threshold saw
+    assert violations[0].startswith("not verified: output 'p' is all zero; output 'h' is all zero over 3 sample(s)")
+    assert result["not_verified"] == violations[0] and "(fix: samples that make the outputs vary)" in violations[0]
+    same = _samples([0.3, 0.3, 0.3], np.tile([1.0, 2.0, 3.0, 4.0], (3, 1)))
+    result, violations = verification.judge(graph, verify, same, same)
+    assert result["degenerate"] == {"p": "the one value 0.3", "h": "the same for all 3 samples"}
+    assert violations and violations[0].startswith("not verified")
+    # one output that varies verifies something: the constant one is named, the verdict stands
+    varied = _samples([0.1, 0.5, 0.9], np.tile([1.0, 2.0, 3.0, 4.0], (3, 1)))
+    result, violations = verification.judge(graph, verify, varied, varied)
+    assert violations == [] and result["degenerate"] == {"h": "the same for all 3 samples"}

@@ -250,3 +250,34 @@ def test_wer_defaults_depend_on_precision(tmp_path):
                                          "min_identical": 1.0, "show": 5}]
     assert verify["w8a16"]["checks"] == [{"kind": "wer", "output": "features", "max_wer_increase": 0.01,
                                           "min_identical": 0.0, "show": 5}]
+
+
+def decoder_graph(**options):
+    graph = next(g for g in load_model(MODEL_DIR, load_socs(EXAMPLES / "socs" / "socs.yaml")).graphs if g.name == "decoder")
+    return dataclasses.replace(graph, options={**graph.options, **options})
+
+
+@pytest.mark.slow
+def test_decoder_embedding_once_on_npu_computes_the_same_logits_and_a_wrong_value_is_one_line():
+    """`embedding: once-on-npu` (the example's) has the projection read a run-time copy of the lookup's table, so the
+    compiled binary holds the tied embedding once (its size and transcript: test_whisper_npu.py's loop). On the CPU
+    it is the same arithmetic as `twice-on-npu`: identical logits and K/V for a real step."""
+    import torch
+
+    assert decoder_graph().options["embedding"] == "once-on-npu"
+    steps = {}
+    for storage in ("once-on-npu", "twice-on-npu"):
+        ctx = modelcode.context_for(decoder_graph(embedding=storage))
+        module = modelcode.load_module(ctx.graph)
+        step = module._module(ctx, "decoder")
+        assert step.projection_from_table == (storage == "once-on-npu")
+        inputs = module.decoder_start(ctx, np.zeros((4, 1, 6, 1500, 64), np.float32) + 0.01,
+                                      np.ones((4, 1, 6, 1500, 64), np.float32) * 0.02)
+        with torch.no_grad():
+            steps[storage] = [t.numpy() for t in step(*(torch.from_numpy(inputs[t.name]) for t in ctx.graph.inputs))]
+    for once, twice in zip(steps["once-on-npu"], steps["twice-on-npu"]):
+        np.testing.assert_array_equal(once, twice)
+    ctx = modelcode.context_for(decoder_graph(embedding="host"))
+    with pytest.raises(StageError) as err:
+        modelcode.load_module(ctx.graph)._module(ctx, "decoder")
+    assert str(err.value).endswith("graph 'decoder': options.embedding is 'host': use one of once-on-npu, twice-on-npu")

@@ -90,6 +90,12 @@ def test_whisper_decoded_on_the_npu_by_a_loop(whisper):
     assert {"pipeline:whisper-tiny-en-SM8650", "context:decoder-SM8650", "loop:decoder-SM8650"} <= result.executed
     context = whisper.one_json(f"{DECODER}/context/context.json")
     assert context["partition"]["cpu_nodes"] == []
+    # the tied [51864, 384] embedding stored once (embedding: once-on-npu): twice, the binary was 97.0 MB
+    table = 51864 * 384 * 2
+    note = whisper.one_json("build/whisper-tiny-en/decoder/export/export.json")["size_notes"]
+    assert note == [{"what": note[0]["what"], "bytes": table, "option": "embedding: once-on-npu"}]
+    assert note[0]["what"].startswith("tied token embedding [51864, 384] fp16, stored once on the NPU")
+    assert table < context["bin_size"] < 1.5 * table
     rec = whisper.one_json(f"{DECODER}/loop/loop.json")
     assert rec["status"] == "passed" and len(rec["runs"]) == 1 and rec["steps"] == rec["steps_cpu"] > 5
     top1 = next(c for c in rec["checks"] if c["kind"] == "top1")
@@ -141,8 +147,9 @@ def test_a_damaged_decoder_fails_the_gate_with_the_first_differing_token_and_the
     good = whisper.one_json(f"{DECODER}/loop/loop.json")
     good_wer = next(c for c in good["checks"] if c["kind"] == "wer")["transcripts"][0]
     # the logits x 1e5: the CPU check of the export against PyTorch needs its absolute tolerance scaled alike
-    project.edit(WHISPER, "options: {clips: 2, decoder_samples: 3}",
-                 "options: {clips: 10, decoder_samples: 3, temperature: 1.0e-5}\n    cpucheck: {max_abs: 10.0}")
+    project.edit(WHISPER, "options: {clips: 2, decoder_samples: 3, embedding: once-on-npu}",
+                 "options: {clips: 10, decoder_samples: 3, embedding: once-on-npu, temperature: 1.0e-5}\n"
+                 "    cpucheck: {max_abs: 10.0}")
     # the damage shows from the first step: 5 steps (the prompt, then 3 words) judge it; each takes ~2.5 s
     project.edit(WHISPER, "steps: 64", "steps: 5")
     result = project.doit("loop:decoder-SM8650")

@@ -104,7 +104,21 @@ def _weights(ctx):
     return _WEIGHTS[key]
 
 
-_MODULES: dict[tuple[str, str, float], object] = {}
+_MODULES: dict[tuple[str, str, float, str], object] = {}
+# How the decoder binary stores the tied [vocab, d] embedding (options.embedding); measured in docs/whisper.md
+EMBEDDING = {
+    "once-on-npu": "stored once on the NPU: the output projection reads a run-time copy of the lookup's table "
+                   "(embedding: twice-on-npu stores it twice, these bytes more, for a projection with a packed weight)",
+    "twice-on-npu": "stored twice on the NPU: as the token lookup's table and again as the output projection's "
+                    "static weight (embedding: once-on-npu saves these bytes, the projection then reads a run-time copy)",
+}
+
+
+def _embedding(ctx) -> str:
+    value = ctx.options.get("embedding", "once-on-npu")
+    if value not in EMBEDDING:
+        raise ctx.error(f"options.embedding is {value!r}: use one of {', '.join(EMBEDDING)}")
+    return value
 
 
 def _module(ctx, kind: str):
@@ -116,7 +130,8 @@ def _module(ctx, kind: str):
     temperature = float(ctx.options.get("temperature", 1.0)) if kind == "decoder" else 1.0
     if not temperature > 0:
         raise ctx.error(f"options.temperature is {temperature}: use a number above 0 (1 leaves the logits as they are)")
-    key = (str(model_dir(ctx)), kind, temperature)
+    embedding = _embedding(ctx) if kind == "decoder" else ""
+    key = (str(model_dir(ctx)), kind, temperature, embedding)
     if key not in _MODULES:
         decoder = _sibling("whisper_decoder")
         weights = _weights(ctx)
@@ -124,7 +139,8 @@ def _module(ctx, kind: str):
         if kind == "crosskv":
             _MODULES[key] = decoder.CrossKV(weights.variables, heads).eval()
         else:
-            _MODULES[key] = decoder.DecoderStep(weights.variables, heads, temperature).eval()
+            _MODULES[key] = decoder.DecoderStep(weights.variables, heads, temperature,
+                                                projection_from_table=embedding == "once-on-npu").eval()
     return _MODULES[key]
 
 
@@ -146,15 +162,20 @@ def export_crosskv(ctx) -> None:
 
 
 def export_decoder(ctx) -> None:
+    """One decoder step; the export record's size note says how the tied embedding is stored (options.embedding)."""
     import torch
 
+    module = _module(ctx, "decoder")
     example = tuple(torch.zeros(t.shape, dtype=torch.int32 if t.dtype == "int32" else torch.float32)
                     for t in ctx.graph.inputs)
     with torch.no_grad():
-        torch.onnx.export(_module(ctx, "decoder"), example, str(ctx.out_path),
+        torch.onnx.export(module, example, str(ctx.out_path),
                           input_names=[t.name for t in ctx.graph.inputs], output_names=[t.name for t in ctx.graph.outputs],
                           opset_version=17, dynamo=False)
     _share_tied_embedding(ctx.out_path)
+    vocab, width = module.embedding.shape
+    ctx.size_notes.append({"what": f"tied token embedding [{vocab}, {width}] fp16, {EMBEDDING[_embedding(ctx)]}",
+                           "bytes": vocab * width * 2, "option": f"embedding: {_embedding(ctx)}"})
 
 
 def _share_tied_embedding(path: Path) -> None:

@@ -9,7 +9,10 @@ Built from a CTranslate2 model's `decoder/...` variables (SPEC 11). Two graphs:
            the self-attention caches [layers, 1, heads, T, head_dim] and the cross K/V. The step attends
            over cat(cache, its own k/v); the host writes the new k/v into the cache (the loop's step()).
 The tied embedding is one parameter, used by the Gather and by the output projection (a Gemm with
-transB, so the exported ONNX holds the [vocab, d] matrix once).
+transB, so the exported ONNX holds the [vocab, d] matrix once). The HTP compiler still stores it twice
+(measured, docs/whisper.md): the Gather's table and a second copy as the projection's static weight. With
+`projection_from_table` the projection reads a run-time copy of the Gather's table instead (all rows
+gathered with indices the compiler cannot fold), so the binary holds the table once.
 """
 from __future__ import annotations
 
@@ -66,9 +69,10 @@ class CrossKV(nn.Module):
 class DecoderStep(nn.Module):
     """(token, position, mask, self_k, self_v, cross_k, cross_v) -> (logits, new_k, new_v)."""
 
-    def __init__(self, weights, heads: int, temperature: float = 1.0) -> None:
+    def __init__(self, weights, heads: int, temperature: float = 1.0, projection_from_table: bool = False) -> None:
         super().__init__()
         self.temperature = temperature  # 1: no node; else the logits are divided by it inside the graph
+        self.projection_from_table = projection_from_table
         self.layers = layer_count(weights)
         self.embedding = _param(weights["decoder/embeddings/weight"])  # tied: also the output projection
         self.vocab, self.width = (int(n) for n in self.embedding.shape)
@@ -83,6 +87,7 @@ class DecoderStep(nn.Module):
                          "attention/linear_2", "ffn/linear_0", "ffn/linear_1"):
                 self.params.extend(_linear(weights, f"{scope}/{name}"))
         self.final = nn.ParameterList(_norm(weights, "decoder/layer_norm"))
+        self.register_buffer("rows", torch.arange(self.vocab, dtype=torch.int32), persistent=False)
 
     def _layer(self, i: int) -> list[nn.Parameter]:
         per = 18  # 3 norms x 2 + 6 linears x 2
@@ -117,7 +122,10 @@ class DecoderStep(nn.Module):
             y = F.layer_norm(x, (width,), ff_g, ff_b, LAYER_NORM_EPS)
             x = x + F.linear(F.gelu(F.linear(y, fc1_w, fc1_b)), fc2_w, fc2_b)
         x = F.layer_norm(x, (width,), self.final[0], self.final[1], LAYER_NORM_EPS)
-        logits = F.linear(x.reshape(1, width), self.embedding).reshape(1, 1, self.vocab)  # Gemm(transB): shared weight
+        weight = self.embedding
+        if self.projection_from_table:  # every row, by indices that depend on an input (token x 0): not foldable
+            weight = torch.index_select(self.embedding, 0, self.rows + token.reshape(1) * 0)
+        logits = F.linear(x.reshape(1, width), weight).reshape(1, 1, self.vocab)  # Gemm(transB): shared weight
         if self.temperature != 1.0:
             logits = logits / self.temperature
         return logits, torch.stack(new_k), torch.stack(new_v)

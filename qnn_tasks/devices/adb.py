@@ -82,9 +82,9 @@ class Server:
 def server_from_env(env: dict[str, str] | None = None) -> Server:
     env = os.environ if env is None else env
     host = env.get(ENV_HOST) or DEFAULT_HOST
-    from qnn_tasks.spec.environ import value
+    from qnn_tasks.envvalues import number
 
-    port = value(ENV_PORT, env)
+    port = number(ENV_PORT, env)
     return Server(host, DEFAULT_PORT if port is None else int(port))  # type: ignore[arg-type]
 
 

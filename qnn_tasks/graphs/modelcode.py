@@ -24,6 +24,9 @@ class ModelContext:
     out_path: Path | None = None
     options: dict[str, Any] = field(default_factory=dict)
     export_record: dict[str, Any] | None = None  # set by default_export(): what it fixed and rewrote
+    # export() may say what a size of its graph comes from and which option changes it: {"what", "bytes", "option"}
+    # each; the export record keeps them (`size_notes`) and a package's manifest carries them
+    size_notes: list[dict[str, Any]] = field(default_factory=list)
     step: int | None = None   # in a loop's step(): the index of the step just run
     side: str | None = None   # in a loop's step(): "cpu" or "npu", the loop being driven
 
@@ -82,6 +85,10 @@ def call(graph: GraphSpec, function: str, ctx: ModelContext, *args: Any) -> Any:
         return fn(ctx, *args)
     except StageError:
         raise
+    except SystemExit as err:  # sys.exit() in model code would end the stage's process, its record unwritten
+        raise StageError(f"{graph.model_code}:{function}() called sys.exit({err.code!r}) for graph '{graph.name}'"
+                         f"{_where(err, graph)} (fix: raise an exception with the reason, or return; "
+                         "a loop's step function stops the loop by returning None)") from None
     except Exception as err:
         raise StageError(f"{graph.model_code}:{function}() failed for graph '{graph.name}': "
                          f"{type(err).__name__}: {_first_line(err)}{_where(err, graph)}") from err

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from qnn_tasks.judge import metrics, taskchecks
+from qnn_tasks.judge import degenerate, metrics, taskchecks
 from qnn_tasks.spec.project import GraphSpec
 
 
@@ -19,13 +19,20 @@ def judge(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, np
 
     `verify` is the graph's validated `verify:` section (spec.GraphSpec.verify).
     """
-    per_output, violations = {}, []
+    per_output, violations, flat = {}, [], {}
     for spec in graph.outputs:
         ref = np.stack([r[spec.name] for r in reference])
         got = np.stack([a[spec.name] for a in actual])
         limits = {**verify["thresholds"], **verify["per_output"].get(spec.name, {})}
         per_output[spec.name] = {**metrics.compare(ref, got), "thresholds": limits}
         violations += metrics.violations(spec.name, per_output[spec.name], limits)
+        flat[spec.name] = degenerate.constant_output(ref, got)
+    not_verified = None
+    if flat and all(flat.values()):  # every comparison would pass on such data: it proves nothing
+        not_verified = ("not verified: " + "; ".join(f"output '{name}' is {why}" for name, why in flat.items())
+                        + f" over {len(actual)} sample(s): nothing distinguishes a working binary from a broken one "
+                        "(fix: samples that make the outputs vary)")
+        violations.insert(0, not_verified)
     checks = []
     for check in verify["checks"]:
         result = run_check(graph, check, reference, actual)
@@ -35,7 +42,10 @@ def judge(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, np
             violations.append(f"check {result['kind']} on '{check['output']}': " + (
                 result.get("failure") or f"{result['value']:.4g} is below the required {result['min']:g} "
                                          f"({result['meaning']})"))
-    return {"metrics": per_output, "checks": checks}, violations
+    degenerate_outputs = {name: why for name, why in flat.items() if why}
+    return {"metrics": per_output, "checks": checks,
+            **({"degenerate": degenerate_outputs} if degenerate_outputs else {}),
+            **({"not_verified": not_verified} if not_verified else {})}, violations
 
 
 def run_check(graph: GraphSpec, check: dict[str, Any], reference: list[dict[str, np.ndarray]],

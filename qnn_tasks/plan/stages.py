@@ -49,6 +49,7 @@ class Plan:
     task_dep: list[str] = field(default_factory=list)
     skip: str | None = None                    # a visible skip (e.g. no fp16 on this chip)
     heavy: bool | None = None                  # overrides the row's (a judgement that runs model code)
+    model: str = ""                            # the model it belongs to (its model.yaml's `stage_timeout`)
 
     @property
     def record(self) -> str:
@@ -151,6 +152,10 @@ class Planner:
     def model(self, graph: GraphSpec):
         return self._models[graph.model]
 
+    def model_named(self, name: str):
+        """The model's spec (None for a name that is no model, e.g. a project-wide stage's)."""
+        return self._models.get(name)
+
     def _source_of(self, graph: GraphSpec):
         return graph.source or self.model(graph).source  # a graph's `source:` overrides the model's
 
@@ -226,7 +231,7 @@ def graph_plan(p: Planner, stage: StageDef, gt: GraphTarget, file_dep: list[str]
     g = gt.graph
     return Plan(name=gt.name, out_dir=str(gt.stage_dir(stage.name)), file_dep=file_dep,
                 outputs=[str(o) for o in outputs], key=p.key(stage, None, json.dumps(key, sort_keys=True)),
-                doc=doc, args=args, base=lambda: base or {"graph": g.name}, task_dep=task_dep or [])
+                doc=doc, args=args, base=lambda: base or {"graph": g.name}, task_dep=task_dep or [], model=g.model)
 
 
 def plan_export(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
@@ -296,7 +301,7 @@ def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan |
                         base=lambda g=g, vt=vt, binding=binding: {
                             "graph": g.name, "precision": vt.precision,
                             "toolchain": {"id": vt.toolchain_id, "profile": binding.profile.name, **binding.fingerprint}},
-                        binding=binding)
+                        binding=binding, model=g.model)
         source = outputs[0]
     return None
 
@@ -306,6 +311,7 @@ def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan |
 def chip_plan(p: Planner, stage: StageDef, ct: ChipTarget, file_dep: list[str], outputs: list[str], key: str,
                args: Callable[[], dict[str, Any]], doc: str, task_dep: list[str] | None = None) -> Plan:
     return Plan(name=ct.name, out_dir=f"{ct.dir_str}/{stage.name}", file_dep=file_dep, outputs=outputs, key=key,
+                model=ct.graph.model,
                 doc=doc, args=args, base=lambda: p.chip_base(ct), binding=p.binding(ct), task_dep=task_dep or [],
                 skip=ct.skip_reason)
 
@@ -394,7 +400,7 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                            **({"glue": spec.glue} if spec.glue else {})}, sort_keys=True)
     soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
     binding = p.binding(pt)
-    return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep,
+    return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep, model=spec.model,
                 outputs=[f"{pt.stage_dir(stage.name)}/outputs.npz"], key=p.key(stage, binding, soc, settings),
                 doc=f"chain {' -> '.join(spec.graphs)} on {pt.soc.name}'s simulator; judge the end against the CPU chain",
                 args=lambda: {"graphs": [p.graph_dict(link["graph"]) for link in chain],

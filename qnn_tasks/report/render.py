@@ -163,13 +163,21 @@ def device_markdown(data: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     lines = ["", "## On phones (device results, `doit verify`)", "",
-             "| target | phone | Android | chip | status | min cosine | per inference (median / p90) | first output | RTF | CPU cores |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| target | phone | Android | chip | status | runs | min cosine | per inference (median / p90) | first output "
+             "| RTF | CPU cores |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['target']} | {r['model']} ({r['serial']}) | {r['android']} | {r['chip']} | {r['status']} | "
-                     f"{num(r['min_cosine'], 6)} | {duration(r['median_s'])} / {duration(r['p90_s'])} | "
+                     f"{r['runs']} | {num(r['min_cosine'], 6)} | {duration(r['median_s'])} / {duration(r['p90_s'])} | "
                      f"{duration(r['first_s'])} | {num(r['rtf'])} | {num(r['cpu_cores'], 3)} |")
     return lines
+
+
+def decision_text(decision: dict[str, Any] | None) -> str:
+    """The package selector's decision on that phone (ship/select.py), in a few words: "NPU fp16", "CPU (load-failed)"."""
+    if not decision:
+        return "-"
+    return f"NPU {decision.get('precision')}" if decision.get("target") == "npu" else f"CPU ({decision.get('rule')})"
 
 
 def device_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -186,7 +194,7 @@ def device_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                          "median_s": timing.get("per_inference_median_s"), "p90_s": timing.get("per_inference_p90_s"),
                          "first_s": timing.get("first_output_median_s"), "rtf": rtf.get("value"),
                          "cpu_cores": cpu.get("cores"), "measured_at": record.get("measured_at"),
-                         "error": d.get("error")})
+                         "error": d.get("error"), "runs": decision_text(d.get("decision"))})
     return rows
 
 

@@ -9,8 +9,8 @@ import threading
 import time
 from typing import Any, Callable
 
-# without a terminal: a progress line at most this often (QNN_PROGRESS_SECONDS; 0 = every step)
-PLAIN_EVERY_ENV = "QNN_PROGRESS_SECONDS"
+from qnn_tasks import envvalues
+
 _lock = threading.Lock()
 
 
@@ -25,11 +25,9 @@ def _tty() -> bool:
 
 def progress_sink(task: str) -> Callable[[int, int, str], None]:
     """A sink for progress.step(): elapsed time and an estimate of what is left."""
-    from qnn_tasks.spec.environ import value
-
     start = time.monotonic()
     state = {"last": start}
-    every = float(value(PLAIN_EVERY_ENV))  # type: ignore[arg-type]
+    every = envvalues.number(envvalues.PROGRESS_SECONDS)  # without a terminal: a plain line at most this often
 
     def sink(done: int, total: int, unit: str) -> None:
         now = time.monotonic()

@@ -6,10 +6,11 @@ loop.MAX_STEPS, pipeline.MAX_RUNS, samples.MAX_SAMPLES) and are referenced here,
 """
 from __future__ import annotations
 
+from qnn_tasks.envvalues import STAGE_TIMEOUT_MAX
 from qnn_tasks.spec.checks import CHECK_KINDS, CHECK_RANGES, THRESHOLD_KEYS, THRESHOLD_RANGES
 from qnn_tasks.spec.loop import MAX_STEPS
 from qnn_tasks.spec.pipeline import MAX_RUNS
-from qnn_tasks.spec.samples import MAX_SAMPLES
+from qnn_tasks.spec.samples import MAX_SAMPLES, MAX_WINDOW
 from qnn_tasks.spec.schema import (
     MAX_DIM,
     MAX_RANK,
@@ -64,7 +65,7 @@ SAMPLES = Fields({
     "image": Fields({**_COMMON, "resize": Text(max_len=40), "pad_value": Int(0, 255), "layout": Text(max_len=40),
                      "channels": Text(max_len=40), "scale": Num(), "mean": NUMBER_OR_LIST, "std": NUMBER_OR_LIST},
                     required=("files",)),
-    "audio": Fields({**_COMMON, "rate": Int(1000, 384000), "frame": Int(1, None), "hop": Int(1, None),
+    "audio": Fields({**_COMMON, "rate": Int(1000, 384000), "frame": Int(1, MAX_WINDOW), "hop": Int(1, MAX_WINDOW),
                      "int16_scale": Bool(), "gain": Either((Num(0.0, 1.0e6), ListOf(Num(0.0, 1.0e6), min_items=1))),
                      "pad": Bool()}, required=("files",)),
     "raw": Fields({**_COMMON, "dtype": Text(max_len=40), "offset": Int(0, None)}, required=("files",)),
@@ -94,8 +95,6 @@ GRAPH = Fields({
     "rewrites": REWRITES,
     "constant_inputs": MapOf(Numbers(), "<input>"),
     "samples": SAMPLES,
-    # the stage time limit (run/, issue 34 item 12): seconds, or a duration its reader parses
-    "timeout": Either((Num(1.0, 7 * 24 * 3600.0), Text(max_len=20))),
 }, required=("inputs", "outputs"))
 
 GLUE = Fields({"from": Text(max_len=300), "reshape": Bool(), "scale": Num(), "offset": Num(),
@@ -117,10 +116,13 @@ MODEL = Fields({
     "graphs": MapOf(GRAPH, "<graph>", max_items=1000),
     "pipeline": PIPELINE,
     "loop": LOOP,
+    "ship": Fields({"precision_order": ListOf(Text(max_len=40)), "delivery": Text(max_len=40)}),
+    "stage_timeout": Num(1.0, STAGE_TIMEOUT_MAX),
 }, required=("licence", "source", "graphs"))
 
 SOC_ROW = Fields({"soc_id": Int(1, 1023), "dsp_arch": Text(max_len=10), "vtcm_mb": Int(1, 64),
-                  "runs": ListOf(Text(max_len=40)), "fp16": Bool(), "note": Text(), "alias_of": NAME},
+                  "runs": ListOf(Text(max_len=40)), "fp16": Bool(), "note": Text(), "alias_of": NAME,
+                  "platform": Text(max_len=40)},
                  required=("soc_id", "dsp_arch", "vtcm_mb"))
 SOCS = Fields({"socs": MapOf(SOC_ROW, "<SoC>"),
                "default": Either((Text(max_len=40), ListOf(NAME)), fix="e.g. default: [SM8650, SM8750], or default: all")})

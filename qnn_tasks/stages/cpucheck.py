@@ -14,7 +14,7 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode, packaged
-from qnn_tasks.judge import metrics
+from qnn_tasks.judge import degenerate, metrics
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
@@ -25,8 +25,14 @@ DEFAULT_TOLERANCE = {"max_abs": 1e-3, "min_cosine": 0.9999}
 
 def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Path, reference_out: Path) -> dict[str, Any]:
     ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
-    inputs, where = real_inputs(graph, ctx)
+    notes: dict[str, Any] = {}
+    inputs, where = real_inputs(graph, ctx, notes)
     sample_store.check(inputs, graph.inputs, where)
+    flat = degenerate.constant_inputs(inputs)
+    if flat:
+        raise StageError(f"{where}: {flat}: the NPU and the CPU agree on such inputs whatever the binary does, so "
+                         "nothing would be verified (fix: samples that vary, e.g. clips that are not silent)",
+                         {"samples": len(inputs), "samples_from": where, "not_verified": flat})
     if graph.has_code and modelcode.has_function(graph, "reference") or not (graph.source and graph.source.file):
         original, by = modelcode.call(graph, "reference", ctx, inputs), f"{graph.model_code}:reference()"
     else:
@@ -50,7 +56,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
         per_output[spec.name] = metrics.compare(ref, got)
         problems += metrics.violations(spec.name, per_output[spec.name], thresholds)
     record = {"samples": len(inputs), "samples_from": where, "reference_from": by, "thresholds": thresholds,
-              "metrics": per_output}
+              "metrics": per_output, **({"samples_read": notes} if notes else {})}
     if problems:
         raise StageError(f"cpucheck of graph '{graph.name}': simplified ONNX differs from the original model: "
                          + "; ".join(problems) + " (fix the export, or loosen graphs." + graph.name + ".cpucheck)", record)
@@ -59,10 +65,13 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
     return record
 
 
-def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext) -> tuple[list[dict[str, np.ndarray]], str]:
-    """(samples, where they came from): the declared sample files if any, else export.py's samples()."""
+def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext,
+                notes: dict[str, Any] | None = None) -> tuple[list[dict[str, np.ndarray]], str]:
+    """(samples, where they came from): the declared sample files if any, else export.py's samples().
+    `notes` receives what reading media kept or changed (bit depth, orientation, decoder) for the record."""
     if graph.samples:
-        return sample_store.read_declared(graph), f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples"
+        return (sample_store.read_declared(graph, notes),
+                f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples")
     return modelcode.call(graph, "samples", ctx), f"{graph.model_code}:samples() for graph '{graph.name}'"
 
 

@@ -26,6 +26,7 @@ from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.stages.lint import find_problems, io_mismatches, summary_lines
 
 HARD_RULES = {"dynamic-dim", "io-dtype", "control-flow", "int8-in-onnx"}
+SIZE_NOTE_KEYS = {"what", "bytes", "option"}
 
 
 def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]:
@@ -67,7 +68,7 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
                   "parameters": onnxinfo.parameter_count(model),
                   "opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
                   "exported_by": "export.py" if custom else "built-in", "log": str(log),
-                  **ctx.export_record}
+                  **ctx.export_record, **({"size_notes": _size_notes(ctx, what)} if ctx.size_notes else {})}
         unused = [r["name"] for r in record.get("rewrites", []) if r["count"] == 0]
         stale = (record.get("boundary") or {}).get("stale_output_metadata", {})
         record["warnings"] = [f"graph '{graph.name}': {tensor}: the ONNX's metadata said {dims['onnx']}, on CPU it computes {dims['computed']}: "
@@ -76,6 +77,16 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
         record["warnings"] += [f"rewrite '{name}' found nothing to change in graph '{graph.name}' (fix: remove it "
                                f"from graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml)" for name in unused]
     return record
+
+
+def _size_notes(ctx: modelcode.ModelContext, what: str) -> list[dict[str, Any]]:
+    """The notes export.py left in ctx.size_notes, checked: each says what, how many bytes, and which option."""
+    for index, note in enumerate(ctx.size_notes):
+        if not (isinstance(note, dict) and set(note) == SIZE_NOTE_KEYS and isinstance(note["what"], str)
+                and isinstance(note["option"], str) and isinstance(note["bytes"], int) and note["bytes"] >= 0):
+            raise StageError(f"{what}: ctx.size_notes[{index}] is {note!r} (fix: append a dict of exactly "
+                             f"{{'what': str, 'bytes': int >= 0, 'option': str}})")
+    return [dict(note) for note in ctx.size_notes]
 
 
 def run_once(path: Path, graph: GraphSpec) -> list[str]:

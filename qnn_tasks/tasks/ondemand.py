@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 
 from doit.exceptions import TaskFailed
 
-from qnn_tasks.errors import QnnTasksError
+from qnn_tasks.errors import QnnTasksError, machine_failure
 from qnn_tasks.plan import paths
 from qnn_tasks.plan.stages import DIAGNOSE, SOCSCHECK
 from qnn_tasks.plan.targets import ChipTarget
@@ -33,6 +33,10 @@ def _device_action(stage: str, name: str, run: Callable[[], Any]) -> Callable[[]
             run()
         except QnnTasksError as err:
             return TaskFailed(f"{stage}:{name}: {err}")
+        except OSError as err:  # a full disk, a read-only tree: one line, not a traceback
+            if not machine_failure(err):
+                raise
+            return TaskFailed(f"{stage}:{name}: {machine_failure(err)}")
         return None
     return action
 
@@ -103,7 +107,10 @@ class OnDemand:
                     record.update(binding.toolchain.check(), status="passed")
                 except QnnTasksError as err:
                     record.update(getattr(err, "record", {}) or {}, status="failed", error=str(err))
-                write_json(Path("build") / f"toolcheck{binding.suffix.replace('@', '-')}.json", record)
+                try:
+                    write_json(Path("build") / f"toolcheck{binding.suffix.replace('@', '-')}.json", record)
+                except OSError as err:
+                    return TaskFailed(f"toolcheck:{name}: {machine_failure(err) or err}")
                 if record["status"] == "failed":
                     return TaskFailed(f"toolcheck:{name}: {binding.id}: {record['error']}")
                 print(f"toolcheck:{name}: {binding.id}: ok")
@@ -123,6 +130,10 @@ class OnDemand:
                 table = compat.measure(planner, self.factory.root)
             except QnnTasksError as err:
                 return TaskFailed(f"compat: {err}")
+            except OSError as err:
+                if not machine_failure(err):
+                    raise
+                return TaskFailed(f"compat: {machine_failure(err)}")
             print(compat.summary(table))
             return None
 
@@ -141,7 +152,8 @@ class OnDemand:
             context_record=context_dir / "context.json", inputs=ct.graph_target.inputs,
             reference=ct.graph_target.reference, out_dir=ct.stage_dir(stage), profile=binding.profile,
             root=self.project.root, base=self.planner.chip_base(ct), required=_asked_by_name(stage, ct.name),
-            toolchains=[(b.profile.name, b.fingerprint.get("qnn")) for b in self.planner.bindings])
+            toolchains=[(b.profile.name, b.fingerprint.get("qnn")) for b in self.planner.bindings],
+            fallback=ct.graph_target.simplified)
 
     def verify_tasks(self) -> Iterator[dict]:
         yield from self._device_tasks("verify", "run {graph} on attached {soc} phones, compare with the CPU, measure")

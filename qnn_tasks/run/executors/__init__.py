@@ -36,9 +36,9 @@ def for_call(call: StageCall, root: str, cache=None) -> Executor:
 
     if not call.heavy:
         return _cached("inprocess", local.InProcess)
-    from qnn_tasks.spec.environ import value
+    from qnn_tasks.envvalues import choice
 
-    spec = str(value(ENV))
+    spec = choice(ENV)
     if spec == "inprocess":
         if call.toolchain and call.toolchain.get("packages"):
             return _cached("child", lambda: local.Child(root))  # a pinned interpreter is another process
