@@ -106,19 +106,32 @@ def top1(ref: np.ndarray, got: np.ndarray, check: dict[str, Any]) -> dict[str, A
     """Share of predictions (argmax along `axis`, by default the last) that CPU and NPU make the same.
 
     A [1, classes] output gives one prediction per sample; a [1, frames, classes] output one per frame.
+    With `score_threshold`, a prediction counts only where either side's best score reaches it: a detector's
+    thousands of background candidates score near zero, and their argmax is noise on both sides.
     """
     axis = int(check.get("axis", -1))
-    same = np.argmax(ref, axis=axis) == np.argmax(got, axis=axis)
-    value = float(same.mean())
+    ref_class, got_class = np.argmax(ref, axis=axis), np.argmax(got, axis=axis)
+    same = ref_class == got_class
+    counted = np.ones_like(same, dtype=bool)
+    if check.get("score_threshold") is not None:
+        counted = np.maximum(np.max(ref, axis=axis), np.max(got, axis=axis)) >= float(check["score_threshold"])
+    value = float(same[counted].mean()) if counted.any() else 0.0
     required = float(check.get("min", 0.99))
-    per_sample = same.reshape(len(same), -1).all(axis=1)
+    per_sample = (same | ~counted).reshape(len(same), -1).all(axis=1)  # ignored predictions do not disagree
     result = {"kind": "top1", "output": check["output"], "value": value, "min": required, "passed": value >= required,
               "meaning": "share of predictions (argmax) the NPU makes the same as the CPU",
               "disagreeing_samples": [int(i) for i in np.flatnonzero(~per_sample)][:20]}
-    if not same.all():  # the first prediction that differs (a loop's first differing token): both classes
-        where = np.unravel_index(int(np.flatnonzero(~same.reshape(-1))[0]), same.shape)
-        result["first_difference"] = {"sample": int(where[0]), "cpu": int(np.argmax(ref, axis=axis)[where]),
-                                      "npu": int(np.argmax(got, axis=axis)[where])}
+    if check.get("score_threshold") is not None:
+        threshold = float(check["score_threshold"])
+        result.update(meaning=f"share of predictions (argmax) scoring {threshold:g} or more that the NPU makes the "
+                              "same as the CPU", counted=int(counted.sum()), ignored=int((~counted).sum()))
+        if not counted.any():
+            result.update(passed=False, failure=f"no prediction scores {threshold:g} or more on either side, so "
+                                                "nothing was compared (fix: lower score_threshold or check the samples)")
+    agreed = same | ~counted
+    if not agreed.all():  # the first prediction that differs (a loop's first differing token): both classes
+        where = np.unravel_index(int(np.flatnonzero(~agreed.reshape(-1))[0]), same.shape)
+        result["first_difference"] = {"sample": int(where[0]), "cpu": int(ref_class[where]), "npu": int(got_class[where])}
     return result
 
 

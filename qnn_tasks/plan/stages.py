@@ -355,14 +355,15 @@ def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     settings = p.cached_json("verify", ct.variant.name, lambda: ct.verify)
     # Records are not dependencies: their volatile parts (seconds, where it ran) would change the cache key
     # of an identical judgement. The outputs are; the simulate record only lends its timing, and lint's
-    # only adds hints to a failure message. A check that runs the model's code (wer) depends on that code.
+    # only adds hints to a failure message. A check that runs the model's code (wer) depends on that code. The inputs
+    # and the simplified graph (read only to judge a failure again in float64) made the reference, a dependency.
     runs_code = any(check["kind"] in MODEL_CHECKS for check in ct.verify["checks"])
     plan = chip_plan(p, stage, ct, [outputs, str(gt.reference)] + (p.code_deps(ct.graph) if runs_code else [])
                       + p.check_deps(ct.graph, ct.verify), [],
                       p.key(stage, None, ct.precision, settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
                                "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision,
-                               "lint": str(gt.lint_record)},
+                               "lint": str(gt.lint_record), "inputs": str(gt.inputs), "simplified": str(gt.simplified)},
                       f"judge {ct.graph.name} on {ct.soc.name}: simulator outputs vs CPU (metrics, thresholds, checks)")
     plan.heavy = True if runs_code else None  # decoding speech is work for a child process
     return plan
