@@ -2,13 +2,15 @@
 
     qnn-npu-compile init [DIR]       scaffold a project: dodo.py, models/, socs/socs.yaml, .gitignore, a CI workflow
     qnn-npu-compile socs [DIR]       the SoC table the project in DIR (default .) builds with, and where each row comes from
-    qnn-npu-compile explain LOG ...  the QNN error codes in compile/simulator/phone logs, one line each with the fix
+    qnn-npu-compile explain LOG ...  the QNN error codes in compile/simulator/phone logs (or codes: 3110, 0x36b1,
+                                     QNN_..._ERROR_...), one line each with the fix
 
 Building is `doit` in the project folder (`doit list --all` shows every target).
 """
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -23,8 +25,8 @@ def main(argv: list[str] | None = None) -> int:
     init.add_argument("dir", nargs="?", default=".", help="the project folder (created if missing; default: .)")
     socs = commands.add_parser("socs", help="list the SoC table: the packaged rows with the project's over them")
     socs.add_argument("dir", nargs="?", default=".", help="the project folder (default: .)")
-    explain = commands.add_parser("explain", help="explain the QNN error codes found in log files")
-    explain.add_argument("logs", nargs="+", type=Path)
+    explain = commands.add_parser("explain", help="explain the QNN error codes found in log files, or codes as typed")
+    explain.add_argument("logs", nargs="+", type=Path, help="log files, or codes: 3110, 0x36b1, QNN_..._ERROR_...")
     explain.add_argument("--stage", default="compile", choices=("compile", "fallback", "load", "phone"),
                          help="where the log comes from (chooses the fix; default: compile)")
     args = parser.parse_args(argv)
@@ -55,6 +57,9 @@ def _init(target: Path) -> int:
 def _socs(root: Path) -> int:
     from qnn_tasks.spec.project import load_soc_table
 
+    if not root.is_dir():  # else the packaged table alone would be listed as if it were this project's
+        raise QnnTasksError(f"{root}: no such folder (fix: name the project folder, the one that holds socs/ and "
+                            "models/; without socs/socs.yaml it builds with the packaged table)")
     table, default = load_soc_table(root)
     print(f"{'SoC':<9} {'soc_id':>6} {'arch':<4} {'runs':<11} {'default':<7} note (file)")
     for soc in table.values():
@@ -64,12 +69,23 @@ def _socs(root: Path) -> int:
 
 
 def _explain(logs: list[Path], stage: str) -> int:
-    from qnn_tasks.qnn.errorcodes import explain_file
+    from qnn_tasks.qnn.errorcodes import explain, explain_file
 
     found = 0
     for log in logs:
+        code = None if log.is_file() else _as_code(str(log))
+        if code is not None:  # a code as users type it: 3110, 0x36b1, QNN_CONTEXT_ERROR_INVALID_ARGUMENT
+            lines = explain(code, stage)
+            if not lines:
+                print(f"error: {log}: not a QNN error code of the catalogue (fix: see qnn_tasks/data/qnn_errors.yaml "
+                      "for the known codes, or name a log file)", file=sys.stderr)
+                return 2
+            for line in lines:
+                print(line)
+                found += 1
+            continue
         if not log.is_file():
-            print(f"error: {log}: not found (fix: name a log file)", file=sys.stderr)
+            print(f"error: {log}: not found (fix: name a log file, or a QNN error code such as 3110)", file=sys.stderr)
             return 2
         for line in explain_file(log, stage):
             print(f"{log}: {line}")
@@ -77,6 +93,13 @@ def _explain(logs: list[Path], stage: str) -> int:
     if not found:
         print("no known QNN error code in these logs (the catalogue: qnn_tasks/data/qnn_errors.yaml)")
     return 0
+
+
+def _as_code(text: str) -> str | None:
+    """A QNN error code as typed (3110, 0x36b1, a QNN_..._ERROR_... name) as log text the catalogue finds, else None."""
+    if re.fullmatch(r"\d{1,6}|0[xX][0-9a-fA-F]{1,5}", text):
+        return f"error code {text}"
+    return text if re.fullmatch(r"QNN_[A-Z0-9_]+", text) else None
 
 
 if __name__ == "__main__":

@@ -219,7 +219,7 @@ SPEC_CASES = [
     pytest.param('samples: {files: "samples/*.npz"}', 'samples: {files: "recordings/*.npz"}',
                  ["graphs.hazards.samples.files", "'recordings/*.npz' matches no .npz/.npy file"], id="samples-match-nothing"),
     pytest.param('samples: {files: "samples/*.npz"}', 'samples: "samples/*.npz"',
-                 ["graphs.hazards.samples: expected a mapping, got str", 'samples: {files: "samples/*.npz"}'],
+                 ["graphs.hazards.samples: expected a mapping, got 'samples/*.npz'", 'samples: {files: "samples/*.npz"}'],
                  id="samples-not-a-mapping"),
     pytest.param('samples: {files: "samples/*.npz"}', 'samples: {file: "samples/*.npz"}',
                  ["graphs.hazards.samples.file: unknown key"], id="samples-unknown-key"),

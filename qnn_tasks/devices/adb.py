@@ -82,12 +82,10 @@ class Server:
 def server_from_env(env: dict[str, str] | None = None) -> Server:
     env = os.environ if env is None else env
     host = env.get(ENV_HOST) or DEFAULT_HOST
-    raw = env.get(ENV_PORT) or str(DEFAULT_PORT)
-    try:
-        port = int(raw)
-    except ValueError:
-        raise DeviceError(f"{ENV_PORT}={raw!r} is not a port number (unset it for the default {DEFAULT_PORT})") from None
-    return Server(host, port)
+    from qnn_tasks.envvalues import number
+
+    port = number(ENV_PORT, env)
+    return Server(host, DEFAULT_PORT if port is None else int(port))  # type: ignore[arg-type]
 
 
 def probe(server: Server, timeout: float = 3.0) -> int:

@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from qnn_tasks.errors import StageError
+
 MAX_CANDIDATES = 3000  # boxes kept for NMS per sample, by score: bounded time on any output
 
 
@@ -118,8 +120,13 @@ def ctc_decode(output: np.ndarray, blank: int, axis: int) -> list[int]:
     return [int(k) for k in best[keep] if k != blank]
 
 
-def read_alphabet(path: Path) -> list[str]:
-    """One symbol per line (a line holding a single space is the space), UTF-8."""
+def read_alphabet(model_dir: Path, name: str) -> list[str]:
+    """One symbol per line (a line holding a single space is the space), UTF-8; only a file inside the model
+    folder once symlinks are followed (checked at spec load, and again here: the link may have changed since)."""
+    path = (model_dir / name).resolve()
+    if not path.is_relative_to(model_dir.resolve()):
+        raise StageError(f"ctc alphabet '{name}' leads through a symlink to {path}, outside the model folder "
+                         "(fix: copy the file into the model folder)")
     return [line.rstrip("\r\n") for line in path.read_text(encoding="utf-8").splitlines(keepends=True)]
 
 
@@ -142,7 +149,7 @@ def edit_distance(a: str | list, b: str | list) -> int:
 
 def ctc(ref: np.ndarray, got: np.ndarray, check: dict[str, Any], model_dir: Path | None = None) -> dict[str, Any]:
     blank, axis = int(check["blank"]), int(check["axis"])
-    alphabet = read_alphabet(Path(model_dir or ".") / check["alphabet"]) if check.get("alphabet") else None
+    alphabet = read_alphabet(Path(model_dir or "."), check["alphabet"]) if check.get("alphabet") else None
     classes = np.moveaxis(ref[0], axis, -1).shape[-1]
     pairs = [(text_of(ctc_decode(r, blank, axis), blank, classes, alphabet),
               text_of(ctc_decode(g, blank, axis), blank, classes, alphabet)) for r, g in zip(ref, got)]

@@ -9,12 +9,12 @@ report task, so `doit` exits non-zero and CI can block the upgrade.
 """
 from __future__ import annotations
 
-import os
 from typing import Any
 
+from qnn_tasks import envvalues
 from qnn_tasks.run.status import GOOD
 
-GATE_ENV = "QNN_UPGRADE_GATE"
+GATE_ENV = envvalues.UPGRADE_GATE
 
 
 def target_figures(t: dict[str, Any]) -> dict[str, Any]:
@@ -46,7 +46,7 @@ def upgrade_diff(data: dict[str, Any]) -> list[dict[str, Any]]:
     blocks = []
     for candidate in chains[1:]:
         margins = candidate.get("upgrade") or {}
-        gate = bool(margins.get("gate")) or os.environ.get(GATE_ENV, "") not in ("", "0")
+        gate = bool(margins.get("gate")) or bool(envvalues.flag(GATE_ENV))
         rows, regressions = [], []
         for (chain, graph, precision, soc), a in by_key.items():
             if chain != baseline["profile"]:

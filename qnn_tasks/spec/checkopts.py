@@ -83,12 +83,14 @@ def check_options(kind: str, options: dict[str, Any], shape: tuple[int, ...] | N
     if kind == "detection":
         _detection(options, shape, where, key)
     if kind == "ctc" and "alphabet" in options:
-        from qnn_tasks.spec.porting import confined
+        from qnn_tasks.spec.porting import confined, stays_in_folder
 
         confined(options["alphabet"], where, f"{key}.alphabet", "the model folder")
-        if not (Path(where).parent / options["alphabet"]).is_file():
-            raise SpecError(where, f"{key}.alphabet", f"'{options['alphabet']}' is not a file in {Path(where).parent}",
+        folder = Path(where).parent
+        if not (folder / options["alphabet"]).is_file():
+            raise SpecError(where, f"{key}.alphabet", f"'{options['alphabet']}' is not a file in {folder}",
                             "give a text file with one symbol per line (the classes after the blank, in order)")
+        stays_in_folder(folder / options["alphabet"], folder, where, f"{key}.alphabet")  # its lines reach messages
 
 
 def _detection(options: dict[str, Any], shape: tuple[int, ...] | None, where: Path, key: str) -> None:

@@ -6,11 +6,13 @@ optimizer names are static lists here (tests compare them with the installed pac
 """
 from __future__ import annotations
 
+import fnmatch
 import glob
+import os
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from qnn_tasks.errors import SpecError
+from qnn_tasks.errors import QnnTasksError, SpecError
 
 GRAPH_SOURCE_KEYS = {"package", "file"}
 SAMPLES_KEYS = {"files"}
@@ -174,7 +176,11 @@ def _patterns(value: Any, path: Path, key: str, model_dir: Path, kind: str | Non
         raise SpecError(path, key, "empty list", fix)
     for pattern in patterns:
         confined(pattern, path, key, "the model folder")
-        found = media_files(model_dir, [pattern], kind)
+        try:
+            found = media_files(model_dir, [pattern], kind)
+        except TooManyFiles as err:
+            raise SpecError(path, key, f"'{pattern}' {err}", "name the sample files more narrowly (a folder of "
+                            "them, or *.png in it), not the whole tree") from None
         if not found:
             what = "file" if kind == "raw" else (f"{kind} file ({', '.join(_suffixes(kind))})" if kind
                                                  else ".npz/.npy file")
@@ -211,18 +217,67 @@ def declared_files(model_dir: Path, samples: dict[str, Any] | None) -> list[Path
 
 def media_files(model_dir: Path, patterns: list[str], kind: str | None) -> list[Path]:
     """Files the patterns name, sorted, each once: a folder stands for the files of the kind directly in it
-    (npz/npy for kind None, images, WAVs; any file for raw bytes)."""
+    (npz/npy for kind None, images, WAVs; any file for raw bytes). Bounded (`TooManyFiles`): at most
+    MAX_WALKED folder entries are looked at, and `**` never enters a symlinked folder (one pointing back into the
+    model folder would be an endless walk)."""
     wanted = _suffixes(kind)
     found: dict[str, Path] = {}
-    root = Path(model_dir)
+    budget = [MAX_WALKED]
     for pattern in patterns:
-        for match in sorted(glob.glob(str(root / pattern), recursive=True)):
-            match_path = Path(match)
-            candidates = sorted(match_path.iterdir()) if match_path.is_dir() else [match_path]
+        for match_path in sorted(_glob(Path(model_dir), pattern, budget)):
+            candidates = sorted(_entries(match_path, budget)) if match_path.is_dir() else [match_path]
             for candidate in candidates:
                 if candidate.is_file() and (wanted is None or candidate.suffix.lower() in wanted):
                     found.setdefault(str(candidate), candidate)
     return list(found.values())
+
+
+MAX_WALKED = 200_000  # folder entries one `files:` value may make the loader look at (each is a stat)
+
+
+class TooManyFiles(QnnTasksError):
+    """A `files:` pattern walks more folder entries than MAX_WALKED."""
+
+
+def _entries(folder: Path, budget: list[int]) -> list[Path]:
+    try:
+        with os.scandir(folder) as found:
+            entries = [Path(entry.path) for entry in found]
+    except OSError:  # not a folder, unreadable: matches nothing (as glob)
+        return []
+    budget[0] -= len(entries)
+    if budget[0] < 0:
+        raise TooManyFiles(f"walks more than {MAX_WALKED} files and folders")
+    return entries
+
+
+def _glob(root: Path, pattern: str, budget: list[int]) -> set[Path]:
+    """glob.glob(root / pattern, recursive=True) without following symlinked folders on `**` (as Python 3.13's
+    pathlib does by default): hidden names match only a pattern part that starts with a dot."""
+    parts = [part for part in PurePosixPath(pattern.replace("\\", "/")).parts if part not in ("", ".")]
+    found: set[Path] = set()
+    todo = [(root, 0)]
+    seen = set()
+    while todo:
+        folder, i = todo.pop()
+        if (folder, i) in seen:
+            continue
+        seen.add((folder, i))
+        if i == len(parts):
+            found.add(folder)
+            continue
+        part = parts[i]
+        if part == "**":
+            todo.append((folder, i + 1))  # no folder at all
+            todo += [(entry, i) for entry in _entries(folder, budget)
+                     if not entry.name.startswith(".") and entry.is_dir() and not entry.is_symlink()]
+        elif not glob.has_magic(part):
+            if os.path.lexists(folder / part):
+                todo.append((folder / part, i + 1))
+        else:
+            todo += [(entry, i + 1) for entry in _entries(folder, budget) if fnmatch.fnmatchcase(entry.name, part)
+                     and (part.startswith(".") or not entry.name.startswith("."))]
+    return found
 
 
 def skip_optimizers(simplify: dict[str, Any], path: Path, key: str) -> None:

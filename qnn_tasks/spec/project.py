@@ -5,6 +5,7 @@ stays instant. Every error names the file and the key, and says how to fix it.
 """
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -21,28 +22,19 @@ from qnn_tasks.spec.yamlread import (
     as_mapping,
     as_name,
     as_number,
-    check_keys,
     get_section,
     installed_version,
     load_yaml,
-    require_keys,
 )
 
+MAX_ELEMENTS = 2**31 - 1  # values in one declared tensor: QNN indexes tensors with 32 bits
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
-SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "runs", "fp16", "note", "alias_of", "platform"}
 PLATFORMS = ("phone", "automotive", "iot", "pc")  # what a chip ships in; Play's device targeting serves phones
-SOC_TABLE_KEYS = {"socs", "default"}
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
-MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline", "loop", "ship", "stage_timeout"}
-SOURCE_KEYS = {"package", "file", "url"}
-GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
-              "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
-TENSOR_KEYS = {"shape", "dtype", "onnx_name"}
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
 LINT_KEYS = {"allow", "max_fp16_params"}
-PROFILE_KEYS = {"kind", "options", "settings", "packages", "cache", "upgrade"}
 UPGRADE_DEFAULTS = {"gate": False, "cosine_margin": 1.0e-4, "size_growth": 0.05}
 # what a context binary records about its chip (qnnbin's info keys) -> (the binary's word, the SoC row's key)
 BINARY_CHIP_FACTS = {"soc_model": ("socModel", "soc_id"), "dsp_arch": ("arch", "dsp_arch")}
@@ -245,7 +237,7 @@ def load_soc_file(path: Path, base: dict[str, Soc] | None = None
     """The merged table (`base` with this file's rows over it), this file's `default:` (None if absent)
     and the names of the rows this file writes."""
     data = as_mapping(load_yaml(path), path, "")
-    check_keys(data, SOC_TABLE_KEYS, path, "")
+    _check_schema(data, "SOCS", path)
     table = as_mapping(data.get("socs"), path, "socs")
     base = dict(base or {})
     socs: dict[str, Soc] = {name: soc for name, soc in base.items()}
@@ -258,8 +250,6 @@ def load_soc_file(path: Path, base: dict[str, Soc] | None = None
         name = as_name(name, path, "socs", "SoC name", "rename the row")
         key = f"socs.{name}"
         row = as_mapping(row, path, key)
-        check_keys(row, SOC_KEYS, path, key)
-        require_keys(row, ("soc_id", "dsp_arch", "vtcm_mb"), path, key)
         soc = Soc(name=str(name), soc_id=as_int(row["soc_id"], path, f"{key}.soc_id", 1, 1023),
                   dsp_arch=str(row["dsp_arch"]), vtcm_mb=as_int(row["vtcm_mb"], path, f"{key}.vtcm_mb", 1, 64),
                   runs=_runs(row, path, key), note=str(row.get("note", "")), file=str(path),
@@ -313,6 +303,13 @@ def _runs(row: dict, path: Path, key: str) -> tuple[str, ...]:
     return tuple(r for r in PRECISIONS if r in runs)  # canonical order: keys do not depend on how it was written
 
 
+def _check_schema(data: Any, table: str, path: Path) -> None:
+    """The file against its table of spec/keys.py (imported only when YAML is read: a warm spec cache skips it)."""
+    from qnn_tasks.spec import keys, schema
+
+    schema.check(data, getattr(keys, table), path)
+
+
 def packaged_socs_file() -> Path:
     return PACKAGED_DATA / "socs.yaml"
 
@@ -339,10 +336,8 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     path = model_dir / "model.yaml"
     as_name(model_dir.name, path, "", "the model folder name", f"rename the folder {model_dir}")
     data = as_mapping(load_yaml(path), path, "")
-    check_keys(data, MODEL_KEYS, path, "")
-    require_keys(data, ("licence", "source", "graphs"), path, "")
+    _check_schema(data, "MODEL", path)  # every key's type and bounds, before any value is used
     source_data = as_mapping(data["source"], path, "source")
-    check_keys(source_data, SOURCE_KEYS, path, "source")
     source = Source(package=source_data.get("package"), file=source_data.get("file"), url=source_data.get("url"))
     specport.check_source_file(source_data, path, "source.file")
     if source.package and installed_version(source.package) is None:
@@ -375,8 +370,6 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
                 model_source: dict[str, Any]) -> GraphSpec:
     key = f"graphs.{name}"
     data = as_mapping(data, path, key)
-    check_keys(data, GRAPH_KEYS, path, key)
-    require_keys(data, ("inputs", "outputs"), path, key)
     precisions = data.get("precision", "fp16")
     precisions = precisions if isinstance(precisions, list) else [precisions]
     for precision in precisions:
@@ -442,8 +435,6 @@ def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorS
     for name, tdata in data.items():
         tkey = f"{key}.{name}"
         tdata = as_mapping(tdata, path, tkey)
-        check_keys(tdata, TENSOR_KEYS, path, tkey)
-        require_keys(tdata, ("shape",) + (("dtype",) if need_dtype else ()), path, tkey)
         shape = tdata["shape"]
         if not isinstance(shape, list) or not shape:
             raise SpecError(path, f"{tkey}.shape", "must be a list of integers", "e.g. shape: [1, 128]")
@@ -451,6 +442,10 @@ def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorS
             if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
                 raise SpecError(path, f"{tkey}.shape", f"dynamic or invalid dim '{dim}': the NPU needs static shapes",
                                 "give every dim a fixed positive integer (pad or chunk variable lengths at export)")
+        elements = math.prod(shape)
+        if elements > MAX_ELEMENTS:  # each dim is bounded by the schema; their product is what stages allocate
+            raise SpecError(path, f"{tkey}.shape", f"{shape} holds {elements:.3g} values, more than an NPU tensor "
+                            f"can ({MAX_ELEMENTS})", "check the dims (a tensor this size would not fit the NPU's memory)")
         dtype = str(tdata.get("dtype", "float32"))
         if dtype == "int64":
             raise SpecError(path, f"{tkey}.dtype", "int64 is not supported on HTP", "export int32 instead")
@@ -483,8 +478,7 @@ def load_toolchain(root: Path, name: str) -> ToolchainProfile:
         raise SpecError(path, "", f"no toolchain profile '{name}'",
                         f"use one of: {', '.join(toolchain_names(root)) or 'none found'}, or write toolchain/{name}.yaml")
     data = as_mapping(load_yaml(path), path, "")
-    check_keys(data, PROFILE_KEYS, path, "")
-    require_keys(data, ("kind",), path, "")
+    _check_schema(data, "PROFILE", path)
     packages = data.get("packages") or []
     if not isinstance(packages, list) or not all(isinstance(p, str) and "==" in p for p in packages):
         raise SpecError(path, "packages", f"must be a list of pinned requirements, got {packages!r}",
@@ -502,7 +496,6 @@ def load_toolchain(root: Path, name: str) -> ToolchainProfile:
 def _upgrade_section(data: Any, path: Path) -> dict[str, Any]:
     """How this toolchain is compared with the run's first one (the upgrade diff) and whether it gates."""
     section = as_mapping(data, path, "upgrade")
-    check_keys(section, set(UPGRADE_DEFAULTS), path, "upgrade")
     merged = {**UPGRADE_DEFAULTS, **section}
     as_bool(merged["gate"], path, "upgrade.gate")
     as_number(merged["cosine_margin"], path, "upgrade.cosine_margin", 0.0, 1.0)
@@ -559,6 +552,11 @@ def _load_project(root: Path, toolchain: str) -> Project:
             loaded.append(load_model(model_dir, socs))
         except SpecError as err:
             broken.append((model_dir.name, str(err)))
+        except Exception as err:  # noqa: BLE001 - a loader bug (the fuzz finds none) still costs one model only
+            problem = (str(err).splitlines() or [""])[0][:200]
+            broken.append((model_dir.name, str(SpecError(model_dir / "model.yaml", "", f"the loader failed on this "
+                                                         f"file: {type(err).__name__}: {problem}", "a bug of "
+                                                         "qnn-npu-compile: please report it with this file"))))
     seen: dict[str, Path] = {}
     models = []
     for model in loaded:

@@ -6,6 +6,7 @@ A safe YAML loader that rejects duplicate keys, and small checks that turn a wro
 from __future__ import annotations
 
 import functools
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -33,8 +34,23 @@ def _yaml_loader():
                 seen.add(key)
             return super().construct_mapping(node, deep=deep)
 
+        def construct_int(self, node):
+            digits = sum(c.isalnum() for c in node.value)
+            if digits > MAX_INT_DIGITS:  # int() of 5000 digits is a ValueError, and nothing needs such a value
+                raise yaml.constructor.ConstructorError(None, None, f"an integer of {digits} digits is larger than "
+                                                        "any value a spec takes", node.start_mark)
+            return super().construct_yaml_int(node)
+
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, Loader.construct_mapping)
+    Loader.add_constructor("tag:yaml.org,2002:int", Loader.construct_int)
+    # YAML 1.1 (PyYAML) reads 1e7, -1.0e4 and 1.0e4 as text (its floats need a dot and a signed exponent): read
+    # them as the numbers a user means, as YAML 1.2 does. Registered last, so whatever is an int stays an int.
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", _EXPONENT_FLOAT, list("-+0123456789."))
     return yaml, Loader
+
+
+_EXPONENT_FLOAT = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9][0-9_]*)[eE][-+]?[0-9]+$")
+MAX_INT_DIGITS = 40  # far above any count, size or id (2^64 has 20 digits)
 
 
 # Bounds on what a spec file may make us build in memory. Real specs are a few KB and a few hundred nodes; an
@@ -57,7 +73,8 @@ def load_yaml(path: Path) -> Any:
         mark = getattr(err, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(err, "problem", None) or str(err).splitlines()[0]
-        raise SpecError(path, where, f"malformed YAML: {problem}", "fix the YAML syntax there") from None
+        fix = "write a smaller number" if str(problem).startswith("an integer of") else "fix the YAML syntax there"
+        raise SpecError(path, where, f"malformed YAML: {problem}", fix) from None
 
 
 def read_text(path: Path) -> str:
@@ -185,29 +202,34 @@ def require_keys(data: dict, required: tuple[str, ...], path: Path, key: str) ->
 
 def as_int(value: Any, path: Path, key: str, low: int | None = None, high: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
-        raise SpecError(path, key, f"expected an integer, got '{value}'", f"write a whole number{_span(low, high, ' ')}")
+        raise SpecError(path, key, f"expected an integer, got '{value}'", f"write a whole number{span(low, high, ' ')}")
     _in_range(value, path, key, low, high)
     return value
 
 
 def as_number(value: Any, path: Path, key: str, low: float | None = None, high: float | None = None) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value:
-        raise SpecError(path, key, f"expected a number, got {value!r}", f"write a number{_span(low, high, ' ')}")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        shown = repr(value) if isinstance(value, (str, int, float)) and len(repr(value)) <= 60 else type(value).__name__
+        raise SpecError(path, key, f"expected a number, got {shown}", f"write a number{span(low, high, ' ')}")
     _in_range(value, path, key, low, high)
     return float(value)
 
 
 def _in_range(value: float, path: Path, key: str, low: float | None, high: float | None) -> None:
     if (low is not None and value < low) or (high is not None and value > high):
-        raise SpecError(path, key, f"{value!r} is out of range", f"use a value{_span(low, high, ' ')}")
+        raise SpecError(path, key, f"{value!r} is out of range", f"use a value{span(low, high, ' ')}")
 
 
-def _span(low: float | None, high: float | None, lead: str = "") -> str:
+def span(low: float | None, high: float | None, lead: str = "") -> str:
+    """" between 1 and 64" / " of at least 0" (whole numbers written out, others as %g), for messages and docs."""
+    def num(value: float) -> str:
+        return str(value) if isinstance(value, int) else f"{value:g}"
+
     if low is not None and high is not None:
-        return f"{lead}between {low:g} and {high:g}"
+        return f"{lead}between {num(low)} and {num(high)}"
     if low is not None:
-        return f"{lead}of at least {low:g}"
-    return f"{lead}of at most {high:g}" if high is not None else ""
+        return f"{lead}of at least {num(low)}"
+    return f"{lead}of at most {num(high)}" if high is not None else ""
 
 
 def as_bool(value: Any, path: Path, key: str) -> bool:

@@ -65,7 +65,7 @@ def project_tasks(root: Path) -> dict[str, Any]:
     """Everything dodo.py exposes to doit. A spec error or a busy tree prints one line and exits
     EXIT_SPEC / EXIT_BUSY (errors.py: distinct from doit's own codes)."""
     try:
-        envvalues.check_all()  # a bad number in the environment is one line before anything runs
+        envvalues.check_all()  # a wrong value in the environment is one line before anything runs
         project = load_project(root, os.environ.get(TOOLCHAIN_ENV, DEFAULT_TOOLCHAIN))
         interrupts.install()  # `doit report` alone too: Ctrl-C is one line and exit 130 for every command
         if treelock.needs_lock(sys.argv):

@@ -16,6 +16,7 @@ must stay free of onnx/numpy. The rewrites themselves are imported when applied.
 from __future__ import annotations
 
 import importlib
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
@@ -141,16 +142,16 @@ def power_of_two(value: Any) -> float:
     try:
         if isinstance(value, bool):
             raise ValueError(problem)
-        if isinstance(value, str) and "^" in value:
-            base, exponent = (int(part) for part in value.split("^"))  # two parts, else ValueError
-            if not 1 < base <= 2 ** 16:
+        if isinstance(value, str):  # parsed within bounds: 2^1000000000 or Fraction("1e999999999") would be computed
+            match = _FACTOR.fullmatch(value.strip())
+            if not match:
                 raise ValueError(problem)
-            if abs(exponent) > 64:  # far outside fp16 anyway: never evaluated (2^1000000000 took 12 s and 441 MB)
-                huge = f"{base}^{exponent}"
-            number = Fraction(base) ** exponent if huge is None else Fraction(0)
-        elif isinstance(value, str) and "/" in value:
-            top, bottom = (int(part) for part in value.split("/"))
-            number = Fraction(top, bottom)
+            base, exponent, top, bottom, decimal = match.groups()
+            if base and abs(int(exponent)) > 64:  # far outside fp16 anyway: never evaluated (2^1000000000: 12 s, 441 MB)
+                huge, number = f"{base}^{exponent}", Fraction(0)
+            else:
+                number = (Fraction(int(base)) ** int(exponent) if base else Fraction(decimal) if decimal
+                          else Fraction(int(top), int(bottom or 1)))
         else:
             number = Fraction(float(value) if isinstance(value, str) else value)  # float("1e999") is inf: refused
     except (TypeError, ValueError, ZeroDivisionError, OverflowError):
@@ -171,6 +172,10 @@ def _outside(value: Any, power: str) -> str:
     return (f"scale-input factor {value!r} ({power}) is outside fp16's range: the NPU computes the scaled input in fp16, "
             f"which holds powers of two from 2^{low} to 2^{high} (2^40 gave all-zero outputs); use one in that range, "
             "as doit diagnose advises")
+
+
+# "2^-6" (a small base and exponent), "1/64", "64" or "0.015625": a factor written as text, bounded before anything is computed
+_FACTOR = re.compile(r"(?:(\d{1,3})\s*\^\s*([-+]?\d{1,12}))|(?:(\d{1,20})\s*(?:/\s*(\d{1,20}))?)|(\d{0,20}\.\d{1,20})")
 
 
 def _is_power_of_two(number) -> bool:

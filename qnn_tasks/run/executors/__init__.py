@@ -8,7 +8,6 @@ QNN_CACHE). Light stages always run in this process.
 """
 from __future__ import annotations
 
-import os
 from typing import Callable, Protocol
 
 from qnn_tasks.errors import QnnTasksError, SpecError
@@ -37,7 +36,9 @@ def for_call(call: StageCall, root: str, cache=None) -> Executor:
 
     if not call.heavy:
         return _cached("inprocess", local.InProcess)
-    spec = os.environ.get(ENV, "child").strip() or "child"
+    from qnn_tasks.envvalues import choice
+
+    spec = choice(ENV)
     if spec == "inprocess":
         if call.toolchain and call.toolchain.get("packages"):
             return _cached("child", lambda: local.Child(root))  # a pinned interpreter is another process

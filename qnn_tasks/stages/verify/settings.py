@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks import fileio
+from qnn_tasks import envvalues, fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.plan.paths import DEVICE_STAMP
@@ -27,10 +27,10 @@ from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
 DEVICE_LABEL = "measured on an attached phone over adb (device results)"
 RUNNER = runtimelibs.RUNNER
 DEFAULT_ADSP_PATH = "/odm/lib/rfsa/adsp;/vendor/lib/rfsa/adsp;/vendor/dsp/cdsp;/system/lib/rfsa/adsp;/system/vendor/lib/rfsa/adsp;/dsp"
-ENV_KEEP = "QNN_KEEP_DEVICE_FILES"
-ENV_ROUNDS = "QNN_VERIFY_ROUNDS"
-ENV_INFERENCES = "QNN_VERIFY_INFERENCES"
-ENV_POWER_SECONDS = "QNN_POWER_SECONDS"
+ENV_KEEP = envvalues.KEEP_DEVICE_FILES
+ENV_ROUNDS = envvalues.VERIFY_ROUNDS
+ENV_INFERENCES = envvalues.VERIFY_INFERENCES
+ENV_POWER_SECONDS = envvalues.POWER_SECONDS
 DEVICE_SETTINGS = {"keep_files": "keep the device folder after the run (default false)",
                    "timing_rounds": "latency rounds (default 3; 0 = no latency runs)",
                    "timing_inferences": "inferences per latency run (default 20)",
@@ -76,16 +76,9 @@ def device_settings(profile: ToolchainProfile, env: dict[str, str] | None = None
             values[key] = kind(value)
     for var, key, kind in ((ENV_KEEP, "keep_files", bool), (ENV_ROUNDS, "timing_rounds", int),
                            (ENV_INFERENCES, "timing_inferences", int), (ENV_POWER_SECONDS, "power_seconds", float)):
-        raw = env.get(var)
-        if raw is None or raw == "":
-            continue
-        if kind is bool:
-            values[key] = raw.strip().lower() in ("1", "true", "yes", "on")
-            continue
-        try:
-            values[key] = kind(raw)
-        except ValueError:
-            raise SpecError(f"environment variable {var}", "", f"{raw!r} is not a number", f"e.g. {var}=3") from None
+        given = envvalues.flag(var, env) if kind is bool else envvalues.number(var, env)
+        if given is not None:
+            values[key] = kind(given)
     settings = DeviceSettings(**values)
     if settings.timing_inferences < 2:
         settings = DeviceSettings(**{**values, "timing_inferences": 2})
