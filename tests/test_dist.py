@@ -100,7 +100,12 @@ def test_package_holds_every_verified_binary_and_its_proof(shipped, verified):
     simplified = verified.root / "build/silero-vad/vad/simplify/vad.onnx"
     assert fallback["path"] == "cpu/vad.onnx" and (vad / "cpu/vad.onnx").read_bytes() == simplified.read_bytes()
     assert fallback["verified_against"]["measured_on"] == "x86 CPU (onnxruntime)"
-    assert set(data["files"]) | {"manifest.json"} == set(tree(vad))  # every file named, with its digest
+    # every file named, with its digest; android/ is the AI pack laid out from them (it holds manifest.json itself)
+    files = {p for p in tree(vad) if not p.startswith("android/")}
+    assert set(data["files"]) | {"manifest.json"} == files
+    assert (vad / "android/device_targeting_configuration.xml").is_file()
+    group = vad / "android/silero_vad/src/main/assets/silero-vad#group_SM8650"
+    assert (group / "manifest.json").is_file() and (group / "cpu/vad.onnx").is_file()
     assert all(tree(vad)[p] == f["sha256"] for p, f in data["files"].items())
     card = (vad / "MODEL_CARD.md").read_text()
     assert "| SM8650 | v75 | fp16 | `SM8650/vad.fp16.bin`" in card and "NOT in this package" in card
