@@ -100,7 +100,12 @@ def test_package_holds_every_verified_binary_and_its_proof(shipped, verified):
     simplified = verified.root / "build/silero-vad/vad/simplify/vad.onnx"
     assert fallback["path"] == "cpu/vad.onnx" and (vad / "cpu/vad.onnx").read_bytes() == simplified.read_bytes()
     assert fallback["verified_against"]["measured_on"] == "x86 CPU (onnxruntime)"
-    assert set(data["files"]) | {"manifest.json"} == set(tree(vad))  # every file named, with its digest
+    # every file named, with its digest; android/ is the AI pack laid out from them (it holds manifest.json itself)
+    files = {p for p in tree(vad) if not p.startswith("android/")}
+    assert set(data["files"]) | {"manifest.json"} == files
+    assert (vad / "android/device_targeting_configuration.xml").is_file()
+    group = vad / "android/silero_vad/src/main/assets/silero-vad#group_SM8650"
+    assert (group / "manifest.json").is_file() and (group / "cpu/vad.onnx").is_file()
     assert all(tree(vad)[p] == f["sha256"] for p, f in data["files"].items())
     card = (vad / "MODEL_CARD.md").read_text()
     assert "| SM8650 | v75 | fp16 | `SM8650/vad.fp16.bin`" in card and "NOT in this package" in card
@@ -123,10 +128,14 @@ def test_two_dists_are_byte_identical_and_the_second_copies_nothing(shipped):
     for model, before in shipped["snapshot"].items():
         assert tree(shipped["dest"] / model) == before
         second = shipped["second"][model]
-        assert second["copied"] == 0 and second["linked"] == len(before) - 1  # all but manifest.json kept
-        for rel, inode in shipped["inodes"][model].items():
+        listed = [rel for rel in before if not rel.startswith("android/")]  # the AI pack is laid out from these
+        assert second["copied"] == 0 and second["linked"] == len(listed) - 1  # all but manifest.json kept
+        for rel in listed:
             if rel != "manifest.json":  # an unchanged binary is linked from the last package, not copied again
-                assert (shipped["dest"] / model / rel).stat().st_ino == inode, rel
+                assert (shipped["dest"] / model / rel).stat().st_ino == shipped["inodes"][model][rel], rel
+        package = shipped["dest"] / model
+        for packed in (package / "android").rglob("*.bin"):  # the AI pack's binaries are the package's, linked
+            assert packed.stat().st_ino in {(package / rel).stat().st_ino for rel in listed if rel.endswith(".bin")}
     assert tree(shipped["fresh"] / "silero-vad") == shipped["snapshot"]["silero-vad"]  # linked or copied: same bytes
     assert sorted(p.name for p in shipped["dest"].iterdir()) == ["minilm", "silero-vad"]  # no temp or old folder left
 

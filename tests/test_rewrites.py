@@ -239,7 +239,8 @@ def test_centred_variance_is_more_exact_in_low_precision():
     exact = (exact - exact.mean(-1, keepdims=True)) / np.sqrt(exact.var(-1, keepdims=True) + 1e-5)
     err_raw = np.abs(run(model, feeds)[0] - exact).max()
     err_centred = np.abs(run(after, feeds)[0] - exact).max()
-    assert err_centred < 0.01 < err_raw
+    # the raw form's variance may cancel below zero: sqrt gives NaN, the worst error (which samples do depends on RNG)
+    assert err_centred < 0.01 and not err_raw <= 0.01
 
 
 def test_lint_variance_cancellation():
