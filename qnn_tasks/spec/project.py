@@ -35,7 +35,8 @@ PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
 MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline", "loop"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
-              "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
+              "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples",
+              "dims"}
 TENSOR_KEYS = {"shape", "dtype", "onnx_name"}
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
@@ -171,6 +172,7 @@ class GraphSpec:
     constant_inputs: dict[str, Any] = field(default_factory=dict)      # packaged ONNX inputs fixed to a value
     samples: dict[str, Any] | None = None  # declared samples: {"files": [patterns]} or media sources (specsamples)
     has_code: bool = True                  # models/<model>/export.py exists
+    size: Any = None                       # specsizes.SizeSpec: which size of a graph with `dims:` this one is
 
     @property
     def precision(self) -> str:
@@ -342,11 +344,23 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     graphs_data = as_mapping(data["graphs"], path, "graphs")
     if not graphs_data:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
-    graphs = tuple(_load_graph(as_name(name, path, "graphs", "graph name", "rename the graph"), g, model_dir, path,
-                               socs, source_data) for name, g in graphs_data.items())
     from qnn_tasks.spec import loop as specloop
     from qnn_tasks.spec import pipeline as specpipeline
+    from qnn_tasks.spec import sizes as specsizes
 
+    declared = [as_name(name, path, "graphs", "graph name", "rename the graph") for name in graphs_data]
+    expanded = [(sized, g, size, f"graphs.{name}") for name in declared
+                for sized, g, size in specsizes.expand(name, as_mapping(graphs_data[name], path, f"graphs.{name}"),
+                                                       path, f"graphs.{name}")]
+    specsizes.check_names(declared, [(sized, origin) for sized, _, _, origin in expanded], path)
+    graphs = tuple(_load_graph(as_name(sized, path, origin, "size graph name", "rename the graph or its dim"), g,
+                               model_dir, path, socs, source_data, size=size, key=origin)
+                   for sized, g, size, origin in expanded)
+    sized = {g.size.graph: g.size for g in graphs if g.size}
+    if isinstance(data.get("pipeline"), dict):
+        specsizes.refuse_sized(list(data["pipeline"].get("graphs") or []), sized, path, "pipeline.graphs")
+    if isinstance(data.get("loop"), dict):
+        specsizes.refuse_sized([data["loop"].get("graph")], sized, path, "loop.graph")
     pipeline = specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
@@ -354,8 +368,8 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],
-                model_source: dict[str, Any]) -> GraphSpec:
-    key = f"graphs.{name}"
+                model_source: dict[str, Any], size: Any = None, key: str | None = None) -> GraphSpec:
+    key = key or f"graphs.{name}"
     data = as_mapping(data, path, key)
     check_keys(data, GRAPH_KEYS, path, key)
     require_keys(data, ("inputs", "outputs"), path, key)
@@ -412,7 +426,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
         source_key=source_key, rewrites=specport.rewrites(data.get("rewrites"), path, f"{key}.rewrites"),
         constant_inputs=specport.constant_inputs(data.get("constant_inputs"), path, f"{key}.constant_inputs",
                                                  {t.name for t in inputs}),
-        samples=samples, has_code=has_code,
+        samples=samples, has_code=has_code, size=size,
     )
 
 
@@ -432,7 +446,8 @@ def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorS
         for dim in shape:
             if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
                 raise SpecError(path, f"{tkey}.shape", f"dynamic or invalid dim '{dim}': the NPU needs static shapes",
-                                "give every dim a fixed positive integer (pad or chunk variable lengths at export)")
+                                "give every dim a fixed positive integer (pad or chunk variable lengths at export), "
+                                "or name it under dims: with its sizes")
         dtype = str(tdata.get("dtype", "float32"))
         if dtype == "int64":
             raise SpecError(path, f"{tkey}.dtype", "int64 is not supported on HTP", "export int32 instead")

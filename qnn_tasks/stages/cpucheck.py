@@ -14,7 +14,7 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode, packaged
-from qnn_tasks.judge import metrics
+from qnn_tasks.judge import fitting, metrics
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
@@ -26,6 +26,7 @@ DEFAULT_TOLERANCE = {"max_abs": 1e-3, "min_cosine": 0.9999}
 def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Path, reference_out: Path) -> dict[str, Any]:
     ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
     inputs, where = real_inputs(graph, ctx)
+    inputs, fitted = fitting.fit(inputs, graph, where)
     sample_store.check(inputs, graph.inputs, where)
     if graph.has_code and modelcode.has_function(graph, "reference") or not (graph.source and graph.source.file):
         original, by = modelcode.call(graph, "reference", ctx, inputs), f"{graph.model_code}:reference()"
@@ -50,7 +51,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
         per_output[spec.name] = metrics.compare(ref, got)
         problems += metrics.violations(spec.name, per_output[spec.name], thresholds)
     record = {"samples": len(inputs), "samples_from": where, "reference_from": by, "thresholds": thresholds,
-              "metrics": per_output}
+              "metrics": per_output, **({"fitted": fitted} if fitted else {})}
     if problems:
         raise StageError(f"cpucheck of graph '{graph.name}': simplified ONNX differs from the original model: "
                          + "; ".join(problems) + " (fix the export, or loosen graphs." + graph.name + ".cpucheck)", record)

@@ -1,0 +1,111 @@
+"""A project built in code whose graph takes several lengths (`dims:`): masked mean pooling over a sequence.
+
+`pool`: y = sum_s(relu(x_s @ W + b) * mask_s) / sum_s(mask_s), built by export.py with onnx.helper at the
+size it is told (ctx.size). With `options: {mask: ignored}` the export forgets the mask (a mean over every
+position, padding included): each size agrees with its CPU reference, but a short input padded into a larger
+size changes its answer, which only the cross-size check sees. Samples come at their own length (3 to 14
+positions), so each fits the smallest size; reference() is the same math in numpy.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from conftest import Project, copy_project
+
+MODEL_YAML = """\
+licence: test fixture
+source: {{url: built in export.py}}
+graphs:
+  {name}:
+    dims:
+      seq: {{sizes: {sizes}, pad: {{x: 0.0, mask: 0}}, longer: skip}}
+    inputs:
+      x: {{shape: [1, seq, 16], dtype: float32}}
+      mask: {{shape: [1, seq], dtype: int32}}
+    outputs:
+      y: {{shape: [1, 8]}}
+    options: {{mask: {mask}}}
+    socs: [SM8650]
+    verify:
+      samples: 8
+      checks:
+        - ranking: {{output: y, top: 1, min: 1.0}}
+"""
+
+EXPORT_PY = '''\
+"""Masked mean pooling over a sequence, built at the size the tool asks for (ctx.size)."""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+WEIGHT_SEED = 7
+
+
+def _weights():
+    rng = np.random.default_rng(WEIGHT_SEED)
+    return rng.standard_normal((16, 8)).astype(np.float32) / 4, rng.standard_normal(8).astype(np.float32) / 2
+
+
+def export(ctx):
+    size = ctx.size
+    w, b = _weights()
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["xw"]), helper.make_node("Add", ["xw", "b"], ["h"]),
+             helper.make_node("Relu", ["h"], ["r"])]
+    if ctx.options["mask"] == "ignored":  # the padding leaks into the mean
+        nodes.append(helper.make_node("ReduceMean", ["r"], ["y"], axes=[1], keepdims=0))
+    else:
+        nodes += [helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+                  helper.make_node("Unsqueeze", ["m", "last"], ["m3"]),
+                  helper.make_node("Mul", ["r", "m3"], ["rm"]),
+                  helper.make_node("ReduceSum", ["rm", "one"], ["total"], keepdims=0),
+                  helper.make_node("ReduceSum", ["m", "one"], ["count"], keepdims=1),
+                  helper.make_node("Max", ["count", "floor"], ["safe"]),
+                  helper.make_node("Div", ["total", "safe"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "pool",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, size, 16]),
+         helper.make_tensor_value_info("mask", TensorProto.INT32, [1, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b"),
+         numpy_helper.from_array(np.array([2], np.int64), "last"), numpy_helper.from_array(np.array([1], np.int64), "one"),
+         numpy_helper.from_array(np.array(1.0, np.float32), "floor")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(ctx.out_path))
+
+
+def samples(ctx):
+    """Eight inputs at their own length (3 to 14 positions), mask 1 over each."""
+    rng = np.random.default_rng(11)
+    out = []
+    for length in (3, 14, 5, 9, 7, 12, 4, 10):
+        out.append({"x": rng.standard_normal((1, length, 16)).astype(np.float32),
+                    "mask": np.ones((1, length), np.int32)})
+    return out
+
+
+def reference(ctx, inputs):
+    w, b = _weights()
+    result = []
+    for sample in inputs:
+        r = np.maximum(sample["x"][0] @ w + b, 0.0)
+        m = sample["mask"][0].astype(np.float32)
+        y = r.mean(axis=0) if ctx.options["mask"] == "ignored" else (r * m[:, None]).sum(0) / max(m.sum(), 1.0)
+        result.append({"y": y[None].astype(np.float32)})
+    return result
+'''
+
+
+def sized_project(root: Path, models: dict[str, str], sizes: str = "[16, 32]") -> Project:
+    """The example project with its models replaced by sized pooling models: {model name: mask mode}."""
+    project = copy_project(root)
+    for model in project.root.glob("models/*"):
+        import shutil
+
+        shutil.rmtree(model)
+    for name, mask in models.items():
+        folder = project.path(f"models/{name}")
+        folder.mkdir(parents=True)
+        (folder / "model.yaml").write_text(MODEL_YAML.format(name=name, sizes=sizes, mask=mask))
+        (folder / "export.py").write_text(EXPORT_PY)
+    return project
