@@ -48,7 +48,9 @@ def markdown(data: dict[str, Any]) -> str:
         for r in data["precision_comparison"]:
             lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {size(r['bin_size'])} | "
                          f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} |")
-    lines += pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
+    from qnn_tasks.report import sizes as size_report
+
+    lines += size_report.markdown(data) + pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
     problems = [t for t in data["targets"] if t["status"] in ("failed", "stale", "skipped")]
     if problems:
         lines += ["", "## Failed, stale and skipped", ""]
@@ -313,6 +315,8 @@ def summary_line(data: dict[str, Any]) -> str:
         line += f"; {s['models_not_buildable']} model(s) NOT BUILDABLE (spec errors)"
     if s.get("stale"):
         line += f", {s['stale']} STALE"
+    if s.get("crosssize_failed"):
+        line += f"; {s['crosssize_failed']} cross-size check(s) FAILED"
     if s.get("from_cache"):
         line += f"; {s['from_cache']} restored from the cache"
     return line + "."
