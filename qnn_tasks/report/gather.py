@@ -91,7 +91,7 @@ def collect(planner) -> dict[str, Any]:
     loops = [loop_entry(ct) for ct in loop_chips(planner)]
     from qnn_tasks.report import sizes as size_report
 
-    sizes = size_report.entries(planner, targets)
+    sizes = size_report.entries(planner, targets, read_checked, combine)
     broken = [{"model": model, "status": "not buildable", "error": problem} for model, problem in planner.project.broken]
     # complete: every expected (not skipped) target and pipeline has a verdict its outputs still back
     no_verdict = [t["name"] for t in targets + pipelines + loops + sizes if t["status"] in NO_VERDICT]

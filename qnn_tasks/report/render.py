@@ -48,14 +48,27 @@ def markdown(data: dict[str, Any]) -> str:
         for r in data["precision_comparison"]:
             lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {size(r['bin_size'])} | "
                          f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} |")
-    from qnn_tasks.report import sizes as size_report
-
-    lines += size_report.markdown(data) + pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
+    lines += sizes_markdown(data) + pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
     problems = [t for t in data["targets"] if t["status"] in ("failed", "stale", "skipped")]
     if problems:
         lines += ["", "## Failed, stale and skipped", ""]
         lines += [f"- **{t['name']}** ({t['status']}): {t['reason']}" for t in problems]
     return "\n".join(lines) + "\n"
+
+
+def sizes_markdown(data: dict[str, Any]) -> list[str]:
+    if not data.get("sizes"):
+        return []
+    lines = ["", "## Sizes (one graph at several lengths: a deployment runs the smallest that fits, padded)", "",
+             "| graph | chip | precision | sizes: status, .bin size, simulator time, min cosine vs CPU "
+             "| cross-size check |", "|---|---|---|---|---|"]
+    for entry in data["sizes"]:
+        cells = "; ".join(f"{c['graph']} {c['status']}, {size(c['bin_size'])}, {duration(c['sim_median_s'])}, "
+                          f"{num(c['min_cosine'], 6)}" for c in entry["sizes"])
+        verdict = entry["status"] + (f": {entry['reason']}" if entry["reason"] else "")
+        lines.append(f"| {entry['graph']} ({entry['dim']}) | {entry['soc']} | {entry['precision']} | {cells} | "
+                     f"{verdict.replace('|', '/')} |")
+    return lines
 
 
 def pipeline_markdown(data: dict[str, Any]) -> list[str]:

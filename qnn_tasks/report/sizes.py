@@ -1,16 +1,17 @@
-"""The report's sizes section: the sizes of one graph (model.yaml `dims:`) side by side per chip, with the
+"""The report's sizes section (rendered by render.py): the sizes of one graph (model.yaml `dims:`) side by side per chip, with the
 cross-size check that vouches for "the smallest size that fits"."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 from qnn_tasks.plan.stages import CROSSSIZE, crosssize_chips, size_chips
+from qnn_tasks.report.upgrade_diff import target_figures
 
 
-def entries(planner, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One entry per graph with sizes, precision, chip and toolchain: each size's figures and the cross-size verdict."""
-    from qnn_tasks.report.gather import combine, read_checked
-    from qnn_tasks.report.upgrade_diff import target_figures
+def entries(planner, targets: list[dict[str, Any]], read_checked: Callable[[str], dict | None],
+            combine: Callable[[list], str]) -> list[dict[str, Any]]:
+    """One entry per graph with sizes, precision, chip and toolchain: each size's figures and the cross-size verdict
+    (records read and combined as gather reads every other record)."""
 
     by_name = {t["name"]: t for t in targets}
     found = []
@@ -29,20 +30,3 @@ def entries(planner, targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
                       "status": status, "reason": record.get("error") if record and status != "passed" else None,
                       "record": record})
     return found
-
-
-def markdown(data: dict[str, Any]) -> list[str]:
-    from qnn_tasks.report.render import duration, num, size
-
-    if not data.get("sizes"):
-        return []
-    lines = ["", "## Sizes (one graph at several lengths: a deployment runs the smallest that fits, padded)", "",
-             "| graph | chip | precision | sizes: status, .bin size, simulator time, min cosine vs CPU "
-             "| cross-size check |", "|---|---|---|---|---|"]
-    for entry in data["sizes"]:
-        cells = "; ".join(f"{c['graph']} {c['status']}, {size(c['bin_size'])}, {duration(c['sim_median_s'])}, "
-                          f"{num(c['min_cosine'], 6)}" for c in entry["sizes"])
-        verdict = entry["status"] + (f": {entry['reason']}" if entry["reason"] else "")
-        lines.append(f"| {entry['graph']} ({entry['dim']}) | {entry['soc']} | {entry['precision']} | {cells} | "
-                     f"{verdict.replace('|', '/')} |")
-    return lines
