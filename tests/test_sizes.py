@@ -18,6 +18,7 @@ from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec.project import load_model, load_soc_table
+from qnn_tasks.spec.serial import graph_from_dict, graph_to_dict
 
 SIZED_YAML = """\
 licence: test
@@ -64,6 +65,8 @@ def test_dims_make_one_graph_per_size(tmp_path):
     assert small.size.axes == {"ids": 1, "mask": 1, "hidden": 1}
     facts = specsizes.facts(large)
     assert facts["rule"] == "smallest that fits" and facts["graphs"] == {"8": "enc.seq8", "32": "enc.seq32"}
+    assert specsizes.facts(graph_to_dict(large, tmp_path)) == facts  # from a stage call's graph too
+    assert specsizes.facts(graph_from_dict(graph_to_dict(large, tmp_path))) == facts
     # the short form: pad 0 for every input with the dim, longer inputs skipped
     short = load(tmp_path, SIZED_YAML.replace("seq: {sizes: [8, 32], pad: {ids: 0, mask: 0}, longer: truncate}",
                                               "seq: [16]"))

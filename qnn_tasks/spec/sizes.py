@@ -150,10 +150,13 @@ def refuse_sized(names: list[str], sized: dict[str, SizeSpec], path: Path, key: 
 
 
 def facts(graph: Any) -> dict[str, Any] | None:
-    """The sizes facts of a sized graph for a package's manifest: dim, sizes, the graphs, the rule, pad, longer."""
-    size = getattr(graph, "size", None)
+    """The sizes facts of a sized graph for a package's manifest (None for a graph without sizes): the declared
+    graph, dim, sizes, each size's graph, the rule "smallest that fits", pad values and what happens to a longer
+    input. `graph` is a GraphSpec or its call-argument dict (spec/serial.py graph_to_dict)."""
+    size = graph.get("size") if isinstance(graph, dict) else getattr(graph, "size", None)
     if size is None:
         return None
+    size = SizeSpec.from_dict(size) if isinstance(size, dict) else size
     return {"graph": size.graph, "dim": size.dim, "sizes": list(size.sizes),
             "graphs": {str(s): size.name_of(s) for s in size.sizes}, "rule": RULE, "pad": dict(size.pad),
             "longer": size.longer, "axes": dict(size.axes)}
