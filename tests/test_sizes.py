@@ -16,8 +16,9 @@ from sized_project import sized_project
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
+from qnn_tasks.plan.stages import Planner
 from qnn_tasks.spec import sizes as specsizes
-from qnn_tasks.spec.project import load_model, load_soc_table
+from qnn_tasks.spec.project import load_model, load_project, load_soc_table
 from qnn_tasks.spec.serial import graph_from_dict, graph_to_dict
 
 SIZED_YAML = """\
@@ -103,6 +104,9 @@ def test_a_pipeline_over_a_graph_with_sizes_is_refused_in_one_line_and_one_size_
     assert "loop.graph" in line and "graph 'enc' has sizes" in line
     model = load(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc.seq32, head]}\n")
     assert model.pipeline.graphs == ("enc.seq32", "head")  # a chain of one size plans like any other
+    planner = Planner(load_project(tmp_path))
+    assert {pt.name: [ct.name for ct in pt.chips] for pt in planner.pipelines}["m-SM8650"] == \
+        ["enc.seq32-SM8650", "head-SM8650"]
 
 
 def test_samples_are_fitted_padded_truncated_or_skipped(tmp_path):
