@@ -8,9 +8,13 @@ positions), so each fits the smallest size; reference() is the same math in nump
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import numpy as np
+import onnx
 from conftest import Project, copy_project
+from onnx import TensorProto, helper, numpy_helper
 
 MODEL_YAML = """\
 licence: test fixture
@@ -100,12 +104,62 @@ def sized_project(root: Path, models: dict[str, str], sizes: str = "[16, 32]") -
     """The example project with its models replaced by sized pooling models: {model name: mask mode}."""
     project = copy_project(root)
     for model in project.root.glob("models/*"):
-        import shutil
-
         shutil.rmtree(model)
     for name, mask in models.items():
         folder = project.path(f"models/{name}")
         folder.mkdir(parents=True)
         (folder / "model.yaml").write_text(MODEL_YAML.format(name=name, sizes=sizes, mask=mask))
         (folder / "export.py").write_text(EXPORT_PY)
+    return project
+
+
+PACKAGED_YAML = """\
+licence: test fixture
+source: {file: dyn.onnx}
+graphs:
+  dyn:
+    dims: {seq: {sizes: [8, 16], pad: {x: 0.0, mask: 0}, longer: truncate}}
+    inputs:
+      x: {shape: [1, seq, 16], dtype: float32}
+      mask: {shape: [1, seq], dtype: int32}
+    outputs:
+      y: {shape: [1, 8]}
+    samples: {files: samples.npz}
+    socs: [SM8650]
+    verify: {checks: [{ranking: {output: y, top: 1, min: 1.0}}]}
+"""
+LENGTHS = (3, 7, 5, 12, 4, 9, 6, 10)  # 12, 9 and 10 are longer than the size 8: truncated there
+
+
+def packaged_sized_project(root: Path) -> Project:
+    """YAML only: a packaged ONNX whose sequence dim is symbolic ('seq', int64 mask), masked mean pooling, and
+    sample files padded to 12 positions (the built-in export fixes the dim to each size)."""
+    project = copy_project(root)
+    for model in project.root.glob("models/*"):
+        shutil.rmtree(model)
+    folder = project.path("models/dyn")
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(3)
+    weights = (rng.standard_normal((16, 8)) / 4).astype(np.float32)
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+             helper.make_node("Cast", ["mask"], ["m"], to=TensorProto.FLOAT),
+             helper.make_node("Unsqueeze", ["m", "last"], ["m3"]), helper.make_node("Mul", ["r", "m3"], ["rm"]),
+             helper.make_node("ReduceSum", ["rm", "one"], ["total"], keepdims=0),
+             helper.make_node("ReduceSum", ["m", "one"], ["count"], keepdims=1),
+             helper.make_node("Div", ["total", "count"], ["y"])]
+    graph = helper.make_graph(nodes, "dyn", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 16]),
+                                             helper.make_tensor_value_info("mask", TensorProto.INT64, [1, "seq"])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                              [numpy_helper.from_array(weights, "w"),
+                               numpy_helper.from_array(np.array([2], np.int64), "last"),
+                               numpy_helper.from_array(np.array([1], np.int64), "one")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(folder / "dyn.onnx"))
+    xs, masks = np.zeros((len(LENGTHS), 1, 12, 16), np.float32), np.zeros((len(LENGTHS), 1, 12), np.int64)
+    for i, length in enumerate(LENGTHS):
+        xs[i, 0, :length] = rng.standard_normal((length, 16))
+        masks[i, 0, :length] = 1
+    np.savez(folder / "samples.npz", x=xs, mask=masks)
+    (folder / "model.yaml").write_text(PACKAGED_YAML)
     return project

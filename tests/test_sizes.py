@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sized_project import sized_project
+from sized_project import LENGTHS, packaged_sized_project, sized_project
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
@@ -169,3 +169,17 @@ def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp
     assert contexts == {"export:pool.seq48", "cpucheck:pool.seq48", "context:pool.seq48-SM8650"}, third.stdout
     grown = project.one_json("build/pool/pool.seq48/*/fp16/SM8650/crosssize/crosssize.json")
     assert grown["status"] == "passed" and grown["sizes"] == [16, 32, 48] and len(grown["pairs"]) == 3
+
+
+def test_a_packaged_onnx_with_a_symbolic_dim_builds_per_size_from_yaml_alone(tmp_path):
+    """The built-in export fixes the symbolic dim to each size; sample files padded to 12 are truncated to 8
+    (longer: truncate) and padded to 16; the cross-size check compares only the samples that fit 8 untruncated."""
+    project = packaged_sized_project(tmp_path / "p")
+    project.doit("-n", "2", "crosssize", check=True)
+    io = project.one_json("build/dyn/dyn.seq8/export/export.json")["io"]
+    assert [t["shape"] for t in io["inputs"]] == [[1, 8, 16], [1, 8]] and io["inputs"][1]["dtype"] == "int32"
+    truncated = [i for i, n in enumerate(LENGTHS) if n > 8]
+    assert project.one_json("build/dyn/dyn.seq8/cpucheck/cpucheck.json")["fitted"]["truncated"] == truncated
+    check = project.one_json("build/dyn/dyn.seq16/*/fp16/SM8650/crosssize/crosssize.json")
+    fit = [i for i in range(len(LENGTHS)) if i not in truncated]
+    assert check["status"] == "passed" and check["pairs"][0]["samples"] == [[i, i] for i in fit]
