@@ -64,6 +64,7 @@ def test_dims_make_one_graph_per_size(tmp_path):
     assert small.size.graph == "enc" and small.size.sizes == (8, 32) and small.size.longer == "truncate"
     assert small.size.pad == {"ids": 0.0, "mask": 0.0}
     assert small.size.axes == {"ids": 1, "mask": 1, "hidden": 1}
+    assert small.key == "graphs.enc"  # messages name the key in model.yaml, not the size's graph
     facts = specsizes.facts(large)
     assert facts["rule"] == "smallest that fits" and facts["graphs"] == {"8": "enc.seq8", "32": "enc.seq32"}
     assert specsizes.facts(graph_to_dict(large, tmp_path)) == facts  # from a stage call's graph too

@@ -64,7 +64,7 @@ def read_declared(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
 
         return media.load(graph)
     files = graph.sample_files()
-    where = f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples"
+    where = f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples"
     if not files:
         raise StageError(f"{where}: no sample file matches {graph.samples['files'] if graph.samples else None} "
                          f"(fix: add .npz/.npy files to {graph.model_dir} or fix the pattern)")

@@ -179,6 +179,11 @@ class GraphSpec:
         return self.precisions[0]
 
     @property
+    def key(self) -> str:
+        """The graph's key in model.yaml, for messages: `graphs.<name>`, the declared graph's for one of its sizes."""
+        return f"graphs.{self.size.graph if self.size else self.name}"
+
+    @property
     def model_code(self) -> Path:
         return self.model_dir / "export.py"
 

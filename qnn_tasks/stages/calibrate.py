@@ -31,7 +31,7 @@ def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:
     sample_store.check(produced, graph.inputs, where)
     if len(produced) < wanted:
         raise StageError(f"{where} produced {len(produced)} samples, calibration.samples asks for {wanted}: "
-                         f"make more real inputs there or lower graphs.{graph.name}.calibration.samples "
+                         f"make more real inputs there or lower {graph.key}.calibration.samples "
                          f"(at least 8 are needed)")
     chosen = _spread(produced, wanted)
     sample_store.save(out, chosen)

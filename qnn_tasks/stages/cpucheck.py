@@ -44,7 +44,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
         got = np.stack([o[spec.name] for o in cpu])
         if list(got.shape[1:]) != list(spec.shape):
             raise StageError(f"output '{spec.name}': the simplified ONNX gives shape {list(got.shape[1:])}, model.yaml "
-                             f"says {list(spec.shape)} (fix: graphs.{graph.name}.outputs.{spec.name}.shape)")
+                             f"says {list(spec.shape)} (fix: {graph.key}.outputs.{spec.name}.shape)")
         if ref.shape != got.shape:
             raise StageError(f"output '{spec.name}': original model gives shape {list(ref.shape[1:])}, "
                              f"simplified ONNX gives {list(got.shape[1:])}")
@@ -54,7 +54,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
               "metrics": per_output, **({"fitted": fitted} if fitted else {})}
     if problems:
         raise StageError(f"cpucheck of graph '{graph.name}': simplified ONNX differs from the original model: "
-                         + "; ".join(problems) + " (fix the export, or loosen graphs." + graph.name + ".cpucheck)", record)
+                         + "; ".join(problems) + f" (fix the export, or loosen {graph.key}.cpucheck)", record)
     sample_store.save(inputs_out, inputs)
     sample_store.save(reference_out, cpu)
     return record
@@ -63,7 +63,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
 def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext) -> tuple[list[dict[str, np.ndarray]], str]:
     """(samples, where they came from): the declared sample files if any, else export.py's samples()."""
     if graph.samples:
-        return sample_store.read_declared(graph), f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples"
+        return sample_store.read_declared(graph), f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples"
     return modelcode.call(graph, "samples", ctx), f"{graph.model_code}:samples() for graph '{graph.name}'"
 
 

@@ -371,7 +371,7 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
         if factor is None:
             return
         entry = f"{{scale-input: {{input: {name}, factor: {factor}}}}}"
-        where = (f"set scale-input to {entry} in graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml"
+        where = (f"set scale-input to {entry} in {graph.key}.rewrites in models/{graph.model}/model.yaml"
                  if "scale-input" in graph.rewrites else yaml_fix(entry, graph.name, graph.model, graph.rewrites))
         overflow["fix"] = (f"{where}: input '{name}' times {factor} keeps every tensor it reaches under "
                            f"{FP16_MAX / inputscale.HEADROOM:g} on these samples, and the scale is undone exactly "
