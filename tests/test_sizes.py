@@ -16,7 +16,7 @@ from sized_project import LENGTHS, packaged_sized_project, sized_project
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
-from qnn_tasks.plan.stages import Planner
+from qnn_tasks.plan.stages import Planner, loop_chips
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec.project import load_model, load_project, load_soc_table
 from qnn_tasks.spec.serial import graph_from_dict, graph_to_dict
@@ -35,6 +35,7 @@ graphs:
     outputs:
       hidden: {shape: [1, seq, 4]}
       pooled: {shape: [1, 4]}
+      level: {shape: [1, 1]}
 """
 
 
@@ -60,7 +61,7 @@ def test_dims_make_one_graph_per_size(tmp_path):
     assert [g.name for g in model.graphs] == ["enc.seq8", "enc.seq32"]
     small, large = model.graphs
     assert [t.shape for t in small.inputs] == [(1, 8), (1, 8), (1, 1)]
-    assert [t.shape for t in large.outputs] == [(1, 32, 4), (1, 4)]
+    assert [t.shape for t in large.outputs] == [(1, 32, 4), (1, 4), (1, 1)]
     assert small.size.graph == "enc" and small.size.sizes == (8, 32) and small.size.longer == "truncate"
     assert small.size.pad == {"ids": 0.0, "mask": 0.0}
     assert small.size.axes == {"ids": 1, "mask": 1, "hidden": 1}
@@ -97,17 +98,29 @@ def test_a_size_name_that_clashes_with_a_graph_names_both(tmp_path):
     assert "graphs.enc" in line and "'enc.seq8' clashes with graphs.enc.seq8" in line
 
 
-def test_a_pipeline_over_a_graph_with_sizes_is_refused_in_one_line_and_one_size_is_accepted(tmp_path):
+def test_a_pipeline_or_loop_over_a_graph_with_sizes_runs_per_size(tmp_path):
+    """A pipeline naming a graph with sizes is one chain per size (`<model>.<dim><size>-<SOC>`), a loop over it runs
+    on each size's chips; naming one size chains that size alone; what is not built yet is one line each."""
     head = "  head:\n    inputs: {pooled: {shape: [1, 4], dtype: float32}}\n    outputs: {p: {shape: [1, 2]}}\n"
-    line = spec_error(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc, head]}\n")
-    assert "pipeline.graphs" in line and "graph 'enc' has sizes [8, 32]" in line and "enc.seq8" in line
-    line = spec_error(tmp_path, SIZED_YAML + "loop: {graph: enc, feed: {scale: pooled}}\n")
-    assert "loop.graph" in line and "graph 'enc' has sizes" in line
-    model = load(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc.seq32, head]}\n")
-    assert model.pipeline.graphs == ("enc.seq32", "head")  # a chain of one size plans like any other
+    model = load(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc, head], feed: {head.pooled: enc.pooled}}\n"
+                 "loop: {graph: enc, feed: {scale: level}}\n")
+    assert model.pipeline is None and [(p.graphs, p.size, p.feed) for p in model.size_pipelines] == [
+        (("enc.seq8", "head"), "seq8", {"head.pooled": ("enc.seq8", "pooled")}),
+        (("enc.seq32", "head"), "seq32", {"head.pooled": ("enc.seq32", "pooled")})]
     planner = Planner(load_project(tmp_path))
-    assert {pt.name: [ct.name for ct in pt.chips] for pt in planner.pipelines}["m-SM8650"] == \
-        ["enc.seq32-SM8650", "head-SM8650"]
+    assert {pt.name: [ct.name for ct in pt.chips] for pt in planner.pipelines if pt.soc.name == "SM8650"} == {
+        "m.seq8-SM8650": ["enc.seq8-SM8650", "head-SM8650"], "m.seq32-SM8650": ["enc.seq32-SM8650", "head-SM8650"]}
+    assert {str(pt.dir).split("/")[2] for pt in planner.pipelines} == {"pipeline.seq8", "pipeline.seq32"}
+    assert [ct.name for ct in loop_chips(planner) if ct.soc.name == "SM8650"] == ["enc.seq8-SM8650", "enc.seq32-SM8650"]
+
+    one = load(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc.seq32, head]}\n")
+    assert one.pipeline.graphs == ("enc.seq32", "head") and one.size_pipelines == ()
+    line = spec_error(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc, head]}\n"
+                      "loop: {graph: head, feed: {}, start: {pooled: enc.pooled}}\n")
+    assert "loop.start" in line and "not built yet" in line and "enc.seq8" in line
+    other = SIZED_YAML.replace("  enc:", "  enc2:").replace("[8, 32]", "[8, 16]")
+    line = spec_error(tmp_path, SIZED_YAML + other.split("graphs:\n", 1)[1] + "pipeline: {graphs: [enc, enc2]}\n")
+    assert "pipeline.graphs" in line and "different sizes" in line
 
 
 def test_samples_are_fitted_padded_truncated_or_skipped(tmp_path):

@@ -425,7 +425,7 @@ def simulated_first_link(pt: PipelineTarget) -> str | None:
 def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
     """The model's `loop:` graph run step after step on the chip's simulator and on CPU, each carrying its state."""
     loop = p.model(ct.graph).loop
-    if loop is None or loop.graph != ct.graph.name:
+    if not runs_loop(loop, ct.graph):
         return None
     start, start_files, task_dep = None, [], []
     if loop.start:  # encoder once -> decoder loop: each run starts from the pipeline's kept outputs on this chip
@@ -496,9 +496,14 @@ def crosssize_chips(planner: Planner) -> list[ChipTarget]:
     return [ct for ct in planner.chips if not ct.skip_reason and plan_crosssize(planner, CROSSSIZE, ct) is not None]
 
 
+def runs_loop(loop: Any, graph: GraphSpec) -> bool:
+    """Whether `graph` is its model's `loop:` graph, or a size of it (a loop over a graph with sizes runs per size)."""
+    return loop is not None and loop.graph in (graph.name, graph.size.graph if graph.size else None)
+
+
 def loop_chips(planner: Planner) -> list[ChipTarget]:
     """The chip targets whose graph is its model's `loop:` graph (each has a loop stage)."""
-    return [ct for ct in planner.chips if (loop := planner.model(ct.graph).loop) and loop.graph == ct.graph.name
+    return [ct for ct in planner.chips if runs_loop(loop := planner.model(ct.graph).loop, ct.graph)
             and (not loop.start or plan_loop(planner, LOOP, ct) is not None)]
 
 

@@ -167,8 +167,8 @@ class PipelineTarget:
 
     @property
     def name(self) -> str:
-        first = self.chips[0]
-        return f"{self.pipeline.model}-{first.soc.name}{first.variant.suffix}"
+        first, size = self.chips[0], getattr(self.pipeline, "size", "")
+        return f"{self.pipeline.model}{'.' + size if size else ''}-{first.soc.name}{first.variant.suffix}"
 
     @property
     def soc(self) -> Soc:
@@ -184,11 +184,12 @@ def pipeline_targets(project: Project, chips: list[ChipTarget], toolchain_id: st
              if ct.precision == ct.graph.precision and not ct.skip_reason}
     targets = []
     for model in project.models:
-        if model.pipeline is None:
-            continue
-        for soc in project.socs:
-            chain = [built.get((name, soc)) for name in model.pipeline.graphs]
-            if all(chain):
-                targets.append(PipelineTarget(pipeline=model.pipeline, chips=tuple(chain),
-                                              dir=Path(BUILD_DIR) / model.name / "pipeline" / toolchain_id / soc))
+        # a pipeline over graphs with sizes is one per size (`<model>.<dim><size>-<SOC>`, folder pipeline.<dim><size>)
+        for spec in ((model.pipeline,) if model.pipeline is not None else ()) + tuple(model.size_pipelines):
+            folder = f"pipeline.{spec.size}" if spec.size else "pipeline"
+            for soc in project.socs:
+                chain = [built.get((name, soc)) for name in spec.graphs]
+                if all(chain):
+                    targets.append(PipelineTarget(pipeline=spec, chips=tuple(chain),
+                                                  dir=Path(BUILD_DIR) / model.name / folder / toolchain_id / soc))
     return targets

@@ -207,6 +207,7 @@ class ModelSpec:
     graphs: tuple[GraphSpec, ...]
     pipeline: Any = None  # specpipeline.PipelineSpec: the graphs chained, verified end to end
     loop: Any = None      # specloop.LoopSpec: one graph run repeatedly, outputs fed back
+    size_pipelines: tuple = ()  # a pipeline over graphs with sizes: one PipelineSpec per size (`pipeline` is None)
 
 
 @dataclass(frozen=True)
@@ -362,14 +363,30 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
                                model_dir, path, socs, source_data, size=size, key=origin)
                    for sized, g, size, origin in expanded)
     sized = {g.size.graph: g.size for g in graphs if g.size}
-    if isinstance(data.get("pipeline"), dict):
-        specsizes.refuse_sized(list(data["pipeline"].get("graphs") or []), sized, path, "pipeline.graphs")
-    if isinstance(data.get("loop"), dict):
-        specsizes.refuse_sized([data["loop"].get("graph")], sized, path, "loop.graph")
-    pipeline = specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path)
+    pipeline_data, loop_data, size_pipelines = data.get("pipeline"), data.get("loop"), ()
+    chain = specsizes.chain_sizes(pipeline_data.get("graphs") or [], sized, path, "pipeline.graphs") \
+        if isinstance(pipeline_data, dict) else None
+    if chain is not None:  # one pipeline per size: each graph with sizes at that size
+        size_pipelines = tuple(replace(specpipeline.load(specsizes.at_size(pipeline_data, sized, size), graphs,
+                                                         model_dir.name, path), size=f"{chain.dim}{size}")
+                               for size in chain.sizes)
+        pipeline_data = None
+    pipeline = specpipeline.load(pipeline_data, graphs, model_dir.name, path)
+    looped = specsizes.chain_sizes([loop_data.get("graph")], sized, path, "loop.graph") \
+        if isinstance(loop_data, dict) else None
+    if (looped or chain) and isinstance(loop_data, dict) and loop_data.get("start") is not None:
+        raise SpecError(path, "loop.start", "a loop starting from a pipeline over graphs with sizes is not built yet",
+                        "name one size in pipeline.graphs and loop.graph, e.g. "
+                        f"{(looped or chain).name_of((looped or chain).sizes[0])}")
+    if looped is not None:  # one loop per size: checked at each, run on each size's chip targets
+        loops = [specloop.load({**loop_data, "graph": looped.name_of(size)}, graphs, model_dir.name, path, pipeline)
+                 for size in looped.sizes]
+        loop = replace(loops[0], graph=looped.graph)
+    else:
+        loop = specloop.load(loop_data, graphs, model_dir.name, path, pipeline)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
-                     loop=specloop.load(data.get("loop"), graphs, model_dir.name, path, pipeline))
+                     loop=loop, size_pipelines=size_pipelines)
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],

@@ -139,14 +139,39 @@ def check_names(declared: list[str], expanded: list[tuple[str, str]], path: Path
         seen[name] = origin
 
 
-def refuse_sized(names: list[str], sized: dict[str, SizeSpec], path: Path, key: str) -> None:
-    """A pipeline or loop naming a graph with sizes: one line saying to name one size (chains are per size)."""
-    for name in names:
-        if name in sized:
-            spec = sized[name]
-            raise SpecError(path, key, f"graph '{name}' has sizes {list(spec.sizes)} ({spec.dim}): a {key.split('.')[0]} "
-                            "runs one size", f"name one size, e.g. {spec.name_of(spec.sizes[0])} (one {key.split('.')[0]} "
-                            "per size is not built yet)")
+def chain_sizes(names: list[Any], sized: dict[str, SizeSpec], path: Path, key: str) -> SizeSpec | None:
+    """The sizes a pipeline or loop naming graphs with sizes runs at (one chain per size), None when it names none.
+    The graphs with sizes it names must share the dim and the sizes (a chain runs one length through)."""
+    found = [sized[n] for n in names if isinstance(n, str) and n in sized]
+    if not found:
+        return None
+    first = found[0]
+    for other in found[1:]:
+        if (other.dim, other.sizes) != (first.dim, first.sizes):
+            raise SpecError(path, key, f"graphs '{first.graph}' ({first.dim} {list(first.sizes)}) and '{other.graph}' "
+                            f"({other.dim} {list(other.sizes)}) have different sizes: a chain runs one size through",
+                            f"give both the same dims, or name one size of each, e.g. {first.name_of(first.sizes[0])}")
+    return first
+
+
+def at_size(data: dict[str, Any], sized: dict[str, SizeSpec], size: int) -> dict[str, Any]:
+    """A `pipeline:` section with each graph with sizes named at `size`: in `graphs` and in the `feed` references
+    (`<graph>.<tensor>`)."""
+    def rename(ref: Any) -> Any:
+        if not isinstance(ref, str):
+            return ref
+        if ref in sized:
+            return sized[ref].name_of(size)
+        base = next((g for g in sized if ref.startswith(f"{g}.")), None)
+        return f"{sized[base].name_of(size)}{ref[len(base):]}" if base else ref
+
+    feed = data.get("feed")
+    if isinstance(feed, dict):
+        feed = {rename(k): ({**v, "from": rename(v.get("from"))} if isinstance(v, dict) else rename(v))
+                for k, v in feed.items()}
+    graphs = data.get("graphs")
+    return {**data, **({"graphs": [rename(n) for n in graphs]} if isinstance(graphs, list) else {}),
+            **({"feed": feed} if feed is not None else {})}
 
 
 def facts(graph: Any) -> dict[str, Any] | None:
