@@ -35,6 +35,20 @@ graphs:
       checks:
         - ranking: {{output: y, top: 1, min: 1.0}}
 """
+HEAD_YAML = """\
+  head:
+    export: export_head
+    inputs:
+      y: {shape: [1, 8], dtype: float32}
+    outputs:
+      logits: {shape: [1, 2]}
+    socs: [SM8650]
+pipeline:
+  graphs: [{name}, head]
+  verify:
+    checks:
+      - top1: {output: logits, min: 1.0}
+"""
 
 EXPORT_PY = '''\
 """Masked mean pooling over a sequence, built at the size the tool asks for (ctx.size)."""
@@ -78,9 +92,26 @@ def export(ctx):
     onnx.save(model, str(ctx.out_path))
 
 
+def _head():
+    return np.random.default_rng(WEIGHT_SEED + 1).standard_normal((8, 2)).astype(np.float32)
+
+
+def export_head(ctx):
+    """A head after the pooling (a graph without sizes): logits = y @ W2."""
+    graph = helper.make_graph([helper.make_node("MatMul", ["y", "w2"], ["logits"])], "head",
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("logits", TensorProto.FLOAT, [1, 2])],
+                              [numpy_helper.from_array(_head(), "w2")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(ctx.out_path))
+
+
 def samples(ctx):
-    """Eight inputs at their own length (3 to 14 positions), mask 1 over each."""
+    """Eight inputs at their own length (3 to 14 positions), mask 1 over each (the head: pooled vectors)."""
     rng = np.random.default_rng(11)
+    if ctx.graph.name == "head":
+        return [{"y": np.abs(rng.standard_normal((1, 8))).astype(np.float32)} for _ in range(8)]
     out = []
     for length in (3, 14, 5, 9, 7, 12, 4, 10):
         out.append({"x": rng.standard_normal((1, length, 16)).astype(np.float32),
@@ -89,6 +120,8 @@ def samples(ctx):
 
 
 def reference(ctx, inputs):
+    if ctx.graph.name == "head":
+        return [{"logits": (sample["y"] @ _head()).astype(np.float32)} for sample in inputs]
     w, b = _weights()
     result = []
     for sample in inputs:
@@ -100,15 +133,17 @@ def reference(ctx, inputs):
 '''
 
 
-def sized_project(root: Path, models: dict[str, str], sizes: str = "[16, 32]") -> Project:
-    """The example project with its models replaced by sized pooling models: {model name: mask mode}."""
+def sized_project(root: Path, models: dict[str, str], sizes: str = "[16, 32]", head: str | None = None) -> Project:
+    """The example project with its models replaced by sized pooling models: {model name: mask mode}; the model
+    `head` names gets a head graph after the pooling and a pipeline of both (one per size)."""
     project = copy_project(root)
     for model in project.root.glob("models/*"):
         shutil.rmtree(model)
     for name, mask in models.items():
         folder = project.path(f"models/{name}")
         folder.mkdir(parents=True)
-        (folder / "model.yaml").write_text(MODEL_YAML.format(name=name, sizes=sizes, mask=mask))
+        (folder / "model.yaml").write_text(MODEL_YAML.format(name=name, sizes=sizes, mask=mask)
+                                           + (HEAD_YAML.replace("{name}", name) if name == head else ""))
         (folder / "export.py").write_text(EXPORT_PY)
     return project
 

@@ -146,10 +146,10 @@ def test_samples_are_fitted_padded_truncated_or_skipped(tmp_path):
 
 @pytest.mark.slow
 def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp_path):
-    """pool: each size verified on the simulator, the cross-size check passes; leaky (mask ignored): each size
-    verified, the cross-size check fails in one line naming both sizes. Then: an export change that touches
-    one size rebuilds that size only, and a new size builds only itself."""
-    project = sized_project(tmp_path / "p", {"pool": "masked", "leaky": "ignored"})
+    """pool: each size verified on the simulator, the cross-size check passes, its pipeline with a head runs per
+    size; leaky (mask ignored): each size verified, the cross-size check fails in one line naming both sizes.
+    Then: an export change that touches one size rebuilds that size only, and a new size builds only itself."""
+    project = sized_project(tmp_path / "p", {"pool": "masked", "leaky": "ignored"}, head="pool")
     first = project.doit("-n", "2")
     assert first.returncode != 0
     for name in ("pool.seq16", "pool.seq32", "leaky.seq16", "leaky.seq32"):
@@ -161,7 +161,11 @@ def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp
     passed = project.one_json("build/pool/pool.seq32/*/fp16/SM8650/crosssize/crosssize.json")
     assert passed["status"] == "passed" and passed["pairs"][0]["samples"] == [[i, i] for i in range(8)]
     assert passed["pairs"][0]["metrics"]["y"]["cosine"] > 0.999
+    for size in (16, 32):  # the pipeline pooling -> head, one per size, chained on the simulator
+        chain = project.one_json(f"build/pool/pipeline.seq{size}/*/SM8650/pipeline/pipeline.json")
+        assert chain["status"] == "passed" and chain["graphs"] == [f"pool.seq{size}", "head"], chain
     line = first.failure_line("crosssize:leaky.seq32-SM8650")
+
     assert "leaky.seq16 and leaky.seq32 differ on the same 8 samples" in line and "padding changes the answer" in line
     project.doit("report")  # with -n 2 the report may have run beside the last checks: again, after them
     report = json.loads(project.path("build/report/report.json").read_text())
@@ -181,6 +185,7 @@ def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp
     third = project.doit("-n", "2", "--continue")
     contexts = {t for t in third.executed if t.startswith(("context:", "export:", "cpucheck:"))}
     assert contexts == {"export:pool.seq48", "cpucheck:pool.seq48", "context:pool.seq48-SM8650"}, third.stdout
+    assert "pipeline:pool.seq48-SM8650" in third.executed  # and its chain
     grown = project.one_json("build/pool/pool.seq48/*/fp16/SM8650/crosssize/crosssize.json")
     assert grown["status"] == "passed" and grown["sizes"] == [16, 32, 48] and len(grown["pairs"]) == 3
 
