@@ -70,6 +70,7 @@ def test_dims_make_one_graph_per_size(tmp_path):
     assert facts["rule"] == "smallest that fits" and facts["graphs"] == {"8": "enc.seq8", "32": "enc.seq32"}
     assert specsizes.facts(graph_to_dict(large, tmp_path)) == facts  # from a stage call's graph too
     assert specsizes.facts(graph_from_dict(graph_to_dict(large, tmp_path))) == facts
+    assert specsizes.selection(model.graphs) == [facts] and specsizes.facts(model.graphs[0]) == facts
     # the short form: pad 0 for every input with the dim, longer inputs skipped
     short = load(tmp_path, SIZED_YAML.replace("seq: {sizes: [8, 32], pad: {ids: 0, mask: 0}, longer: truncate}",
                                               "seq: [16]"))

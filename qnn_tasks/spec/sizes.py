@@ -185,3 +185,14 @@ def facts(graph: Any) -> dict[str, Any] | None:
     return {"graph": size.graph, "dim": size.dim, "sizes": list(size.sizes),
             "graphs": {str(s): size.name_of(s) for s in size.sizes}, "rule": RULE, "pad": dict(size.pad),
             "longer": size.longer, "axes": dict(size.axes)}
+
+
+def selection(graphs: Any) -> list[dict[str, Any]]:
+    """The sizes facts of every graph with sizes among `graphs` (GraphSpecs or graph dicts), once per declared
+    graph: what a package manifest's `selection` lists beside its precision order."""
+    found: dict[str, dict[str, Any]] = {}
+    for graph in graphs:
+        known = facts(graph)
+        if known is not None:
+            found.setdefault(known["graph"], known)
+    return list(found.values())
