@@ -1,11 +1,14 @@
 """User-facing errors: one line that names the file, the key or node, and the fix."""
 from __future__ import annotations
 
+import errno
+
 # Exit codes of `doit` in a project, besides doit's own (0 done, 1 a task failed, 2 a task raised: a bug,
 # 3 a bad command line or a crash loading dodo.py) and 130 for Ctrl-C (run/interrupts.py). Distinct from all of
 # those, so a script can tell "fix the spec" from "try again later" from "a stage failed" (sysexits.h names).
 EXIT_SPEC = 78  # EX_CONFIG: a spec file or the toolchain setup is wrong; one line names the file, key and fix
 EXIT_BUSY = 75  # EX_TEMPFAIL: another doit is building this tree; try again when it has finished
+EXIT_IO = 74    # EX_IOERR: the build tree cannot be written before any stage ran (full disk, read-only, I/O error)
 
 
 class QnnTasksError(Exception):
@@ -41,3 +44,32 @@ class RewriteError(QnnTasksError):
 
 class ToolchainError(QnnTasksError):
     """The toolchain is missing, misconfigured, or crashed."""
+
+
+# errno -> (what happened, the fix): a machine's failures, said in one line instead of a traceback
+_WRITE_FAILURES = {
+    errno.ENOSPC: ("no space left on the device", "free space on the filesystem that holds it, then rerun doit"),
+    errno.EDQUOT: ("disk quota exceeded", "free space or raise your quota on that filesystem, then rerun doit"),
+    errno.EROFS: ("the filesystem is read-only", "build on a writable filesystem (or remount it read-write), "
+                                                 "then rerun doit"),
+    errno.EIO: ("input/output error (a failing disk or a lost network filesystem)",
+                "check the disk or the mount (dmesg), then rerun doit"),
+}
+
+
+def machine_failure(err: BaseException) -> str | None:
+    """The one line for a write the machine refused (ENOSPC, EDQUOT, EROFS, EIO), or None for any other error."""
+    if not isinstance(err, OSError) or err.errno not in _WRITE_FAILURES:
+        return None
+    problem, fix = _WRITE_FAILURES[err.errno]
+    where = err.filename if err.filename is not None else "build/"
+    return f"{where}: {problem} (fix: {fix})"
+
+
+class MachineError(QnnTasksError):
+    """A write the machine refused (full disk, quota, read-only filesystem, I/O error), in one line."""
+
+    def __init__(self, err: OSError, doing: str = "") -> None:
+        line = machine_failure(err) or f"{err.filename or 'build/'}: {err.strerror or err}"
+        super().__init__(f"{doing}: {line}" if doing else line)
+        self.errno = err.errno

@@ -17,16 +17,21 @@ os.umask(_UMASK)
 def atomic_path(final: Path) -> Iterator[Path]:
     """Yield a temporary path beside `final`; rename it onto `final` only if the block succeeds."""
     final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
-    os.close(fd)
-    tmp = Path(tmp_name)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results should read like any other file
+    tmp = None
     try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".part", dir=final.parent)
+        os.close(fd)
+        tmp = Path(tmp_name)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; results should read like any other file
         yield tmp
         os.replace(tmp, final)
+    except OSError as err:
+        if err.filename is None:  # a refused write() names no file: name the one being written (full disk ...)
+            err.filename = str(final)
+        raise
     finally:
-        if tmp.exists():
+        if tmp is not None and tmp.exists():
             tmp.unlink()
 
 

@@ -55,6 +55,7 @@ socs: {}
 
 GITIGNORE = '''\
 build/
+dist/
 .doit.db*
 .qnn-specs.cache*
 '''

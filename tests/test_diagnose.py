@@ -136,6 +136,10 @@ def test_verdicts_say_what_the_table_and_plot_show():
     first = {"op_type": "Pow", "node": "p", "rel_max_abs": 7.0, "hazards": [{"hazard": "fp16 Pow", "fix": "write Mul(x, x)"}]}
     named = verdict(first, gradual, 0.05, final, verify)
     assert named["kind"] == "node" and "Pow node 'p'" in named["text"] and "write Mul(x, x)" in named["text"]
+    # four checks of one kind (one per output) are advised once: it said "gate on elements, elements, elements, elements"
+    many = {"checks": [{"kind": "elements", "output": f"map{i}"} for i in range(4)] + [{"kind": "top1", "output": "c"}]}
+    advice = verdict(None, gradual, 0.05, final, many)["text"]
+    assert "gate on elements, top1 and set min_cosine" in advice
 
 
 @pytest.mark.slow

@@ -368,6 +368,8 @@ def documented(pattern: str) -> Block:
      r"socs/socs.yaml: socs.SM7550.vtcm_mb"),
     (r"# toolchain/ort-qnn.yaml", "options:", "optoins:", r"toolchain/ort-qnn.yaml: optoins"),
     (r"# excerpt of models/silero-vad/model.yaml$", "{state: stateN}", "{state: stateM}", r"loop.feed.state"),
+    (r"# excerpt of .*ship: section", "delivery: on-demand", "delivery: on-demnd", r"model.yaml: ship.delivery: 'on-demnd'"),
+    (r"# socs/socs.yaml", "platform: automotive", "platform: car", r"socs.SA8255.platform: 'car' is not a platform"),
 ])
 def test_a_broken_example_fails_with_the_loaders_line(tmp_path, header, old, new, error):
     """The same helper on a deliberately broken copy of a documented example: it fails with the loader's line."""
@@ -388,8 +390,8 @@ def test_the_soc_table_page_shows_the_packaged_table():
     text = (DOCS / "socs.md").read_text()
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in text.splitlines()
             if re.match(r"\| [A-Z]{2,3}\d{3,4}[A-Z]* \|", line)]
-    assert [(n, int(i), a, r, note) for n, i, a, r, note in rows] == \
-        [(s.name, s.soc_id, s.dsp_arch, ", ".join(s.runs), s.note) for s in socs.values()]
+    assert [(n, int(i), a, r, platform, note) for n, i, a, r, platform, note in rows] == \
+        [(s.name, s.soc_id, s.dsp_arch, ", ".join(s.runs), s.platform, s.note) for s in socs.values()]
     listed = re.search(r"the packaged default, the (\d+) chips the demo builds \(([^)]+)\)", " ".join(text.split()))
     assert listed and int(listed.group(1)) == len(default) and listed.group(2).split(", ") == default
 

@@ -19,7 +19,7 @@ def test_init_scaffolds_a_project_that_lists(tmp_path):
     assert sorted(str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()) == sorted(FILES)
     dodo = (root / "dodo.py").read_text()
     assert len([line for line in dodo.splitlines() if not line.startswith('"""')]) == 2  # two lines of code
-    assert (root / ".gitignore").read_text().split() == ["build/", ".doit.db*", ".qnn-specs.cache*"]
+    assert (root / ".gitignore").read_text().split() == ["build/", "dist/", ".doit.db*", ".qnn-specs.cache*"]
     workflow = (root / ".github/workflows/qnn-npu-compile.yml").read_text()
     assert "- run: doit" in workflow and "path: build/report/" in workflow and "if: always()" in workflow
     listing = subprocess.run([sys.executable, "-m", "doit", "list", "--all"], cwd=root, capture_output=True, text=True,

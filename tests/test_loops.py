@@ -125,6 +125,15 @@ def test_the_npu_carries_its_own_state_and_its_error_grows_per_step(stream):
     assert stream.doit("loop").executed == set()
 
 
+def test_the_package_of_a_loop_graph_carries_its_loop_verdict(stream, tmp_path):
+    shipped = stream.doit("dist", env={"QNN_DIST": str(tmp_path)})
+    assert shipped.returncode == 0, shipped.stdout + shipped.stderr
+    (binary,) = json.loads((tmp_path / "acc" / "manifest.json").read_text())["graphs"]["acc"]["binaries"]
+    loop = binary["verification"]["loop"]
+    assert loop["measured_on"] == "x86 HTP simulator" and loop["status"] == "passed"
+    assert loop["steps"] == loop_record(stream)["steps"] and loop["metrics"]
+
+
 def test_a_task_check_that_breaks_names_the_first_differing_step(stream, tmp_path):
     """The same loop judged by a decision the fp16 state flips: the failure says at which step it first differed."""
     project = copy_project(tmp_path / "project", source=stream.root, with_build=True)
@@ -157,6 +166,7 @@ def test_a_step_function_drives_the_loop(tmp_path):
     ('{"x": np.zeros((1, 8), np.float32)}', ["loop: step 1: input 'x' is [1, 8], model.yaml declares [1, 16]"]),
     ('{"y": outputs["accN"]}', ["step 1 was given ['y']", "has no input for"]),
     ('[outputs["accN"]]', ["step() returned list, not a dict"]),
+    ('__import__("sys").exit()', ["step() called sys.exit(None) for graph 'acc'"]),  # not "exit None, native code"
 ])
 def test_a_broken_step_function_fails_the_loop_with_one_line(tmp_path, returned, fragments):
     code = f"import numpy as np\n\n\ndef step(ctx, inputs, outputs):\n    return {returned}\n"
@@ -164,6 +174,41 @@ def test_a_broken_step_function_fails_the_loop_with_one_line(tmp_path, returned,
     line = project.doit("loop:acc-SM8650").failure_line("loop:acc-SM8650")
     for fragment in fragments:
         assert fragment in line, line
+
+
+@pytest.mark.parametrize("returned, fragments", [
+    ('{"x": outputs["accN"] * (1 + 1j)}', ["step 1: input 'x' holds complex values (imaginary parts up to",
+                                           "model.yaml declares float32 (fix: return float32 values"]),
+    ('{"x": np.full((1, 16), "0.5")}', ["step 1: input 'x' holds str96 values, not numbers"]),
+    ('__import__("sys").exit()', ["step() called sys.exit(None) for graph 'acc'", "(at export.py:5)",
+                                  "returning None"]),
+    ('__import__("sys").exit(3)', ["step() called sys.exit(3)"]),
+])
+def test_a_step_function_that_changes_values_or_exits_is_one_line(tmp_path, returned, fragments):
+    """The step function's values are refused when the declared dtype would change them (a complex part dropped,
+    text parsed), and sys.exit() in it is the step function's doing (it ended the stage's worker: "exit None")."""
+    import onnxruntime as ort
+
+    from qnn_tasks.errors import StageError
+    from qnn_tasks.judge import samples as sample_store
+    from qnn_tasks.spec.project import load_model, load_socs
+    from qnn_tasks.stages import loop as loop_stage
+
+    code = f"import numpy as np\n\n\ndef step(ctx, inputs, outputs):\n    return {returned}\n"
+    project = acc_project(tmp_path / "project", extra="  step: step\n", code=code)
+    model = load_model(project.path("models/acc"), load_socs(project.path("socs/socs.yaml")))
+    graph, settings = model.graphs[0], model.loop.settings("fp16")
+    session = ort.InferenceSession(str(project.path("models/acc/acc.onnx")), providers=["CPUExecutionProvider"])
+
+    def cpu(inputs):
+        return dict(zip(["accN", "level"], session.run(None, inputs)))
+
+    np.savez(tmp_path / "stream.npz", **np.load(project.path("models/acc/samples.npz")))
+    stream = sample_store.load(tmp_path / "stream.npz")
+    with pytest.raises(StageError) as info:
+        loop_stage.drive(graph, settings, stream, 5, cpu, "cpu", "models/acc/model.yaml: loop", lambda i: None)
+    line = str(info.value)
+    assert "\n" not in line and all(fragment in line for fragment in fragments), line
 
 
 @pytest.mark.parametrize("edit, fragments", [

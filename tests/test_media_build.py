@@ -282,3 +282,33 @@ def test_calibration_set_from_images_is_the_declared_samples(tmp_path):
     chosen, declared = sample_store.load(out), sample_store.read_declared(spec)
     assert all(np.array_equal(c["image"], d["image"]) for c, d in zip(chosen, declared))
     assert -2.2 < record["value_range"][0] < 0 < record["value_range"][1] < 2.7  # ImageNet mean/std applied
+
+
+def test_silent_clips_fail_cpucheck_the_report_and_the_gate(tmp_path):
+    """All-zero clips would pass everything (two zero vectors have cosine 1.0): cpucheck refuses them with the
+    reason, which the record, the report and the documented CI gate carry."""
+    from test_trust_gate import gate_passes
+
+    root = tmp_path / "project"
+    folder = root / "models" / "frontend"
+    (folder / "clips").mkdir(parents=True)
+    for name in ("dodo.py", "socs", "toolchain"):
+        (shutil.copytree if (EXAMPLES / name).is_dir() else shutil.copy2)(EXAMPLES / name, root / name)
+    onnx.save(frontend_model(), str(folder / "frontend.onnx"))
+    (folder / "model.yaml").write_text(FRONTEND_YAML)
+    for i in range(2):
+        with wave.open(str(folder / "clips" / f"silence{i}.wav"), "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(16000)
+            wav.writeframes(bytes(2 * 8000))
+    project = Project(root)
+    result = project.doit("cpucheck", "report")
+    assert result.returncode != 0, result.stdout + result.stderr  # its code (1 or 2) is issue 34's item 7
+    line = result.failure_line("cpucheck:frontend")
+    assert "graphs.frontend.samples: every input is one constant over all 24 sample(s) ('audio' is 0)" in line, line
+    assert "nothing would be verified (fix: samples that vary" in line and "Traceback" not in result.stderr
+    record = project.one_json("build/frontend/frontend/cpucheck/cpucheck.json")
+    assert record["status"] == "failed" and record["not_verified"].startswith("every input is one constant")
+    report = json.loads(project.path("build/report/report.json").read_text())
+    assert report["summary"]["failed"] >= 1 and not gate_passes(project)

@@ -1,7 +1,8 @@
 """`samples:` from media declared in model.yaml: images, WAV clips, raw bytes (qnn_tasks/spec/samples.py, judge/media.py).
 
-Unit tests read real files written here (PNG/JPEG by Pillow, WAV by the stdlib `wave`, raw bytes by numpy)
-through the spec loader and the one sample loader; spec errors are one line naming the key and the fix.
+Unit tests read real files written here (PNG/JPEG by Pillow, WAV by the stdlib `wave`, WAV/FLAC/OGG by sox, raw
+bytes by numpy) through the spec loader and the one sample loader; spec errors are one line naming the key and the
+fix; memory peaks are measured with tracemalloc.
 """
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 from PIL import Image
 
 from qnn_tasks.errors import SpecError, StageError
-from qnn_tasks.judge import media
+from qnn_tasks.judge import bounds, media
 from qnn_tasks.judge.samples import read_declared
 from qnn_tasks.spec.project import load_model, load_socs
 
@@ -178,11 +179,10 @@ def test_resample_keeps_passband_and_removes_what_aliases():
     np.testing.assert_allclose(up[300:-300], np.sin(2 * np.pi * 440 * np.arange(44100) / 44100)[300:-300], atol=1e-3)
 
 
-def test_a_float_wav_is_named_with_the_fix(tmp_path):
+def test_a_file_that_is_no_audio_is_named_with_the_fix(tmp_path):
     folder = model_folder(tmp_path, "x: {shape: [1, 100], dtype: float32}", '{audio: {files: "*.wav"}}')
-    (folder / "f.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEfmt \x10\x00\x00\x00\x03\x00\x01\x00"
-                                   b"\x80\x3e\x00\x00\x00\xfa\x00\x00\x04\x00\x20\x00data\x00\x00\x00\x00")
-    with pytest.raises(StageError, match=r"f.wav: not a PCM WAV file: .*\(fix: convert it"):
+    (folder / "f.wav").write_bytes(b"RIFF\x24\x00\x00\x00WAVEjunk" + bytes(40))
+    with pytest.raises(StageError, match=r"f.wav: not an audio file libsndfile reads: .*\(fix: convert it"):
         read_declared(graph(folder))
 
 
@@ -224,7 +224,7 @@ SPEC_CASES = [
     ('{image: {files: "*.jpg"}}', "samples.image.files: '*.jpg' matches no image file", "fix the pattern"),
     ('{image: {files: "../*.png"}}', "samples.image.files: '../*.png' leaves the model folder", "without '..'"),
     ('{image: {files: "*.png", input: y}}', "samples.image.input: 'y' is not an input of the graph", "use one of: x"),
-    ('{audio: {files: "*.png"}}', "samples.audio.files: '*.png' matches no audio file (.wav)", "fix the pattern"),
+    ('{audio: {files: "*.png"}}', "samples.audio.files: '*.png' matches no audio file (.wav, .flac", "fix the pattern"),
     ('{fill: {x: 0}}', "graphs.g.samples.files: required key is missing", 'samples: {image: {files: "images/*.png"}}'),
     ('{files: "*.npz", image: {files: "*.png"}}', "samples.image: files (.npz/.npy) already give every input",
      "not both"),
@@ -279,3 +279,156 @@ def test_spec_loading_with_media_samples_imports_no_numpy_or_pillow(tmp_path):
             "heavy = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'PIL', 'onnx', 'onnxruntime', 'wave')]; "
             "assert not heavy, heavy")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=tmp_path)
+
+
+# ================================================================ hostile media: bounds in bytes, headers, what a viewer shows
+
+def peak_bytes(function) -> tuple[object, int]:
+    """(what `function()` returns, the peak of Python and numpy allocations while it ran), by tracemalloc."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        result = function()
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def test_limit_picks_images_before_any_is_decoded(tmp_path):
+    """100 small PNGs for a 3 x 256 x 256 float input (768 KiB a sample): limit 3 decodes 3 of them, not 100."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 3, 256, 256], dtype: float32}",
+                          '{image: {files: "images/*.png", limit: 3}}')
+    for i in range(100):
+        write_png(folder / f"images/{i:03d}.png", np.full((8, 8, 3), i, np.uint8))
+    spec = graph(folder)
+    samples, peak = peak_bytes(lambda: read_declared(spec))
+    assert [int(s["x"][0, 0, 0, 0] * 255 + 0.5) for s in samples] == [0, 50, 99]  # spread over all 100
+    assert peak < 12 << 20, f"peak {peak >> 20} MiB: the 100 images were decoded before limit chose 3"
+
+
+def test_the_samples_bytes_are_bounded_before_any_file_is_decoded(tmp_path, monkeypatch):
+    folder = model_folder(tmp_path, "x: {shape: [1, 3, 64, 64], dtype: float32}", '{image: {files: "*.png"}}')
+    for i in range(9):
+        write_png(folder / f"{i}.png", gradient(64, 64))
+    (folder / "9.png").write_bytes(b"\x89PNG damaged")  # decoding anything would fail on this file first
+    monkeypatch.setattr(bounds, "MAX_SAMPLE_BYTES", 256 << 10)
+    with pytest.raises(StageError) as info:
+        read_declared(graph(folder))
+    line = str(info.value)
+    assert "graphs.g.samples: 10 samples of 49152 bytes take 0.5 MiB, more than the bound of 0.2 MiB" in line, line
+    assert "(fix: set limit: 5 or less on each source)" in line and "\n" not in line
+
+
+def test_a_sparse_raw_file_is_read_only_where_limit_picks(tmp_path):
+    """A 64 MiB sparse file of 16 384 samples with limit 4: four 4 KiB reads, not the whole file in memory."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 1024], dtype: float32}", '{raw: {files: "big.bin", limit: 4}}')
+    with open(folder / "big.bin", "wb") as fh:
+        fh.truncate(64 << 20)
+        fh.seek((64 << 20) - 4096)
+        fh.write(np.arange(1024, dtype="<f4").tobytes())  # the last sample, which limit's spread includes
+    spec = graph(folder)
+    samples, peak = peak_bytes(lambda: read_declared(spec))
+    assert len(samples) == 4 and samples[-1]["x"][0, 5] == 5.0 and not samples[0]["x"].any()
+    assert peak < 4 << 20, f"peak {peak >> 20} MiB for 16 KiB of samples"
+
+
+def test_audio_windows_are_picked_before_they_are_made(tmp_path):
+    """A 20 s clip cut every 20 samples gives 16 000 windows (25 MiB); limit 8 makes 8 of them."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 400], dtype: float32}",
+                          '{audio: {files: "a.wav", hop: 20, limit: 8}}')
+    t = np.arange(20 * 16000) / 16000
+    write_wav(folder / "a.wav", 0.5 * np.sin(2 * np.pi * 300 * t), 16000)
+    spec = graph(folder)
+    samples, peak = peak_bytes(lambda: read_declared(spec))
+    assert len(samples) == 8
+    whole = np.round(0.5 * np.sin(2 * np.pi * 300 * t) * 32767) / 32768
+    second = round(15980 / 7)  # limit spreads 8 picks over the 15 981 windows: the second is window 2283
+    np.testing.assert_allclose(samples[1]["x"][0], whole[second * 20:second * 20 + 400], atol=1e-6)
+    assert peak < 12 << 20, f"peak {peak >> 20} MiB: every window was made before limit chose 8"
+
+
+def test_an_audio_header_that_cannot_be_true_is_refused_before_decoding(tmp_path):
+    """244 bytes claiming 2.1 GHz: refused from the header (resampling it drove memory to 6.8 GB)."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 400], dtype: float32}", '{audio: {files: "a.wav", rate: 16000}}')
+    with wave.open(str(folder / "a.wav"), "wb") as wav:
+        wav.setnchannels(1)
+        wav.setsampwidth(2)
+        wav.setframerate(2_100_000_000)
+        wav.writeframes(bytes(200))
+    assert (folder / "a.wav").stat().st_size == 244
+    with pytest.raises(StageError) as info:
+        read_declared(graph(folder))
+    assert "a.wav: its header claims a rate of 2100000000 Hz, which no recording has" in str(info.value)
+    assert "(fix: replace the file" in str(info.value)
+
+
+@pytest.mark.parametrize("key, value, problem", [
+    ("hop", "1000000000000", "samples.audio.hop: 1000000000000 is out of range"),
+    ("frame", "100000000", "samples.audio.frame: 100000000 is out of range"),
+    ("gain", "[" + ", ".join(["1.0"] * 17) + "]", "samples.audio.gain: 17 gains, more than 16"),
+])
+def test_audio_keys_that_multiply_memory_are_bounded_at_load(tmp_path, key, value, problem):
+    folder = model_folder(tmp_path, "x: {shape: [1, 400], dtype: float32}",
+                          f'{{audio: {{files: "a.wav", {key}: {value}}}}}')
+    write_wav(folder / "a.wav", np.zeros(1000), 16000)
+    with pytest.raises(SpecError) as info:
+        load_model(folder, SOCS)
+    assert problem in str(info.value) and "(fix: " in str(info.value), str(info.value)
+
+
+needs_sox = pytest.mark.skipif(not shutil.which("sox"),
+                               reason="sox makes the test clips (scripts/install.sh installs it)")
+
+
+@needs_sox
+@pytest.mark.parametrize("name, sox_options, atol", [
+    ("stereo24.wav", ["-b", "24", "-c", "2"], 1e-4),          # WAVE_FORMAT_EXTENSIBLE (sox writes it for these)
+    ("quad16.wav", ["-b", "16", "-c", "4"], 1e-4),            # WAVE_FORMAT_EXTENSIBLE, 4 channels
+    ("float.wav", ["-e", "floating-point", "-b", "32"], 1e-4),
+    ("clip.flac", ["-b", "16"], 1e-4),
+    ("clip.ogg", [], 0.05),                                    # lossy
+])
+def test_sox_clips_of_every_promised_kind_are_read(tmp_path, name, sox_options, atol):
+    import subprocess
+
+    folder = model_folder(tmp_path, "x: {shape: [1, 1600], dtype: float32}", f'{{audio: {{files: "{name}"}}}}')
+    for path, options in ((folder / name, sox_options), (tmp_path / "plain.wav", ["-b", "16", "-c", "1"])):
+        subprocess.run(["sox", "-D", "-n", "-r", "16000", *options, str(path), "synth", "0.1", "sine", "440",
+                        "vol", "0.5"], check=True)  # -D: no dither, so every copy holds the same tone
+    with wave.open(str(tmp_path / "plain.wav")) as plain:  # the stdlib reads the plain 16-bit mono copy
+        expected = np.frombuffer(plain.readframes(1600), "<i2") / 32768.0
+    [sample] = read_declared(graph(folder))
+    np.testing.assert_allclose(sample["x"][0], expected, atol=atol)
+
+
+def test_a_16_bit_grey_png_keeps_its_levels_and_says_so(tmp_path):
+    """64 grey levels spread over 16 bits: all 64 reach the input (8-bit conversion kept 2: 0 and 255)."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 3, 8, 8], dtype: float32}",
+                          '{image: {files: "deep.png", resize: none, scale: 1.0}}')
+    levels = (np.arange(64).reshape(8, 8) * 1040).astype(np.uint16)
+    Image.fromarray(levels).save(folder / "deep.png")
+    assert Image.open(folder / "deep.png").mode == "I;16"
+    [sample] = read_declared(graph(folder))
+    np.testing.assert_allclose(sample["x"][0, 0], levels / 257.0, rtol=1e-6)  # 65535 -> 255.0, every level kept
+    assert (sample["x"][0, 1] == sample["x"][0, 0]).all() and len(np.unique(sample["x"])) == 64
+    notes = {}
+    media.load(graph(folder), notes)  # what cpucheck's record says of the samples it read
+    assert notes["image"]["16_bit"] == ["deep.png"]
+
+
+def test_exif_orientation_is_applied_as_a_viewer_does(tmp_path):
+    """A camera's portrait photo: stored 8 wide x 4 high with EXIF orientation 6 (rotate 90 clockwise to view)."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 8, 4, 3], dtype: uint8}",
+                          '{image: {files: "photo.png", resize: none, layout: NHWC}}')
+    stored = np.zeros((4, 8, 3), np.uint8)
+    stored[0, 0] = (255, 0, 0)   # the stored top-left pixel is red
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    Image.fromarray(stored).save(folder / "photo.png", exif=exif)
+    [sample] = read_declared(graph(folder))
+    shown = sample["x"][0]
+    assert shown.shape == (8, 4, 3) and tuple(shown[0, 3]) == (255, 0, 0)  # viewed: it is at the top right
+    notes = {}
+    media.load(graph(folder), notes)
+    assert notes["image"]["orientation_applied"] == ["photo.png"]

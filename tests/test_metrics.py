@@ -287,3 +287,71 @@ def test_judge_reports_nan_in_an_output_with_its_index(tmp_path):
     assert result["metrics"]["h"]["non_finite"] == 1
     assert result["metrics"]["h"]["first_non_finite"] == [1, 0, 2]  # sample 1, then the [1, 4] tensor index
     assert violations == ["output 'h': 1 NaN/Inf values (first at index [1, 0, 2])"]
+
+
+def test_the_docs_detector_top1_judges_boxes_not_background_noise():
+    """Issue 35: docs/samples.md's `top1` on a YOLO-style [1, 84, 8400] head scored 0.18 on a real detector (the
+    argmax of 80 near-zero background scores is rounding noise) while `detection` matched 3 of 3. The head here:
+    box rows, then class logits sigmoid(W x - 9) that tie to 1e-3 for every class on background candidates; three
+    candidates are confident for one class each. The NPU side is the same arithmetic in fp16, as HTP computes it."""
+    import yaml
+
+    from qnn_tasks.judge import taskchecks
+
+    rng = np.random.default_rng(35)
+    classes, candidates, features = 80, 8400, 8
+    weights = 1e-3 * rng.standard_normal((classes, features))
+    weights[[5, 17, 42], [1, 2, 3]] = 12.0  # feature k + 1 makes candidate k a box of class 5, 17 or 42
+    x = rng.standard_normal((features, candidates))
+    x[1:4] = 0.0
+    boxes = np.tile([[320.0], [320.0], [40.0], [40.0]], (1, candidates))
+    for k, column in enumerate((7, 4107, 8007)):
+        x[1 + k, column] = 1.0
+        boxes[:, column] = [100.0 + 150 * k, 200.0, 60.0, 80.0]
+
+    def head(dtype):
+        logits = weights.astype(dtype) @ x.astype(dtype) - dtype(9.0)
+        scores = dtype(1.0) / (dtype(1.0) + np.exp(-logits))
+        return np.concatenate([boxes, scores.astype(np.float64)])[None, None].astype(np.float32)  # [1, 84, 8400] each
+
+    cpu, npu = head(np.float32), head(np.float16)
+    docs = (Path(__file__).resolve().parent.parent / "docs" / "samples.md").read_text()
+    example = docs[docs.index("# models/detector/model.yaml"):]
+    spec = yaml.safe_load(example[:example.index("```")])
+    from qnn_tasks.spec.checkopts import parse_slice
+    from qnn_tasks.spec.checks import verify_section
+
+    verify = verify_section(spec["graphs"]["detector"]["verify"], "fp16", {"output0": (1, 84, 8400)},
+                            Path("docs/samples.md"), "graphs.detector.verify")  # the loader's defaults filled in
+    checks = {c["kind"]: {k: v for k, v in c.items() if k != "kind"} for c in verify["checks"]}
+    top1 = checks["top1"]
+    index = (slice(None),) + parse_slice(top1["slice"])
+    judged = verification.top1(cpu[index], npu[index], top1)
+    assert judged["passed"] and judged["value"] == 1.0 and judged["counted"] == 3 and judged["ignored"] == candidates - 3
+    # without the threshold the same outputs fail on background noise
+    noise = verification.top1(cpu[index], npu[index], {k: v for k, v in top1.items() if k != "score_threshold"})
+    assert not noise["passed"] and noise["value"] < 0.5, noise["value"]
+    found = taskchecks.detection(cpu, npu, checks["detection"])
+    assert found["passed"] and found["value"] == 1.0
+    # nothing above the threshold on either side: nothing compared, which is not a pass
+    empty = verification.top1(cpu[index] * 0, npu[index] * 0, top1)
+    assert not empty["passed"] and "no prediction scores 0.25 or more" in empty["failure"]
+
+
+def test_judge_refuses_outputs_that_verify_nothing(tmp_path):
+    """All-zero outputs on both sides pass every threshold (cosine 1.0, max-abs 0): the verdict is "not verified"
+    with the reason, not a pass; so is an output that is the same for every sample (a glue that multiplies by 0)."""
+    graph, verify = _graph(tmp_path, "thresholds: {min_cosine: 0.999}")
+    zeros = _samples([0.0, 0.0, 0.0], np.zeros((3, 4)))
+    result, violations = verification.judge(graph, verify, zeros, [dict(s) for s in zeros])
+    assert result["metrics"]["h"]["cosine"] == 1.0  # what every threshold saw
+    assert violations[0].startswith("not verified: output 'p' is all zero; output 'h' is all zero over 3 sample(s)")
+    assert result["not_verified"] == violations[0] and "(fix: samples that make the outputs vary)" in violations[0]
+    same = _samples([0.3, 0.3, 0.3], np.tile([1.0, 2.0, 3.0, 4.0], (3, 1)))
+    result, violations = verification.judge(graph, verify, same, same)
+    assert result["degenerate"] == {"p": "the one value 0.3", "h": "the same for all 3 samples"}
+    assert violations and violations[0].startswith("not verified")
+    # one output that varies verifies something: the constant one is named, the verdict stands
+    varied = _samples([0.1, 0.5, 0.9], np.tile([1.0, 2.0, 3.0, 4.0], (3, 1)))
+    result, violations = verification.judge(graph, verify, varied, varied)
+    assert violations == [] and result["degenerate"] == {"h": "the same for all 3 samples"}

@@ -126,6 +126,18 @@ def test_chain_is_verified_end_to_end(good):
     assert good.doit("pipeline").executed == set()
 
 
+def test_the_package_of_a_chain_carries_its_end_to_end_verdict(good, tmp_path):
+    shipped = good.doit("dist", env={"QNN_DIST": str(tmp_path)})
+    assert shipped.returncode == 0, shipped.stdout + shipped.stderr
+    data = json.loads((tmp_path / "chain" / "manifest.json").read_text())
+    for graph in ("features", "classifier"):
+        (binary,) = data["graphs"][graph]["binaries"]
+        (chain,) = binary["verification"]["pipelines"]
+        assert chain["measured_on"] == "x86 HTP simulator" and chain["status"] == "passed" and chain["samples"] == 8
+        assert chain["graphs"] == ["features", "classifier"]
+        assert next(c for c in chain["checks"] if c["kind"] == "top1")["passed"]
+
+
 def test_the_first_link_reuses_the_first_graphs_simulation_only_when_it_covers_the_chain(tmp_path):
     """Planning only: the pipeline takes the first graph's simulate outputs when they hold every sample the chain
     starts from, and simulates the first graph itself when they hold fewer."""

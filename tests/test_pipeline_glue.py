@@ -112,6 +112,24 @@ def test_glue_is_applied_to_both_chains_and_verified(tmp_path):
     # without the + 2 most fed values would be negative and the Relu/Log would see another input
     assert not np.allclose(np.stack(expected), np.stack([head.run(None, {"z": embed.run(None, {"x": s})[0].reshape(
         1, 8, 8) / 10})[0] for s in x]), atol=1e-3)
+    # a glue that multiplies by 0 feeds head one constant: both chains agree, and nothing is verified
+    from test_trust_gate import gate_passes
+
+    project.edit(YAML, "scale: 0.1", "scale: 0.0")
+    result = project.doit("pipeline:glued-SM8650", "report")
+    line = result.failure_line("pipeline:glued-SM8650")
+    assert ("not verified: graph 'head' gets inputs where every input is one constant over all 6 sample(s) "
+            "('z' is 2), on both chains (fix: check pipeline.feed for 'head'") in line, line
+    record = project.one_json("build/glued/pipeline/*/SM8650/pipeline/pipeline.json")
+    assert record["status"] == "failed" and record["not_verified"].startswith("not verified: graph 'head'")
+    assert record["checks"][0]["value"] == 1.0  # what the task check alone would have passed
+    report = json.loads(project.path("build/report/report.json").read_text())
+    assert report["summary"]["pipelines_failed"] == 1 and not gate_passes(project)
+    # a scale float32 cannot hold: the glue is named, not the first graph as the weakest link
+    project.edit(YAML, "scale: 0.0", "scale: 1.0e+39")
+    line = project.doit("pipeline:glued-SM8650").failure_line("pipeline:glued-SM8650")
+    assert ("model.yaml: pipeline.feed.head.z: the glue (scale 1e+39, offset 2, as float32) turns finite outputs "
+            "of 'embed' into Inf/NaN (fix: a scale and offset") in line and "weakest link" not in line, line
 
 
 @pytest.mark.parametrize("edit, fragments", [
@@ -235,6 +253,28 @@ def test_stacks_of_stacks_follow_the_runs_of_a_three_graph_chain():
     inputs, stacked = feed_runs(classify, feed, glue, chain[:2], produced)
     assert [run["x"][:, 0].tolist() for run in inputs] == [[3, 9], [9, 15]] and inputs[0]["x"].shape == (2, 2)
     assert stacked[0]["windows"] == 2 and stacked[0]["source_runs"] == 3
+
+
+def test_a_stack_is_bounded_by_the_bytes_its_windows_take(monkeypatch):
+    """Windows of `runs` runs every `hop` copy each run runs / hop times (quadratic in runs with hop 1): the
+    stack is refused before it is made when its windows pass the byte bound."""
+    from qnn_tasks.errors import StageError
+    from qnn_tasks.judge import bounds
+    from qnn_tasks.stages.glue import feed_runs
+
+    front = _graph("front", {"audio": (1, 4)}, {"mel": (1, 256)})
+    embed = _graph("embed", {"frames": (1, 64, 256)}, {"y": (1, 2)})
+    feed = {"embed.frames": ["front", "mel"]}
+    glue = {"embed.frames": {"reshape": False, "scale": 1.0, "offset": 0.0, "stack": {"runs": 64, "axis": 1, "hop": 1}}}
+    produced = {"front": [{"mel": np.full((1, 256), run, np.float32)} for run in range(200)]}
+    monkeypatch.setattr(bounds, "MAX_SAMPLE_BYTES", 8 << 20)  # 137 windows x 64 runs x 1 KiB = 8.6 MiB
+    with pytest.raises(StageError) as info:
+        feed_runs(embed, feed, glue, [front], produced)
+    assert ("pipeline.feed.embed.frames.stack: 137 windows of 64 runs of 'front' take 8.6 MiB, more than the bound of "
+            "8.0 MiB (fix: a larger hop, fewer runs, or verify.samples") in str(info.value), str(info.value)
+    glue["embed.frames"]["stack"]["hop"] = 4  # 35 windows: 2.2 MiB
+    inputs, _ = feed_runs(embed, feed, glue, [front], produced)
+    assert len(inputs) == 35 and inputs[1]["frames"][0, 0, 0] == 4
 
 
 def test_kept_first_link_outputs_are_checked_and_timed(tmp_path):

@@ -372,6 +372,29 @@ def test_runtime_libs_manifest_names_the_chips_stub_and_skel(sdk_built, standin,
     assert skel["device_search_path"] == "ADSP_LIBRARY_PATH"
 
 
+@pytest.mark.slow
+def test_dist_takes_the_sdks_runtime_libs_only_of_the_binaries_qnn_version(sdk_built, tmp_path):
+    """With no QNN_RUNTIME_LIBS, dist's source is the SDK's libraries (runtime_libs.json). The stand-in SDK says QNN
+    2.40 while its context generator is the 2.51 wheel's, so its binaries say 2.51: its libs are refused in one line
+    naming both; libs of the binaries' version (a configured folder) ship."""
+    project, _ = sdk_built
+    refused = project.doit("dist:silero-vad", env=doit_env(QNN_DIST=str(tmp_path / "a")))
+    line = refused.failure_line("dist:silero-vad")
+    built = read_json(variant_dir(project, "vad") / "SM8650/context/context.json")["binary"]["build_id"]
+    qnn = ".".join(built.lstrip("v").split(".")[:3])
+    assert "QNN 2.40.0" in line and f"compiled with QNN {qnn}" in line and "(fix: " in line
+    assert not (tmp_path / "a" / "silero-vad").exists()
+    from standins.qnn_libs import make_qnn_libs
+
+    libs = make_qnn_libs(tmp_path / f"qnn-libs-{qnn}", qnn, archs=("v75", "v79"), runner=False)
+    shipped = project.doit("dist:silero-vad", env=doit_env(QNN_DIST=str(tmp_path / "b"), QNN_RUNTIME_LIBS=str(libs)))
+    assert shipped.returncode == 0, shipped.stdout + shipped.stderr
+    data = read_json(tmp_path / "b" / "silero-vad" / "manifest.json")
+    assert data["toolchain"]["kind"] == "qairt" and data["toolchain"]["sdk"]["version"] == VERSION
+    assert {b["soc"] for b in data["graphs"]["vad"]["binaries"]} == {"SM8650", "SM8750"}
+    assert all(data["runtime_libs"][arch]["shipped"] for arch in ("v75", "v79"))
+
+
 def test_runtime_libs_of_an_arch_the_sdk_lacks_are_listed_missing(standin, tmp_path):
     sdk_root = tmp_path / "qairt" / VERSION
     shutil.copytree(sdk_at(standin), sdk_root)

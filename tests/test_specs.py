@@ -73,7 +73,7 @@ CASES = [
     pytest.param(SOCS, "socs:\n", "socs: {\n",
                  ["line ", "malformed YAML"], id="malformed-yaml-socs"),
     pytest.param(MINILM, "licence: Apache-2.0", "licence: Apache-2.0\nlicense_url: https://example.org",
-                 [": license_url: unknown key", "use one of: description, graphs, licence, loop, pipeline, source"],
+                 [": license_url: unknown key", "use one of: description, graphs, licence, loop, pipeline, ship, source, stage_timeout"],
                  id="unknown-key-model"),
     pytest.param(MINILM, "    precision: [fp16, w8a16]", "    precision: [fp16, w8a16]\n    precison: fp16",
                  ["graphs.minilm.precison: unknown key", "precision"], id="unknown-key-graph"),

@@ -22,11 +22,15 @@ def checks(*entries: dict, outputs: dict | None = None, where: Path = YAML) -> d
     return verify_section({"checks": list(entries)}, "fp16", outputs or {"y": (1, 8, 7)}, where, "graphs.g.verify")
 
 
+def graph_of(model_dir: Path, name: str, shape: tuple[int, ...]) -> GraphSpec:
+    return GraphSpec(name="g", model="m", model_dir=model_dir, inputs=(TensorSpec("x", (1,), "float32"),),
+                     outputs=(TensorSpec(name, shape, "float32"),), precisions=("fp16",), socs=None,
+                     export="export", options={}, simplify={}, cpucheck={}, lint={}, verify={},
+                     allow_cpu_fallback=False, calibration={})
+
+
 def judge(verify: dict, ref: np.ndarray, got: np.ndarray, model_dir: Path = Path("."), name: str = "y") -> dict:
-    graph = GraphSpec(name="g", model="m", model_dir=model_dir, inputs=(TensorSpec("x", (1,), "float32"),),
-                      outputs=(TensorSpec(name, tuple(ref.shape[1:]), "float32"),), precisions=("fp16",), socs=None,
-                      export="export", options={}, simplify={}, cpucheck={}, lint={}, verify={},
-                      allow_cpu_fallback=False, calibration={})
+    graph = graph_of(model_dir, name, tuple(ref.shape[1:]))
     result, violations = verification.judge(graph, {**verify, "thresholds": {}, "per_output": {}},
                                             [{name: r} for r in ref], [{name: g} for g in got])
     result["violations"] = violations
@@ -157,6 +161,40 @@ def test_ctc_without_alphabet_compares_index_strings():
     [check] = judge(checks({"ctc": {"output": "y"}}, outputs={"y": (1, 4, 5)}),
                     np.stack([logits([3, 0, 3, 1])]), np.stack([logits([3, 3, 0, 1])]))["checks"]
     assert check["differing"] == [{"sample": 0, "cpu": "3 3 1", "npu": "3 1"}] and check["cer"] == pytest.approx(1 / 3)
+
+
+def test_ctc_keeps_the_decoded_strings_when_every_sample_agrees(tmp_path):
+    """Issue 35: a user wants to read what was decoded; the record held strings only for differing samples."""
+    (tmp_path / "keys.txt").write_text("a\nb\n \nc\n")
+    cpu = np.stack([logits([1, 0, 2, 3, 4]), logits([4, 4, 0, 4, 0])])
+    verify = checks({"ctc": {"output": "y", "alphabet": "keys.txt", "min": 1.0}}, outputs={"y": (1, 5, 5)},
+                    where=tmp_path / "model.yaml")
+    [check] = judge(verify, cpu, cpu, model_dir=tmp_path)["checks"]
+    assert check["passed"] and check["differing"] == []
+    assert check["decoded"] == [{"sample": 0, "cpu": "ab c", "npu": "ab c"}, {"sample": 1, "cpu": "cc", "npu": "cc"}]
+    assert "note" not in check
+
+
+def test_a_ctc_alphabet_of_the_wrong_size_is_a_console_warning_of_simverify(tmp_path):
+    """It passed with only a note in the JSON. The blank is the last class here: the alphabet is classes 0..3."""
+    from qnn_tasks.judge import samples
+    from qnn_tasks.run import records
+    from qnn_tasks.stages import simverify
+
+    (tmp_path / "keys.txt").write_text("a\nb\nc\n")  # 3 symbols, 4 classes besides the blank
+    cpu = np.stack([logits([0, 4, 1, 3])])
+    verify = checks({"ctc": {"output": "y", "alphabet": "keys.txt", "blank": -1}}, outputs={"y": (1, 4, 5)},
+                    where=tmp_path / "model.yaml")
+    samples.save(tmp_path / "outputs.npz", [{"y": o} for o in cpu])
+    samples.save(tmp_path / "reference.npz", [{"y": o} for o in cpu])
+    records.write(tmp_path / "simulate.json", {"status": "passed"})
+    record = simverify.run(graph_of(tmp_path, "y", (1, 4, 5)), {**verify, "thresholds": {}, "per_output": {}}, tmp_path / "outputs.npz",
+                           tmp_path / "reference.npz", tmp_path / "simulate.json", "g-SM8650", "fp16")
+    [check] = record["checks"]
+    assert check["passed"] and check["decoded"] == [{"sample": 0, "cpu": "ab[3]", "npu": "ab[3]"}]
+    assert record["warnings"] == ["ctc on 'y': the alphabet keys.txt has 3 symbols, the output 4 classes besides the "
+                                  "blank (class 4), so the decoded text is shifted or cut (fix: one line per class "
+                                  "other than the blank, in class order)"]
 
 
 def test_edit_distance():

@@ -124,6 +124,12 @@ def test_compat_table_measures_which_runtime_loads_which_binary(both, tmp_path):
     assert new["minimum_runtime"] == "2.51.0" and old["minimum_runtime"] == "2.47.0"
     project.doit("report", env={"QNN_TOOLCHAIN": BOTH})
     assert "## Runtime compatibility" in project.path("build/report/report.md").read_text()
+    # a package of the QNN 2.47 build (the run's first toolchain ships) names the measured minimum runtime
+    shipped = project.doit("dist:silero-vad", env={"QNN_TOOLCHAIN": "ort-qnn-2.47,ort-qnn"})
+    assert shipped.returncode == 0, shipped.stdout + shipped.stderr
+    (binary,) = json.loads(project.path("dist/silero-vad/manifest.json").read_text())["graphs"]["vad"]["binaries"]
+    assert binary["sha256"] == old["binary_sha256"] and binary["qnn_version"] == "2.47.0"
+    assert (binary["min_runtime_qnn"], binary["min_runtime_from"]) == ("2.47.0", "compat")
 
 
 def test_a_pinned_environment_that_cannot_be_made_fails_in_one_line(tmp_path):

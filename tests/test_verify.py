@@ -176,7 +176,8 @@ def test_no_phone_attached_fails_with_one_clear_line(project, server, libs):
 
 
 def test_unknown_or_empty_soc_model_is_cpu_fallback(project, server, libs, tmp_path):
-    with phone(tmp_path, "mtk", server, "MT6989") as mtk, phone(tmp_path, "old", server, "") as old:
+    with phone(tmp_path, "mtk", server, "MT6989") as mtk, phone(tmp_path, "old", server, "") as old, \
+            phone(tmp_path, "mid", server, "SM7550") as mid:
         result = doit(project, server, "verify", libs=libs)
         out = result.stdout + result.stderr
         assert result.returncode != 0
@@ -185,9 +186,13 @@ def test_unknown_or_empty_soc_model_is_cpu_fallback(project, server, libs, tmp_p
         assert "none of the attached phones can run a build" in out
         devices = json.loads((project.root / "build/verify/devices.json").read_text())
         assert {d["status"] for d in devices["devices"]} == {"cpu-fallback"}
+        # a known chip without a build (SM7550, quantized-only; the vad builds for SM8650/SM8750): the selector's rule 1
+        assert {d["serial"]: d["verdict"] for d in devices["devices"]}[mid.serial] == "CPU fallback: no build for SM7550"
+        assert device_dirs(mid) == []
         only = doit(project, server, "verify:devices", libs=libs, QNN_DEVICES=mtk.serial)  # the serial filter
         statuses = {d["serial"]: d["status"] for d in json.loads((project.root / "build/verify/devices.json").read_text())["devices"]}
-        assert only.returncode != 0 and statuses == {mtk.serial: "cpu-fallback", old.serial: "ignored"}
+        assert only.returncode != 0 and statuses == {mtk.serial: "cpu-fallback", old.serial: "ignored",
+                                                     mid.serial: "ignored"}
 
 
 # ------------------------------------------------------------------ the main flow
@@ -216,6 +221,12 @@ def test_two_phones_of_different_chips_in_one_run(project, server, libs, tmp_pat
             assert dev["rtf"]["value"] == pytest.approx(timing["per_inference_median_s"] / AUDIO_S)
             assert dev["cpu"] is not None and dev["push"]["pushed"] == 7
             assert rec["runtime"]["version"] == "2.51.0" and rec["binary"]["dsp_arch"] == arch
+            # the package selector's decision (ship/select.py), as an app with this package would make it
+            assert dev["decision"]["target"] == "npu" and dev["decision"]["rule"] == "npu"
+            assert dev["decision"]["precision"] == "fp16" and dev["decision"]["path"] == rec["binary"]["path"]
+            assert f"built for {soc}, runtime QNN 2.51.0 >= minimum 2.51.0 (from compiler), context loaded" \
+                in dev["decision"]["reason"]
+            assert f"{ph.serial} (Standin-{ph.sandbox.name}, {soc}): decision: NPU: fp16 " in result.stdout
             # each phone got exactly its own chip's build: the SM8650 binary never went to the SM8750 phone
             assert device_dirs(ph) == [f"vad-{soc}"]
             pushed = qnnbin.read_binary_info(next((ph.sandbox / "project" / f"vad-{soc}").glob("*.bin")))
@@ -239,7 +250,9 @@ def test_two_phones_of_different_chips_in_one_run(project, server, libs, tmp_pat
     assert target["device"]["verify"]["devices"][0]["serial"] == b.serial
     md = (project.root / "build/report/report.md").read_text()
     assert "## On phones" in md and b.serial in md
-    assert b.serial in (project.root / "build/report/index.html").read_text()
+    assert f"({b.serial}) | 14 | SM8750 | passed | NPU fp16 |" in md
+    html = (project.root / "build/report/index.html").read_text()
+    assert b.serial in html and "runs here: NPU: fp16 " in html
 
 
 # ------------------------------------------------------------------ refusals before pushing
@@ -267,6 +280,12 @@ def test_runtime_older_than_the_binary_is_refused(project, server, tmp_path):
         assert result.returncode != 0
         assert "built with QNN 2.51.0" in out and "runtime libs to ship are QNN 2.40.0" in out
         assert "err 5000/5005" in out and not (a.sandbox / "project").exists()
+        (dev,) = record(project, "SM8650")["devices"]
+        decision = dev["decision"]
+        assert (decision["target"], decision["rule"], decision["precision"]) == ("cpu", "runtime-older", None)
+        assert decision["reason"].startswith("runtime QNN 2.40.0 is too old: fp16 ") and "5000/5005" in decision["reason"]
+        assert decision["reason"].endswith("; the CPU runs build/silero-vad/vad/simplify/vad.onnx")
+        assert "decision: CPU: runtime QNN 2.40.0 is too old" in out
     unpacked = list((project.root / "build/verify/runtime-libs").glob("qnn-libs-2.40.0-*/qnn-libs-2.40.0/libQnnHtp.so"))
     assert unpacked
 
@@ -312,6 +331,8 @@ def test_runtime_older_than_the_measured_minimum_is_refused(project, server, lib
         (dev,) = record(measured, "SM8650")["devices"]
         assert dev["status"] == "failed" and "push" not in dev
         assert dev["compat"] == {"minimum_runtime": "2.52.0", "source": "build/compat/compat.json, measured by doit compat"}
+        assert dev["decision"]["rule"] == "runtime-older" and "needs QNN 2.52.0 or newer (minimum from compat)" \
+            in dev["decision"]["reason"]
 
         alone = doit(measured, server, "verify:vad-SM8650", libs=libs, QNN_TOOLCHAIN="ort-qnn")  # only the builder
         assert alone.returncode != 0
@@ -395,6 +416,9 @@ def test_runner_failure_is_surfaced(project, server, libs, tmp_path):
         assert rec["status"] == "failed" and message in rec["devices"][0]["error"]
         assert Path(project.root / rec["devices"][0]["error"].rsplit("full log: ", 1)[1].rstrip(")")).is_file()
         assert rec["devices"][0]["device_files"] == "removed" and not (a.sandbox / "project" / "vad-SM8650").exists()
+        decision = rec["devices"][0]["decision"]  # the selector's rule 4: a failed first run falls back to the CPU
+        assert (decision["target"], decision["rule"]) == ("cpu", "load-failed") and message in decision["reason"]
+        assert decision["reason"].startswith(f"fp16 {rec['binary']['path']} did not load: qnn-net-run exited with 1")
 
 
 def test_qnn_error_code_in_the_phone_log_is_explained(project, server, libs, tmp_path):

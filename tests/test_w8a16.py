@@ -83,6 +83,28 @@ def test_report_shows_fp16_and_w8a16_side_by_side(quantized):
     assert "fp16 vs w8a16" in html
 
 
+def test_dist_ships_fp16_and_w8a16_side_by_side(quantized, tmp_path, monkeypatch):
+    """The w8a16 binary goes into the package beside the fp16 one, fp16 first; ort-qnn's w8a16 binaries keep their
+    I/O (de)quantization on the NPU (offload_graph_io_quantization 0), so the app feeds float32: no scale to apply."""
+    from qnn_tasks.plan.stages import Planner
+    from qnn_tasks.ship import inventory, package
+    from qnn_tasks.spec.project import load_project
+
+    monkeypatch.chdir(quantized.root)
+    planner = Planner(load_project(quantized.root))
+    package.write(inventory.of_model(planner, "silero-vad"), quantized.root, tmp_path, tmp_path / ".cache")
+    data = read_json(tmp_path / "silero-vad" / "manifest.json")
+    assert data["selection"]["precision_order"] == ["fp16", "w8a16"] and data["omitted"] == []
+    binaries = {b["precision"]: b for b in data["graphs"]["vad"]["binaries"]}
+    assert set(binaries) == {"fp16", "w8a16"} and binaries["w8a16"]["path"] == f"{SOC}/vad.w8a16.bin"
+    w8 = binaries["w8a16"]
+    assert w8["sha256"] != binaries["fp16"]["sha256"] and w8["verification"]["simulator"]["checks"][0]["passed"]
+    context = record(quantized, "silero-vad", "vad", "w8a16", "context")["binary"]["graphs"][0]
+    assert [(t["name"], t["dtype"], t["quantization"]) for t in w8["io"]["inputs"]] == \
+        [(t["name"], t["dtype"], t["quantization"]) for t in context["inputs"]] == \
+        [("input", "float32", None), ("state", "float32", None)]
+
+
 @pytest.mark.slow
 def test_calibration_change_rebuilds_only_the_quantized_chain(quantized, tmp_path):
     project = copy_project(tmp_path / "project", source=quantized.root, with_build=True)

@@ -46,12 +46,15 @@ def venv(tmp_path_factory) -> tuple[Path, dict]:
 def test_wheel_installs_inits_and_builds_a_packaged_onnx(venv, tmp_path):
     venv_dir, env = venv
     python = venv_dir / "bin" / "python"
-    code = "import qnn_tasks, qnn_tasks.spec.project as s; print(qnn_tasks.__file__); print(s.packaged_socs_file().is_file())"
+    code = ("import qnn_tasks, qnn_tasks.spec.project as s, qnn_tasks.ship.aipack as a; print(qnn_tasks.__file__); "
+            "print(s.packaged_socs_file().is_file()); "
+            "from importlib import resources; print((resources.files('qnn_tasks.ship') / a.JAVA_SELECTOR).is_file())")
     where = run([python, "-c", code], tmp_path, env)
     assert where.returncode == 0, where.stderr
-    module, data = where.stdout.split()
+    module, data, java = where.stdout.split()
     assert Path(module).resolve().is_relative_to(venv_dir.resolve()), module  # the wheel's copy, not the repo's
     assert data == "True"  # the packaged SoC table came with it
+    assert java == "True"  # and the Java selector that dist copies into android/qnn_runtime/
 
     # init an empty folder with the console command; a second init refuses, naming the files
     project = tmp_path / "team-models"

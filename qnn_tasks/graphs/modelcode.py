@@ -96,6 +96,10 @@ def call(graph: GraphSpec, function: str, ctx: ModelContext, *args: Any) -> Any:
         return fn(ctx, *args)
     except StageError:
         raise
+    except SystemExit as err:  # sys.exit() in model code would end the stage's process, its record unwritten
+        raise StageError(f"{graph.model_code}:{function}() called sys.exit({err.code!r}) for graph '{graph.name}'"
+                         f"{_where(err, graph)} (fix: raise an exception with the reason, or return; "
+                         "a loop's step function stops the loop by returning None)") from None
     except Exception as err:
         raise StageError(f"{graph.model_code}:{function}() failed for graph '{graph.name}': "
                          f"{type(err).__name__}: {_first_line(err)}{_where(err, graph)}") from err

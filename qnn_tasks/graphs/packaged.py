@@ -93,6 +93,25 @@ def apply_rewrites(graph: GraphSpec, model, skip: Iterable[str] = ()) -> list[di
 
 def reference(graph: GraphSpec, source: Path | None, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     """The original packaged ONNX on CPU: inputs cast back to its dtypes, constant inputs fed."""
+    session, feeds = _session_feeds(graph, source, inputs)
+    names = [t.name for t in graph.outputs]
+    fetch = [t.source_name for t in graph.outputs]  # the original's own names (model.yaml may rename: onnx_name)
+    return [dict(zip(names, session.run(fetch, f))) for f in feeds]
+
+
+def reference_float64(graph: GraphSpec, source: Path | None,
+                      inputs: list[dict[str, np.ndarray]]) -> tuple[list[dict[str, np.ndarray]], str]:
+    """(outputs, how) of the original packaged ONNX evaluated in float64 (graphs/float64.py): the truth its float32
+    run is measured against when a comparison with it fails."""
+    from qnn_tasks.graphs import float64
+
+    _, feeds = _session_feeds(graph, source, inputs)
+    outs, how = float64.evaluate(load_source(graph, source), feeds, Path(source).name)
+    return [{t.name: o[t.source_name] for t in graph.outputs} for o in outs], how
+
+
+def _session_feeds(graph: GraphSpec, source: Path | None, inputs: list[dict[str, np.ndarray]]):
+    """A CPU session of the original and each sample's feeds: renamed, cast to its dtypes, constant inputs added."""
     import onnxruntime as ort
 
     load_source(graph, source)  # a clear error for a missing or non-ONNX file before onnxruntime's own
@@ -102,15 +121,12 @@ def reference(graph: GraphSpec, source: Path | None, inputs: list[dict[str, np.n
     types = {i.name: i.type for i in session.get_inputs()}
     constants = {name: np.asarray(value, dtype=_np_type(types[name])).reshape(_shape(session, name, value))
                  for name, value in graph.constant_inputs.items()}
-    names = [t.name for t in graph.outputs]
-    fetch = [t.source_name for t in graph.outputs]  # the original's own names (model.yaml may rename: onnx_name)
     source_names = {t.name: t.source_name for t in graph.inputs}
-    outs = []
+    feeds = []
     for sample in inputs:
-        feeds = {source_names.get(name, name): np.asarray(value).astype(_np_type(types[source_names.get(name, name)]))
-                 for name, value in sample.items()}
-        outs.append(dict(zip(names, session.run(fetch, {**feeds, **constants}))))
-    return outs
+        feeds.append({**{source_names.get(name, name): np.asarray(value).astype(_np_type(types[source_names.get(name, name)]))
+                         for name, value in sample.items()}, **constants})
+    return session, feeds
 
 
 def _np_type(ort_type: str) -> np.dtype:

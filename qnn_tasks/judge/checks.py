@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from qnn_tasks.judge import metrics, taskchecks
+from qnn_tasks.judge import degenerate, metrics, taskchecks
 from qnn_tasks.spec.project import GraphSpec
 
 
@@ -19,13 +19,20 @@ def judge(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, np
 
     `verify` is the graph's validated `verify:` section (spec.GraphSpec.verify).
     """
-    per_output, violations = {}, []
+    per_output, violations, flat = {}, [], {}
     for spec in graph.outputs:
         ref = np.stack([r[spec.name] for r in reference])
         got = np.stack([a[spec.name] for a in actual])
         limits = {**verify["thresholds"], **verify["per_output"].get(spec.name, {})}
         per_output[spec.name] = {**metrics.compare(ref, got), "thresholds": limits}
         violations += metrics.violations(spec.name, per_output[spec.name], limits)
+        flat[spec.name] = degenerate.constant_output(ref, got)
+    not_verified = None
+    if flat and all(flat.values()):  # every comparison would pass on such data: it proves nothing
+        not_verified = ("not verified: " + "; ".join(f"output '{name}' is {why}" for name, why in flat.items())
+                        + f" over {len(actual)} sample(s): nothing distinguishes a working binary from a broken one "
+                        "(fix: samples that make the outputs vary)")
+        violations.insert(0, not_verified)
     checks = []
     for check in verify["checks"]:
         result = run_check(graph, check, reference, actual)
@@ -35,7 +42,10 @@ def judge(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, np
             violations.append(f"check {result['kind']} on '{check['output']}': " + (
                 result.get("failure") or f"{result['value']:.4g} is below the required {result['min']:g} "
                                          f"({result['meaning']})"))
-    return {"metrics": per_output, "checks": checks}, violations
+    degenerate_outputs = {name: why for name, why in flat.items() if why}
+    return {"metrics": per_output, "checks": checks,
+            **({"degenerate": degenerate_outputs} if degenerate_outputs else {}),
+            **({"not_verified": not_verified} if not_verified else {})}, violations
 
 
 def run_check(graph: GraphSpec, check: dict[str, Any], reference: list[dict[str, np.ndarray]],
@@ -96,19 +106,32 @@ def top1(ref: np.ndarray, got: np.ndarray, check: dict[str, Any]) -> dict[str, A
     """Share of predictions (argmax along `axis`, by default the last) that CPU and NPU make the same.
 
     A [1, classes] output gives one prediction per sample; a [1, frames, classes] output one per frame.
+    With `score_threshold`, a prediction counts only where either side's best score reaches it: a detector's
+    thousands of background candidates score near zero, and their argmax is noise on both sides.
     """
     axis = int(check.get("axis", -1))
-    same = np.argmax(ref, axis=axis) == np.argmax(got, axis=axis)
-    value = float(same.mean())
+    ref_class, got_class = np.argmax(ref, axis=axis), np.argmax(got, axis=axis)
+    same = ref_class == got_class
+    counted = np.ones_like(same, dtype=bool)
+    if check.get("score_threshold") is not None:
+        counted = np.maximum(np.max(ref, axis=axis), np.max(got, axis=axis)) >= float(check["score_threshold"])
+    value = float(same[counted].mean()) if counted.any() else 0.0
     required = float(check.get("min", 0.99))
-    per_sample = same.reshape(len(same), -1).all(axis=1)
+    per_sample = (same | ~counted).reshape(len(same), -1).all(axis=1)  # ignored predictions do not disagree
     result = {"kind": "top1", "output": check["output"], "value": value, "min": required, "passed": value >= required,
               "meaning": "share of predictions (argmax) the NPU makes the same as the CPU",
               "disagreeing_samples": [int(i) for i in np.flatnonzero(~per_sample)][:20]}
-    if not same.all():  # the first prediction that differs (a loop's first differing token): both classes
-        where = np.unravel_index(int(np.flatnonzero(~same.reshape(-1))[0]), same.shape)
-        result["first_difference"] = {"sample": int(where[0]), "cpu": int(np.argmax(ref, axis=axis)[where]),
-                                      "npu": int(np.argmax(got, axis=axis)[where])}
+    if check.get("score_threshold") is not None:
+        threshold = float(check["score_threshold"])
+        result.update(meaning=f"share of predictions (argmax) scoring {threshold:g} or more that the NPU makes the "
+                              "same as the CPU", counted=int(counted.sum()), ignored=int((~counted).sum()))
+        if not counted.any():
+            result.update(passed=False, failure=f"no prediction scores {threshold:g} or more on either side, so "
+                                                "nothing was compared (fix: lower score_threshold or check the samples)")
+    agreed = same | ~counted
+    if not agreed.all():  # the first prediction that differs (a loop's first differing token): both classes
+        where = np.unravel_index(int(np.flatnonzero(~agreed.reshape(-1))[0]), same.shape)
+        result["first_difference"] = {"sample": int(where[0]), "cpu": int(ref_class[where]), "npu": int(got_class[where])}
     return result
 
 

@@ -1,34 +1,54 @@
-"""Read the media sources of model.yaml `samples:` (images, WAV clips, raw bytes) into input tensors.
+"""Read the media sources of model.yaml `samples:` (images, audio clips, raw bytes) into input tensors.
 
 The one loader behind cpucheck and calibrate (and so simulate, which runs cpucheck's inputs): the
 options were validated at spec load (spec/samples.py), here they are applied. Every file must
-stay inside the model folder (symlinks too), and every expansion is bounded: image pixels, clip
-bytes, samples per source.
+stay inside the model folder (symlinks too). Memory is bounded by bytes, not by counts: each
+source is first planned from what the files say without decoding them (an image is one sample, a
+clip's header gives its windows, a raw file's size its chunks), `limit` picks the samples, their
+bytes are checked against judge/bounds.py, and only then are the chosen samples decoded, one file
+at a time. A header that cannot be true (an audio rate no recorder makes, more frames than the file
+holds) is refused before anything is decoded.
+
+Decoders are maintained libraries: Pillow for images (EXIF orientation applied, 16-bit grey kept),
+libsndfile (`soundfile`: PCM, float and WAVE_FORMAT_EXTENSIBLE WAV, FLAC, OGG, AIFF) and soxr for
+resampling.
 """
 from __future__ import annotations
 
-import wave
-from math import gcd
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
 from qnn_tasks.errors import StageError
+from qnn_tasks.judge import bounds
 from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
 from qnn_tasks.spec.samples import KINDS, MAX_SAMPLES
 
 MAX_PIXELS = 40_000_000          # a decompression bomb is refused before it is decoded
 MAX_FILE_BYTES = 1 << 30         # a clip or a raw file larger than 1 GiB is not a verification sample
-MAX_FRAME_VALUES = 1 << 26       # framed audio of one clip (256 MiB of float32)
+MAX_CLIP_VALUES = 1 << 26        # decoded audio of one clip, every channel, before and after resampling (256 MiB)
+AUDIO_RATES = (1000, 768000)     # a header claiming a rate outside this is not a recording
 
 
-def load(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
-    """One {input: array} per sample: each source's samples zipped in file-name order, `fill` inputs constant."""
+@dataclass
+class Planned:
+    """One file of a source before decoding: how many samples it gives and what decoding it needs."""
+    path: Path
+    count: int
+    info: Any = None  # the audio header (soundfile.info), or the raw file's size
+
+
+def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
+    """One {input: array} per sample: each source's samples zipped in file-name order, `fill` inputs constant.
+
+    `notes` (when given) receives what reading changed or kept, per source, for the stage's record
+    (orientation applied, bit depth, decoder, resampler)."""
     where = f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples"
     specs = {t.name: t for t in graph.inputs}
-    columns: dict[str, list[np.ndarray]] = {}
+    plans: dict[str, tuple[str, list[Planned], list[int]]] = {}
     for kind in KINDS:
         if kind not in graph.samples:
             continue
@@ -38,27 +58,34 @@ def load(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
         if not files:
             raise StageError(f"{where}.{kind}.files: {options['files']} match no file now "
                              f"(fix: add the files to {graph.model_dir} or fix the pattern)")
-        values: list[np.ndarray] = []
+        planned = []
         for path in files:
             _confine(path, graph.model_dir, f"{where}.{kind}.files")
-            try:
-                values += READERS[kind](path, options, spec, f"{where}.{kind}: {path.name}")
-            except StageError:
-                raise
-            except Exception as err:  # noqa: BLE001 -- a damaged file (any decoder's error): name it, no traceback
-                raise StageError(f"{where}.{kind}: {path.name}: cannot be read as {kind}: {type(err).__name__}: {err} "
-                                 f"(fix: replace or remove the file)") from None
-            if len(values) > MAX_SAMPLES:
-                if "limit" not in options:
-                    raise StageError(f"{where}.{kind}: the files give more than {MAX_SAMPLES} samples "
-                                     f"(fix: set graphs.{graph.name}.samples.{kind}.limit, or declare fewer files)")
-                break
-        columns[spec.name] = spread(values[:MAX_SAMPLES], options.get("limit"))
-    counts = {name: len(v) for name, v in columns.items()}
+            planned.append(_guarded(PLANNERS[kind], path, options, spec, f"{where}.{kind}: {path.name}", kind))
+        total = sum(p.count for p in planned)
+        if total > MAX_SAMPLES and "limit" not in options:
+            raise StageError(f"{where}.{kind}: the files give {total} samples, more than {MAX_SAMPLES} "
+                             f"(fix: set graphs.{graph.name}.samples.{kind}.limit, or declare fewer files)")
+        plans[spec.name] = (kind, planned, spread(list(range(total)), options.get("limit")))
+    counts = {name: len(chosen) for name, (_, _, chosen) in plans.items()}
     if len(set(counts.values())) != 1:
         raise StageError(f"{where}: the sources give different numbers of samples {counts} "
                          f"(fix: make each source give the same number, or set limit on each)")
     count = next(iter(counts.values()))
+    per_sample = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in graph.inputs)
+    bound = bounds.MAX_SAMPLE_BYTES
+    if count * per_sample > bound:
+        raise StageError(f"{where}: {count} samples of {per_sample} bytes take {bounds.mib(count * per_sample)}, "
+                         f"more than the bound of {bounds.mib(bound)} (fix: set limit: {max(1, bound // per_sample)} "
+                         "or less on each source)")
+    columns = {}
+    for name, (kind, planned, chosen) in plans.items():
+        options = graph.samples[kind]
+        seen: dict[str, Any] = {}
+        columns[name] = decode(planned, chosen, lambda p, picks, options=options, kind=kind, seen=seen: _guarded(
+            READERS[kind], p.path, options, specs[name], f"{where}.{kind}: {p.path.name}", kind, p, picks, seen))
+        if notes is not None:
+            notes[kind] = {"files": len(planned), "samples": len(chosen), **seen}
     fills = {name: np.full(specs[name].shape, value, dtype=specs[name].dtype)
              for name, value in graph.samples.get("fill", {}).items()}
     return [{t.name: (columns[t.name][i] if t.name in columns else fills[t.name]) for t in graph.inputs}
@@ -72,6 +99,34 @@ def spread(values: list, limit: int | None) -> list:
     return [values[i] for i in np.linspace(0, len(values) - 1, limit).round().astype(int)]
 
 
+def decode(planned: list[Planned], chosen: list[int], read: Callable[[Planned, list[int]], list[np.ndarray]]
+           ) -> list[np.ndarray]:
+    """The chosen samples (indices over every file's samples in order), reading only the files that hold one."""
+    result, first = [], 0
+    wanted = np.asarray(chosen, dtype=np.int64)
+    for plan in planned:
+        picks = [int(i) - first for i in wanted[(wanted >= first) & (wanted < first + plan.count)]]
+        if picks:
+            got = read(plan, picks)
+            if len(got) != len(picks):
+                raise StageError(f"{plan.path.name}: gave {len(got)} samples, its header promised {plan.count} "
+                                 "(fix: replace or remove the file)")
+            result += got
+        first += plan.count
+    return result
+
+
+def _guarded(function: Callable, path: Path, options: dict[str, Any], spec: TensorSpec, where: str, kind: str,
+             *args: Any) -> Any:
+    try:
+        return function(path, options, spec, where, *args)
+    except StageError:
+        raise
+    except Exception as err:  # noqa: BLE001 -- a damaged file (any decoder's error): name it, no traceback
+        raise StageError(f"{where}: cannot be read as {kind}: {type(err).__name__}: {str(err)[:200]} "
+                         f"(fix: replace or remove the file)") from None
+
+
 def _confine(path: Path, model_dir: Path, where: str) -> None:
     root = Path(model_dir).resolve()
     if not path.resolve().is_relative_to(root):
@@ -79,22 +134,52 @@ def _confine(path: Path, model_dir: Path, where: str) -> None:
                          f"(fix: copy the file into {model_dir})")
 
 
+def _noted(seen: dict[str, Any], key: str, name: str) -> None:
+    """A file name under `key` in the record's notes (the first few: a folder of a thousand files stays short)."""
+    names = seen.setdefault(key, [])
+    if len(names) < 20:
+        names.append(name)
+
+
 # ---------------------------------------------------------------- images
 
-def image(path: Path, options: dict[str, Any], spec: TensorSpec, where: str) -> list[np.ndarray]:
-    """One image -> one tensor: decoded, colour-converted, brought to H x W, scaled, normalised, laid out."""
-    from PIL import Image
+def plan_image(path: Path, options: dict[str, Any], spec: TensorSpec, where: str) -> Planned:
+    return Planned(path, 1)
 
+
+def image(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, plan: Planned | None = None,
+          picks: list[int] | None = None, seen: dict[str, Any] | None = None) -> list[np.ndarray]:
+    """One image -> one tensor: decoded as a viewer shows it (EXIF orientation applied, 16-bit grey kept),
+    colour-converted, brought to H x W, scaled, normalised, laid out."""
+    from PIL import Image, ImageOps
+
+    seen = {} if seen is None else seen
     Image.MAX_IMAGE_PIXELS = MAX_PIXELS  # Pillow raises DecompressionBombError beyond twice this
     with Image.open(path) as img:
         if img.width * img.height > MAX_PIXELS:
             raise StageError(f"{where}: {img.width}x{img.height} pixels is more than {MAX_PIXELS} "
                              "(fix: scale the image down)")
-        img = img.convert("L" if options["channels"] == "grey" else "RGB")
-        pixels = fit(img, options["height"], options["width"], options["resize"], options["pad_value"], where)
+        rawmode = img.tile[0].args if img.tile and isinstance(img.tile[0].args, str) else ""
+        if img.getexif().get(0x0112, 1) not in (1, None):  # EXIF Orientation: a camera's portrait photo
+            _noted(seen, "orientation_applied", path.name)
+        img = ImageOps.exif_transpose(img)
+        if img.mode in ("I;16", "I;16B", "I;16L", "I"):
+            pixels = _deep_grey(img, options, where)
+            _noted(seen, "16_bit", path.name)
+        elif img.mode == "F":
+            raise StageError(f"{where}: a floating-point image (mode F): its values have no agreed range "
+                             "(fix: save it as an 8- or 16-bit image, or feed the input from .npz samples)")
+        else:
+            if rawmode.startswith(("RGB;16", "RGBA;16")):  # Pillow reads 16-bit colour as its high byte
+                _noted(seen, "16_bit_colour_read_at_8_bits", path.name)
+            img = img.convert("L" if options["channels"] == "grey" else "RGB")
+            pixels = fit(img, options["height"], options["width"], options["resize"], options["pad_value"], where)
     if options["channels"] == "BGR":
         pixels = pixels[..., ::-1]
     if not spec.dtype.startswith("float"):
+        if pixels.dtype != np.uint8:  # 16-bit kept as 0..255 floats: an integer input gets them rounded
+            pixels = np.clip(np.round(pixels), 0, 255).astype(np.uint8)
+            _noted(seen, "16_bit_rounded_to_8_for_an_integer_input", path.name)
         values = pixels
     else:
         values = pixels.astype(np.float32) * np.float32(options["scale"])
@@ -104,9 +189,24 @@ def image(path: Path, options: dict[str, Any], spec: TensorSpec, where: str) -> 
     return [np.ascontiguousarray(values.reshape(spec.shape)).astype(spec.dtype)]
 
 
+def _deep_grey(img: Any, options: dict[str, Any], where: str) -> np.ndarray:
+    """A 16-bit grey image as [H, W, C] float32 on the 8-bit scale (value / 257: 65535 -> 255.0), every level
+    kept: resized in Pillow's float mode, grey repeated into 3 channels for an RGB input."""
+    from PIL import Image
+
+    deep = np.asarray(img, dtype=np.float64)
+    if deep.min() < 0 or deep.max() > 65535:
+        raise StageError(f"{where}: a 32-bit integer image with values {deep.min():g}..{deep.max():g} "
+                         "(fix: save it as an 8- or 16-bit image)")
+    scaled = Image.fromarray((deep / 257.0).astype(np.float32), mode="F")
+    pixels = fit(scaled, options["height"], options["width"], options["resize"], options["pad_value"], where)
+    return np.repeat(pixels, 3, axis=-1) if options["channels"] != "grey" else pixels
+
+
 def fit(img: Any, height: int, width: int, mode: str, pad_value: int, where: str) -> np.ndarray:
-    """The image as an [H, W, C] uint8 array of the input's size: stretched, letterboxed (aspect kept, centred,
-    padded with `pad_value`, as YOLO-style detectors expect) or required to be that size already."""
+    """The image as an [H, W, C] array of the input's size (uint8, or float32 for a 16-bit image): stretched,
+    letterboxed (aspect kept, centred, padded with `pad_value`, as YOLO-style detectors expect) or required to
+    be that size already."""
     from PIL import Image
 
     if mode == "none":
@@ -118,119 +218,141 @@ def fit(img: Any, height: int, width: int, mode: str, pad_value: int, where: str
     else:
         ratio = min(width / img.width, height / img.height)
         new = (max(1, round(img.width * ratio)), max(1, round(img.height * ratio)))
-        canvas = Image.new(img.mode, (width, height), (pad_value,) * len(img.getbands()) if img.mode != "L" else pad_value)
+        fill = (pad_value,) * len(img.getbands()) if img.mode not in ("L", "F") else pad_value
+        canvas = Image.new(img.mode, (width, height), fill)
         canvas.paste(img.resize(new, Image.BILINEAR), ((width - new[0]) // 2, (height - new[1]) // 2))
         img = canvas
-    pixels = np.asarray(img, dtype=np.uint8)
+    pixels = np.asarray(img, dtype=np.float32 if img.mode == "F" else np.uint8)
     return pixels[..., None] if pixels.ndim == 2 else pixels
 
 
 # ---------------------------------------------------------------- audio
 
-def audio(path: Path, options: dict[str, Any], spec: TensorSpec, where: str) -> list[np.ndarray]:
-    """One WAV -> windows of the input's size: mono, resampled, gained, int16-scaled if asked, framed."""
-    clip, rate = read_wav(path, where)
-    if options["rate"] and options["rate"] != rate:
-        clip = resample(clip, rate, options["rate"])
-    size = int(np.prod(spec.shape))
-    frame, hop = options["frame"], options["hop"]
-    per_sample = size // frame
-    result = []
-    for gain in options["gain"]:
-        signal = clip * np.float32(gain)
-        if options["int16_scale"]:
-            signal = np.clip(np.round(signal * 32768.0), -32768, 32767)
-        frames = frames_of(signal, frame, hop, options["pad"], where)
-        for start in range(0, len(frames) - per_sample + 1, per_sample):
-            result.append(np.ascontiguousarray(frames[start:start + per_sample].reshape(spec.shape)).astype(spec.dtype))
-    return result
+def plan_audio(path: Path, options: dict[str, Any], spec: TensorSpec, where: str) -> Planned:
+    """A clip's samples from its header alone: its frames at the target rate, cut into windows, per gain."""
+    import soundfile
 
-
-def read_wav(path: Path, where: str) -> tuple[np.ndarray, int]:
-    """PCM WAV (8/16/24/32-bit) as float32 mono in [-1, 1) and its sample rate."""
     if path.stat().st_size > MAX_FILE_BYTES:
         raise StageError(f"{where}: larger than {MAX_FILE_BYTES >> 20} MiB (fix: cut the clip)")
     try:
-        with wave.open(str(path), "rb") as wav:
-            width, channels, rate = wav.getsampwidth(), wav.getnchannels(), wav.getframerate()
-            data = wav.readframes(wav.getnframes())
-    except (wave.Error, EOFError) as err:
-        raise StageError(f"{where}: not a PCM WAV file: {err} "
-                         "(fix: convert it, e.g. sox in.wav -e signed-integer -b 16 out.wav)") from None
-    if width == 1:
-        values = (np.frombuffer(data, np.uint8).astype(np.float32) - 128.0) / 128.0
-    elif width == 3:
-        raw = np.frombuffer(data, np.uint8).reshape(-1, 3).astype(np.int32)
-        values = ((raw[:, 0] | (raw[:, 1] << 8) | (raw[:, 2] << 16)) << 8 >> 8).astype(np.float32) / float(1 << 23)
-    else:
-        values = np.frombuffer(data, {2: "<i2", 4: "<i4"}[width]).astype(np.float32) / float(1 << (8 * width - 1))
-    frames = len(values) // channels
-    return values[: frames * channels].reshape(frames, channels).mean(axis=1).astype(np.float32), rate
+        info = soundfile.info(str(path))
+    except RuntimeError as err:  # libsndfile's "Format not recognised" and kin
+        raise StageError(f"{where}: not an audio file libsndfile reads: {str(err).splitlines()[0][:200]} "
+                         "(fix: convert it, e.g. sox in.mp4 out.wav)") from None
+    rate, frames, channels = int(info.samplerate), int(info.frames), int(info.channels)
+    if not AUDIO_RATES[0] <= rate <= AUDIO_RATES[1]:
+        raise StageError(f"{where}: its header claims a rate of {rate} Hz, which no recording has (accepted: "
+                         f"{AUDIO_RATES[0]} to {AUDIO_RATES[1]} Hz) (fix: replace the file, or re-encode it)")
+    if frames * channels > MAX_CLIP_VALUES or target_length(frames, rate, options) > MAX_CLIP_VALUES:
+        raise StageError(f"{where}: {frames} frames x {channels} channel(s) at {rate} Hz is more than "
+                         f"{MAX_CLIP_VALUES} values (fix: cut the clip into shorter files)")
+    if frames == 0:
+        raise StageError(f"{where}: holds no audio (0 frames) (fix: replace or remove the file)")
+    length = target_length(frames, rate, options)
+    windows = window_count(length, options["frame"], options["hop"], options["pad"], where)
+    per_sample = int(np.prod(spec.shape)) // options["frame"]
+    return Planned(path, len(options["gain"]) * (windows // per_sample), info)
 
 
-def resample(signal: np.ndarray, rate_in: int, rate_out: int, half_width: int = 16) -> np.ndarray:
-    """Band-limited resampling by windowed-sinc interpolation (a Kaiser window, 16 zero crossings each side).
-
-    Every output sample is a weighted sum of the input samples around its position, with the low-pass
-    cutoff at the lower of the two Nyquist rates (so downsampling does not alias). numpy only, deterministic.
-    """
-    if rate_in == rate_out or not len(signal):
-        return signal.astype(np.float32)
-    step = gcd(rate_in, rate_out)
-    up, down = rate_out // step, rate_in // step
-    cutoff = min(1.0, up / down)
-    count = (len(signal) * up + down - 1) // down
-    x = np.asarray(signal, np.float64)
-    out = np.empty(count, np.float64)
-    reach = int(np.ceil(half_width / cutoff))  # input samples each side within the window
-    offsets = np.arange(-reach, reach + 1)
-    beta = 8.6  # Kaiser window: ~ -80 dB side lobes
-    for start in range(0, count, 8192):  # bounded memory: blocks of output samples
-        t = np.arange(start, min(count, start + 8192)) * (down / up)
-        taps = np.floor(t).astype(np.int64)[:, None] + offsets[None, :]
-        distance = t[:, None] - taps
-        inside = np.clip(1.0 - (distance / (reach + 1)) ** 2, 0.0, None)
-        weights = cutoff * np.sinc(cutoff * distance) * np.i0(beta * np.sqrt(inside)) / np.i0(beta)
-        valid = (taps >= 0) & (taps < len(x))
-        out[start:start + len(t)] = (np.where(valid, x[np.clip(taps, 0, len(x) - 1)], 0.0) * weights).sum(axis=1)
-    return out.astype(np.float32)
+def target_length(frames: int, rate: int, options: dict[str, Any]) -> int:
+    """The clip's length after resampling to `rate` (soxr's: frames x out / in, rounded)."""
+    out = options["rate"] or rate
+    return frames if out == rate else (2 * frames * out + rate) // (2 * rate)
 
 
-def frames_of(signal: np.ndarray, frame: int, hop: int, pad: bool, where: str) -> np.ndarray:
-    """[count, frame] windows every `hop` samples; `pad` zero-fills a short clip or the last partial window."""
-    if len(signal) < frame or (pad and (len(signal) - frame) % hop):
+def window_count(length: int, frame: int, hop: int, pad: bool, where: str) -> int:
+    """Windows of `frame` samples every `hop`: every whole one, and with `pad` a last partial one (zero-filled)
+    when samples after the last whole window would otherwise be left out (also a clip shorter than a frame)."""
+    if length < frame:
         if not pad:
-            raise StageError(f"{where}: {len(signal)} samples is shorter than one frame of {frame} "
+            raise StageError(f"{where}: {length} samples is shorter than one frame of {frame} "
                              "(fix: pad: true, or a longer clip)")
-        extra = frame - len(signal) if len(signal) < frame else hop - (len(signal) - frame) % hop
-        signal = np.concatenate([signal, np.zeros(extra, signal.dtype)])
-    count = (len(signal) - frame) // hop + 1
-    if count * frame > MAX_FRAME_VALUES:
-        raise StageError(f"{where}: {count} frames of {frame} samples is more than {MAX_FRAME_VALUES} values "
-                         "(fix: a larger hop or a shorter clip)")
-    index = np.arange(frame)[None, :] + hop * np.arange(count)[:, None]
-    return signal[index]
+        return 1
+    whole = (length - frame) // hop + 1
+    return whole + int(pad and (whole - 1) * hop + frame < length and whole * hop < length)
+
+
+def audio(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, plan: Planned,
+          picks: list[int], seen: dict[str, Any] | None = None) -> list[np.ndarray]:
+    """The picked samples of one clip: decoded (libsndfile), mono, resampled (soxr), gained, int16-scaled if
+    asked, framed; only the picked windows are made."""
+    seen = {} if seen is None else seen
+    clip, rate = read_audio(path, plan, where)
+    seen.setdefault("decoder", "libsndfile (soundfile)")
+    if options["rate"] and options["rate"] != rate:
+        clip = resample(clip, rate, options["rate"])
+        seen.setdefault("resampler", "soxr (HQ)")
+    frame, hop = options["frame"], options["hop"]
+    per_sample = int(np.prod(spec.shape)) // frame
+    per_gain = plan.count // len(options["gain"])
+    padded = np.concatenate([clip, np.zeros(frame, np.float32)])  # a partial last window reads zeros
+    result = []
+    for pick in picks:
+        gain, group = options["gain"][pick // per_gain], pick % per_gain
+        starts = hop * np.arange(group * per_sample, (group + 1) * per_sample)
+        signal = padded[starts[:, None] + np.arange(frame)[None, :]] * np.float32(gain)
+        if options["int16_scale"]:
+            signal = np.clip(np.round(signal * 32768.0), -32768, 32767)
+        result.append(np.ascontiguousarray(signal.reshape(spec.shape)).astype(spec.dtype))
+    return result
+
+
+def read_audio(path: Path, plan: Planned, where: str) -> tuple[np.ndarray, int]:
+    """The clip as float32 mono in [-1, 1] (channels averaged) and its rate, holding the header to its word."""
+    import soundfile
+
+    data, rate = soundfile.read(str(path), dtype="float32", always_2d=True, frames=plan.info.frames + 1)
+    if len(data) != plan.info.frames:
+        raise StageError(f"{where}: its header promises {plan.info.frames} frames, the file holds {len(data)} "
+                         "(fix: re-encode it, e.g. sox in.wav out.wav)")
+    return data.mean(axis=1, dtype=np.float32), int(rate)
+
+
+def resample(signal: np.ndarray, rate_in: int, rate_out: int) -> np.ndarray:
+    """Band-limited resampling by libsoxr (its HQ quality: a linear-phase low-pass at the lower Nyquist rate, so
+    downsampling does not alias); the length is the input's x rate_out / rate_in, rounded, as planned."""
+    import soxr
+
+    if rate_in == rate_out or not len(signal):
+        return np.asarray(signal, np.float32)
+    out = soxr.resample(np.asarray(signal, np.float32), rate_in, rate_out, quality="HQ")
+    length = (2 * len(signal) * rate_out + rate_in) // (2 * rate_in)
+    return np.concatenate([out, np.zeros(max(0, length - len(out)), np.float32)])[:length].astype(np.float32)
 
 
 # ---------------------------------------------------------------- raw bytes
 
-def raw(path: Path, options: dict[str, Any], spec: TensorSpec, where: str) -> list[np.ndarray]:
-    """A file of little-endian values after `offset` header bytes: one sample per input-sized chunk."""
-    from qnn_tasks.judge.dtypes import cast_to
-
+def plan_raw(path: Path, options: dict[str, Any], spec: TensorSpec, where: str) -> Planned:
+    """A raw file's samples from its size: the bytes after `offset`, in input-sized chunks."""
     size = path.stat().st_size
     if size > MAX_FILE_BYTES:
         raise StageError(f"{where}: larger than {MAX_FILE_BYTES >> 20} MiB (fix: split it)")
+    chunk = np.dtype(options["dtype"]).itemsize * int(np.prod(spec.shape))
+    body = size - options["offset"]
+    if body <= 0 or body % chunk:
+        raise StageError(f"{where}: {max(body, 0)} bytes after offset {options['offset']} are not a whole number of "
+                         f"{options['dtype']} {list(spec.shape)} samples ({chunk} bytes each) "
+                         "(fix: check dtype and offset)")
+    return Planned(path, body // chunk, size)
+
+
+def raw(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, plan: Planned,
+        picks: list[int], seen: dict[str, Any] | None = None) -> list[np.ndarray]:
+    """The picked input-sized chunks of little-endian values after `offset` header bytes, each read alone."""
+    from qnn_tasks.judge.dtypes import cast_to
+
     dtype = np.dtype(options["dtype"]).newbyteorder("<")
     count = int(np.prod(spec.shape))
-    body = size - options["offset"]
-    if body <= 0 or body % (dtype.itemsize * count):
-        raise StageError(f"{where}: {max(body, 0)} bytes after offset {options['offset']} are not a whole number of "
-                         f"{options['dtype']} {list(spec.shape)} samples ({dtype.itemsize * count} bytes each) "
-                         "(fix: check dtype and offset)")
-    values = np.fromfile(path, dtype=dtype, offset=options["offset"]).astype(dtype.newbyteorder("="))
-    stacked = cast_to(values.reshape((-1,) + tuple(spec.shape)), spec, where)
-    return list(stacked)
+    result = []
+    with open(path, "rb") as fh:
+        for pick in picks:
+            fh.seek(options["offset"] + pick * count * dtype.itemsize)
+            values = np.fromfile(fh, dtype=dtype, count=count).astype(dtype.newbyteorder("="))
+            if len(values) != count:
+                raise StageError(f"{where}: shorter than its size said (fix: replace the file)")
+            result.append(cast_to(values.reshape((1,) + tuple(spec.shape)), spec, where)[0])
+    return result
 
 
+PLANNERS = {"image": plan_image, "audio": plan_audio, "raw": plan_raw}
 READERS = {"image": image, "audio": audio, "raw": raw}

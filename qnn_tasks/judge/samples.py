@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -50,19 +51,20 @@ def load(path: Path, limit: int | None = None) -> list[dict[str, np.ndarray]]:
     return [{name: arr[i] for name, arr in arrays.items()} for i in range(count)]
 
 
-def read_declared(graph: GraphSpec) -> list[dict[str, np.ndarray]]:
+def read_declared(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
     """The graph's declared sample files (model.yaml `samples: {files: ...}`), in file-name order.
 
     A `.npz` holds one array per declared input, named after it: either one sample (the declared
     shape) or a stacked batch of N samples (N, *declared shape). A `.npy` holds the one input of a
     single-input graph, shaped the same way. Integer arrays are cast to the declared dtype when
     every value fits (numpy saves int64 by default), float arrays to the declared float dtype.
-    Media sources (`image:`, `audio:`, `raw:`, `fill:`) are read by judge/media.py.
+    Media sources (`image:`, `audio:`, `raw:`, `fill:`) are read by judge/media.py (`notes`: what it kept or
+    changed, for the record).
     """
     if graph.samples and "files" not in graph.samples:
         from qnn_tasks.judge import media
 
-        return media.load(graph)
+        return media.load(graph, notes)
     files = graph.sample_files()
     where = f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples"
     if not files:

@@ -155,9 +155,13 @@ def ctc(ref: np.ndarray, got: np.ndarray, check: dict[str, Any], model_dir: Path
               "meaning": "share of samples whose greedy CTC text is the same on NPU and CPU",
               "cer": errors / length if length else float(errors > 0),
               "differing": [{"sample": i, "cpu": c, "npu": n} for i, (c, n) in enumerate(pairs) if c != n][: int(check["show"])],
+              # what was read, agreeing or not: a user wants to see the strings the check compared
+              "decoded": [{"sample": i, "cpu": c, "npu": n} for i, (c, n) in enumerate(pairs)][: int(check["show"])],
               "disagreeing_samples": [i for i, s in enumerate(same) if not s][:20]}
     if alphabet is not None and len(alphabet) != classes - 1:
-        result["note"] = f"the alphabet has {len(alphabet)} symbols, the output {classes - 1} classes besides the blank"
+        result["note"] = (f"ctc on '{check['output']}': the alphabet {check['alphabet']} has {len(alphabet)} symbols, the "
+                          f"output {classes - 1} classes besides the blank (class {blank % classes}), so the decoded "
+                          "text is shifted or cut (fix: one line per class other than the blank, in class order)")
     if not result["passed"] and result["differing"]:
         first = result["differing"][0]
         result["failure"] = (f"{value:.4g} of samples decode to the same text, required {required:g}; character error "

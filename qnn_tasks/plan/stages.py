@@ -49,6 +49,7 @@ class Plan:
     task_dep: list[str] = field(default_factory=list)
     skip: str | None = None                    # a visible skip (e.g. no fp16 on this chip)
     heavy: bool | None = None                  # overrides the row's (a judgement that runs model code)
+    model: str = ""                            # the model it belongs to (its model.yaml's `stage_timeout`)
 
     @property
     def record(self) -> str:
@@ -59,7 +60,7 @@ class Plan:
 class StageDef:
     """One stage: everything the task layer, the executors, the report and the code key need to know of it."""
     name: str
-    scope: str                                 # "graph" | "variant" | "chip" | "pipeline" | "project"
+    scope: str                                 # "graph" | "variant" | "chip" | "pipeline" | "model" | "project"
     doc: str
     runner: str                                # "module:function" run with the StageCall; its imports are the code key
     plan: Callable[["Planner", "StageDef", Any], Plan | None] | None
@@ -151,6 +152,10 @@ class Planner:
     def model(self, graph: GraphSpec):
         return self._models[graph.model]
 
+    def model_named(self, name: str):
+        """The model's spec (None for a name that is no model, e.g. a project-wide stage's)."""
+        return self._models.get(name)
+
     def _source_of(self, graph: GraphSpec):
         return graph.source or self.model(graph).source  # a graph's `source:` overrides the model's
 
@@ -226,7 +231,7 @@ def graph_plan(p: Planner, stage: StageDef, gt: GraphTarget, file_dep: list[str]
     g = gt.graph
     return Plan(name=gt.name, out_dir=str(gt.stage_dir(stage.name)), file_dep=file_dep,
                 outputs=[str(o) for o in outputs], key=p.key(stage, None, json.dumps(key, sort_keys=True)),
-                doc=doc, args=args, base=lambda: base or {"graph": g.name}, task_dep=task_dep or [])
+                doc=doc, args=args, base=lambda: base or {"graph": g.name}, task_dep=task_dep or [], model=g.model)
 
 
 def plan_export(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
@@ -296,7 +301,7 @@ def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan |
                         base=lambda g=g, vt=vt, binding=binding: {
                             "graph": g.name, "precision": vt.precision,
                             "toolchain": {"id": vt.toolchain_id, "profile": binding.profile.name, **binding.fingerprint}},
-                        binding=binding)
+                        binding=binding, model=g.model)
         source = outputs[0]
     return None
 
@@ -306,6 +311,7 @@ def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan |
 def chip_plan(p: Planner, stage: StageDef, ct: ChipTarget, file_dep: list[str], outputs: list[str], key: str,
                args: Callable[[], dict[str, Any]], doc: str, task_dep: list[str] | None = None) -> Plan:
     return Plan(name=ct.name, out_dir=f"{ct.dir_str}/{stage.name}", file_dep=file_dep, outputs=outputs, key=key,
+                model=ct.graph.model,
                 doc=doc, args=args, base=lambda: p.chip_base(ct), binding=p.binding(ct), task_dep=task_dep or [],
                 skip=ct.skip_reason)
 
@@ -349,14 +355,15 @@ def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     settings = p.cached_json("verify", ct.variant.name, lambda: ct.verify)
     # Records are not dependencies: their volatile parts (seconds, where it ran) would change the cache key
     # of an identical judgement. The outputs are; the simulate record only lends its timing, and lint's
-    # only adds hints to a failure message. A check that runs the model's code (wer) depends on that code.
+    # only adds hints to a failure message. A check that runs the model's code (wer) depends on that code. The inputs
+    # and the simplified graph (read only to judge a failure again in float64) made the reference, a dependency.
     runs_code = any(check["kind"] in MODEL_CHECKS for check in ct.verify["checks"])
     plan = chip_plan(p, stage, ct, [outputs, str(gt.reference)] + (p.code_deps(ct.graph) if runs_code else [])
                       + p.check_deps(ct.graph, ct.verify), [],
                       p.key(stage, None, ct.precision, settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
                                "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision,
-                               "lint": str(gt.lint_record)},
+                               "lint": str(gt.lint_record), "inputs": str(gt.inputs), "simplified": str(gt.simplified)},
                       f"judge {ct.graph.name} on {ct.soc.name}: simulator outputs vs CPU (metrics, thresholds, checks)")
     plan.heavy = True if runs_code else None  # decoding speech is work for a child process
     return plan
@@ -394,7 +401,7 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                            **({"glue": spec.glue} if spec.glue else {})}, sort_keys=True)
     soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
     binding = p.binding(pt)
-    return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep,
+    return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep, model=spec.model,
                 outputs=[f"{pt.stage_dir(stage.name)}/outputs.npz"], key=p.key(stage, binding, soc, settings),
                 doc=f"chain {' -> '.join(spec.graphs)} on {pt.soc.name}'s simulator; judge the end against the CPU chain",
                 args=lambda: {"graphs": [p.graph_dict(link["graph"]) for link in chain],
@@ -561,6 +568,11 @@ SOCSCHECK = StageDef("socscheck", "project", "Compile a tiny model for every SoC
 COMPAT = StageDef("compat", "project", "Load every built binary on every configured runtime's simulator: which QNN "
                   "runtimes load it, and do outputs still match (on demand).", "qnn_tasks.stages.compat:run_call", None,
                   toolchain=True, column=False)
+# A release act, not a build step: it writes outside build/ (dist/<model>/, what an app ships), so a plain `doit`
+# never replaces a package someone may be uploading; asked for by name once the report passes.
+DIST = StageDef("dist", "model", "Package what was verified for phones: dist/<model>/ with the binaries per chip, "
+                "manifest.json, model card, CPU fallback, runtime libraries (on demand).",
+                "qnn_tasks.ship.package:run_call", None, heavy=False, column=False)
 ON_DEMAND = (
     DIAGNOSE, SOCSCHECK,
     StageDef("toolcheck", "project", "Run each toolchain's dependency checks and say clearly what is missing (on "
@@ -570,6 +582,7 @@ ON_DEMAND = (
              "latency, CPU use (on demand).", "", None, column=False),
     StageDef("power", "chip", "Fixed-length run on an attached phone with battery level before/after (on demand, "
              "opt-in).", "", None, column=False),
+    DIST,
 )
 
 

@@ -165,16 +165,27 @@ def provenance(stages: dict[str, Any]) -> dict[str, Any]:
 
 
 def diagnosis(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any] | None:
-    """The diagnose record, marked stale when it diagnosed another binary than the current one."""
+    """The diagnose record, marked stale when it diagnosed another binary, or other inputs, than the current ones."""
     record = read_checked(diagnosis_path(ct))
     if not record:
         return None
-    diagnosed = (record.get("diagnosed") or {}).get("binary_sha256")
+    diagnosed = record.get("diagnosed") or {}
     current = next((f["sha256"] for name, f in ((context or {}).get("files") or {}).items() if name.endswith(".bin")),
                    None)
-    if diagnosed and current and diagnosed != current:
-        record = {**record, "stale": ["diagnosed an earlier build of this binary"], "status": "stale"}
-    return record
+    stale = []
+    if diagnosed.get("binary_sha256") and current and diagnosed["binary_sha256"] != current:
+        stale.append("diagnosed an earlier build of this binary")
+    inputs = current_inputs_sha256(ct)
+    if diagnosed.get("inputs_sha256") and inputs and diagnosed["inputs_sha256"] != inputs:
+        stale.append("diagnosed other inputs than the current samples")
+    return {**record, "stale": stale, "status": "stale"} if stale else record
+
+
+def current_inputs_sha256(ct: ChipTarget) -> str | None:
+    """The digest of the graph's current verification inputs, as its cpucheck record vouches for them."""
+    inputs = str(ct.graph_target.inputs)
+    cpucheck = records.read(ct.graph_target.stage_dir("cpucheck") / "cpucheck.json") or {}
+    return ((cpucheck.get("files") or {}).get(inputs) or {}).get("sha256")
 
 
 def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -21,13 +21,37 @@ def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
     # plots are drawn by the simulate stage (cached with it); the page links a copy under files/
     plots = {t["name"]: _existing((t["stages"].get("simulate") or {}).get("plot")) for t in data["targets"]}
     plots.update({f"loop:{e['name']}": _existing((e["record"] or {}).get("plot")) for e in data.get("loops") or []})
+    # one figure per distinct result: chips whose outputs are identical share the first chip's figure
+    figures = {**figure_groups(data["targets"], lambda t: t["stages"].get("simulate"), "outputs.npz"),
+               **figure_groups(data.get("loops") or [], lambda e: e["record"], "outputs.npz", "loop:")}
     paths = {"json": report_dir / "report.json", "md": report_dir / "report.md", "html": report_dir / "index.html"}
     write_json(paths["json"], data)
     with atomic_path(paths["md"]) as tmp:
         tmp.write_text(markdown(data))
     with atomic_path(paths["html"]) as tmp:
-        tmp.write_text(html(data, report_dir, plots))
+        tmp.write_text(html(data, report_dir, plots, figures))
     return paths
+
+
+def figure_groups(entries: list[dict[str, Any]], record_of, outputs_name: str,
+                  prefix: str = "") -> dict[str, dict[str, Any]]:
+    """Entries (targets or loops) whose figure would show the same numbers: the same graph, precision and toolchain
+    with outputs of the same digest (as their records vouch). The first of each group keeps its figure and names the
+    others (`shared_with`: chips); the others point at it (`same_as`: its name and chip). Keys are `prefix` + name."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for entry in entries:
+        files = (record_of(entry) or {}).get("files") or {}
+        digest = next((f.get("sha256") for path, f in files.items() if path.endswith("/" + outputs_name)), None)
+        if digest and entry.get("status") not in ("stale", "skipped"):
+            key = (entry["model"], entry["graph"], entry.get("precision"), entry.get("toolchain_id"), digest)
+            groups.setdefault(key, []).append(entry)
+    shared: dict[str, dict[str, Any]] = {}
+    for members in groups.values():
+        first, rest = members[0], members[1:]
+        if rest:
+            shared[prefix + first["name"]] = {"shared_with": [e["soc"]["name"] for e in rest]}
+            shared.update({prefix + e["name"]: {"same_as": first["name"], "soc": first["soc"]["name"]} for e in rest})
+    return shared
 
 
 # ------------------------------------------------------------------ markdown
@@ -178,13 +202,21 @@ def device_markdown(data: dict[str, Any]) -> list[str]:
     if not rows:
         return []
     lines = ["", "## On phones (device results, `doit verify`)", "",
-             "| target | phone | Android | chip | status | min cosine | per inference (median / p90) | first output | RTF | CPU cores |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "| target | phone | Android | chip | status | runs | min cosine | per inference (median / p90) | first output "
+             "| RTF | CPU cores |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['target']} | {r['model']} ({r['serial']}) | {r['android']} | {r['chip']} | {r['status']} | "
-                     f"{num(r['min_cosine'], 6)} | {duration(r['median_s'])} / {duration(r['p90_s'])} | "
+                     f"{r['runs']} | {num(r['min_cosine'], 6)} | {duration(r['median_s'])} / {duration(r['p90_s'])} | "
                      f"{duration(r['first_s'])} | {num(r['rtf'])} | {num(r['cpu_cores'], 3)} |")
     return lines
+
+
+def decision_text(decision: dict[str, Any] | None) -> str:
+    """The package selector's decision on that phone (ship/select.py), in a few words: "NPU fp16", "CPU (load-failed)"."""
+    if not decision:
+        return "-"
+    return f"NPU {decision.get('precision')}" if decision.get("target") == "npu" else f"CPU ({decision.get('rule')})"
 
 
 def device_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -201,13 +233,14 @@ def device_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                          "median_s": timing.get("per_inference_median_s"), "p90_s": timing.get("per_inference_p90_s"),
                          "first_s": timing.get("first_output_median_s"), "rtf": rtf.get("value"),
                          "cpu_cores": cpu.get("cores"), "measured_at": record.get("measured_at"),
-                         "error": d.get("error")})
+                         "error": d.get("error"), "runs": decision_text(d.get("decision"))})
     return rows
 
 
 # ------------------------------------------------------------------ html
 
-def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -> str:
+def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None],
+         figures: dict[str, dict[str, Any]] | None = None) -> str:
     import jinja2
 
     env = jinja2.Environment(loader=jinja2.PackageLoader("qnn_tasks.report", "templates"),
@@ -218,7 +251,7 @@ def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None]) -
     env.filters["duration"] = duration
     env.filters["limits"] = limits
     return env.get_template("report.html.j2").render(
-        data=data, socs=soc_names(data), cell=lambda g, s: target_of(data, g, s), plots=plots,
+        data=data, socs=soc_names(data), cell=lambda g, s: target_of(data, g, s), plots=plots, figures=figures or {},
         breaks=breaks, worst_nodes=worst_nodes, compat_cell=compat_cell, not_in_socs=NOT_IN_SOCS,
         first_differing=first_differing, loop_timing=loop_timing,
         summary=summary_line(data))

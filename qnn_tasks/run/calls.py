@@ -32,6 +32,8 @@ class StageCall:
     remote: bool = False             # may run on a Dask worker (needs no model code)
     env: dict[str, str] = field(default_factory=dict)   # extra environment (e.g. QNN_SDK_ROOT)
     runner: str = ""                 # "module:function" from the stage table, imported where the call runs
+    time_limit: float | None = None  # seconds it may take in a child process, then the child is killed
+    time_limit_from: str = ""        # where the limit is set (model.yaml's stage_timeout, $QNN_STAGE_TIMEOUT)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

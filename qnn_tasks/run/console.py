@@ -4,14 +4,13 @@ line each with their fix.
 """
 from __future__ import annotations
 
-import os
 import sys
 import threading
 import time
 from typing import Any, Callable
 
-# without a terminal: a progress line at most this often (QNN_PROGRESS_SECONDS; 0 = every step)
-PLAIN_EVERY_S = float(os.environ.get("QNN_PROGRESS_SECONDS", "15"))
+from qnn_tasks import envvalues
+
 _lock = threading.Lock()
 
 
@@ -28,6 +27,7 @@ def progress_sink(task: str) -> Callable[[int, int, str], None]:
     """A sink for progress.step(): elapsed time and an estimate of what is left."""
     start = time.monotonic()
     state = {"last": start}
+    every = envvalues.number(envvalues.PROGRESS_SECONDS)  # without a terminal: a plain line at most this often
 
     def sink(done: int, total: int, unit: str) -> None:
         now = time.monotonic()
@@ -38,7 +38,7 @@ def progress_sink(task: str) -> Callable[[int, int, str], None]:
             if _tty():
                 OUT.write("\r\033[K" + text + ("\n" if done == total else ""))
                 OUT.flush()
-            elif now - state["last"] >= PLAIN_EVERY_S and done < total:
+            elif now - state["last"] >= every and done < total:
                 print(text, file=OUT, flush=True)
                 state["last"] = now
     return sink

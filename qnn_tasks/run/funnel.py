@@ -1,10 +1,12 @@
 """The one failure funnel every stage goes through, whatever executor runs it.
 
-In order: the tree lock must be ours; the previous report is marked superseded (report/mark.py); the old record is removed (a record never outlives the
-run that made it, interrupted or not) and leftovers of killed runs in the stage's folder are
+In order: the tree lock must be ours; the old record is removed (a record never outlives the run
+that made it, interrupted or not; removing needs no disk space, so it is first); the previous
+report is marked superseded (report/mark.py); leftovers of killed runs in the stage's folder are
 swept; a cache hit restores the outputs byte-identically; otherwise the executor runs the call.
 A success writes the record last, naming the size and digest of each output it vouches for, and
-puts the outputs in the cache; a failure writes a failed record and comes back as one line.
+puts the outputs in the cache; a failure writes a failed record and comes back as one line. A write
+the machine refuses anywhere here (ENOSPC, EDQUOT, EROFS, EIO) leaves no record and one line.
 Nothing here knows doit: tasks/project.py turns the returned line into a task failure.
 """
 from __future__ import annotations
@@ -15,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.errors import QnnTasksError
+from qnn_tasks.errors import MachineError, QnnTasksError, machine_failure
 from qnn_tasks.report import mark as reportmark
 from qnn_tasks.run import console, executors, interrupts, records, treelock
 from qnn_tasks.run.calls import StageCall
@@ -28,10 +30,19 @@ def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | N
     task = f"{call.stage}:{call.target}"
     if not treelock.owned():
         return f"{task}: this doit does not hold the build tree's lock; no record written"
+    try:
+        return _run(call, base, root, cache, task)
+    except (OSError, MachineError) as err:  # a full disk, a quota, a read-only tree, an I/O error: at any write
+        return _machine_failed(call, err, task)
+
+
+def _run(call: StageCall, base: dict[str, Any], root: str, cache, task: str) -> str | None:
     start = time.perf_counter()
     out_dir = Path(call.out_dir)
-    reportmark.supersede(root)  # the last report is not this run's verdict until this run writes its own
-    Path(call.record).unlink(missing_ok=True)
+    try:
+        Path(call.record).unlink(missing_ok=True)  # first, needing no space: the old verdict goes before anything fails
+    finally:
+        reportmark.supersede(root)  # the last report is not this run's verdict until this run writes its own
     treelock.sweep(out_dir)
     interrupts.running(task, call.out_dir)
     record: dict[str, Any] = {"stage": call.stage, "target": call.target, **base}
@@ -73,6 +84,18 @@ def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | N
             cache.write_failed(err)
     console.finished(task, record)
     return None
+
+
+def _machine_failed(call: StageCall, err: OSError | MachineError, task: str) -> str:
+    """A write refused mid-stage: no record is left that could vouch for anything (best effort), one line."""
+    try:
+        Path(call.record).unlink(missing_ok=True)
+    except OSError:
+        pass  # read-only: the record was removed before, or the stage never got as far as removing it
+    treelock.sweep(Path(call.out_dir))
+    line = str(err) if isinstance(err, MachineError) else (machine_failure(err) or
+                                                         f"{err.filename or call.out_dir}: {err.strerror or err}")
+    return f"{task}: {line}"
 
 
 def _restore(call: StageCall, record: dict[str, Any], cache, start: float, task: str) -> str | None:

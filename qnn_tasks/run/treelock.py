@@ -19,10 +19,11 @@ import sys
 import time
 from pathlib import Path
 
+from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError
 
 LOCK_FILE = Path("build") / ".qnn-lock"
-WAIT_ENV = "QNN_LOCK_WAIT"  # seconds to wait for the running doit before refusing (default 0)
+WAIT_ENV = envvalues.LOCK_WAIT  # seconds to wait for the running doit before refusing (default 0)
 READ_ONLY_COMMANDS = {"list", "info", "help", "dumpdb", "tabcompletion"}
 READ_ONLY_TASKS = {"report", "cache:stats"}
 
@@ -50,7 +51,7 @@ def acquire(root: Path, argv: list[str], wait: float | None = None) -> dict:
     path = root / LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    wait = float(os.environ.get(WAIT_ENV, "0") or 0) if wait is None else wait
+    wait = envvalues.number(WAIT_ENV) if wait is None else wait
     deadline = time.monotonic() + wait
     announced = False
     while True:
@@ -93,6 +94,9 @@ def release() -> None:
         return
     try:
         _write(fd, {**me, "clean": True})  # type: ignore[dict-item]
+    except OSError:
+        pass  # a full or read-only disk: the file keeps `clean: false`, so the next holder sweeps (harmless)
+    try:
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)

@@ -50,5 +50,8 @@ def write(root: Path, toolchain: str, project: Any) -> None:
         with open(tmp, "wb") as fh:
             pickle.dump((_fingerprint(root, toolchain), project), fh, protocol=pickle.HIGHEST_PROTOCOL)
         os.replace(tmp, root / CACHE)
-    except OSError:  # a read-only checkout still works, just without the cache
-        tmp.unlink(missing_ok=True)
+    except OSError:  # a read-only checkout (or a full disk) still works, just without the cache
+        try:
+            tmp.unlink(missing_ok=True)
+        except OSError:  # read-only: nothing was written
+            pass

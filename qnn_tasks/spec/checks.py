@@ -22,7 +22,7 @@ DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
 VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
 CALIBRATION_KEYS = {"samples", "function", "per_channel"}
 CHECK_KINDS = {"agreement": {"output", "threshold", "min", "slice"}, "ranking": {"output", "top", "min", "slice"},
-               "top1": {"output", "min", "axis", "slice"}, "wer": {"output", "max_wer_increase", "min_identical", "show"},
+               "top1": {"output", "min", "axis", "slice", "score_threshold"}, "wer": {"output", "max_wer_increase", "min_identical", "show"},
                "elements": {"output", "tol", "threshold", "min", "slice"},
                "detection": {"output", "box_format", "transpose", "objectness", "score_threshold", "nms_iou",
                              "match_iou", "max_detections", "min"},
@@ -30,7 +30,7 @@ CHECK_KINDS = {"agreement": {"output", "threshold", "min", "slice"}, "ranking": 
 # option -> (type, lowest, highest): shares are in [0, 1]
 CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0.0, 1.0)},
                 "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)},
-                "top1": {"min": (float, 0.0, 1.0), "axis": (int, -8, 7)},
+                "top1": {"min": (float, 0.0, 1.0), "axis": (int, -8, 7), "score_threshold": (float, None, None)},
                 "wer": {"max_wer_increase": (float, 0.0, None), "min_identical": (float, 0.0, 1.0),
                         "show": (int, 0, None)},
                 "elements": {"tol": (float, 0.0, None), "threshold": (float, None, None), "min": (float, 0.0, 1.0)},

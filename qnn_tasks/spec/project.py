@@ -13,6 +13,7 @@ from typing import Any, NamedTuple
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import porting as specport
+from qnn_tasks.spec import ship as specship
 from qnn_tasks.spec.checks import PRECISIONS, THRESHOLD_RANGES, calibration_section, check_lint, verify_section
 from qnn_tasks.spec.yamlread import (
     as_bool,
@@ -28,11 +29,12 @@ from qnn_tasks.spec.yamlread import (
 )
 
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
-SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "runs", "fp16", "note", "alias_of"}
+SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "runs", "fp16", "note", "alias_of", "platform"}
+PLATFORMS = ("phone", "automotive", "iot", "pc")  # what a chip ships in; Play's device targeting serves phones
 SOC_TABLE_KEYS = {"socs", "default"}
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
-MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline", "loop"}
+MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline", "loop", "ship", "stage_timeout"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
               "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples",
@@ -67,6 +69,7 @@ class Soc:
     runs: tuple[str, ...]  # the precisions this HTP compiles, e.g. ("fp16", "w8a16") or ("w8a16",)
     note: str = ""
     file: str = ""         # the socs.yaml that holds this row (the packaged table or the project's), for messages
+    platform: str = "phone"  # phone | automotive | iot | pc: the Android AI pack targets phone rows only (not keyed)
 
     @property
     def fp16(self) -> bool:
@@ -207,6 +210,8 @@ class ModelSpec:
     graphs: tuple[GraphSpec, ...]
     pipeline: Any = None  # specpipeline.PipelineSpec: the graphs chained, verified end to end
     loop: Any = None      # specloop.LoopSpec: one graph run repeatedly, outputs fed back
+    ship: dict[str, Any] = field(default_factory=specship.default)  # `ship:` precision_order, delivery (spec/ship.py)
+    stage_timeout: float | None = None  # seconds any stage of this model may take (None: $QNN_STAGE_TIMEOUT or 4 h)
     size_pipelines: tuple = ()  # a pipeline over graphs with sizes: one PipelineSpec per size (`pipeline` is None)
 
 
@@ -265,7 +270,11 @@ def load_soc_file(path: Path, base: dict[str, Soc] | None = None
         require_keys(row, ("soc_id", "dsp_arch", "vtcm_mb"), path, key)
         soc = Soc(name=str(name), soc_id=as_int(row["soc_id"], path, f"{key}.soc_id", 1, 1023),
                   dsp_arch=str(row["dsp_arch"]), vtcm_mb=as_int(row["vtcm_mb"], path, f"{key}.vtcm_mb", 1, 64),
-                  runs=_runs(row, path, key), note=str(row.get("note", "")), file=str(path))
+                  runs=_runs(row, path, key), note=str(row.get("note", "")), file=str(path),
+                  platform=str(row.get("platform", "phone")))
+        if soc.platform not in PLATFORMS:
+            raise SpecError(path, f"{key}.platform", f"'{row['platform']}' is not a platform",
+                            f"use one of: {', '.join(PLATFORMS)} (default phone)")
         if not re.fullmatch(r"v\d+", soc.dsp_arch):
             raise SpecError(path, f"{key}.dsp_arch", f"'{row['dsp_arch']}' is not a Hexagon arch", "write e.g. v75")
         alias = row.get("alias_of")
@@ -386,7 +395,16 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
         loop = specloop.load(loop_data, graphs, model_dir.name, path, pipeline)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
-                     loop=loop, size_pipelines=size_pipelines)
+                     loop=loop, size_pipelines=size_pipelines,
+                     ship=specship.load(data.get("ship"), path),
+                     stage_timeout=_stage_timeout(data.get("stage_timeout"), path))
+
+
+def _stage_timeout(value: Any, path: Path) -> float | None:
+    """`stage_timeout: <seconds>`: a stage of this model that runs longer is stopped (its child process killed)."""
+    from qnn_tasks.envvalues import STAGE_TIMEOUT_MAX
+
+    return None if value is None else as_number(value, path, "stage_timeout", 1, STAGE_TIMEOUT_MAX)
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],

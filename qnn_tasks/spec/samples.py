@@ -20,7 +20,7 @@ from qnn_tasks.errors import SpecError
 from qnn_tasks.spec.yamlread import as_bool, as_int, as_number
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
-AUDIO_SUFFIXES = (".wav",)
+AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif")  # what libsndfile decodes
 KINDS = ("image", "audio", "raw")
 COMMON_KEYS = {"files", "input", "limit"}
 KIND_KEYS = {"image": COMMON_KEYS | {"resize", "pad_value", "layout", "channels", "scale", "mean", "std"},
@@ -31,6 +31,8 @@ LAYOUTS = ("NCHW", "NHWC")
 CHANNELS = {"RGB": 3, "BGR": 3, "grey": 1}
 RAW_DTYPES = ("float32", "float16", "float64", "int32", "int16", "int8", "uint8", "uint16", "int64", "bool")
 MAX_SAMPLES = 10000  # per source: a pattern that matches a year of audio must not fill the disk
+MAX_WINDOW = 1 << 24  # frame and hop of audio, in samples (17 min at 16 kHz): a larger hop skips whole clips
+MAX_GAINS = 16       # copies of each clip: each gain is one more pass over every clip
 
 
 def suffixes(kind: str) -> tuple[str, ...] | None:
@@ -121,15 +123,18 @@ def _audio(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...
     size = 1
     for dim in shape:
         size *= dim
-    frame = as_int(section.get("frame", size), path, f"{key}.frame", 1, None)
+    frame = as_int(section.get("frame", size), path, f"{key}.frame", 1, MAX_WINDOW)
     if size % frame:
         raise SpecError(path, f"{key}.frame", f"{frame} samples do not divide input '{name}' {list(shape)} "
                         f"({size} values)", f"use a frame of {size} or a divisor of it")
     gains = section.get("gain", 1.0)
     gains = gains if isinstance(gains, list) and gains else [gains]
+    if len(gains) > MAX_GAINS:
+        raise SpecError(path, f"{key}.gain", f"{len(gains)} gains, more than {MAX_GAINS}",
+                        "keep a few levels, e.g. gain: [1.0, 0.01]")
     rate = section.get("rate")
     return {"rate": None if rate is None else as_int(rate, path, f"{key}.rate", 1000, 384000),
-            "frame": frame, "hop": as_int(section.get("hop", frame), path, f"{key}.hop", 1, None),
+            "frame": frame, "hop": as_int(section.get("hop", frame), path, f"{key}.hop", 1, MAX_WINDOW),
             "int16_scale": as_bool(section.get("int16_scale", dtype == "int16"), path, f"{key}.int16_scale"),
             "gain": [as_number(g, path, f"{key}.gain", 0.0, 1.0e6) for g in gains],
             "pad": as_bool(section.get("pad", True), path, f"{key}.pad")}

@@ -57,13 +57,16 @@ def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
 
 
 def soc_to_dict(soc: Soc) -> dict[str, Any]:
-    return {**soc.row(), "runs": list(soc.runs), "note": soc.note, "file": soc.file}
+    data = {**soc.row(), "runs": list(soc.runs), "note": soc.note, "file": soc.file}
+    if soc.platform != "phone":  # only where it says something: the calls of phone rows stay as they were
+        data["platform"] = soc.platform
+    return data
 
 
 def soc_from_dict(data: dict[str, Any]) -> Soc:
     return Soc(name=data["name"], soc_id=data["soc_id"], dsp_arch=data["dsp_arch"], vtcm_mb=data["vtcm_mb"],
                runs=tuple(data["runs"]) if "runs" in data else LEGACY_RUNS[data["fp16"]], note=data.get("note", ""),
-               file=data.get("file", ""))
+               file=data.get("file", ""), platform=data.get("platform", "phone"))
 
 
 def profile_to_dict(profile: ToolchainProfile, root: Path) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
@@ -26,7 +27,6 @@ from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import good
 
-SAMPLES_ENV = "QNN_COMPAT_SAMPLES"
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
 
 
@@ -72,7 +72,7 @@ def measure(planner, root: str) -> dict[str, Any]:
     if not runtimes:
         raise QnnTasksError("no ort-qnn toolchain in this run: the compatibility table runs binaries on onnxruntime-qnn "
                             "simulators (fix: QNN_TOOLCHAIN=ort-qnn,<other profile>)")
-    samples = int(os.environ.get(SAMPLES_ENV, "2"))
+    samples = int(envvalues.number(envvalues.COMPAT_SAMPLES))
     table: dict[str, Any] = {"measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                              "samples": samples,
                              "runtimes": [{"profile": b.profile.name, "id": b.id, "qnn": b.fingerprint.get("qnn")}

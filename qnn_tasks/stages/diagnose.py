@@ -255,7 +255,8 @@ def verdict(first: dict[str, Any] | None, nodes: list[dict[str, Any]], threshold
                 f"{first['rel_max_abs']:.3g})" + (f" — {hazard}" if hazard else "")}
     if over:
         worst = min(cosines) if cosines else None
-        checks = ", ".join(c["kind"] for c in verify.get("checks") or []) or "a task-level check (agreement, ranking, top1, wer)"
+        kinds = dict.fromkeys(c["kind"] for c in verify.get("checks") or [])  # each kind once, in declared order
+        checks = ", ".join(kinds) or "a task-level check (agreement, ranking, top1, wer)"
         suggestion = (f"; outputs reach cosine {worst:.4f}: gate on {checks} and set min_cosine to about "
                       f"{np.floor(worst * 1000) / 1000 - 0.001:.3f}" if worst is not None else "")
         return {"kind": "gradual", "text": f"{len(over)} of {len(nodes)} nodes are past the {threshold} threshold, but "

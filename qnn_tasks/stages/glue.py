@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from qnn_tasks.errors import StageError
+from qnn_tasks.judge import bounds
 from qnn_tasks.spec.pipeline import source
 from qnn_tasks.spec.project import GraphSpec
 
@@ -48,10 +49,12 @@ def feed_runs(graph: GraphSpec, feed: dict[str, list[str]], glue: dict[str, dict
                 raise StageError(f"{model_yaml}: pipeline.feed.{graph.name}.{tensor.name}.stack: stacks "
                                  f"{settings['runs']} runs of '{from_graph}', which ran only {len(values)} times "
                                  f"(fix: give the pipeline's first graph more samples, or stack fewer runs)")
+            _bounded(graph, tensor.name, from_graph, values, settings)
             values = stack(values, settings["runs"], settings["axis"], settings["hop"], len(tensor.shape))
             stacked.append({"input": tensor.name, "from": f"{from_graph}.{output}", **settings,
                             "source_runs": len(produced[from_graph]), "windows": len(values)})
         columns[tensor.name] = [_glued(np.asarray(v), step, tensor) for v in values]
+        _finite(graph, tensor.name, step, from_graph, values, columns[tensor.name])
     counts = {name: len(column) for name, column in columns.items()}
     if len(set(counts.values())) > 1:  # the spec pairs inputs by rate; this guards a stream cut short
         raise StageError(f"pipeline: the inputs of graph '{graph.name}' come in different numbers of runs: {counts}")
@@ -64,3 +67,26 @@ def _glued(value: np.ndarray, step: dict[str, Any], tensor) -> np.ndarray:
         value = value.astype(np.float64) * step["scale"] + step["offset"]
     value = value.reshape(tensor.shape) if step.get("reshape") else value
     return value.astype(tensor.dtype, copy=False)
+
+
+def _bounded(graph: GraphSpec, name: str, from_graph: str, values: list[np.ndarray], settings: dict[str, int]) -> None:
+    """Stacked windows copy each run `runs / hop` times: refuse before stacking what would pass the byte bound."""
+    windows = (len(values) - settings["runs"]) // settings["hop"] + 1
+    size = windows * settings["runs"] * int(np.asarray(values[0]).nbytes)
+    if size > bounds.MAX_SAMPLE_BYTES:
+        raise StageError(f"{graph.model_dir / 'model.yaml'}: pipeline.feed.{graph.name}.{name}.stack: {windows} "
+                         f"windows of {settings['runs']} runs of '{from_graph}' take {bounds.mib(size)}, more than the "
+                         f"bound of {bounds.mib(bounds.MAX_SAMPLE_BYTES)} (fix: a larger hop, fewer runs, or "
+                         "verify.samples to end sooner)")
+
+
+def _finite(graph: GraphSpec, name: str, step: dict[str, Any], from_graph: str, values: list, glued: list) -> None:
+    """Finite outputs the glue's scale/offset (or the input's dtype) turn into Inf/NaN are the glue's fault: say so,
+    rather than let the next graph's outputs fail and blame a link."""
+    for before, after in zip(values, glued):
+        dtype = np.asarray(after).dtype
+        if dtype.kind == "f" and np.isfinite(before).all() and not np.isfinite(after).all():
+            raise StageError(f"{graph.model_dir / 'model.yaml'}: pipeline.feed.{graph.name}.{name}: the glue (scale "
+                             f"{step.get('scale', 1.0):g}, offset {step.get('offset', 0.0):g}, as {dtype}) turns "
+                             f"finite outputs of '{from_graph}' into Inf/NaN (fix: a scale and offset that keep the "
+                             f"values within {dtype}'s range)")

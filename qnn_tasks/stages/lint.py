@@ -55,9 +55,8 @@ SHOWN_SITES = 3  # a refusal names this many sites of a rule, then counts the re
 
 
 def summary_lines(findings: list[Finding]) -> list[str]:
-    """One line per rule and finding text: the count and the first few sites, not the same line per node.
-
-    A packaged int8 model repeated "[int8-in-onnx] ... (fix: ...)" for each of its 44 nodes (9,335 characters).
+    """One line per rule and finding text: the count and the first few sites, not the same line per node (errors
+    and warnings alike: a model with 23 similar nodes printed 23 warnings). A packaged int8 model repeated "[int8-in-onnx] ... (fix: ...)" for each of its 44 nodes (9,335 characters).
     """
     groups: dict[tuple[str, str, str, str], list[str]] = {}
     for f in findings:
@@ -91,7 +90,7 @@ def run(graph: GraphSpec, simplified: Path) -> dict[str, Any]:
     record = {"parameters": onnxinfo.parameter_count(model),
               "op_counts": _op_counts(model),
               "findings": [asdict(f) for f in findings],
-              "warnings": [f.line() for f in findings if f.severity == "warning"]}
+              "warnings": summary_lines([f for f in findings if f.severity == "warning"])}  # a hint once per rule
     errors = [f for f in findings if f.severity == "error"]
     if errors:
         raise StageError(f"lint found {len(errors)} problem(s) in graph '{graph.name}' ({simplified}): "
@@ -148,7 +147,9 @@ def _node_findings(model, graph: GraphSpec) -> list[Finding]:
                                     "Erf outside a whole GELU (x * 0.5 * (1 + erf(x / sqrt 2))) runs on CPU on HTP; "
                                     "onnxsim's fuse_preceding_mul_into_conv folds GELU's x0.5 into the next Conv",
                                     "simplify: {skip_optimizers: [fuse_preceding_mul_into_conv]}",
-                                    "speed: the Erf falls back to CPU"))
+                                    "speed: the Erf falls back to CPU" if graph.allow_cpu_fallback else
+                                    "compatibility: the Erf needs the CPU, and with allow_cpu_fallback: false (the "
+                                    "default) the context stage fails"))
     return findings
 
 
@@ -197,7 +198,7 @@ def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
         for site in sites[name]:
             if op is None:
                 lowest = float(numpy_helper.to_array(constants[site]).min())
-                where, message = f"constant '{site}'", f"value {lowest:.3g} {problem}"
+                where, message = f"constant '{site}' (min {lowest:.3g})", problem  # same text: one grouped warning
             else:
                 where, message = f"{op} node '{site}'", problem
             findings.append(Finding(rule, "warning", where, message, fix, rewrite.why))

@@ -168,12 +168,37 @@ def _checked(graph: GraphSpec, inputs: dict[str, Any], where: str, index: int) -
                          f"(fix: return only its inputs: {', '.join(declared)})")
     result = {}
     for name, tensor in declared.items():
-        value = np.asarray(inputs[name])
+        try:
+            value = np.asarray(inputs[name])
+        except (ValueError, TypeError) as err:  # ragged lists and the like
+            raise StageError(f"{where}: step {index}: input '{name}' is not an array: {str(err)[:120]} "
+                             "(fix: return numpy arrays of the declared shape and dtype)") from None
         if tuple(value.shape) != tuple(tensor.shape):
             raise StageError(f"{where}: step {index}: input '{name}' is {list(value.shape)}, model.yaml declares "
                              f"{list(tensor.shape)} (fix: feed it a value of the declared shape)")
-        result[name] = value.astype(tensor.dtype, copy=False)
+        result[name] = _of_kind(value, np.dtype(tensor.dtype), f"{where}: step {index}: input '{name}'")
     return result
+
+
+def _of_kind(value: np.ndarray, wanted: np.dtype, where: str) -> np.ndarray:
+    """`value` as the declared dtype when no value changes on the way: complex numbers keep their imaginary
+    part, text and objects are no numbers, a fraction, NaN or an out-of-range number is no integer."""
+    kind, problem = value.dtype.kind, None
+    if kind not in "biufc":
+        problem = f"holds {value.dtype.name} values, not numbers"
+    elif kind == "c" and wanted.kind != "c":
+        if np.any(value.imag != 0):
+            problem = f"holds complex values (imaginary parts up to {float(np.abs(value.imag).max()):.3g})"
+        value = value.real
+    if problem is None and wanted.kind in "iu" and value.size:
+        if kind == "f" and not (np.isfinite(value) & (value == np.round(value))).all():
+            problem = "holds fractions or NaN/Inf"
+        elif kind in "iuf" and (value.min() < np.iinfo(wanted).min or value.max() > np.iinfo(wanted).max):
+            problem = f"holds values outside {wanted.name} ({value.min():g}..{value.max():g})"
+    if problem:
+        raise StageError(f"{where} {problem}; model.yaml declares {wanted.name} "
+                         f"(fix: return {wanted.name} values of the declared shape)")
+    return value.astype(wanted, copy=False)
 
 
 def per_step_errors(graph: GraphSpec, reference: list[dict[str, np.ndarray]],

@@ -19,7 +19,7 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import metrics
+from qnn_tasks.judge import degenerate, metrics
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.qnn import chipcheck as binchip
 from qnn_tasks.run import calls, progress
@@ -41,12 +41,17 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
     first = sample_store.load(inputs_file, limit=first_samples(graphs, glue or {}, feed, verify["samples"]))
     produced_cpu: dict[str, glue_step.Runs] = {}
     produced_npu: dict[str, glue_step.Runs] = {}
-    links, stacked, log = [], {}, out_dir / "simulator.log"
+    links, stacked, log, flat_links = [], {}, out_dir / "simulator.log", []
     for index, (graph, ctx, config, onnx_file) in enumerate(zip(graphs, ctx_files, configs, simplified)):
         cpu_in, npu_in, stacks = first, first, []
         if index:
             cpu_in, stacks = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_cpu)
             npu_in, _ = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_npu)
+            flat = degenerate.constant_inputs(cpu_in)
+            if flat and flat == degenerate.constant_inputs(npu_in):  # e.g. a glue that multiplies by 0
+                flat_links.append(f"not verified: graph '{graph.name}' gets inputs where {flat}, on both chains "
+                                  f"(fix: check pipeline.feed for '{graph.name}': a scale of 0, or an output that "
+                                  "does not vary)")
         if not cpu_in:
             raise StageError(f"pipeline {target}: graph '{graph.name}' has no run to make (its first graph has no "
                              "samples)")
@@ -70,6 +75,9 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
     if verify["samples"] is not None:  # samples counts the end's runs: a stack ahead of it may give a few more
         reference, actual = reference[:verify["samples"]], actual[:verify["samples"]]
     result, violations = verification.judge(last, verify, reference, actual)
+    violations = flat_links + violations
+    if flat_links:
+        result["not_verified"] = "; ".join(flat_links + ([result["not_verified"]] if "not_verified" in result else []))
     sample_store.save(out_dir / "outputs.npz", actual)
     sample_store.save(out_dir / "reference.npz", reference)
     record = {"samples": len(actual), "first_samples": len(first), "links": links, **result,
@@ -77,10 +85,16 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
               "outputs_file": str(out_dir / "outputs.npz"), "reference_file": str(out_dir / "reference.npz"),
               **({"stacked": stacked} if stacked else {})}
     if violations:
-        worst = min(links, key=lambda link: min(m["cosine"] for m in link["metrics"].values()))
+        worst = min(links, key=weakness)
         raise StageError(f"pipeline {target} failed at its end: " + "; ".join(violations) + f" (the weakest link is "
                          f"graph '{worst['graph']}': check its own simverify and doit diagnose)", record)
     return record
+
+
+def weakness(link: dict[str, Any]) -> float:
+    """A link's worst cosine, a NaN one (non-finite outputs) counted as the worst of all."""
+    cosines = [m["cosine"] for m in link["metrics"].values()]
+    return float("-inf") if any(c != c for c in cosines) else min(cosines, default=1.0)
 
 
 def kept_outputs(outputs_file: Path, runs: int, graph: GraphSpec, target: str) -> tuple[glue_step.Runs, list[float]]:

@@ -1,5 +1,5 @@
 """On-demand doit tasks (created only when asked for, so `doit` and no-op runs never build them):
-diagnose, socscheck, toolcheck, compat, and the phone stages verify / power. (cache:stats / cache:gc
+diagnose, socscheck, toolcheck, compat, the phone stages verify / power, and dist. (cache:stats / cache:gc
 are in tasks/project.py: doit parses a task's options only for tasks that exist at load.)
 """
 from __future__ import annotations
@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterator
 
 from doit.exceptions import TaskFailed
 
-from qnn_tasks.errors import QnnTasksError
+from qnn_tasks.errors import QnnTasksError, machine_failure
 from qnn_tasks.plan import paths
-from qnn_tasks.plan.stages import DIAGNOSE, SOCSCHECK
+from qnn_tasks.plan.stages import DIAGNOSE, DIST, SOCSCHECK
 from qnn_tasks.plan.targets import ChipTarget
 from qnn_tasks.tasks.uptodate import Fresh, key_of
 
@@ -33,6 +33,10 @@ def _device_action(stage: str, name: str, run: Callable[[], Any]) -> Callable[[]
             run()
         except QnnTasksError as err:
             return TaskFailed(f"{stage}:{name}: {err}")
+        except OSError as err:  # a full disk, a read-only tree: one line, not a traceback
+            if not machine_failure(err):
+                raise
+            return TaskFailed(f"{stage}:{name}: {machine_failure(err)}")
         return None
     return action
 
@@ -103,7 +107,10 @@ class OnDemand:
                     record.update(binding.toolchain.check(), status="passed")
                 except QnnTasksError as err:
                     record.update(getattr(err, "record", {}) or {}, status="failed", error=str(err))
-                write_json(Path("build") / f"toolcheck{binding.suffix.replace('@', '-')}.json", record)
+                try:
+                    write_json(Path("build") / f"toolcheck{binding.suffix.replace('@', '-')}.json", record)
+                except OSError as err:
+                    return TaskFailed(f"toolcheck:{name}: {machine_failure(err) or err}")
                 if record["status"] == "failed":
                     return TaskFailed(f"toolcheck:{name}: {binding.id}: {record['error']}")
                 print(f"toolcheck:{name}: {binding.id}: ok")
@@ -123,11 +130,45 @@ class OnDemand:
                 table = compat.measure(planner, self.factory.root)
             except QnnTasksError as err:
                 return TaskFailed(f"compat: {err}")
+            except OSError as err:
+                if not machine_failure(err):
+                    raise
+                return TaskFailed(f"compat: {machine_failure(err)}")
             print(compat.summary(table))
             return None
 
         return {"actions": [run], "uptodate": [False], "verbosity": 2, "targets": ["build/compat/compat.json"],
                 "doc": "load every built binary on every configured runtime's simulator (build/compat/compat.json)"}
+
+    # ---------------------------------------------------------- dist
+    def dist_tasks(self) -> Iterator[dict]:
+        """One subtask per model (`dist:<model>`): its package from the verified targets of the first toolchain."""
+        broken = {name for name, _ in self.project.broken}
+        for model in self.project.models:
+            if model.name in broken:
+                continue
+
+            def run(model=model.name) -> TaskFailed | None:
+                from qnn_tasks.run.calls import StageCall, execute
+                from qnn_tasks.ship import inventory, package
+
+                binding = self.planner.bindings[0]
+                try:
+                    dest_root = package.dist_root(binding.profile.settings, binding.profile.file, self.project.root)
+                    call = StageCall(stage=DIST.name, target=model, args={
+                        "inventory": inventory.of_model(self.planner, model), "root": str(self.project.root),
+                        "dest_root": str(dest_root), "cache_dir": str(Path("build") / "verify" / "runtime-libs")},
+                        inputs=[], out_dir=str(dest_root / model), outputs=[], record="", key="", heavy=False,
+                        runner=DIST.runner)
+                    done = execute(call)
+                except QnnTasksError as err:
+                    return TaskFailed(f"dist:{model}: {err}")
+                print(package.summary(done))
+                return None
+
+            yield {"name": model.name, "actions": [run], "uptodate": [False], "verbosity": 2,
+                   "doc": f"package {model.name}'s verified binaries, manifest, CPU fallback and runtime libs "
+                          f"(dist/{model.name}/)"}
 
     # ---------------------------------------------------------- on phones (stages/verify/)
     def _device_job(self, ct: ChipTarget, stage: str) -> Any:
@@ -141,7 +182,8 @@ class OnDemand:
             context_record=context_dir / "context.json", inputs=ct.graph_target.inputs,
             reference=ct.graph_target.reference, out_dir=ct.stage_dir(stage), profile=binding.profile,
             root=self.project.root, base=self.planner.chip_base(ct), required=_asked_by_name(stage, ct.name),
-            toolchains=[(b.profile.name, b.fingerprint.get("qnn")) for b in self.planner.bindings])
+            toolchains=[(b.profile.name, b.fingerprint.get("qnn")) for b in self.planner.bindings],
+            fallback=ct.graph_target.simplified)
 
     def verify_tasks(self) -> Iterator[dict]:
         yield from self._device_tasks("verify", "run {graph} on attached {soc} phones, compare with the CPU, measure")

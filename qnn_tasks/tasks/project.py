@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
 from doit.exceptions import InvalidCommand, TaskFailed
 from doit.loader import create_after
 
-from qnn_tasks.errors import EXIT_BUSY, EXIT_SPEC, QnnTasksError
+from qnn_tasks import envvalues
+from qnn_tasks.errors import EXIT_BUSY, EXIT_IO, EXIT_SPEC, MachineError, QnnTasksError, machine_failure
 from qnn_tasks.plan import paths
 from qnn_tasks.plan.stages import (
     ON_DEMAND,
@@ -34,6 +35,8 @@ from qnn_tasks.plan.stages import (
 )
 from qnn_tasks.run import digests, interrupts, treelock
 from qnn_tasks.spec.project import load_project
+from qnn_tasks.tasks import doithooks
+from qnn_tasks.tasks.doithooks import RUNS_LAST
 from qnn_tasks.tasks.uptodate import (
     ChecksThisRun,
     Fresh,
@@ -62,6 +65,7 @@ def project_tasks(root: Path) -> dict[str, Any]:
     """Everything dodo.py exposes to doit. A spec error or a busy tree prints one line and exits
     EXIT_SPEC / EXIT_BUSY (errors.py: distinct from doit's own codes)."""
     try:
+        envvalues.check_all()  # a bad number in the environment is one line before anything runs
         project = load_project(root, os.environ.get(TOOLCHAIN_ENV, DEFAULT_TOOLCHAIN))
         interrupts.install()  # `doit report` alone too: Ctrl-C is one line and exit 130 for every command
         if treelock.needs_lock(sys.argv):
@@ -74,6 +78,9 @@ def project_tasks(root: Path) -> dict[str, Any]:
     except QnnTasksError as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(EXIT_SPEC) from None
+    except OSError as err:  # the lock cannot be written: a full disk, a read-only tree, an I/O error
+        print(f"error: {cannot_start(root, err)}", file=sys.stderr)
+        raise SystemExit(EXIT_IO) from None
     for _, problem in project.broken:  # the bad model's one line, on every command; the rest still builds
         print(f"error: {problem}", file=sys.stderr)
     # Everything loaded so far (doit, our modules, the specs, the planner) lives until the process ends:
@@ -84,7 +91,30 @@ def project_tasks(root: Path) -> dict[str, Any]:
     if first:
         gc.freeze()
     _suggest_task_names()
+    doithooks.install()  # a failed stage exits 1; the report runs last in a parallel run too
     return TaskFactory(planner, freeze=first).namespace()
+
+
+def cannot_start(root: Path, err: OSError) -> str:
+    """The one line for a run that cannot write its tree; the previous report is marked superseded (or removed) first,
+    since the specs or samples may have changed since it was written and this run cannot verify them."""
+    from qnn_tasks.report import mark
+
+    try:
+        mark.supersede(root, f": it could not start ({err.strerror})")
+    except MachineError:
+        pass  # read-only: nothing here can change the tree either
+    return machine_failure(err) or f"{err.filename or root / 'build'}: {err.strerror or err}"
+
+
+def report_not_written(err: OSError) -> str:
+    """Why the report could not be written, in one line; the previous report.json is removed (needing no space)."""
+    line = machine_failure(err) or f"{err.filename or REPORT_DIR}: {err.strerror or err}"
+    try:
+        REPORT_JSON.unlink(missing_ok=True)
+    except OSError:
+        return f"{line}; the previous {REPORT_JSON} could not be removed either: do not gate on it"
+    return f"{line}; the previous {REPORT_JSON} was removed (it is not this run's verdict)"
 
 
 class UnknownTask(InvalidCommand):
@@ -206,6 +236,17 @@ class TaskFactory:
                 self._cache.append(for_build(self.project.toolchain.cache, self.project.toolchain.file))
         return self._cache[0]
 
+    def time_limit(self, model: str) -> tuple[float, str]:
+        """Seconds a stage of this model may take, and where that is set: its model.yaml's `stage_timeout`, else
+        $QNN_STAGE_TIMEOUT, else the default (a limit only changes when a stage is stopped: it is in no task key)."""
+        spec = self.planner.model_named(model) if model else None
+        if spec is not None and spec.stage_timeout is not None:
+            return spec.stage_timeout, f"{os.path.relpath(spec.file, self.root)}: stage_timeout"
+        limit = envvalues.number(envvalues.STAGE_TIMEOUT)
+        if os.environ.get(envvalues.STAGE_TIMEOUT, "").strip():
+            return limit, f"${envvalues.STAGE_TIMEOUT}"
+        return limit, f"the default (set `stage_timeout:` in the model's model.yaml, or ${envvalues.STAGE_TIMEOUT})"
+
     def namespace(self) -> dict[str, Any]:
         """DOIT_CONFIG and one `task_<stage>` function per stage, in build order."""
         stages = [(row.name, row.doc, lambda row=row: self.stage_tasks(row)) for row in build_stage_defs(self.planner)]
@@ -249,10 +290,11 @@ class TaskFactory:
             profile = binding.profile_dict(self.planner.root) if binding else None
             if binding:
                 use_toolchain(profile, binding.toolchain)  # in this process: the planner's own object
+            limit, limit_from = self.time_limit(plan.model)
             return StageCall(stage=row.name, target=plan.name, args=plan.args(), inputs=plan.file_dep,
                              out_dir=plan.out_dir, outputs=plan.outputs, record=record, key=plan.key,
                              toolchain=profile, heavy=row.heavy if plan.heavy is None else plan.heavy,
-                             remote=row.remote, runner=row.runner)
+                             remote=row.remote, runner=row.runner, time_limit=limit, time_limit_from=limit_from)
 
         task = {"name": plan.name, "actions": [stage_action(call, plan.base, self.root, self.cache)],
                 "file_dep": plan.file_dep, "targets": plan.outputs + [record],
@@ -263,12 +305,16 @@ class TaskFactory:
 
     @staticmethod
     def _skip(row: StageDef, plan: Plan) -> dict[str, Any]:
-        def action(plan: Plan = plan) -> None:
+        def action(plan: Plan = plan) -> TaskFailed | None:
             from qnn_tasks.run.records import write
 
-            write(plan.record, {"stage": row.name, "target": plan.name, **plan.base(), "status": "skipped",
-                                "reason": plan.skip, "seconds": 0.0})
+            try:
+                write(plan.record, {"stage": row.name, "target": plan.name, **plan.base(), "status": "skipped",
+                                    "reason": plan.skip, "seconds": 0.0})
+            except OSError as err:  # a full disk: one line, as for any stage
+                return TaskFailed(f"{row.name}:{plan.name}: {machine_failure(err) or err}")
             print(f"{row.name}:{plan.name}: skipped: {plan.skip}")
+            return None
 
         return {"name": plan.name, "actions": [action], "targets": [plan.record],
                 "uptodate": [Fresh(key_of({"skip": plan.skip}), [plan.record], plan.record)],
@@ -333,6 +379,8 @@ class TaskFactory:
 
                 data = report.collect(planner)
                 paths = report.write(REPORT_DIR, data)
+            except OSError as err:  # a full disk, a read-only tree: the old report must not stand in for this one
+                return TaskFailed(f"report: {report_not_written(err)}")
             finally:
                 interrupts.running(None)
             print(f"report: {paths['html']} ({render.summary_line(data)})")
@@ -370,7 +418,7 @@ class TaskFactory:
                 return False
             return bool(self.checks) or values.get("outputs") == outputs_signature()
 
-        return {"actions": [render], "uptodate": [records_unchanged], "verbosity": 2,
+        return {"actions": [render], "uptodate": [records_unchanged], "verbosity": 2, "meta": {RUNS_LAST: True},
                 "targets": [str(REPORT_DIR / n) for n in ("index.html", "report.json", "report.md")],
                 "doc": "Write build/report/index.html, report.json and report.md from the stage records", "clean": True}
 

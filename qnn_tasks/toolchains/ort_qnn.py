@@ -289,8 +289,10 @@ def check_fallback(graph: GraphSpec, soc: Soc, partition: dict[str, Any], record
     nodes = partition["cpu_nodes"]
     if not nodes:
         return
-    listing = "; ".join(f"{n['op_type']} '{n['name']}'" + (f" ({_graph_hint(graph, n)})" if n["hint"] else "")
-                        for n in nodes)
+    groups: dict[tuple[str, str], list[str]] = {}  # one hint per op type: 13 Erf nodes once said it 13 times
+    for n in nodes:
+        groups.setdefault((n["op_type"], _graph_hint(graph, n) if n["hint"] else ""), []).append(n["name"])
+    listing = "; ".join(_fallback_sites(op, names) + (f" ({hint})" if hint else "") for (op, hint), names in groups.items())
     message = f"{len(nodes)} node(s) of graph '{graph.name}' fall back to CPU on {soc.name}: {listing}"
     if log is not None:  # why QNN refused them (e.g. 3110: float ops inside a quantized graph on a mid-range HTP)
         from qnn_tasks.qnn.errorcodes import explain_file, suffix
@@ -300,6 +302,17 @@ def check_fallback(graph: GraphSpec, soc: Soc, partition: dict[str, Any], record
         record["warnings"].append(message)
         return
     raise StageError(message + " (fix them at export, or set allow_cpu_fallback: true for this graph)", record)
+
+
+SHOWN_SITES = 3  # a fallback names this many nodes of an op type, then counts the rest
+
+
+def _fallback_sites(op: str, names: list[str]) -> str:
+    """"Erf 'a'", or "13 Erf nodes ('a', 'b', 'c' and 10 more)"."""
+    if len(names) == 1:
+        return f"{op} '{names[0]}'"
+    more = f" and {len(names) - SHOWN_SITES} more" if len(names) > SHOWN_SITES else ""
+    return f"{len(names)} {op} nodes (" + ", ".join(f"'{n}'" for n in names[:SHOWN_SITES]) + more + ")"
 
 
 def _graph_hint(graph: GraphSpec, node: dict[str, Any]) -> str:

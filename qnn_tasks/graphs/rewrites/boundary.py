@@ -151,8 +151,8 @@ def _fix_dims(value, shape: tuple[int, ...], what: str, report: dict[str, Any], 
     before = None
     if tensor.HasField("shape"):
         dims = tensor.shape.dim
-        before = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else (d.dim_param or "?") for d in dims]
-        fixed_differs = len(dims) != len(shape) or any(isinstance(old, int) and old != new
+        before = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in dims]  # -1 stays -1
+        fixed_differs = len(dims) != len(shape) or any(isinstance(old, int) and old > 0 and old != new
                                                        for old, new in zip(before, shape))
         if fixed_differs and output:
             report.setdefault("stale_output_metadata", {})[what] = {"onnx": before, "computed": list(shape)}

@@ -18,7 +18,7 @@ import threading
 import traceback
 from pathlib import Path
 
-from qnn_tasks.errors import QnnTasksError, ToolchainError
+from qnn_tasks.errors import QnnTasksError, ToolchainError, machine_failure
 from qnn_tasks.run import calls, interrupts, progress
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.outcome import Outcome
@@ -34,6 +34,8 @@ def run_here(call: StageCall, sink) -> Outcome:
     except QnnTasksError as err:
         return Outcome.failure(str(err), getattr(err, "record", None))
     except Exception as err:  # a bug or a tool crash: keep the traceback for the log
+        if machine_failure(err):  # a full disk, a read-only tree ...: the machine's, not a bug; one line
+            return Outcome.failure(machine_failure(err))
         return Outcome.failure(f"unexpected {type(err).__name__}: {err}", traceback=traceback.format_exc())
     finally:
         progress.set_sink(None)
@@ -93,6 +95,11 @@ class Child:
         """Run the call in a child; `cwd` overrides the project root (a Dask worker's scratch copy)."""
         python = interpreter_for(call)
         worker = self._take(python)
+        expired = threading.Event()
+        timer = threading.Timer(call.time_limit, lambda: (expired.set(), worker.kill())) if call.time_limit else None
+        if timer:
+            timer.daemon = True
+            timer.start()
         try:
             outcome = worker.call(call, sink, cwd)
         except (EOFError, BrokenPipeError, OSError, ValueError):
@@ -100,12 +107,17 @@ class Child:
             self._drop(worker)
             if self.stopped:
                 raise KeyboardInterrupt from None
+            if expired.is_set():
+                return timed_out(call, Path(cwd or self.root))
             raise ToolchainError(f"the worker process running {call.stage}:{call.target} died"
                                  + (f" (signal {-code})" if code and code < 0 else f" (exit {code})")
                                  + f" in {python}: a crash in native code (its output: {call.out_dir}/{call.stage}.log)") from None
         except BaseException:
             self._drop(worker)
             raise
+        finally:
+            if timer:
+                timer.cancel()
         self._give_back(worker)
         return outcome.ran_on({"kind": "child", "host": socket.gethostname(), "pid": worker.proc.pid, "python": python})
 
@@ -141,6 +153,20 @@ class Child:
             self._idle.clear()
         for worker in workers:
             worker.kill()
+
+
+def timed_out(call: StageCall, root: Path) -> Outcome:
+    """The failure of a call whose child was killed at its time limit; what it had begun is removed (the funnel
+    sweeps `.part` litter; outputs are deleted too, so nothing it wrote can pass for a finished result)."""
+    from qnn_tasks.run import treelock
+
+    for output in call.outputs:
+        (root / output).unlink(missing_ok=True)
+    treelock.sweep(root / call.out_dir)
+    return Outcome.failure(f"stopped after {call.time_limit:g} s, the stage's time limit ({call.time_limit_from}); its "
+                           f"process was killed and nothing it wrote is kept (fix: find why it does not finish, e.g. a "
+                           f"loop's step function that never returns, or raise the limit)",
+                           {"timed_out_after_s": call.time_limit})
 
 
 def interpreter_for(call: StageCall) -> str:

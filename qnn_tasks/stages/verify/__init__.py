@@ -3,7 +3,9 @@
 `survey`        build/verify/devices.json: every attached device, its chip (ro.soc.model matched to
                 socs/socs.yaml) and which targets it runs; a phone whose chip has no build is listed as
                 "CPU fallback: no build for <chip>". No phone at all, or none that can run a build: fails.
-`verify_target` for one chip target, on each attached device of that chip:
+`verify_target` for one chip target, on each attached device of that chip (ro.soc.model matched exactly, the
+                package selector's rule 1); the device's record gets the selector's `decision` (npu, or cpu with
+                the reason: runtime too old, the first run failed), as an app shipping the package would decide:
                 1. refuse before pushing anything: a binary whose socModel/arch is not the device's chip,
                    or runtime libs to ship older than the binary's minimum runtime: the one `doit compat`
                    measured for this exact binary (build/compat/compat.json), else its QNN build (err
@@ -30,7 +32,8 @@ Plain functions, no doit: tasks/project.py turns the exceptions (QnnTasksError) 
 The package, one module per job (each imports only the ones above it):
     settings.py    DeviceSettings / device_settings, the Job, device folder names, the report's stamp
     survey.py      build/verify/devices.json: survey, classify
-    refusal.py     checks before pushing: binary_facts, refuse_incompatible
+    choice.py      what runs on this phone: the package selector's rules (qnn_tasks/ship/select.py): decide
+    refusal.py     checks before pushing: binary_facts, refuse_incompatible, refused
     payload.py     what goes to the phone and comes back: build_payload, read_outputs
     device_run.py  one qnn-net-run on the phone: run_script, run_on_device, parse_run, cpu_use, push, cleanup
     measure.py     latency, CPU use, real-time factor: measure_latency, best_cpu, real_time_factor

@@ -144,7 +144,8 @@ def runner_args(bin_name: str, input_list: str, out: str, native: bool, extra: l
     return args + list(extra)
 
 
-def require_ok(run: RunResult, phone: adb.Phone, what: str, log_file: Path, soc: Any = None) -> None:
+def require_ok(run: RunResult, phone: adb.Phone, what: str, log_file: Path, soc: Any = None,
+               error: type[StageError] = StageError) -> None:
     log_file.parent.mkdir(parents=True, exist_ok=True)
     log_file.write_text(run.output + "\n")
     if run.returncode == 0:
@@ -155,7 +156,7 @@ def require_ok(run: RunResult, phone: adb.Phone, what: str, log_file: Path, soc:
     from qnn_tasks.qnn.errorcodes import explain, suffix
 
     hint += suffix(explain(run.output, "phone", soc=soc))  # e.g. 5000/5005: runtime libs older than the compiler
-    raise StageError(f"{RUNNER} exited with {run.returncode}{hint} on {phone.info.label()} during {what}; its "
+    raise error(f"{RUNNER} exited with {run.returncode}{hint} on {phone.info.label()} during {what}; its "
                      f"output: {tail} (full log: {log_file})")
 
 

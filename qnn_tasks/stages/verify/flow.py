@@ -16,11 +16,12 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.stages.verify.choice import LoadFailed, decide, for_this_chip
 from qnn_tasks.stages.verify.device_run import cleanup, push_payload, require_ok, run_on_device, runner_args
 from qnn_tasks.stages.verify.measure import best_cpu, cpu_text, measure_latency, ms_text, num_text, real_time_factor
 from qnn_tasks.stages.verify.payload import build_payload, read_outputs
 from qnn_tasks.stages.verify.power import power_on
-from qnn_tasks.stages.verify.refusal import binary_facts, refuse_incompatible
+from qnn_tasks.stages.verify.refusal import binary_facts, refuse_incompatible, refused
 from qnn_tasks.stages.verify.settings import (
     DEVICE_LABEL,
     POWER_CONDITIONS,
@@ -68,7 +69,7 @@ def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
             return {"status": "skipped", "reason": "no adb server"}
         serials = adb.serial_filter()
         attached = adb.list_devices(server)
-        mine = [d for d in attached if d.usable and d.soc_model == job.soc.name
+        mine = [d for d in attached if d.usable and for_this_chip(job, d)  # the selector's rule 1
                 and (serials is None or d.serial in serials)]
         if not mine:
             others = ", ".join(d.label() for d in attached) or "none"
@@ -89,9 +90,9 @@ def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
             record["devices"].append(entry)
             save()
             try:
-                refuse_incompatible(job, binary, libs, info, entry)
+                selection = refuse_incompatible(job, binary, libs, info, entry)
                 phone = adb.Phone(server, info)
-                run_one(job, phone, binary, libs, settings, entry, save)
+                run_one(job, phone, binary, libs, settings, entry, save, selection)
                 entry["status"] = "warning" if entry["warnings"] else "passed"
             except QnnTasksError as err:
                 entry.update(status="failed", error=str(err))
@@ -126,7 +127,8 @@ class _Recorded(StageError):
 
 
 def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs,
-               settings: DeviceSettings, entry: dict[str, Any], save: Callable[[], None]) -> None:
+               settings: DeviceSettings, entry: dict[str, Any], save: Callable[[], None],
+               selection: dict[str, Any]) -> None:
     from qnn_tasks.judge import checks as verification
     from qnn_tasks.judge import samples as sample_store
 
@@ -134,7 +136,8 @@ def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtime
     local = job.out_dir / safe_text(phone.info.serial)
     payload = build_payload(job, binary, libs, job.verify["samples"])
     label = phone.info.label()
-    try:
+
+    def first_run() -> Any:  # the selector's "did the context load": push, then the verification run
         push_payload(job, phone, payload, workdir, entry, save)
         entry.update(phase="run", samples=payload.samples)
         save()
@@ -142,7 +145,12 @@ def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtime
         run = run_on_device(phone, workdir,
                             runner_args(payload.bin_name, payload.input_list, "out", payload.native_inputs),
                             "run.log", "the verification run", settings.cpu_sample_seconds, timeout)
-        require_ok(run, phone, "the verification run", local / "qnn-net-run.log", job.soc)
+        require_ok(run, phone, "the verification run", local / "qnn-net-run.log", job.soc, LoadFailed)
+        return run
+
+    try:
+        run = decide(job, selection, libs, phone.info, entry, first_run,
+                     lambda decision: refused(job, binary, libs, phone.info, selection, decision))
         entry.update(runner_log=str(local / "qnn-net-run.log"), accuracy_run={"seconds": run.seconds, "cpu": run.cpu})
         entry["phase"] = "pull"
         save()
@@ -175,4 +183,5 @@ def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtime
                              + f" (the simulator's verdict: doit simverify:{job.target}; to find the first diverging "
                                f"node: doit diagnose:{job.target})")
     finally:
-        cleanup(job, phone, workdir, settings, entry)
+        if "device_folder" in entry:  # something was pushed
+            cleanup(job, phone, workdir, settings, entry)

@@ -10,19 +10,23 @@ from typing import Any, Callable
 
 from qnn_tasks.devices import adb
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.stages.verify.choice import LoadFailed, decide
 from qnn_tasks.stages.verify.device_run import cleanup, push_payload, require_ok, run_on_device, runner_args
 from qnn_tasks.stages.verify.measure import cpu_text, num_text
 from qnn_tasks.stages.verify.payload import build_payload
+from qnn_tasks.stages.verify.refusal import refused
 from qnn_tasks.stages.verify.settings import POWER_CONDITIONS, DeviceSettings, Job, device_folder, now_iso, safe_text
 
 
 def power_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs,
-              settings: DeviceSettings, entry: dict[str, Any], save: Callable[[], None]) -> None:
+             settings: DeviceSettings, entry: dict[str, Any], save: Callable[[], None],
+             selection: dict[str, Any]) -> None:
     workdir = device_folder(job.root, job.target)
     local = job.out_dir / safe_text(phone.info.serial)
     payload = build_payload(job, binary, libs, 1)
     n = settings.timing_inferences
-    try:
+
+    def first_run() -> Any:  # the selector's "did the context load": push, then the calibration run
         push_payload(job, phone, payload, workdir, entry, save)
         entry["phase"] = "calibrate"
         save()
@@ -30,7 +34,12 @@ def power_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimeli
                                                            payload.native_inputs,
                                                            ["--num_inferences", str(n), "--keep_num_outputs", "1"]),
                               "p0.log", "the calibration run", settings.cpu_sample_seconds, 600 + 30 * n)
-        require_ok(calib, phone, "the calibration run", local / "power-calibration.log")
+        require_ok(calib, phone, "the calibration run", local / "power-calibration.log", error=LoadFailed)
+        return calib
+
+    try:
+        calib = decide(job, selection, libs, phone.info, entry, first_run,
+                       lambda decision: refused(job, binary, libs, phone.info, selection, decision))
         per = (calib.seconds or 1.0) / n
         total = max(n, math.ceil(settings.power_seconds / max(per, 1e-6)))
         before = battery(phone)
@@ -57,7 +66,8 @@ def power_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimeli
               f"battery {drop.get('level_points')} points / {num_text(drop.get('charge_mah'))} mAh, "
               f"{cpu_text(run.cpu)}", flush=True)
     finally:
-        cleanup(job, phone, workdir, settings, entry)
+        if "device_folder" in entry:  # something was pushed
+            cleanup(job, phone, workdir, settings, entry)
 
 
 def battery(phone: adb.Phone) -> dict[str, Any]:

@@ -1,10 +1,11 @@
 """Checks before pushing: nothing goes to a phone that cannot load the binary.
 
 `binary_facts`         the binary's QNN build, socModel and arch, read from the .bin (qnnbin);
-`refuse_incompatible`  refuses a binary of another chip or arch, a non-arm64 phone, runtime libs of
-                       unknown version, and runtime libs older than the binary's minimum runtime: the one
-                       `doit compat` measured for this exact binary (build/compat/compat.json, by SHA-256)
-                       when there is one, else its QNN build (err 5000/5005).
+`refuse_incompatible`  refuses a binary of another chip or arch and a non-arm64 phone; returns the binary as the
+                       package selector sees it, its minimum runtime the one `doit compat` measured for this exact
+                       binary (build/compat/compat.json, by SHA-256) when there is one, else its QNN build;
+`refused`              the selector's CPU decisions (runtime libs of unknown version, older than that minimum:
+                       err 5000/5005) as one line with the fix.
 """
 from __future__ import annotations
 
@@ -15,7 +16,9 @@ from qnn_tasks.devices import adb
 from qnn_tasks.errors import StageError
 from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.ship import select
 from qnn_tasks.spec.project import BINARY_CHIP_FACTS
+from qnn_tasks.stages.verify import choice
 from qnn_tasks.stages.verify.settings import Job
 
 COMPAT_FILE = COMPAT_RECORD
@@ -58,9 +61,11 @@ def binary_facts(job: Job) -> dict[str, Any]:
 
 
 def refuse_incompatible(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs, info: adb.DeviceInfo,
-                        entry: dict[str, Any]) -> None:
-    """Nothing is pushed to a phone that cannot load the binary: wrong chip or arch, runtime older than the binary's
-    measured minimum runtime (build/compat/compat.json) or, without a measurement, older than its QNN build."""
+                        entry: dict[str, Any]) -> dict[str, Any]:
+    """Refuses what no rule of the selector covers (a binary file of another chip or arch, a non-arm64 phone) and
+    returns the binary as the selector sees it (choice.binary_entry): its minimum runtime is the one `doit compat`
+    measured for this exact binary (build/compat/compat.json) or, without a measurement, its QNN build. The runtime
+    comparison itself is the selector's rule 3 (choice.decide); `refused` words its CPU decisions with the fix."""
     soc = job.soc
     device_has = {"soc_model": f"soc_id {soc.soc_id}", "dsp_arch": soc.dsp_arch}  # this message's own wording
     problems = [f"{BINARY_CHIP_FACTS[m.fact][0]} {m.recorded} (the device's {soc.name} is {device_has[m.fact]})"
@@ -73,35 +78,45 @@ def refuse_incompatible(job: Job, binary: dict[str, Any], libs: runtimelibs.Runt
         raise StageError(f"refused: {info.label()} reports ABI {info.abi}; the aarch64-android QNN runtime needs arm64-v8a")
     built = runtimelibs.version_tuple(binary["build_id"])
     shipped = runtimelibs.version_tuple(libs.version)
-    if shipped is None:
-        raise StageError(f"refused before pushing: cannot tell the QNN version of the runtime libs in {libs.source} "
-                         f"(checked {', '.join(runtimelibs.VERSION_FILES[:2])} files, the folder/archive name and "
-                         f"libQnnHtp.so), so the err 5000/5005 check cannot be made (fix: name the folder or archive "
-                         f"qnn-libs-<version>, or add a VERSION file with e.g. 2.40.0)")
-    measured = measured_minimum(binary, entry)
-    if measured is not None:  # the table wins over the version comparison
-        if shipped < measured:
-            raise StageError(f"refused before pushing anything to {info.label()}: {binary['path']} needs a QNN runtime "
-                             f"of {_text(measured)} or newer, the oldest measured to load this exact binary with "
-                             f"matching outputs ({COMPAT_SOURCE}), but the runtime libs to ship are QNN {libs.version} "
-                             f"({libs.source}) (fix: {rebuild_hint(job, shipped, measured)})")
-        if built is not None and shipped < built:
+    measured = measured_minimum(binary, entry) if shipped is not None else None
+    if shipped is not None and built is not None:
+        if measured is not None and measured <= shipped < built:
             entry["warnings"].append(f"runtime libs QNN {libs.version} are older than the binary's QNN build "
                                      f"{_text(built)}, which usually fails to load (err 5000/5005), but doit compat "
                                      f"measured this exact binary loading with matching outputs on QNN {_text(measured)} "
                                      f"({COMPAT_FILE}): not refused, the measurement wins")
-            return
-    elif built is not None and shipped < built:
-        v = ".".join(map(str, built))
-        raise StageError(f"refused before pushing anything to {info.label()}: {binary['path']} was built with QNN {v} "
-                         f"(build {binary['build_id']}) but the runtime libs to ship are QNN {libs.version} "
-                         f"({libs.source}); a runtime older than the compiler fails to load the binary on the phone "
-                         f"(err 5000/5005). Fix: ship runtime libs of QNN {v} ({runtimelibs.ENV} or "
-                         f"settings.{runtimelibs.SETTING}), or rebuild the binary with a QNN {libs.version} toolchain "
-                         f"(e.g. QNN_TOOLCHAIN=qairt with that SDK) and rerun doit context:{job.target}")
-    if built is not None and shipped[:2] != built[:2]:
-        entry["warnings"].append(f"runtime libs QNN {libs.version} are newer than the binary's QNN "
-                                 f"{'.'.join(map(str, built))}: usually fine, but the guide ships the same version")
+        elif shipped > built and shipped[:2] != built[:2]:
+            entry["warnings"].append(f"runtime libs QNN {libs.version} are newer than the binary's QNN "
+                                     f"{_text(built)}: usually fine, but the guide ships the same version")
+    return choice.binary_entry(job, binary, _text(measured) if measured is not None else None)
+
+
+def refused(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs, info: adb.DeviceInfo,
+            selection: dict[str, Any], decision: select.Decision) -> StageError:
+    """A CPU decision of rules 1-3 (ship/select.py) as one line with the fix; nothing was pushed."""
+    shipped = runtimelibs.version_tuple(libs.version)
+    built = runtimelibs.version_tuple(binary["build_id"])
+    if decision.rule == select.RUNTIME_UNKNOWN:
+        return StageError(f"refused before pushing: cannot tell the QNN version of the runtime libs in {libs.source} "
+                          f"(checked {', '.join(runtimelibs.VERSION_FILES[:2])} files, the folder/archive name and "
+                          f"libQnnHtp.so), so the err 5000/5005 check cannot be made (fix: name the folder or archive "
+                          f"qnn-libs-<version>, or add a VERSION file with e.g. 2.40.0)")
+    if decision.rule == select.RUNTIME_OLDER and shipped is not None and selection["min_runtime_from"] == "compat":
+        measured = runtimelibs.version_tuple(selection["min_runtime_qnn"])
+        return StageError(f"refused before pushing anything to {info.label()}: {binary['path']} needs a QNN runtime "
+                          f"of {_text(measured)} or newer, the oldest measured to load this exact binary with "
+                          f"matching outputs ({COMPAT_SOURCE}), but the runtime libs to ship are QNN {libs.version} "
+                          f"({libs.source}) (fix: {rebuild_hint(job, shipped, measured)})")
+    if decision.rule == select.RUNTIME_OLDER and built is not None:
+        v = _text(built)
+        return StageError(f"refused before pushing anything to {info.label()}: {binary['path']} was built with QNN {v} "
+                          f"(build {binary['build_id']}) but the runtime libs to ship are QNN {libs.version} "
+                          f"({libs.source}); a runtime older than the compiler fails to load the binary on the phone "
+                          f"(err 5000/5005). Fix: ship runtime libs of QNN {v} ({runtimelibs.ENV} or "
+                          f"settings.{runtimelibs.SETTING}), or rebuild the binary with a QNN {libs.version} toolchain "
+                          f"(e.g. QNN_TOOLCHAIN=qairt with that SDK) and rerun doit context:{job.target}")
+    return StageError(f"refused before pushing anything to {info.label()}: {decision.reason} "
+                      f"(fix: rebuild it: doit context:{job.target})")
 
 
 def measured_minimum(binary: dict[str, Any], entry: dict[str, Any]) -> tuple[int, ...] | None:

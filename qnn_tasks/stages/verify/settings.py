@@ -115,6 +115,7 @@ class Job:
     required: bool                  # asked for by name: no device of the chip is a failure
     cache_dir: Path = Path("build") / "verify" / "runtime-libs"
     toolchains: list[tuple[str, str | None]] = field(default_factory=list)  # this run's (profile, QNN version)
+    fallback: Path | None = None    # what the CPU runs instead (the simplified ONNX cpucheck verified), for decisions
 
     @property
     def record_path(self) -> Path:

@@ -1,0 +1,253 @@
+/*
+ * Which build of a qnn-npu-compile package runs on this device: the reference for apps (Java, usable from Kotlin).
+ *
+ * The same rules as the tool's own qnn_tasks/ship/select.py, word for word (the decision table in
+ * src/test/resources/selector_cases.json is run through both and must give the same target, path, precision,
+ * rule and reason string):
+ *   1. candidates: the graph's binaries whose "socs" holds the device's ro.soc.model exactly (a binary of the same
+ *      Hexagon arch is not a match unless the manifest lists the chip); none: the CPU, "no build for <chip>";
+ *   2. ordered by the manifest's selection.precision_order (fp16 before w8a16 unless the model says otherwise);
+ *   3. a binary whose min_runtime_qnn is newer than the runtime libraries' QNN version is refused (it would fail to
+ *      load: QNN error 5000/5005); an unknown runtime version refuses them all;
+ *   4. the first candidate left is loaded through the caller's Loader; a failed load: the CPU, with its error.
+ * No Android dependency in the logic: the caller passes android.os.Build.SOC_MODEL (API 31+), the QNN version of the
+ * runtime libraries it ships, and a Loader that creates the QNN context (or the ONNX Runtime session) from the file.
+ * JSON: org.json, which Android itself provides (the tests here use Debian's libandroid-json-java, the same code).
+ */
+package qnntasks.ship;
+
+import java.util.ArrayList;
+import java.util.Arrays;
+import java.util.HashMap;
+import java.util.List;
+import java.util.Map;
+import java.util.TreeSet;
+import java.util.regex.Matcher;
+import java.util.regex.Pattern;
+
+import org.json.JSONArray;
+import org.json.JSONException;
+import org.json.JSONObject;
+
+public final class Selector {
+    public static final String CODE = "5000/5005";
+    public static final int SCHEMA_VERSION = 1;
+    public static final String[] DEFAULT_PRECISION_ORDER = {"fp16", "w8a16"};
+
+    public static final String NPU = "npu";
+    public static final String NO_BUILD = "no-build";
+    public static final String RUNTIME_UNKNOWN = "runtime-unknown";
+    public static final String RUNTIME_OLDER = "runtime-older";
+    public static final String LOAD_FAILED = "load-failed";
+
+    private static final Pattern VERSION = Pattern.compile("^v?([0-9]+(?:\\.[0-9]+)*)");
+
+    private Selector() {
+    }
+
+    /** Creates the context from the binary; returns null when it loaded, else the error text. */
+    public interface Loader {
+        String load(JSONObject binary);
+    }
+
+    /** What runs: target "npu" or "cpu", the file (relative to the package root), the precision, why, which rule. */
+    public static final class Decision {
+        public final String target;
+        public final String path;
+        public final String precision;
+        public final String reason;
+        public final String rule;
+
+        Decision(String target, String path, String precision, String reason, String rule) {
+            this.target = target;
+            this.path = path;
+            this.precision = precision;
+            this.reason = reason;
+            this.rule = rule;
+        }
+
+        public boolean onNpu() {
+            return NPU.equals(target);
+        }
+
+        @Override
+        public String toString() {
+            return target + " " + path + " (" + reason + ")";
+        }
+    }
+
+    /** Parses a manifest.json text (org.json). */
+    public static JSONObject manifest(String json) throws JSONException {
+        return new JSONObject(json);
+    }
+
+    /** Numeric parts of "2.41.0", "v2.41.0.251023" or "2.10" (2.10 > 2.9); null if it is not a version. */
+    public static int[] version(String text) {
+        if (text == null) {
+            return null;
+        }
+        Matcher m = VERSION.matcher(text.trim());
+        if (!m.find()) {
+            return null;
+        }
+        String[] parts = m.group(1).split("\\.");
+        int[] out = new int[parts.length];
+        for (int i = 0; i < parts.length; i++) {
+            out[i] = Integer.parseInt(parts[i]);
+        }
+        return out;
+    }
+
+    /** a < b, missing parts read as 0 (2.41 == 2.41.0). */
+    public static boolean older(int[] a, int[] b) {
+        int width = Math.max(a.length, b.length);
+        for (int i = 0; i < width; i++) {
+            int x = i < a.length ? a[i] : 0;
+            int y = i < b.length ? b[i] : 0;
+            if (x != y) {
+                return x < y;
+            }
+        }
+        return false;
+    }
+
+    public static Decision choose(JSONObject manifest, String graph, String soc, String runtimeQnn, Loader load) {
+        if (manifest.has("schema_version") && manifest.optInt("schema_version", -1) != SCHEMA_VERSION) {
+            throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": schema_version "
+                    + manifest.opt("schema_version") + ", this selector reads " + SCHEMA_VERSION
+                    + " (fix: use the selector of the qnn-npu-compile that wrote it)");
+        }
+        JSONObject graphs = manifest.optJSONObject("graphs");
+        if (graphs == null || !graphs.has(graph)) {
+            throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": no graph '" + graph + "'");
+        }
+        JSONObject entry = graphs.optJSONObject(graph);
+        JSONObject fb = entry.optJSONObject("fallback");
+        String fallback = fb == null || fb.isNull("path") ? null : fb.optString("path");
+
+        List<JSONObject> binaries = objects(entry.optJSONArray("binaries"));
+        List<JSONObject> found = new ArrayList<>();
+        TreeSet<String> built = new TreeSet<>();
+        for (JSONObject b : binaries) {
+            List<String> socs = strings(b.optJSONArray("socs"));
+            built.addAll(socs);
+            if (soc != null && !soc.isEmpty() && socs.contains(soc)) {
+                found.add(b);
+            }
+        }
+        if (found.isEmpty()) {
+            String chip = soc == null || soc.isEmpty() ? "an empty ro.soc.model" : soc;
+            return cpu(NO_BUILD, "no build for " + chip + " (builds for: "
+                    + (built.isEmpty() ? "none" : String.join(", ", built)) + ")", fallback);
+        }
+        List<JSONObject> ordered = inOrder(found, precisionOrder(manifest));
+        int[] runtime = version(runtimeQnn);
+        if (runtime == null) {
+            List<String> labels = new ArrayList<>();
+            for (JSONObject b : ordered) {
+                labels.add(label(b));
+            }
+            return cpu(RUNTIME_UNKNOWN, "runtime libraries' QNN version unknown ("
+                    + (runtimeQnn == null || runtimeQnn.isEmpty() ? "libraries absent" : runtimeQnn)
+                    + "): a binary newer than the runtime fails to load (QNN error " + CODE
+                    + "), so none of " + String.join(", ", labels) + " is tried", fallback);
+        }
+        List<String> refused = new ArrayList<>();
+        List<JSONObject> left = new ArrayList<>();
+        for (JSONObject b : ordered) {
+            String why = runtimeRefusal(b, runtime);
+            if (why == null) {
+                left.add(b);
+            } else {
+                refused.add(why);
+            }
+        }
+        String skipped = String.join("; ", refused);
+        if (left.isEmpty()) {
+            return cpu(RUNTIME_OLDER, "runtime QNN " + runtimeQnn + " is too old: " + skipped
+                    + " (it would fail to load: QNN error " + CODE + ")", fallback);
+        }
+        JSONObject pick = left.get(0);
+        String error = load.load(pick);
+        if (error != null) {
+            return cpu(LOAD_FAILED, label(pick) + " did not load: " + error, fallback);
+        }
+        String how = soc.equals(pick.optString("soc", null)) ? "built for" : "built for " + text(pick, "soc")
+                + ", verified on";
+        String reason = label(pick) + ": " + how + " " + soc + ", runtime QNN " + runtimeQnn + " >= minimum "
+                + text(pick, "min_runtime_qnn") + " (from " + text(pick, "min_runtime_from") + "), context loaded";
+        if (!refused.isEmpty()) {
+            reason += "; skipped: " + skipped + " (QNN error " + CODE + ")";
+        }
+        return new Decision("npu", pick.isNull("path") ? null : pick.optString("path"),
+                pick.isNull("precision") ? null : pick.optString("precision"), reason, NPU);
+    }
+
+    /** Rule 3 for one binary: why this runtime cannot load it, or null. */
+    public static String runtimeRefusal(JSONObject binary, int[] runtime) {
+        int[] needed = binary.isNull("min_runtime_qnn") ? null : version(binary.optString("min_runtime_qnn"));
+        if (needed == null) {
+            return label(binary) + " records no min_runtime_qnn";
+        }
+        if (older(runtime, needed)) {
+            return label(binary) + " needs QNN " + text(binary, "min_runtime_qnn") + " or newer (minimum from "
+                    + text(binary, "min_runtime_from") + ")";
+        }
+        return null;
+    }
+
+    private static Decision cpu(String rule, String why, String fallback) {
+        String where = fallback != null ? "the CPU runs " + fallback : "no CPU fallback in the manifest";
+        return new Decision("cpu", fallback, null, why + "; " + where, rule);
+    }
+
+    private static List<JSONObject> inOrder(List<JSONObject> found, List<String> order) {
+        Map<String, Integer> rank = new HashMap<>();
+        for (int i = 0; i < order.size(); i++) {
+            rank.putIfAbsent(order.get(i), i);
+        }
+        List<JSONObject> sorted = new ArrayList<>(found);
+        // List.sort is stable: a precision the order does not name comes after, in manifest order
+        sorted.sort((a, b) -> Integer.compare(rank.getOrDefault(a.optString("precision", null), order.size()),
+                rank.getOrDefault(b.optString("precision", null), order.size())));
+        return sorted;
+    }
+
+    private static List<String> precisionOrder(JSONObject manifest) {
+        JSONObject selection = manifest.optJSONObject("selection");
+        List<String> order = selection == null ? new ArrayList<>() : strings(selection.optJSONArray("precision_order"));
+        if (order.isEmpty()) {
+            order = Arrays.asList(DEFAULT_PRECISION_ORDER);
+        }
+        return order;
+    }
+
+    private static String label(JSONObject binary) {
+        return text(binary, "precision") + " " + text(binary, "path");
+    }
+
+    private static String text(JSONObject o, String key) {
+        return o.isNull(key) ? "?" : o.optString(key);
+    }
+
+    private static List<JSONObject> objects(JSONArray array) {
+        List<JSONObject> out = new ArrayList<>();
+        for (int i = 0; array != null && i < array.length(); i++) {
+            JSONObject o = array.optJSONObject(i);
+            if (o != null) {
+                out.add(o);
+            }
+        }
+        return out;
+    }
+
+    private static List<String> strings(JSONArray array) {
+        List<String> out = new ArrayList<>();
+        for (int i = 0; array != null && i < array.length(); i++) {
+            if (!array.isNull(i)) {
+                out.add(array.optString(i));
+            }
+        }
+        return out;
+    }
+}

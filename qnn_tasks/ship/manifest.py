@@ -1,0 +1,169 @@
+"""manifest.json: what a package holds and why it may be trusted, as data (schema: manifest.schema.json).
+
+Built only from records the report believes (verified.py) and from the files as copied into the package.
+Every path is relative to the package root. The JSON is deterministic (fixed key order, no timestamps, no
+paths of the machine that made it): two dists of the same build give the same bytes.
+"""
+from __future__ import annotations
+
+import json
+from importlib import metadata, resources
+from typing import Any
+
+from qnn_tasks.errors import StageError
+from qnn_tasks.qnn import runtimelibs
+
+SCHEMA = "qnn-npu-compile/manifest"
+SCHEMA_VERSION = 1
+SCHEMA_FILE = "manifest.schema.json"
+RULE = "exact chip, then precision order, runtime >= binary, load or CPU"
+DEFAULT_ORDER = ("fp16", "w8a16")  # fp16 first: near-lossless on chips that run it
+SIMULATOR = "x86 HTP simulator"
+PHONE = "phone"
+CPU = "x86 CPU (onnxruntime)"
+METRIC_KEYS = ("cosine", "max_abs", "mean_abs", "snr_db", "non_finite", "thresholds")
+CHECK_KEYS = ("kind", "output", "value", "min", "max", "passed", "meaning")
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema a manifest of this version follows (shipped in every package too)."""
+    return json.loads(resources.files("qnn_tasks.ship").joinpath(SCHEMA_FILE).read_text())
+
+
+def dumps(data: dict[str, Any]) -> bytes:
+    """Deterministic bytes: sorted keys, two-space indent, a final newline."""
+    return (json.dumps(data, indent=2, sort_keys=True, ensure_ascii=False, allow_nan=False) + "\n").encode()
+
+
+def validate(data: dict[str, Any]) -> None:
+    """Refuse a manifest its own schema does not accept (jsonschema, when installed: the test extra has it)."""
+    try:
+        import jsonschema
+    except ImportError:
+        return
+    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(data), key=lambda e: list(e.path))
+    if errors:
+        where = "/".join(map(str, errors[0].path)) or "(root)"
+        raise StageError(f"manifest.json: {where}: {errors[0].message} (a bug in dist: please report it)")
+
+
+def precision_order(ship: dict[str, Any]) -> list[str]:
+    """The model's declared precision order (model.yaml `ship.precision_order`; spec/ship.py fills the default)."""
+    return list(dict.fromkeys(list(ship.get("precision_order") or ()) + list(DEFAULT_ORDER)))
+
+
+def tool_version() -> str:
+    try:
+        return metadata.version("qnn-npu-compile")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def source(export: dict[str, Any] | None, file_sha256: str | None) -> dict[str, Any]:
+    """Where the model comes from: a package and its version, and/or a file and its digest."""
+    facts = (export or {}).get("source") or {}
+    return {"package": facts.get("package"), "version": facts.get("version"), "file": facts.get("file"),
+            "file_sha256": file_sha256}
+
+
+def tensors(declared: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The graph's tensors as the app feeds and reads them (model.yaml's names, shapes, dtypes)."""
+    return [{"name": t["name"], "shape": list(t["shape"]), "dtype": t["dtype"], "quantization": None} for t in declared]
+
+
+def binary_io(context: dict[str, Any], graph_io: dict[str, Any]) -> dict[str, Any]:
+    """The tensors as the binary holds them: where it takes quantized I/O (w8a16), the scale/offset the app applies
+    (real = scale * (q + offset), QNN's convention)."""
+    qnn_graphs = (context.get("binary") or {}).get("graphs") or []
+    if not qnn_graphs:
+        return {"inputs": [], "outputs": []}
+    qnn = qnn_graphs[0]
+
+    def one(kind: str) -> list[dict[str, Any]]:
+        found = []
+        for position, declared in enumerate(graph_io[kind]):
+            tensor = next((t for t in qnn[kind] if t["name"] == declared["name"]),
+                          qnn[kind][position] if position < len(qnn[kind]) else None)
+            if tensor is None:
+                continue
+            found.append({"name": declared["name"], "qnn_name": tensor["name"], "shape": list(tensor["shape"]),
+                          "dtype": tensor["dtype"], "quantization": _quantization(tensor.get("quantization"))})
+        return found
+    return {"inputs": one("inputs"), "outputs": one("outputs")}
+
+
+def _quantization(q: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A quantized tensor's encoding as qnn/binary.py reads it; a per-axis one has no single scale (null) but still
+    says it is quantized, so an app never takes it for float."""
+    if not q:
+        return None
+    extra = {k: q[k] for k in ("bitwidth", "axis", "count") if k in q}
+    return {"encoding": q.get("encoding"), "scale": q.get("scale"), "offset": q.get("offset"), **extra,
+            "formula": "real = scale * (q + offset)"}
+
+
+def min_runtime(compat: dict[str, Any] | None, compiler_qnn: str | None) -> tuple[str | None, str]:
+    """The oldest runtime QNN that loads the binary: measured by `doit compat`, else the compiler's own."""
+    measured = (compat or {}).get("minimum_runtime")
+    if measured:
+        return measured, "compat"
+    return compiler_qnn, "compiler"
+
+
+def qnn_version(build_id: str | None, fallback: str | None) -> str | None:
+    found = runtimelibs.version_tuple(build_id)
+    return ".".join(map(str, found)) if found else fallback
+
+
+def verification(records: dict[str, dict[str, Any]], pipelines: list[dict[str, Any]],
+                 phone: dict[str, Any] | None) -> dict[str, Any]:
+    """What was checked and with which numbers; each block says where it was measured."""
+    sim = records.get("simverify") or {}
+    statuses = [r.get("status") for r in [*records.values(), *pipelines] if r]
+    warnings = sorted({w for r in [*records.values(), *pipelines] if r for w in r.get("warnings") or []})
+    loop = records.get("loop")
+    return {
+        "status": "warning" if "warning" in statuses else "passed",
+        "simulator": {"measured_on": SIMULATOR, "samples": sim.get("samples"), "metrics": _metrics(sim.get("metrics")),
+                      "checks": _checks(sim.get("checks"))},
+        "loop": None if loop is None else {"measured_on": SIMULATOR, "status": loop.get("status"),
+                                           **{k: loop[k] for k in ("steps", "compared_steps", "first_differing_step")
+                                              if k in loop},
+                                           "metrics": _metrics(loop.get("metrics")),
+                                           "checks": _checks(loop.get("checks"))},
+        "pipelines": [{"measured_on": SIMULATOR, "graphs": p.get("graphs"), "status": p.get("status"),
+                       "samples": p.get("samples"),
+                       "metrics": _metrics(p.get("metrics")), "checks": _checks(p.get("checks"))} for p in pipelines],
+        "phone": _phone(phone),
+        "warnings": warnings,
+    }
+
+
+def _metrics(metrics: Any) -> dict[str, Any]:
+    if not isinstance(metrics, dict):
+        return {}
+    return {name: {k: m[k] for k in METRIC_KEYS if k in m} if isinstance(m, dict) else m
+            for name, m in sorted(metrics.items())}
+
+
+def _checks(checks: Any) -> list[dict[str, Any]]:
+    return [{k: c[k] for k in CHECK_KEYS if k in c} for c in checks or [] if isinstance(c, dict)]
+
+
+def _phone(record: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Results from attached phones (`doit verify`), where they exist for this very binary."""
+    if not record:
+        return []
+    found = []
+    for entry in record.get("devices") or []:
+        found.append({"measured_on": PHONE, "device": entry.get("model"), "soc_model": entry.get("soc_model"),
+                      "status": entry.get("status"), "metrics": _metrics(entry.get("metrics")),
+                      "checks": _checks(entry.get("checks")),
+                      **{k: entry[k] for k in ("latency", "rtf") if k in entry}})
+    return found
+
+
+def cpu_reference(cpucheck: dict[str, Any] | None) -> dict[str, Any]:
+    """How the CPU fallback compares with the original model (the cpucheck stage)."""
+    record = cpucheck or {}
+    return {"measured_on": CPU, "samples": record.get("samples"), "metrics": _metrics(record.get("metrics"))}

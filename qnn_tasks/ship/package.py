@@ -1,0 +1,292 @@
+"""`doit dist`: dist/<model>/ from what was verified, and only that; whole or not at all; incremental.
+
+The package is assembled in a hidden folder beside its final place and renamed onto it at the end: an
+interrupted dist leaves a `.<model>.dist-<pid>` folder (removed by the next dist), never a package that looks
+finished. A file whose bytes the previous package already holds is hard-linked from it instead of copied
+(a binary unchanged since the last dist costs a link). Every copy is hashed against the digest its record
+vouches for: a binary that changed since it was verified is left out (read as the report reads it: stale),
+and one that changes while being copied fails the dist. Package layout and fields: docs/shipping.md.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from qnn_tasks.errors import SpecError, StageError
+from qnn_tasks.run import records
+from qnn_tasks.run.calls import StageCall
+from qnn_tasks.ship import aipack, runtime, verified
+from qnn_tasks.ship import manifest as mf
+from qnn_tasks.ship.card import card
+
+ENV = "QNN_DIST"              # where packages go (a folder; wins over the profile's setting)
+SETTING = "dist"             # settings.dist in the first toolchain profile: a folder inside the project
+DEFAULT = "dist"
+HTP_BACKEND = "libQnnHtp.so"
+SYSTEM_LIB = "libQnnSystem.so"
+FALLBACK_WHEN = ("no binary was verified for the device's chip, its runtime QNN is older than the binary's, or the "
+                 "context fails to load")
+
+
+def dist_root(settings: dict[str, Any], profile_file: Path, root: Path, env: dict[str, str] | None = None) -> Path:
+    """$QNN_DIST (the user's own choice, anywhere), else settings.dist (confined to the project), else dist/."""
+    env = os.environ if env is None else env
+    if env.get(ENV):
+        return Path(env[ENV]).expanduser().resolve()
+    value = settings.get(SETTING, DEFAULT)
+    if not isinstance(value, str) or not value or Path(value).is_absolute():
+        raise SpecError(profile_file, f"settings.{SETTING}", f"expected a folder inside the project, got {value!r}",
+                        f"a relative path such as {DEFAULT}, or set {ENV}=<folder> for a place outside it")
+    path = (root / value).resolve()
+    if path == root.resolve() or root.resolve() not in path.parents:
+        raise SpecError(profile_file, f"settings.{SETTING}", f"'{value}' leaves the project folder or is the folder "
+                        "itself", f"a sub-folder such as {DEFAULT}, or set {ENV}=<folder> for a place outside it")
+    return path
+
+
+class _Assembly:
+    """The package being written in `tmp`, linking unchanged files from the previous package `old`."""
+
+    def __init__(self, tmp: Path, old: Path | None) -> None:
+        self.tmp, self.old = tmp, old
+        self.files: dict[str, dict[str, Any]] = {}
+        self.copied = self.linked = 0
+
+    def _reuse(self, rel: str, sha: str) -> bool:
+        previous = self.old / rel if self.old else None
+        if previous is None or not previous.is_file() or previous.is_symlink() or records.sha256(previous) != sha:
+            return False
+        os.link(previous, self.tmp / rel)
+        self.linked += 1
+        return True
+
+    def _target(self, rel: str) -> Path:
+        path = self.tmp / rel
+        if ".." in Path(rel).parts or Path(rel).is_absolute():
+            raise StageError(f"dist: '{rel}' would leave the package (a bug in dist: please report it)")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return path
+
+    def copy(self, src: Path, rel: str, sha: str | None = None) -> dict[str, Any]:
+        """Place `src` at `rel`; with `sha`, the bytes must be the ones its record vouches for."""
+        path = self._target(rel)
+        expected = sha or records.sha256(src)
+        if not self._reuse(rel, expected):
+            shutil.copyfile(src, path)
+            self.copied += 1
+            if records.sha256(path) != expected:
+                raise StageError(f"dist: {src} is not the file its record vouches for (its SHA-256 changed while it "
+                                 "was copied): refused (fix: rerun doit, then doit dist)")
+        self.files[rel] = {"size": path.stat().st_size, "sha256": expected}
+        return self.files[rel]
+
+    def put(self, data: bytes, rel: str) -> dict[str, Any]:
+        import hashlib
+
+        path = self._target(rel)
+        sha = hashlib.sha256(data).hexdigest()
+        if not self._reuse(rel, sha):
+            path.write_bytes(data)
+            self.copied += 1
+        self.files[rel] = {"size": len(data), "sha256": sha}
+        return self.files[rel]
+
+
+def write(inventory: dict[str, Any], root: Path, dest_root: Path, cache_dir: Path) -> dict[str, Any]:
+    """Write dest_root/<model>/ from the inventory's verified targets; return what was done (for the one line)."""
+    model = inventory["model"]
+    ship, omitted, graph_records = verified.sort_out(inventory)
+    if not ship:
+        reasons = "; ".join(f"{o['target']}: {o['reason']}" for o in omitted[:3]) or "no chip targets"
+        raise StageError(f"nothing verified to ship for {model} ({reasons}) (fix: run doit until the report passes)")
+    dest = dest_root / model
+    _check_replaceable(dest)
+    dest_root.mkdir(parents=True, exist_ok=True)
+    for leftover in dest_root.glob(f".{model}.dist-*"):  # an interrupted dist's folder: never a package
+        shutil.rmtree(leftover, ignore_errors=True)
+    previous = dest if dest.is_dir() else next(iter(sorted(dest_root.glob(f".{model}.old-*"))), None)
+    tmp = dest_root / f".{model}.dist-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        work = _Assembly(tmp, previous)
+        data, line = _assemble(inventory, ship, omitted, graph_records, work, root, cache_dir)
+        pack = aipack.write(data, tmp, tmp / "android", delivery=(inventory.get("ship") or {}).get(
+            "delivery", "install-time"), socs={soc: SimpleNamespace(platform=platform)
+                                              for soc, platform in (inventory.get("platforms") or {}).items()})
+        _swap(tmp, dest, dest_root, model)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for old in dest_root.glob(f".{model}.old-*"):
+        shutil.rmtree(old, ignore_errors=True)
+    binaries = [b for g in data["graphs"].values() for b in g["binaries"]]
+    return {"model": model, "dest": str(dest), "binaries": len(binaries),
+            "socs": sorted({b["soc"] for b in binaries}), "omitted": data["omitted"], "runtime_line": line,
+            "bytes": sum(f["size"] for f in data["files"].values()), "copied": work.copied, "linked": work.linked,
+            "aipack_line": aipack.summary(pack)}
+
+
+def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Path, cache_dir: Path):
+    """Every file of the package into `work`, manifest.json last; returns (manifest, the runtime libs' line)."""
+    toolchain = inventory["toolchain"]
+    compiler_qnn = compiler_version(toolchain, ship)
+    graphs = {g["name"]: _graph(g, graph_records[g["name"]], work, root) for g in inventory["graphs"]
+              if verified.graph_ok(graph_records[g["name"]])}  # else its chips are in `omitted` with the reason
+    archs, manifests = set(), {}
+    for item in sorted(ship, key=lambda s: (s.chip["graph"], s.chip["soc"]["name"], s.chip["precision"])):
+        graph = next(g for g in inventory["graphs"] if g["name"] == item.chip["graph"])
+        graphs[graph["name"]]["binaries"].append(_binary(item, graph, work, root, compiler_qnn))
+        archs.add(item.chip["soc"]["dsp_arch"])
+        if item.chip.get("runtime_manifest"):
+            manifests.setdefault(item.chip["soc"]["dsp_arch"], root / item.chip["runtime_manifest"])
+    libs, copies, line = runtime.plan(sorted(archs), compiler_qnn, toolchain.get("settings") or {},
+                                      Path(toolchain["file"]), root, manifests, cache_dir)
+    for arch, files in sorted(copies.items()):
+        for entry in libs[arch]["files"]:
+            entry.update(work.copy(files[entry["name"]], entry["path"]))
+    export = next((graph_records[g["name"]].get("export") for g in inventory["graphs"]), None)
+    source_file = next((g["source_file"] for g in inventory["graphs"] if g.get("source_file")), None)
+    data = {"schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "model": inventory["model"],
+            "description": inventory["description"], "licence": inventory["licence"],
+            "source": mf.source(export, records.sha256(root / source_file) if source_file else None),
+            "tool": {"name": "qnn-npu-compile", "version": mf.tool_version()},
+            "toolchain": toolchain_facts(toolchain, compiler_qnn),
+            "selection": {"precision_order": mf.precision_order(inventory.get("ship") or {}), "rule": mf.RULE},
+            "graphs": graphs, "runtime_libs": libs, "omitted": sorted(omitted, key=lambda o: o["target"])}
+    size_notes = [{"graph": name, **note} for name in graphs
+                  for note in (graph_records[name].get("export") or {}).get("size_notes") or ()]
+    if size_notes:  # what a size of a graph comes from and which option changed it (the export record's notes)
+        data["size_notes"] = size_notes
+    work.put(mf.dumps(mf.schema()), mf.SCHEMA_FILE)
+    work.put(card(data).encode(), "MODEL_CARD.md")
+    data["files"] = dict(sorted(work.files.items()))
+    mf.validate(data)
+    (work.tmp / "manifest.json").write_bytes(mf.dumps(data))  # last: a folder without it is no package
+    return data, line
+
+
+def _graph(g: dict[str, Any], stages: dict[str, Any], work: _Assembly, root: Path) -> dict[str, Any]:
+    """A verified graph's entry: its tensors and its CPU fallback (the simplified ONNX its binaries were judged by)."""
+    simplified = stages["simplify"]["files"][g["simplified"]]
+    fallback = work.copy(root / g["simplified"], f"cpu/{g['name']}.onnx", simplified["sha256"])
+    return {"inputs": mf.tensors(g["io"]["inputs"]), "outputs": mf.tensors(g["io"]["outputs"]),
+            "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU", "when": FALLBACK_WHEN,
+                         "verified_against": mf.cpu_reference(stages.get("cpucheck"))},
+            "binaries": []}
+
+
+def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, root: Path,
+            compiler_qnn: str | None) -> dict[str, Any]:
+    """One verified binary into the package (with its EPContext wrapper and provider options) and its entry."""
+    from qnn_tasks.stages import compat
+
+    chip, context = item.chip, item.records["context"]
+    soc, precision = chip["soc"], chip["precision"]
+    stem = f"{soc['name']}/{chip['graph']}.{precision}"
+    binary = work.copy(root / chip["binary"], f"{stem}.bin", context["files"][chip["binary"]]["sha256"])
+    work.put(_wrapper(root / chip["ctx_onnx"], context["files"][chip["ctx_onnx"]]["sha256"],
+                      f"{chip['graph']}.{precision}.bin"), f"{stem}_ctx.onnx")
+    options = records.read(root / chip["provider_options"]) or {}
+    work.put(mf.dumps(provider_options(options, soc)), f"{stem}.provider_options.json")
+    info = context.get("binary") or {}
+    build_qnn = mf.qnn_version(info.get("build_id"), compiler_qnn)
+    minimum, minimum_from = mf.min_runtime(compat.lookup(binary["sha256"]), build_qnn)
+    phone = records.read(root / chip["device_records"]["verify"])
+    if phone and (phone.get("binary") or {}).get("sha256") != binary["sha256"]:
+        phone = None  # results of another build of this target
+    return {"soc": soc["name"], "socs": [soc["name"]], "soc_model": soc["soc_id"], "dsp_arch": soc["dsp_arch"],
+            "precision": precision, "path": f"{stem}.bin", **binary,
+            "qnn_build_id": info.get("build_id"), "qnn_version": build_qnn,
+            "min_runtime_qnn": minimum, "min_runtime_from": minimum_from,
+            "io": mf.binary_io(context, graph["io"]),
+            "ort": {"ctx_onnx": f"{stem}_ctx.onnx", "provider_options": f"{stem}.provider_options.json"},
+            "sherpa_onnx": {"context_binary": f"{stem}.bin", "backend_lib": HTP_BACKEND, "system_lib": SYSTEM_LIB},
+            "target": chip["target"], "verification": mf.verification(item.records, item.pipelines, phone)}
+
+
+def compiler_version(toolchain: dict[str, Any], ship: list[verified.Shippable]) -> str | None:
+    """The QNN version that compiled the binaries, as they say themselves (their build id); else the toolchain's
+    (ort-qnn) or its SDK's (qairt). What the phone's runtime libraries must match."""
+    builds = sorted({v for s in ship if (v := mf.qnn_version((s.records["context"].get("binary") or {}).get(
+        "build_id"), None))})
+    if len(builds) > 1:
+        raise StageError(f"dist: the binaries were built by several QNN versions ({', '.join(builds)}): one package "
+                         "holds one (fix: rebuild them with one toolchain)")
+    version = builds[0] if builds else toolchain.get("qnn") or (toolchain.get("sdk") or {}).get("version")
+    found = runtime.runtimelibs.version_tuple(version)
+    return ".".join(map(str, found)) if found else version
+
+
+def toolchain_facts(toolchain: dict[str, Any], qnn: str | None) -> dict[str, Any]:
+    """Which toolchain compiled the binaries: its id, kind, QNN and package versions, options; no local paths."""
+    facts = {"id": toolchain["id"], "kind": toolchain["kind"], "qnn": qnn, "options": toolchain.get("options") or {}}
+    facts.update({k: toolchain[k] for k in ("onnxruntime", "onnxruntime-qnn") if k in toolchain})
+    if isinstance(toolchain.get("sdk"), dict):
+        facts["sdk"] = {k: toolchain["sdk"].get(k) for k in ("version", "folder")}
+    return facts
+
+
+def provider_options(compiled: dict[str, Any], soc: dict[str, Any]) -> dict[str, str]:
+    """onnxruntime QNN EP options for the phone: the chip's, the HTP backend by name (beside the app's libs)."""
+    options = {k: str(v) for k, v in compiled.items() if k not in ("backend_path", "profiling_file_path")}
+    options.update(backend_path=HTP_BACKEND, soc_model=str(soc["soc_id"]), htp_arch=soc["dsp_arch"].lstrip("v"))
+    return dict(sorted(options.items()))
+
+
+def _wrapper(ctx_onnx: Path, sha: str, binary_name: str) -> bytes:
+    """The EPContext wrapper pointing at the binary beside it (onnxruntime refuses '..' and absolute paths there)."""
+    import onnx
+
+    if records.sha256(ctx_onnx) != sha:
+        raise StageError(f"dist: {ctx_onnx} changed since its record was written: refused (fix: rerun doit)")
+    model = onnx.load(str(ctx_onnx), load_external_data=False)
+    for node in model.graph.node:
+        for attribute in node.attribute:
+            if node.op_type == "EPContext" and attribute.name == "ep_cache_context":
+                attribute.s = binary_name.encode()
+    for prop in model.metadata_props:
+        if prop.key == "qnn_tasks.binary":
+            prop.value = binary_name
+    return model.SerializeToString(deterministic=True)
+
+
+def _check_replaceable(dest: Path) -> None:
+    """Only a package dist wrote is replaced: a folder of the user's own is never deleted."""
+    if not dest.exists() and not dest.is_symlink():
+        return
+    facts = records.read(dest / "manifest.json") if dest.is_dir() and not dest.is_symlink() else None
+    if not facts or facts.get("schema") != mf.SCHEMA:
+        raise StageError(f"{dest}: exists and is not a package written by doit dist (no manifest.json of "
+                         f"{mf.SCHEMA}): refusing to replace it (fix: move it away, or set {ENV}=<another folder>)")
+
+
+def _swap(tmp: Path, dest: Path, dest_root: Path, model: str) -> None:
+    """The finished folder takes the package's place; the old one is moved aside first, removed after."""
+    if dest.exists():
+        dest.rename(dest_root / f".{model}.old-{os.getpid()}")
+    tmp.rename(dest)
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return write(a["inventory"], Path(a["root"]), Path(a["dest_root"]), Path(a["cache_dir"]))
+
+
+def summary(done: dict[str, Any]) -> str:
+    """What dist prints: the package, what is in it, what was left out and why, the runtime libs' line."""
+    omitted = "; ".join(f"{o['target']} ({o['reason']})" for o in done["omitted"])
+    dest = Path(done["dest"])
+    shown = os.path.relpath(dest) if Path.cwd() in dest.parents else str(dest)
+    count = done["binaries"]
+    binaries = f"{count} binar{'y' if count == 1 else 'ies'}"
+    lines = [f"dist:{done['model']}: {shown}: {binaries} for {', '.join(done['socs'])}, "
+             f"{done['bytes'] / 2**20:.1f} MiB (files written: {done['copied']}, unchanged and kept: {done['linked']})"
+             + (f"; left out {len(done['omitted'])}: {omitted}" if done["omitted"] else "")]
+    if done["runtime_line"]:
+        lines.append(f"dist:{done['model']}: {done['runtime_line']}")
+    if done.get("aipack_line"):
+        lines.append(f"dist:{done['model']}: {done['aipack_line']}")
+    return "\n".join(lines)

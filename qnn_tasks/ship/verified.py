@@ -1,0 +1,62 @@
+"""Which of a model's targets were verified, read the way the report reads records (report/gather.py).
+
+A record is believed only while the files it vouches for are there with their digests: a binary
+changed since its context record makes that record `stale`, and the target is left out. A target
+ships only when every stage it depends on passed: its graph's stages, its toolchain and chip
+stages, its loop, and every pipeline it is a link of. Everything else is named with its reason.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from qnn_tasks.report.gather import combine, read_checked
+from qnn_tasks.run.status import BAD, good
+
+
+@dataclass
+class Shippable:
+    chip: dict[str, Any]                  # the inventory's chip entry
+    records: dict[str, dict[str, Any]]    # stage -> its (believed) record
+    pipelines: list[dict[str, Any]] = field(default_factory=list)  # pipeline records this target is a link of
+
+
+def sort_out(inventory: dict[str, Any]) -> tuple[list[Shippable], list[dict[str, str]], dict[str, dict]]:
+    """(targets to ship, [{target, reason}] left out, graph name -> its believed graph-stage records)."""
+    graph_records = {g["name"]: {stage: read_checked(path) for stage, path in g["records"].items()}
+                     for g in inventory["graphs"]}
+    pipelines = {p["name"]: (p, read_checked(p["record"])) for p in inventory["pipelines"]}
+    ship, omitted = [], []
+    for chip in inventory["chips"]:
+        target = chip["target"]
+        if chip["skip"]:
+            omitted.append({"target": target, "reason": f"skipped: {chip['skip']}"})
+            continue
+        own = {stage: read_checked(path) for stage, path in chip["records"].items()}
+        links = [(name, record) for name, (p, record) in pipelines.items() if target in p["targets"]]
+        reason = _why_not(graph_records[chip["graph"]], own, links)
+        if reason:
+            omitted.append({"target": target, "reason": reason})
+        else:
+            ship.append(Shippable(chip=chip, records=own, pipelines=[r for _, r in links]))
+    return ship, omitted, graph_records
+
+
+def _why_not(graph: dict[str, Any], own: dict[str, Any], links: list[tuple[str, Any]]) -> str | None:
+    """The first reason the target is not verified (None: it is), in build order."""
+    stages = [(f"graph stage {s}", r) for s, r in graph.items()] + [(s, r) for s, r in own.items()] \
+        + [(f"pipeline {name}", r) for name, r in links]
+    for label, record in stages:
+        status = combine([record])
+        if status in BAD:
+            word = "stale" if status == "stale" else "failed"
+            error = str(record.get("error") or status)
+            return f"{word}: {label}: {error.removeprefix(f'{word}: ')}"
+        if status == "pending":
+            return f"unbuilt: {label} has no record (run doit to build and verify it)"
+    return None
+
+
+def graph_ok(stages: dict[str, Any]) -> bool:
+    """Every graph stage (export .. cpucheck) has a believed, passing record."""
+    return all(good(combine([record])) for record in stages.values())
