@@ -70,7 +70,8 @@ def test_dims_make_one_graph_per_size(tmp_path):
     assert facts["rule"] == "smallest that fits" and facts["graphs"] == {"8": "enc.seq8", "32": "enc.seq32"}
     assert specsizes.facts(graph_to_dict(large, tmp_path)) == facts  # from a stage call's graph too
     assert specsizes.facts(graph_from_dict(graph_to_dict(large, tmp_path))) == facts
-    assert specsizes.selection(model.graphs) == [facts] and specsizes.facts(model.graphs[0]) == facts
+    assert facts["size"] == 32 and specsizes.facts(small)["size"] == 8
+    assert specsizes.selection(model.graphs) == [{k: v for k, v in facts.items() if k != "size"}]
     # the short form: pad 0 for every input with the dim, longer inputs skipped
     short = load(tmp_path, SIZED_YAML.replace("seq: {sizes: [8, 32], pad: {ids: 0, mask: 0}, longer: truncate}",
                                               "seq: [16]"))
@@ -173,6 +174,15 @@ def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp
     by_graph = {e["graph"]: e for e in report["sizes"]}
     assert [c["graph"] for c in by_graph["pool"]["sizes"]] == ["pool.seq16", "pool.seq32"]
     assert by_graph["pool"]["status"] == "passed" and by_graph["leaky"]["status"] == "failed"
+
+    # the package lists the sizes and the rule; a graph whose cross-size check failed ships no size
+    shipped = project.doit("dist")
+    manifest = json.loads(project.path("dist/pool/manifest.json").read_text())
+    sizes = manifest["selection"]["sizes"]
+    assert [(f["graph"], f["sizes"], f["rule"], f["graphs"]) for f in sizes] == [
+        ("pool", [16, 32], "smallest that fits", {"16": "pool.seq16", "32": "pool.seq32"})]
+    assert manifest["graphs"]["pool.seq16"]["size"] == {"of": "pool", "dim": "seq", "size": 16}
+    assert "cross-size check of leaky" in shipped.failure_line("dist:leaky")
 
     # an export change that only the 32 size sees: that size rebuilds, the other stays
     project.edit("models/pool/export.py", 'nodes, "pool",', 'nodes, "pool" if ctx.size != 32 else "pool32",')

@@ -177,22 +177,22 @@ def at_size(data: dict[str, Any], sized: dict[str, SizeSpec], size: int) -> dict
 def facts(graph: Any) -> dict[str, Any] | None:
     """The sizes facts of a sized graph for a package's manifest (None for a graph without sizes): the declared
     graph, dim, sizes, each size's graph, the rule "smallest that fits", pad values and what happens to a longer
-    input. `graph` is a GraphSpec or its call-argument dict (spec/serial.py graph_to_dict)."""
+    input, and this graph's own size. `graph` is a GraphSpec or its call-argument dict (spec/serial.py graph_to_dict)."""
     size = graph.get("size") if isinstance(graph, dict) else getattr(graph, "size", None)
     if size is None:
         return None
     size = SizeSpec.from_dict(size) if isinstance(size, dict) else size
-    return {"graph": size.graph, "dim": size.dim, "sizes": list(size.sizes),
+    return {"graph": size.graph, "dim": size.dim, "size": size.size, "sizes": list(size.sizes),
             "graphs": {str(s): size.name_of(s) for s in size.sizes}, "rule": RULE, "pad": dict(size.pad),
             "longer": size.longer, "axes": dict(size.axes)}
 
 
 def selection(graphs: Any) -> list[dict[str, Any]]:
-    """The sizes facts of every graph with sizes among `graphs` (GraphSpecs or graph dicts), once per declared
-    graph: what a package manifest's `selection` lists beside its precision order."""
+    """The sizes facts of every graph with sizes among `graphs` (GraphSpecs, graph dicts, or facts already made),
+    once per declared graph and without one size's own `size`: what a package manifest's `selection` lists."""
     found: dict[str, dict[str, Any]] = {}
     for graph in graphs:
-        known = facts(graph)
+        known = graph if isinstance(graph, dict) and "rule" in graph else facts(graph)
         if known is not None:
-            found.setdefault(known["graph"], known)
+            found.setdefault(known["graph"], {k: v for k, v in known.items() if k != "size"})
     return list(found.values())
