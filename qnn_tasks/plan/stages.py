@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -124,6 +125,15 @@ class Planner:
         self._model_code: dict[Path, list[str]] = {}
 
     # ------------------------------------------------------------ shared pieces
+    @cached_property
+    def sized_chips(self) -> dict[tuple[str, str, str, str], list[ChipTarget]]:
+        """(declared graph, precision, chip, toolchain suffix) -> the chip targets of its sizes, ascending (once)."""
+        index: dict[tuple[str, str, str, str], list[ChipTarget]] = {}
+        for ct in self.chips:
+            if ct.graph.size is not None:
+                index.setdefault((ct.graph.size.graph, ct.precision, ct.soc.name, ct.variant.suffix), []).append(ct)
+        return {key: sorted(chips, key=lambda c: c.graph.size.size) for key, chips in index.items()}
+
     def binding(self, target: VariantTarget | ChipTarget | PipelineTarget) -> Binding:
         if isinstance(target, PipelineTarget):
             target = target.chips[0]
@@ -466,15 +476,7 @@ def size_chips(p: Planner, ct: ChipTarget) -> list[ChipTarget]:
     size = ct.graph.size
     if size is None:
         return []
-    index = p.__dict__.get("_size_chips")
-    if index is None:  # once per run: (declared graph, precision, chip, toolchain suffix) -> its sizes' targets
-        index = {}
-        for other in p.chips:
-            if other.graph.size is not None:
-                index.setdefault((other.graph.size.graph, other.precision, other.soc.name, other.variant.suffix),
-                                 []).append(other)
-        p.__dict__["_size_chips"] = index
-    return sorted(index[(size.graph, ct.precision, ct.soc.name, ct.variant.suffix)], key=lambda c: c.graph.size.size)
+    return p.sized_chips[(size.graph, ct.precision, ct.soc.name, ct.variant.suffix)]
 
 
 def plan_crosssize(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
