@@ -167,8 +167,8 @@ class PipelineTarget:
 
     @property
     def name(self) -> str:
-        first, size = self.chips[0], getattr(self.pipeline, "size", "")
-        return f"{self.pipeline.model}{'.' + size if size else ''}-{first.soc.name}{first.variant.suffix}"
+        first = self.chips[0]
+        return f"{self.pipeline.name or self.pipeline.model}-{first.soc.name}{first.variant.suffix}"
 
     @property
     def soc(self) -> Soc:
@@ -184,12 +184,12 @@ def pipeline_targets(project: Project, chips: list[ChipTarget], toolchain_id: st
              if ct.precision == ct.graph.precision and not ct.skip_reason}
     targets = []
     for model in project.models:
-        # a pipeline over graphs with sizes is one per size (`<model>.<dim><size>-<SOC>`, folder pipeline.<dim><size>)
-        for spec in ((model.pipeline,) if model.pipeline is not None else ()) + tuple(model.size_pipelines):
-            folder = f"pipeline.{spec.size}" if spec.size else "pipeline"
+        chains = [(model.pipeline, Path(BUILD_DIR) / model.name / "pipeline")] if model.pipeline else []
+        chains += [(spec, Path(BUILD_DIR) / model.name / f"pipeline.{spec.size}")
+                   for spec in model.size_pipelines]  # a pipeline over graphs with sizes: one per size
+        for spec, folder in chains:
             for soc in project.socs:
                 chain = [built.get((name, soc)) for name in spec.graphs]
                 if all(chain):
-                    targets.append(PipelineTarget(pipeline=spec, chips=tuple(chain),
-                                                  dir=Path(BUILD_DIR) / model.name / folder / toolchain_id / soc))
+                    targets.append(PipelineTarget(pipeline=spec, chips=tuple(chain), dir=folder / toolchain_id / soc))
     return targets

@@ -377,7 +377,8 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
         if isinstance(pipeline_data, dict) else None
     if chain is not None:  # one pipeline per size: each graph with sizes at that size
         size_pipelines = tuple(replace(specpipeline.load(specsizes.at_size(pipeline_data, sized, size), graphs,
-                                                         model_dir.name, path), size=f"{chain.dim}{size}")
+                                                         model_dir.name, path),
+                                       name=f"{model_dir.name}.{chain.dim}{size}", size=f"{chain.dim}{size}")
                                for size in chain.sizes)
         pipeline_data = None
     pipeline = specpipeline.load(pipeline_data, graphs, model_dir.name, path)
