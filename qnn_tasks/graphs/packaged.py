@@ -67,7 +67,7 @@ def export(graph: GraphSpec, source: Path | None, out_path: Path, skip: Iterable
         onnx.checker.check_model(model)
     except Exception as err:
         raise StageError(f"{source_where(graph)}: the rewritten {source.name} is not valid ONNX: "
-                         f"{str(err).strip().splitlines()[0]} (fix: drop the last rewrite from graphs.{graph.name}.rewrites "
+                         f"{str(err).strip().splitlines()[0]} (fix: drop the last rewrite from {graph.key}.rewrites "
                          f"and report it)") from None
     onnx.save(model, str(out_path))
     return {"boundary": fixed, "rewrites": report, "skipped_rewrites": sorted(set(skip) & set(graph.rewrites))}
@@ -88,7 +88,7 @@ def apply_rewrites(graph: GraphSpec, model, skip: Iterable[str] = ()) -> list[di
     try:
         return rewrites.apply(model, graph.rewrites, skip=skip)
     except rewrites.RewriteError as err:
-        raise StageError(f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.rewrites: {err}") from None
+        raise StageError(f"{graph.model_dir / 'model.yaml'}: {graph.key}.rewrites: {err}") from None
 
 
 def reference(graph: GraphSpec, source: Path | None, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:

@@ -8,6 +8,7 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
+from qnn_tasks.judge import fitting
 from qnn_tasks.judge.dtypes import cast_to
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
@@ -65,7 +66,7 @@ def read_declared(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list
 
         return media.load(graph, notes)
     files = graph.sample_files()
-    where = f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples"
+    where = f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples"
     if not files:
         raise StageError(f"{where}: no sample file matches {graph.samples['files'] if graph.samples else None} "
                          f"(fix: add .npz/.npy files to {graph.model_dir} or fix the pattern)")
@@ -78,9 +79,9 @@ def read_declared(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list
         counts = set()
         for spec in graph.inputs:
             value = arrays[spec.name]
-            if tuple(value.shape) == spec.shape:
+            if fitting.same_shape(value.shape, spec, graph):  # a graph with sizes: any length, fitted later
                 arrays[spec.name] = value[None]
-            elif tuple(value.shape[1:]) != spec.shape:
+            elif not fitting.same_shape(value.shape[1:], spec, graph):
                 raise StageError(f"{where}: {path.name}: '{spec.name}' has shape {list(value.shape)}; model.yaml "
                                  f"declares {list(spec.shape)} (fix: save one sample of that shape, or a stack "
                                  f"(N, {', '.join(map(str, spec.shape))}))")

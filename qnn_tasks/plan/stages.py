@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -124,6 +125,15 @@ class Planner:
         self._model_code: dict[Path, list[str]] = {}
 
     # ------------------------------------------------------------ shared pieces
+    @cached_property
+    def sized_chips(self) -> dict[tuple[str, str, str, str], list[ChipTarget]]:
+        """(declared graph, precision, chip, toolchain suffix) -> the chip targets of its sizes, ascending (once)."""
+        index: dict[tuple[str, str, str, str], list[ChipTarget]] = {}
+        for ct in self.chips:
+            if ct.graph.size is not None:
+                index.setdefault((ct.graph.size.graph, ct.precision, ct.soc.name, ct.variant.suffix), []).append(ct)
+        return {key: sorted(chips, key=lambda c: c.graph.size.size) for key, chips in index.items()}
+
     def binding(self, target: VariantTarget | ChipTarget | PipelineTarget) -> Binding:
         if isinstance(target, PipelineTarget):
             target = target.chips[0]
@@ -435,7 +445,7 @@ def simulated_first_link(pt: PipelineTarget) -> str | None:
 def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
     """The model's `loop:` graph run step after step on the chip's simulator and on CPU, each carrying its state."""
     loop = p.model(ct.graph).loop
-    if loop is None or loop.graph != ct.graph.name:
+    if not runs_loop(loop, ct.graph):
         return None
     start, start_files, task_dep = None, [], []
     if loop.start:  # encoder once -> decoder loop: each run starts from the pipeline's kept outputs on this chip
@@ -463,9 +473,49 @@ def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
                       task_dep=task_dep)
 
 
+def size_chips(p: Planner, ct: ChipTarget) -> list[ChipTarget]:
+    """Every size of the chip target's graph (model.yaml `dims:`) at its precision, chip and toolchain, ascending;
+    empty for a graph without sizes."""
+    size = ct.graph.size
+    if size is None:
+        return []
+    return p.sized_chips[(size.graph, ct.precision, ct.soc.name, ct.variant.suffix)]
+
+
+def plan_crosssize(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
+    """On the largest size of a graph with sizes: every smaller size's samples padded into every larger size give
+    the same result on this chip's simulator (the kept simulate outputs of each size, judged by the graph's checks)."""
+    sizes = size_chips(p, ct)
+    if len(sizes) < 2 or sizes[-1] is not ct:
+        return None
+    inputs = [str(c.graph_target.inputs) for c in sizes]
+    outputs = [f"{c.dir_str}/simulate/outputs.npz" for c in sizes]
+    names = [c.graph.name for c in sizes]
+    settings = p.cached_json("verify", ct.variant.name, lambda: ct.verify)
+    runs_code = any(check["kind"] in MODEL_CHECKS for check in ct.verify["checks"])
+    return chip_plan(p, stage, ct, inputs + outputs + (p.code_deps(ct.graph) if runs_code else [])
+                     + p.check_deps(ct.graph, ct.verify), [],
+                     p.key(stage, None, ct.precision, settings, json.dumps(ct.graph.size.as_dict(), sort_keys=True)),
+                     lambda: {"graphs": [p.graph_dict(c.graph) for c in sizes], "verify": ct.verify, "inputs": inputs,
+                              "outputs": outputs, "soc_name": ct.soc.name},
+                     f"cross-size check of {ct.graph.size.graph} on {ct.soc.name}: a sample that fits "
+                     f"{', '.join(names[:-1])} gives the same result padded into every larger size up to {names[-1]}",
+                     task_dep=[f"simulate:{c.name}" for c in sizes[:-1]])
+
+
+def crosssize_chips(planner: Planner) -> list[ChipTarget]:
+    """The chip targets that carry a cross-size check (the largest size of each graph with sizes, not skipped)."""
+    return [ct for ct in planner.chips if not ct.skip_reason and plan_crosssize(planner, CROSSSIZE, ct) is not None]
+
+
+def runs_loop(loop: Any, graph: GraphSpec) -> bool:
+    """Whether `graph` is its model's `loop:` graph, or a size of it (a loop over a graph with sizes runs per size)."""
+    return loop is not None and loop.graph in (graph.name, graph.size.graph if graph.size else None)
+
+
 def loop_chips(planner: Planner) -> list[ChipTarget]:
     """The chip targets whose graph is its model's `loop:` graph (each has a loop stage)."""
-    return [ct for ct in planner.chips if (loop := planner.model(ct.graph).loop) and loop.graph == ct.graph.name
+    return [ct for ct in planner.chips if runs_loop(loop := planner.model(ct.graph).loop, ct.graph)
             and (not loop.start or plan_loop(planner, LOOP, ct) is not None)]
 
 
@@ -505,6 +555,9 @@ CHIP_STAGES = (
 PIPELINE = StageDef("pipeline", "pipeline", "Chain each model's pipeline graphs on the host simulator (each fed the "
                     "previous one's NPU outputs) and judge the end against the same chain on CPU.",
                     "qnn_tasks.stages.pipeline:run_call", plan_pipeline, remote=True, toolchain=True, column=False)
+CROSSSIZE = StageDef("crosssize", "chip", "Check each graph with sizes (dims:) on each chip's simulator: a sample that "
+                     "fits a smaller size gives the same result padded into every larger one.",
+                     "qnn_tasks.stages.crosssize:run_call", plan_crosssize, heavy=False, column=False)
 VARIANT_RUNNER = "qnn_tasks.toolchains.calls:graph_stage"  # quantize; convert, modellib: rows from the toolchain
 # On demand: created only when asked for (`doit diagnose`), never in the default run. Rows without a runner are
 # task-layer work (phones, dependency checks) that calls no stage function.
@@ -578,7 +631,8 @@ def build_stage_defs(planner: Planner) -> list[StageDef]:
     if not any("w8a16" in gt.graph.precisions for gt in planner.graphs):
         rows = [r for r in rows if r.name != "calibrate"]
     return (rows + registered("graph") + variant_stage_defs(planner) + list(CHIP_STAGES) + registered("chip")
-            + ([PIPELINE] if planner.pipelines else []) + ([LOOP] if any(m.loop for m in planner.project.models) else []))
+            + ([PIPELINE] if planner.pipelines else []) + ([LOOP] if any(m.loop for m in planner.project.models) else [])
+            + ([CROSSSIZE] if any(gt.graph.size for gt in planner.graphs) else []))
 
 
 def targets_of(planner: Planner, stage: StageDef) -> list:
@@ -607,4 +661,5 @@ def record_paths(planner: Planner) -> list[str]:
     paths += [f"{ct.dir_str}/{stage.name}/{stage.name}.json" for ct in planner.chips for stage in CHIP_STAGES + (DIAGNOSE,)]
     paths += [f"{pt.dir}/{PIPELINE.name}/{PIPELINE.name}.json" for pt in planner.pipelines]
     paths += [f"{ct.dir_str}/{LOOP.name}/{LOOP.name}.json" for ct in loop_chips(planner)]
+    paths += [CROSSSIZE.record_of(ct) for ct in crosssize_chips(planner)]
     return paths + [DEVICE_STAMP, COMPAT_RECORD]  # one file for all device records (not 2 stats per target)

@@ -168,7 +168,7 @@ class PipelineTarget:
     @property
     def name(self) -> str:
         first = self.chips[0]
-        return f"{self.pipeline.model}-{first.soc.name}{first.variant.suffix}"
+        return f"{self.pipeline.name or self.pipeline.model}-{first.soc.name}{first.variant.suffix}"
 
     @property
     def soc(self) -> Soc:
@@ -184,11 +184,12 @@ def pipeline_targets(project: Project, chips: list[ChipTarget], toolchain_id: st
              if ct.precision == ct.graph.precision and not ct.skip_reason}
     targets = []
     for model in project.models:
-        if model.pipeline is None:
-            continue
-        for soc in project.socs:
-            chain = [built.get((name, soc)) for name in model.pipeline.graphs]
-            if all(chain):
-                targets.append(PipelineTarget(pipeline=model.pipeline, chips=tuple(chain),
-                                              dir=Path(BUILD_DIR) / model.name / "pipeline" / toolchain_id / soc))
+        chains = [(model.pipeline, Path(BUILD_DIR) / model.name / "pipeline")] if model.pipeline else []
+        chains += [(spec, Path(BUILD_DIR) / model.name / f"pipeline.{spec.size}")
+                   for spec in model.size_pipelines]  # a pipeline over graphs with sizes: one per size
+        for spec, folder in chains:
+            for soc in project.socs:
+                chain = [built.get((name, soc)) for name in spec.graphs]
+                if all(chain):
+                    targets.append(PipelineTarget(pipeline=spec, chips=tuple(chain), dir=folder / toolchain_id / soc))
     return targets

@@ -92,9 +92,12 @@ def collect(planner) -> dict[str, Any]:
 
     pipelines = [pipeline_entry(pt) for pt in planner.pipelines]
     loops = [loop_entry(ct) for ct in loop_chips(planner)]
+    from qnn_tasks.report import sizes as size_report
+
+    sizes = size_report.entries(planner, targets, read_checked, combine)
     broken = [{"model": model, "status": "not buildable", "error": problem} for model, problem in planner.project.broken]
     # complete: every expected (not skipped) target and pipeline has a verdict its outputs still back
-    no_verdict = [t["name"] for t in targets + pipelines + loops if t["status"] in NO_VERDICT]
+    no_verdict = [t["name"] for t in targets + pipelines + loops + sizes if t["status"] in NO_VERDICT]
     data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {"targets": len(targets), **summary,
                         "graphs_failed": sum(1 for g in graph_entries if g["status"] in BAD),
@@ -102,11 +105,12 @@ def collect(planner) -> dict[str, Any]:
                         "pipelines_failed": sum(1 for p in pipelines if p["status"] in BAD),
                         "models_not_buildable": len(broken),
                         "loops_failed": sum(1 for p in loops if p["status"] in BAD),
+                        "crosssize_failed": sum(1 for p in sizes if p["status"] in BAD),
                         "complete": not no_verdict and not broken, "current": True, "superseded_by": None},
             "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
             "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines, "loops": loops,
-            "models_not_buildable": broken,
+            "sizes": sizes, "models_not_buildable": broken,
             "precision_comparison": precision_comparison(targets)}
     data["comparison"] = compare.upgrade_diff(data)
     data["compatibility"] = records.read(COMPAT_RECORD)
@@ -225,7 +229,7 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
     """What fails the report task itself (the documented CI gate): any expected target, pipeline or loop that is not
     verified (stale, failed or pending), and upgrade regressions of a gating toolchain."""
     problems = [f"model {b['model']} is not buildable: {b['error']}" for b in data.get("models_not_buildable", [])]
-    entries = data["targets"] + data.get("pipelines", []) + data.get("loops", [])
+    entries = data["targets"] + data.get("pipelines", []) + data.get("loops", []) + data.get("sizes", [])
     stale = [t["name"] for t in entries if t["status"] == "stale"]
     if stale:
         problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "

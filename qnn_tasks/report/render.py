@@ -76,12 +76,27 @@ def markdown(data: dict[str, Any]) -> str:
     if unlooped:
         lines += ["", "## Recurrent graphs verified without a loop", ""]
         lines += [f"- **{g['model']}/{g['graph']}**: {g['recurrent']['note']}" for g in unlooped]
-    lines += pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
+    lines += sizes_markdown(data) + pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
     problems = [t for t in data["targets"] if t["status"] in ("failed", "stale", "skipped")]
     if problems:
         lines += ["", "## Failed, stale and skipped", ""]
         lines += [f"- **{t['name']}** ({t['status']}): {t['reason']}" for t in problems]
     return "\n".join(lines) + "\n"
+
+
+def sizes_markdown(data: dict[str, Any]) -> list[str]:
+    if not data.get("sizes"):
+        return []
+    lines = ["", "## Sizes (one graph at several lengths: a deployment runs the smallest that fits, padded)", "",
+             "| graph | chip | precision | sizes: status, .bin size, simulator time, min cosine vs CPU "
+             "| cross-size check |", "|---|---|---|---|---|"]
+    for entry in data["sizes"]:
+        cells = "; ".join(f"{c['graph']} {c['status']}, {size(c['bin_size'])}, {duration(c['sim_median_s'])}, "
+                          f"{num(c['min_cosine'], 6)}" for c in entry["sizes"])
+        verdict = entry["status"] + (f": {entry['reason']}" if entry["reason"] else "")
+        lines.append(f"| {entry['graph']} ({entry['dim']}) | {entry['soc']} | {entry['precision']} | {cells} | "
+                     f"{verdict.replace('|', '/')} |")
+    return lines
 
 
 def pipeline_markdown(data: dict[str, Any]) -> list[str]:
@@ -350,6 +365,8 @@ def summary_line(data: dict[str, Any]) -> str:
         line += f"; {s['models_not_buildable']} model(s) NOT BUILDABLE (spec errors)"
     if s.get("stale"):
         line += f", {s['stale']} STALE"
+    if s.get("crosssize_failed"):
+        line += f"; {s['crosssize_failed']} cross-size check(s) FAILED"
     if s.get("from_cache"):
         line += f"; {s['from_cache']} restored from the cache"
     return line + "."

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from qnn_tasks.plan.stages import CHIP_STAGES, LOOP, loop_chips, report_columns
+from qnn_tasks.plan.stages import CHIP_STAGES, CROSSSIZE, LOOP, loop_chips, report_columns, size_chips
 from qnn_tasks.plan.targets import ChipTarget
+from qnn_tasks.spec import sizes as specsizes
 
 
 def of_model(planner, model: str) -> dict[str, Any]:
@@ -25,6 +26,7 @@ def of_model(planner, model: str) -> dict[str, Any]:
                       "settings": binding.profile.settings, **binding.fingerprint},
         "graphs": [{"name": gt.name, "io": gt.graph.io(), "precisions": list(gt.graph.precisions),
                     "simplified": str(gt.simplified), "source_file": planner.source(gt.graph),
+                    **({"sizes": specsizes.facts(gt.graph)} if gt.graph.size else {}),
                     "records": {stage: str(gt.stage_dir(stage) / f"{stage}.json") for stage in report_columns("graph")}}
                    for gt in graphs],
         "chips": [_chip(planner, ct, ct.name in loops) for ct in chips],
@@ -41,6 +43,9 @@ def _chip(planner, ct: ChipTarget, has_loop: bool) -> dict[str, Any]:
     records.update({s.name: f"{ct.dir_str}/{s.name}/{s.name}.json" for s in CHIP_STAGES})
     if has_loop:
         records[LOOP.name] = f"{ct.dir_str}/{LOOP.name}/{LOOP.name}.json"
+    sizes = size_chips(planner, ct)
+    if len(sizes) > 1:  # a size ships only when padding a shorter input into the larger sizes changes nothing
+        records[CROSSSIZE.name] = CROSSSIZE.record_of(sizes[-1])
     context = planner.context_files(ct)
     return {"target": ct.name, "graph": ct.graph.name, "precision": ct.precision, "soc": ct.soc.row(),
             "skip": ct.skip_reason, "records": records,

@@ -52,6 +52,20 @@ def precision_order(ship: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(list(ship.get("precision_order") or ()) + list(DEFAULT_ORDER)))
 
 
+def sizes(graphs: list[dict[str, Any]]) -> dict[str, Any]:
+    """`selection.sizes` when the model has graphs with sizes (model.yaml `dims:`): each graph's dim, sizes, the
+    graph of each size and the rule "smallest that fits" with the pad values; {} when it has none."""
+    from qnn_tasks.spec.sizes import selection
+
+    found = selection(g["sizes"] for g in graphs if g.get("sizes"))
+    return {"sizes": found} if found else {}
+
+
+def size_of(facts: dict[str, Any]) -> dict[str, Any]:
+    """A size graph's own entry: which declared graph it is a size of, along which dim, at which size."""
+    return {"of": facts["graph"], "dim": facts["dim"], "size": facts["size"]}
+
+
 def tool_version() -> str:
     try:
         return metadata.version("qnn-npu-compile")

@@ -154,7 +154,8 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
             "source": mf.source(export, records.sha256(root / source_file) if source_file else None),
             "tool": {"name": "qnn-npu-compile", "version": mf.tool_version()},
             "toolchain": toolchain_facts(toolchain, compiler_qnn),
-            "selection": {"precision_order": mf.precision_order(inventory.get("ship") or {}), "rule": mf.RULE},
+            "selection": {"precision_order": mf.precision_order(inventory.get("ship") or {}), "rule": mf.RULE,
+                          **mf.sizes(inventory["graphs"])},
             "graphs": graphs, "runtime_libs": libs, "omitted": sorted(omitted, key=lambda o: o["target"])}
     size_notes = [{"graph": name, **note} for name in graphs
                   for note in (graph_records[name].get("export") or {}).get("size_notes") or ()]
@@ -175,7 +176,7 @@ def _graph(g: dict[str, Any], stages: dict[str, Any], work: _Assembly, root: Pat
     return {"inputs": mf.tensors(g["io"]["inputs"]), "outputs": mf.tensors(g["io"]["outputs"]),
             "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU", "when": FALLBACK_WHEN,
                          "verified_against": mf.cpu_reference(stages.get("cpucheck"))},
-            "binaries": []}
+            "binaries": [], **({"size": mf.size_of(g["sizes"])} if g.get("sizes") else {})}
 
 
 def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, root: Path,

@@ -166,10 +166,16 @@ class GraphSpec:
     constant_inputs: dict[str, Any] = field(default_factory=dict)      # packaged ONNX inputs fixed to a value
     samples: dict[str, Any] | None = None  # declared samples: {"files": [patterns]} or media sources (specsamples)
     has_code: bool = True                  # models/<model>/export.py exists
+    size: Any = None                       # specsizes.SizeSpec: which size of a graph with `dims:` this one is
 
     @property
     def precision(self) -> str:
         return self.precisions[0]
+
+    @property
+    def key(self) -> str:
+        """The graph's key in model.yaml, for messages: `graphs.<name>`, the declared graph's for one of its sizes."""
+        return f"graphs.{self.size.graph if self.size else self.name}"
 
     @property
     def model_code(self) -> Path:
@@ -197,6 +203,7 @@ class ModelSpec:
     loop: Any = None      # specloop.LoopSpec: one graph run repeatedly, outputs fed back
     ship: dict[str, Any] = field(default_factory=specship.default)  # `ship:` precision_order, delivery (spec/ship.py)
     stage_timeout: float | None = None  # seconds any stage of this model may take (None: $QNN_STAGE_TIMEOUT or 4 h)
+    size_pipelines: tuple = ()  # a pipeline over graphs with sizes: one PipelineSpec per size (`pipeline` is None)
 
 
 @dataclass(frozen=True)
@@ -346,15 +353,44 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     graphs_data = as_mapping(data["graphs"], path, "graphs")
     if not graphs_data:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
-    graphs = tuple(_load_graph(as_name(name, path, "graphs", "graph name", "rename the graph"), g, model_dir, path,
-                               socs, source_data) for name, g in graphs_data.items())
     from qnn_tasks.spec import loop as specloop
     from qnn_tasks.spec import pipeline as specpipeline
+    from qnn_tasks.spec import sizes as specsizes
 
-    pipeline = specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path)
+    declared = [as_name(name, path, "graphs", "graph name", "rename the graph") for name in graphs_data]
+    expanded = [(sized, g, size, f"graphs.{name}") for name in declared
+                for sized, g, size in specsizes.expand(name, as_mapping(graphs_data[name], path, f"graphs.{name}"),
+                                                       path, f"graphs.{name}")]
+    specsizes.check_names(declared, [(sized, origin) for sized, _, _, origin in expanded], path)
+    graphs = tuple(_load_graph(as_name(sized, path, origin, "size graph name", "rename the graph or its dim"), g,
+                               model_dir, path, socs, source_data, size=size, key=origin)
+                   for sized, g, size, origin in expanded)
+    sized = {g.size.graph: g.size for g in graphs if g.size}
+    pipeline_data, loop_data, size_pipelines = data.get("pipeline"), data.get("loop"), ()
+    chain = specsizes.chain_sizes(pipeline_data.get("graphs") or [], sized, path, "pipeline.graphs") \
+        if isinstance(pipeline_data, dict) else None
+    if chain is not None:  # one pipeline per size: each graph with sizes at that size
+        size_pipelines = tuple(replace(specpipeline.load(specsizes.at_size(pipeline_data, sized, size), graphs,
+                                                         model_dir.name, path),
+                                       name=f"{model_dir.name}.{chain.dim}{size}", size=f"{chain.dim}{size}")
+                               for size in chain.sizes)
+        pipeline_data = None
+    pipeline = specpipeline.load(pipeline_data, graphs, model_dir.name, path)
+    looped = specsizes.chain_sizes([loop_data.get("graph")], sized, path, "loop.graph") \
+        if isinstance(loop_data, dict) else None
+    if (looped or chain) and isinstance(loop_data, dict) and loop_data.get("start") is not None:
+        raise SpecError(path, "loop.start", "a loop starting from a pipeline over graphs with sizes is not built yet",
+                        "name one size in pipeline.graphs and loop.graph, e.g. "
+                        f"{(looped or chain).name_of((looped or chain).sizes[0])}")
+    if looped is not None:  # one loop per size: checked at each, run on each size's chip targets
+        loops = [specloop.load({**loop_data, "graph": looped.name_of(size)}, graphs, model_dir.name, path, pipeline)
+                 for size in looped.sizes]
+        loop = replace(loops[0], graph=looped.graph)
+    else:
+        loop = specloop.load(loop_data, graphs, model_dir.name, path, pipeline)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
-                     loop=specloop.load(data.get("loop"), graphs, model_dir.name, path, pipeline),
+                     loop=loop, size_pipelines=size_pipelines,
                      ship=specship.load(data.get("ship"), path),
                      stage_timeout=_stage_timeout(data.get("stage_timeout"), path))
 
@@ -367,8 +403,8 @@ def _stage_timeout(value: Any, path: Path) -> float | None:
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],
-                model_source: dict[str, Any]) -> GraphSpec:
-    key = f"graphs.{name}"
+                model_source: dict[str, Any], size: Any = None, key: str | None = None) -> GraphSpec:
+    key = key or f"graphs.{name}"
     data = as_mapping(data, path, key)
     precisions = data.get("precision", "fp16")
     precisions = precisions if isinstance(precisions, list) else [precisions]
@@ -423,7 +459,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
         source_key=source_key, rewrites=specport.rewrites(data.get("rewrites"), path, f"{key}.rewrites"),
         constant_inputs=specport.constant_inputs(data.get("constant_inputs"), path, f"{key}.constant_inputs",
                                                  {t.name for t in inputs}),
-        samples=samples, has_code=has_code,
+        samples=samples, has_code=has_code, size=size,
     )
 
 
@@ -441,7 +477,8 @@ def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorS
         for dim in shape:
             if not isinstance(dim, int) or isinstance(dim, bool) or dim <= 0:
                 raise SpecError(path, f"{tkey}.shape", f"dynamic or invalid dim '{dim}': the NPU needs static shapes",
-                                "give every dim a fixed positive integer (pad or chunk variable lengths at export)")
+                                "give every dim a fixed positive integer (pad or chunk variable lengths at export), "
+                                "or name it under dims: with its sizes")
         elements = math.prod(shape)
         if elements > MAX_ELEMENTS:  # each dim is bounded by the schema; their product is what stages allocate
             raise SpecError(path, f"{tkey}.shape", f"{shape} holds {elements:.3g} values, more than an NPU tensor "

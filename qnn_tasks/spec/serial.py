@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.spec.project import LEGACY_RUNS, GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
+from qnn_tasks.spec.sizes import SizeSpec
 
 
 def relative(path: Path | str | None, root: Path) -> str | None:
@@ -33,7 +34,8 @@ def graph_to_dict(graph: GraphSpec, root: Path) -> dict[str, Any]:
             "source": None if graph.source is None else {"package": graph.source.package, "file": graph.source.file,
                                                          "url": graph.source.url},
             "source_key": graph.source_key, "rewrites": graph.rewrites, "constant_inputs": graph.constant_inputs,
-            "samples": graph.samples, "has_code": graph.has_code}
+            "samples": graph.samples, "has_code": graph.has_code,
+            **({"size": graph.size.as_dict()} if graph.size else {})}
 
 
 def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
@@ -50,7 +52,8 @@ def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
                      source=Source(**data["source"]) if data.get("source") else None,
                      source_key=data.get("source_key", "source.file"), rewrites=data.get("rewrites") or {},
                      constant_inputs=data.get("constant_inputs") or {}, samples=data.get("samples"),
-                     has_code=data.get("has_code", True))
+                     has_code=data.get("has_code", True),
+                     size=SizeSpec.from_dict(data["size"]) if data.get("size") else None)
 
 
 def soc_to_dict(soc: Soc) -> dict[str, Any]:

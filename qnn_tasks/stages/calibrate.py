@@ -8,6 +8,7 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
+from qnn_tasks.judge import fitting
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
@@ -26,10 +27,11 @@ def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:
     else:
         produced = modelcode.call(graph, function, ctx)
         where = f"{graph.model_code}:{function}() (calibration of graph '{graph.name}')"
+    produced, _ = fitting.fit(produced, graph, where)  # a graph with sizes: to this size, as cpucheck's
     sample_store.check(produced, graph.inputs, where)
     if len(produced) < wanted:
         raise StageError(f"{where} produced {len(produced)} samples, calibration.samples asks for {wanted}: "
-                         f"make more real inputs there or lower graphs.{graph.name}.calibration.samples "
+                         f"make more real inputs there or lower {graph.key}.calibration.samples "
                          f"(at least 8 are needed)")
     chosen = _spread(produced, wanted)
     sample_store.save(out, chosen)

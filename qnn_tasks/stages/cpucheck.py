@@ -18,7 +18,7 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode, packaged
-from qnn_tasks.judge import degenerate, metrics
+from qnn_tasks.judge import degenerate, fitting, metrics
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
@@ -31,6 +31,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
     ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
     notes: dict[str, Any] = {}
     inputs, where = real_inputs(graph, ctx, notes)
+    inputs, fitted = fitting.fit(inputs, graph, where)
     sample_store.check(inputs, graph.inputs, where)
     flat = degenerate.constant_inputs(inputs)
     if flat:
@@ -53,7 +54,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
         ref, got = stacked(original, spec.name), stacked(cpu, spec.name)
         if list(got.shape[1:]) != list(spec.shape):
             raise StageError(f"output '{spec.name}': the simplified ONNX gives shape {list(got.shape[1:])}, model.yaml "
-                             f"says {list(spec.shape)} (fix: graphs.{graph.name}.outputs.{spec.name}.shape)")
+                             f"says {list(spec.shape)} (fix: {graph.key}.outputs.{spec.name}.shape)")
         if ref.shape != got.shape:
             raise StageError(f"output '{spec.name}': original model gives shape {list(ref.shape[1:])}, "
                              f"simplified ONNX gives {list(got.shape[1:])}")
@@ -62,7 +63,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
         problems += found
         broken += [spec.name] if found else []
     record = {"samples": len(inputs), "samples_from": where, "reference_from": by, "thresholds": thresholds,
-              "metrics": per_output, **({"samples_read": notes} if notes else {})}
+              "metrics": per_output, **({"samples_read": notes} if notes else {}), **({"fitted": fitted} if fitted else {})}
     reference = cpu
     if problems and not by_code:  # float32 is in doubt: measure both sides against float64
         truth = against_float64(graph, source, inputs, original, cpu, thresholds, broken)
@@ -76,8 +77,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
     if problems:
         extra = f"; {record['float64']['note']}" if record.get("float64", {}).get("note") else ""
         raise StageError(f"cpucheck of graph '{graph.name}': simplified ONNX differs from the original model: "
-                         + "; ".join(problems) + extra + " (fix the export, or loosen graphs." + graph.name + ".cpucheck)",
-                         record)
+                         + "; ".join(problems) + extra + f" (fix the export, or loosen {graph.key}.cpucheck)", record)
     sample_store.save(inputs_out, inputs)
     sample_store.save(reference_out, reference)
     return record
@@ -123,7 +123,7 @@ def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext,
     `notes` receives what reading media kept or changed (bit depth, orientation, decoder) for the record."""
     if graph.samples:
         return (sample_store.read_declared(graph, notes),
-                f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples")
+                f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples")
     return modelcode.call(graph, "samples", ctx), f"{graph.model_code}:samples() for graph '{graph.name}'"
 
 

@@ -372,7 +372,7 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
         if factor is None:
             return
         options = {"input": name, "factor": str(factor)}
-        where = (f"set scale-input to {entry_yaml('scale-input', options)} in graphs.{graph.name}.rewrites in "
+        where = (f"set scale-input to {entry_yaml('scale-input', options)} in {graph.key}.rewrites in "
                  f"models/{graph.model}/model.yaml" if "scale-input" in graph.rewrites
                  else yaml_fix("scale-input", graph.name, graph.model, graph.rewrites, options))
         overflow["fix"] = (f"{where}: input '{name}' times {factor} keeps every tensor it reaches under "

@@ -86,7 +86,7 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
                               f"metadata replaced (fix: none needed here; correct the ONNX's exporter to silence this)"
                               for tensor, dims in stale.items()]
         record["warnings"] += [f"rewrite '{name}' found nothing to change in graph '{graph.name}' (fix: remove it "
-                               f"from graphs.{graph.name}.rewrites in models/{graph.model}/model.yaml)" for name in unused]
+                               f"from {graph.key}.rewrites in models/{graph.model}/model.yaml)" for name in unused]
     return record
 
 
@@ -120,7 +120,7 @@ def run_once(path: Path, graph: GraphSpec) -> list[str]:
         return [f"onnxruntime cannot run it on CPU: {first} (fix the export)"]
     declared = {t.name: list(t.shape) for t in graph.outputs}
     return [f"output '{name}' is {list(value.shape)} when run on CPU, model.yaml says {declared[name]} "
-            f"(fix: correct graphs.{graph.name}.outputs.{name}.shape in models/{graph.model}/model.yaml, or the export)"
+            f"(fix: correct {graph.key}.outputs.{name}.shape in models/{graph.model}/model.yaml, or the export)"
             for name, value in zip(names, values) if name in declared and list(np.shape(value)) != declared[name]]
 
 

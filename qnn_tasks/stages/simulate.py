@@ -54,7 +54,7 @@ def check_signature(graph: GraphSpec, signature: dict[str, list], ctx_onnx: Path
     declared = {t.name: list(t.shape) for t in graph.outputs}
     if signature != declared:
         raise StageError(f"{ctx_onnx}: outputs {signature} differ from model.yaml's {declared} "
-                         f"(rebuild the context, or fix graphs.{graph.name}.outputs)")
+                         f"(rebuild the context, or fix {graph.key}.outputs)")
 
 
 def timing(seconds: list[float]) -> dict[str, Any]:

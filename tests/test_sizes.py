@@ -1,0 +1,215 @@
+"""Several lengths for one graph (`dims:`): a graph per size through every stage, samples fitted to each size,
+and the cross-size check on the simulator (a short input padded into a larger size gives the same answer).
+
+The built test model (tests/sized_project.py) is masked mean pooling exported by export.py at the size it is
+told; `leaky` is the same model with its mask ignored: each size agrees with its own CPU reference, but the
+padding changes its answer, which only the cross-size check sees.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sized_project import LENGTHS, packaged_sized_project, sized_project
+
+from qnn_tasks.errors import SpecError
+from qnn_tasks.judge import fitting
+from qnn_tasks.plan.stages import Planner, loop_chips
+from qnn_tasks.spec import sizes as specsizes
+from qnn_tasks.spec.project import load_model, load_project, load_soc_table
+from qnn_tasks.spec.serial import graph_from_dict, graph_to_dict
+
+SIZED_YAML = """\
+licence: test
+source: {url: none}
+graphs:
+  enc:
+    dims:
+      seq: {sizes: [8, 32], pad: {ids: 0, mask: 0}, longer: truncate}
+    inputs:
+      ids: {shape: [1, seq], dtype: int32}
+      mask: {shape: [1, seq], dtype: int32}
+      scale: {shape: [1, 1], dtype: float32}
+    outputs:
+      hidden: {shape: [1, seq, 4]}
+      pooled: {shape: [1, 4]}
+      level: {shape: [1, 1]}
+"""
+
+
+def load(tmp_path: Path, text: str):
+    folder = tmp_path / "models" / "m"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "model.yaml").write_text(text)
+    (folder / "export.py").write_text("def export(ctx):\n    pass\n")
+    socs, _ = load_soc_table(tmp_path)
+    return load_model(folder, socs)
+
+
+def spec_error(tmp_path: Path, text: str) -> str:
+    with pytest.raises(SpecError) as caught:
+        load(tmp_path, text)
+    line = str(caught.value)
+    assert "\n" not in line and "models/m/model.yaml" in line and "(fix: " in line, line
+    return line
+
+
+def test_dims_make_one_graph_per_size(tmp_path):
+    model = load(tmp_path, SIZED_YAML)
+    assert [g.name for g in model.graphs] == ["enc.seq8", "enc.seq32"]
+    small, large = model.graphs
+    assert [t.shape for t in small.inputs] == [(1, 8), (1, 8), (1, 1)]
+    assert [t.shape for t in large.outputs] == [(1, 32, 4), (1, 4), (1, 1)]
+    assert small.size.graph == "enc" and small.size.sizes == (8, 32) and small.size.longer == "truncate"
+    assert small.size.pad == {"ids": 0.0, "mask": 0.0}
+    assert small.size.axes == {"ids": 1, "mask": 1, "hidden": 1}
+    assert small.key == "graphs.enc"  # messages name the key in model.yaml, not the size's graph
+    facts = specsizes.facts(large)
+    assert facts["rule"] == "smallest that fits" and facts["graphs"] == {"8": "enc.seq8", "32": "enc.seq32"}
+    assert specsizes.facts(graph_to_dict(large, tmp_path)) == facts  # from a stage call's graph too
+    assert specsizes.facts(graph_from_dict(graph_to_dict(large, tmp_path))) == facts
+    assert facts["size"] == 32 and specsizes.facts(small)["size"] == 8
+    assert specsizes.selection(model.graphs) == [{k: v for k, v in facts.items() if k != "size"}]
+    # the short form: pad 0 for every input with the dim, longer inputs skipped
+    short = load(tmp_path, SIZED_YAML.replace("seq: {sizes: [8, 32], pad: {ids: 0, mask: 0}, longer: truncate}",
+                                              "seq: [16]"))
+    assert [g.name for g in short.graphs] == ["enc.seq16"] and short.graphs[0].size.longer == "skip"
+
+
+@pytest.mark.parametrize("old, new, fragments", [
+    ("sizes: [8, 32]", "sizes: [32, 8]", ("graphs.enc.dims.seq.sizes", "not ascending")),
+    ("sizes: [8, 32]", "sizes: [8, 0]", ("graphs.enc.dims.seq.sizes", "positive integers")),
+    ("longer: truncate", "longer: drop", ("graphs.enc.dims.seq.longer", "'drop'")),
+    ("pad: {ids: 0, mask: 0}", "pad: {scale: 1}", ("graphs.enc.dims.seq.pad.scale", "not an input with dim 'seq'")),
+    ("scale: {shape: [1, 1]", "scale: {shape: [1, len]", ("graphs.enc.inputs.scale.shape", "'len'", "dims:")),
+    ("      seq: {sizes", "      n: [2]\n      seq: {sizes", ("graphs.enc.dims", "one dim")),
+])
+def test_bad_dims_are_one_line(tmp_path, old, new, fragments):
+    text = SIZED_YAML.replace(old, new)
+    assert text != SIZED_YAML
+    line = spec_error(tmp_path, text)
+    for fragment in fragments:
+        assert fragment in line, line
+
+
+def test_a_size_name_that_clashes_with_a_graph_names_both(tmp_path):
+    text = SIZED_YAML + "  enc.seq8:\n    inputs: {a: {shape: [1], dtype: float32}}\n    outputs: {b: {shape: [1]}}\n"
+    line = spec_error(tmp_path, text)
+    assert "graphs.enc" in line and "'enc.seq8' clashes with graphs.enc.seq8" in line
+
+
+def test_a_pipeline_or_loop_over_a_graph_with_sizes_runs_per_size(tmp_path):
+    """A pipeline naming a graph with sizes is one chain per size (`<model>.<dim><size>-<SOC>`), a loop over it runs
+    on each size's chips; naming one size chains that size alone; what is not built yet is one line each."""
+    head = "  head:\n    inputs: {pooled: {shape: [1, 4], dtype: float32}}\n    outputs: {p: {shape: [1, 2]}}\n"
+    model = load(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc, head], feed: {head.pooled: enc.pooled}}\n"
+                 "loop: {graph: enc, feed: {scale: level}}\n")
+    assert model.pipeline is None and [(p.graphs, p.size, p.feed) for p in model.size_pipelines] == [
+        (("enc.seq8", "head"), "seq8", {"head.pooled": ("enc.seq8", "pooled")}),
+        (("enc.seq32", "head"), "seq32", {"head.pooled": ("enc.seq32", "pooled")})]
+    planner = Planner(load_project(tmp_path))
+    assert {pt.name: [ct.name for ct in pt.chips] for pt in planner.pipelines if pt.soc.name == "SM8650"} == {
+        "m.seq8-SM8650": ["enc.seq8-SM8650", "head-SM8650"], "m.seq32-SM8650": ["enc.seq32-SM8650", "head-SM8650"]}
+    assert {str(pt.dir).split("/")[2] for pt in planner.pipelines} == {"pipeline.seq8", "pipeline.seq32"}
+    assert [ct.name for ct in loop_chips(planner) if ct.soc.name == "SM8650"] == ["enc.seq8-SM8650", "enc.seq32-SM8650"]
+
+    one = load(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc.seq32, head]}\n")
+    assert one.pipeline.graphs == ("enc.seq32", "head") and one.size_pipelines == ()
+    line = spec_error(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc, head]}\n"
+                      "loop: {graph: head, feed: {}, start: {pooled: enc.pooled}}\n")
+    assert "loop.start" in line and "not built yet" in line and "enc.seq8" in line
+    other = SIZED_YAML.replace("  enc:", "  enc2:").replace("[8, 32]", "[8, 16]")
+    line = spec_error(tmp_path, SIZED_YAML + other.split("graphs:\n", 1)[1] + "pipeline: {graphs: [enc, enc2]}\n")
+    assert "pipeline.graphs" in line and "different sizes" in line
+
+
+def test_samples_are_fitted_padded_truncated_or_skipped(tmp_path):
+    model = load(tmp_path, SIZED_YAML)
+    small = model.graphs[0]
+    ids = np.array([[101, 7, 8, 102, 0, 0, 0, 0, 0, 0, 0, 0]], np.int32)  # 4 tokens, padded to 12 by its source
+    long = np.arange(1, 11, dtype=np.int32)[None]                        # 10 tokens: longer than 8
+    samples = [{"ids": ids, "mask": (ids != 0).astype(np.int32), "scale": np.ones((1, 1), np.float32)},
+               {"ids": long, "mask": np.ones_like(long), "scale": np.ones((1, 1), np.float32)}]
+    fitted, done = fitting.fit(samples, small, "here")
+    assert fitted[0]["ids"].tolist() == [[101, 7, 8, 102, 0, 0, 0, 0]] and fitted[0]["ids"].dtype == np.int32
+    assert fitted[1]["ids"].tolist() == [list(range(1, 9))] and done["truncated"] == [1] and done["kept"] == 2
+    skipping = load(tmp_path, SIZED_YAML.replace("longer: truncate", "longer: skip")).graphs[0]
+    fitted, done = fitting.fit(samples, skipping, "here")
+    assert len(fitted) == 1 and done["skipped"] == [1]
+    with pytest.raises(Exception) as caught:
+        fitting.fit(samples[1:], skipping, "models/m/model.yaml: samples")
+    assert "none of the 1 samples fits enc.seq8" in str(caught.value) and "longer: truncate" in str(caught.value)
+    large = load(tmp_path, SIZED_YAML).graphs[1]
+    padded, _ = fitting.fit(samples, large, "here")
+    assert padded[1]["mask"].tolist() == [[1] * 10 + [0] * 22]
+
+
+@pytest.mark.slow
+def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp_path):
+    """pool: each size verified on the simulator, the cross-size check passes, its pipeline with a head runs per
+    size; leaky (mask ignored): each size verified, the cross-size check fails in one line naming both sizes.
+    Then: an export change that touches one size rebuilds that size only, and a new size builds only itself."""
+    project = sized_project(tmp_path / "p", {"pool": "masked", "leaky": "ignored"}, head="pool")
+    first = project.doit("-n", "2")
+    assert first.returncode != 0
+    for name in ("pool.seq16", "pool.seq32", "leaky.seq16", "leaky.seq32"):
+        verdict = project.one_json(f"build/*/{name}/*/fp16/SM8650/simverify/simverify.json")
+        assert verdict["status"] == "passed", verdict
+    fitted = project.one_json("build/pool/pool.seq16/cpucheck/cpucheck.json")["fitted"]
+    assert fitted == {"dim": "seq", "size": 16, "samples": 8, "kept": 8, "skipped": [], "truncated": [],
+                      "longer": "skip"}
+    passed = project.one_json("build/pool/pool.seq32/*/fp16/SM8650/crosssize/crosssize.json")
+    assert passed["status"] == "passed" and passed["pairs"][0]["samples"] == [[i, i] for i in range(8)]
+    assert passed["pairs"][0]["metrics"]["y"]["cosine"] > 0.999
+    for size in (16, 32):  # the pipeline pooling -> head, one per size, chained on the simulator
+        chain = project.one_json(f"build/pool/pipeline.seq{size}/*/SM8650/pipeline/pipeline.json")
+        assert chain["status"] == "passed" and chain["graphs"] == [f"pool.seq{size}", "head"], chain
+    line = first.failure_line("crosssize:leaky.seq32-SM8650")
+
+    assert "leaky.seq16 and leaky.seq32 differ on the same 8 samples" in line and "padding changes the answer" in line
+    project.doit("report")  # with -n 2 the report may have run beside the last checks: again, after them
+    report = json.loads(project.path("build/report/report.json").read_text())
+    by_graph = {e["graph"]: e for e in report["sizes"]}
+    assert [c["graph"] for c in by_graph["pool"]["sizes"]] == ["pool.seq16", "pool.seq32"]
+    assert by_graph["pool"]["status"] == "passed" and by_graph["leaky"]["status"] == "failed"
+
+    # the package lists the sizes and the rule; a graph whose cross-size check failed ships no size
+    shipped = project.doit("dist")
+    manifest = json.loads(project.path("dist/pool/manifest.json").read_text())
+    sizes = manifest["selection"]["sizes"]
+    assert [(f["graph"], f["sizes"], f["rule"], f["graphs"]) for f in sizes] == [
+        ("pool", [16, 32], "smallest that fits", {"16": "pool.seq16", "32": "pool.seq32"})]
+    assert manifest["graphs"]["pool.seq16"]["size"] == {"of": "pool", "dim": "seq", "size": 16}
+    assert "cross-size check of leaky" in shipped.failure_line("dist:leaky")
+
+    # an export change that only the 32 size sees: that size rebuilds, the other stays
+    project.edit("models/pool/export.py", 'nodes, "pool",', 'nodes, "pool" if ctx.size != 32 else "pool32",')
+    second = project.doit("-n", "2", "--continue")  # leaky fails again; the rest goes on
+    contexts = {t for t in second.executed if t.startswith("context:")}
+    assert contexts == {"context:pool.seq32-SM8650"}, second.stdout
+    assert not {t for t in second.executed if t.endswith("seq16-SM8650")}, second.stdout
+
+    # a new size builds itself only; the cross-size check moves to the new largest size
+    project.edit("models/pool/model.yaml", "sizes: [16, 32]", "sizes: [16, 32, 48]")
+    third = project.doit("-n", "2", "--continue")
+    contexts = {t for t in third.executed if t.startswith(("context:", "export:", "cpucheck:"))}
+    assert contexts == {"export:pool.seq48", "cpucheck:pool.seq48", "context:pool.seq48-SM8650"}, third.stdout
+    assert "pipeline:pool.seq48-SM8650" in third.executed  # and its chain
+    grown = project.one_json("build/pool/pool.seq48/*/fp16/SM8650/crosssize/crosssize.json")
+    assert grown["status"] == "passed" and grown["sizes"] == [16, 32, 48] and len(grown["pairs"]) == 3
+
+
+def test_a_packaged_onnx_with_a_symbolic_dim_builds_per_size_from_yaml_alone(tmp_path):
+    """The built-in export fixes the symbolic dim to each size; sample files padded to 12 are truncated to 8
+    (longer: truncate) and padded to 16; the cross-size check compares only the samples that fit 8 untruncated."""
+    project = packaged_sized_project(tmp_path / "p")
+    project.doit("-n", "2", "crosssize", check=True)
+    io = project.one_json("build/dyn/dyn.seq8/export/export.json")["io"]
+    assert [t["shape"] for t in io["inputs"]] == [[1, 8, 16], [1, 8]] and io["inputs"][1]["dtype"] == "int32"
+    truncated = [i for i, n in enumerate(LENGTHS) if n > 8]
+    assert project.one_json("build/dyn/dyn.seq8/cpucheck/cpucheck.json")["fitted"]["truncated"] == truncated
+    check = project.one_json("build/dyn/dyn.seq16/*/fp16/SM8650/crosssize/crosssize.json")
+    fit = [i for i in range(len(LENGTHS)) if i not in truncated]
+    assert check["status"] == "passed" and check["pairs"][0]["samples"] == [[i, i] for i in fit]
