@@ -34,6 +34,8 @@ NUMBER_OR_LIST = Either((Num(), ListOf(Num(), min_items=1)), fix="give one numbe
 
 DIM = Int(1, MAX_DIM, bad="dynamic or invalid dim '{value}': the NPU needs static shapes",
           fix="give every dim a fixed positive integer (pad or chunk variable lengths at export)")
+SIZE = Int(1, MAX_DIM, bad="size '{value}' is not one of a list of positive integers", fix="e.g. sizes: [32, 128]")
+SIZES = ListOf(SIZE, 1, 64, bad="must be a list of positive integers", fix="e.g. sizes: [32, 128]")
 # a dim is a size, or the name of a dim declared under the graph's `dims:` (spec/sizes.py writes its sizes in)
 SIZED_DIM = Either((DIM, Text(max_len=100, doc="a dim name declared under dims:")),
                    fix="give every dim a fixed positive integer, or name it under dims: with its sizes")
@@ -98,9 +100,9 @@ GRAPH = Fields({
     "rewrites": REWRITES,
     "constant_inputs": MapOf(Numbers(), "<input>"),
     "samples": SAMPLES,
-    "dims": MapOf(Either((ListOf(DIM, 1, 64), Fields({"sizes": ListOf(DIM, 1, 64), "pad": MapOf(Num(), "<input>"),
-                                                        "longer": Text(max_len=20)}, required=("sizes",)))),
-                  "<dim>", max_items=1, fix="e.g. dims: {seq: [32, 128]}"),
+    "dims": MapOf(Either((SIZES, Fields({"sizes": SIZES, "pad": MapOf(Num(), "<input>"), "longer": Text(max_len=20)},
+                                        required=("sizes",)))),
+                  "<dim>", max_items=100, fix="e.g. dims: {seq: [32, 128]}"),  # spec/sizes.py allows one (its message)
 }, required=("inputs", "outputs"))
 
 GLUE = Fields({"from": Text(max_len=300), "reshape": Bool(), "scale": Num(), "offset": Num(),
