@@ -364,3 +364,32 @@ def test_stack_spec_errors(tmp_path, old, new, fragments):
     assert line.startswith(f"error: {project.path(STACK_YAML)}: ") and "(fix: " in line, line
     for fragment in fragments:
         assert fragment in line, line
+
+
+def test_a_stack_across_ranks_is_stacked_then_reshaped(tmp_path):
+    """A streaming embedding gives [1, 1, 1, 8] per window, the classifier takes [1, 4, 8]: neither a new axis nor
+    a join fits the ranks, both fixed by the ONNX files; with reshape: true the 4 runs stack on a new axis, then
+    reshape to the input (as the docs say), on the spec and in the glue. Without reshape the fix says to add it."""
+    from qnn_tasks.spec.project import load_model, load_socs
+    from qnn_tasks.stages.glue import feed_runs
+
+    project = stacked_project(tmp_path / "project")
+    project.edit(STACK_YAML, "outputs: {y: {shape: [1, 8]}}", "outputs: {y: {shape: [1, 1, 1, 8]}}")
+    line = project.doit("list").stderr.strip()
+    assert ("pipeline.feed.classify.x.stack: output 'y' of 'embed' [1, 1, 1, 8] has rank 4, input 'x' of 'classify' "
+            "[1, 4, 8] rank 3 (fix: add reshape: true to stack on a new axis and reshape to the input (one size), "
+            "e.g. [1, 1, 1, 8] x 4 -> [1, 4, 8])") in line, line
+    project.edit(STACK_YAML, "stack: {runs: 4, axis: 1}", "stack: {runs: 4, axis: 1}, reshape: true")
+    result = project.doit("list")
+    assert result.returncode == 0 and "error" not in result.stderr, result.stderr
+    spec = load_model(project.path("models/stacked"), load_socs(project.path("socs/socs.yaml")))
+    assert spec.pipeline.glue["classify.x"]["stack"] == {"runs": 4, "axis": 1, "hop": 1}
+    embed, classify = spec.graphs
+    produced = {"embed": [{"y": np.arange(8, dtype=np.float32).reshape(1, 1, 1, 8) + 10 * run} for run in range(5)]}
+    inputs, stacked = feed_runs(classify, spec.pipeline.feed, spec.pipeline.glue, [embed], produced)
+    assert [run["x"].shape for run in inputs] == [(1, 4, 8)] * 2 and stacked[0]["windows"] == 2
+    assert inputs[1]["x"][0, :, 0].tolist() == [10, 20, 30, 40] and inputs[1]["x"][0, 2].tolist() == list(range(30, 38))
+    # a size that does not fit is still refused, as a reshape of the stack
+    project.edit(STACK_YAML, "stack: {runs: 4, axis: 1}", "stack: {runs: 3, axis: 1}")
+    line = project.doit("list").stderr.strip()
+    assert "pipeline.feed.classify.x.reshape: input 'x' of 'classify' [1, 4, 8] has 32 values" in line, line

@@ -50,7 +50,10 @@ def feed_runs(graph: GraphSpec, feed: dict[str, list[str]], glue: dict[str, dict
                                  f"{settings['runs']} runs of '{from_graph}', which ran only {len(values)} times "
                                  f"(fix: give the pipeline's first graph more samples, or stack fewer runs)")
             _bounded(graph, tensor.name, from_graph, values, settings)
-            values = stack(values, settings["runs"], settings["axis"], settings["hop"], len(tensor.shape))
+            rank = len(tensor.shape)
+            if step.get("reshape") and rank not in (np.ndim(values[0]), np.ndim(values[0]) + 1):
+                rank = np.ndim(values[0]) + 1  # other ranks: stacked on a new axis, then reshaped (checked at load)
+            values = stack(values, settings["runs"], settings["axis"], settings["hop"], rank)
             stacked.append({"input": tensor.name, "from": f"{from_graph}.{output}", **settings,
                             "source_runs": len(produced[from_graph]), "windows": len(values)})
         columns[tensor.name] = [_glued(np.asarray(v), step, tensor) for v in values]
