@@ -41,7 +41,8 @@ class Planned:
     info: Any = None  # the audio header (soundfile.info), or the raw file's size
 
 
-def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
+def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
+         upstream: dict[str, list[np.ndarray]] | None = None) -> list[dict[str, np.ndarray]]:
     """One {input: array} per sample: each source's samples zipped in file-name order, `fill` inputs constant.
 
     `notes` (when given) receives what reading changed or kept, per source, for the stage's record
@@ -68,6 +69,9 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str
                              f"(fix: set graphs.{graph.name}.samples.{kind}.limit, or declare fewer files)")
         plans[spec.name] = (kind, planned, spread(list(range(total)), options.get("limit")))
     counts = {name: len(chosen) for name, (_, _, chosen) in plans.items()}
+    counts.update({name: len(values) for name, values in (upstream or {}).items()})  # `from:` an earlier graph
+    if not counts:  # `fill` alone: every input a constant, one sample
+        counts = {"fill": 1}
     if len(set(counts.values())) != 1:
         raise StageError(f"{where}: the sources give different numbers of samples {counts} "
                          f"(fix: make each source give the same number, or set limit on each)")
@@ -78,7 +82,7 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str
         raise StageError(f"{where}: {count} samples of {per_sample} bytes take {bounds.mib(count * per_sample)}, "
                          f"more than the bound of {bounds.mib(bound)} (fix: set limit: {max(1, bound // per_sample)} "
                          "or less on each source)")
-    columns = {}
+    columns = {name: [v.astype(specs[name].dtype, copy=False) for v in values] for name, values in (upstream or {}).items()}
     for name, (kind, planned, chosen) in plans.items():
         options = graph.samples[kind]
         seen: dict[str, Any] = {}

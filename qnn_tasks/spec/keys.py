@@ -70,6 +70,7 @@ SAMPLES = Fields({
                      "pad": Bool()}, required=("files",)),
     "raw": Fields({**_COMMON, "dtype": Text(max_len=40), "offset": Int(0, None)}, required=("files",)),
     "fill": MapOf(Num(), "<input>"),
+    "from": Either((Text(max_len=300), MapOf(Text(max_len=300), "<input>")), fix="e.g. from: embed.y or from: {x: embed.y}"),
 }, fix='e.g. samples: {files: "samples/*.npz"} or samples: {image: {files: "images/*.png"}}')
 
 REWRITE_OPTIONS = MapOf(Either((Text(), Num(), Bool())), "<option>")

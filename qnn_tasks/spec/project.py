@@ -352,6 +352,9 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     from qnn_tasks.spec import pipeline as specpipeline
 
     pipeline = specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path)
+    from qnn_tasks.spec.samples import check_upstream
+
+    check_upstream(graphs, pipeline, path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
                      loop=specloop.load(data.get("loop"), graphs, model_dir.name, path, pipeline),

@@ -6,6 +6,7 @@
       audio: {files: "clips/*.wav", input: audio, rate: 16000, hop: 512, int16_scale: false, pad: true}
       raw:   {files: "tensors/*.bin", input: ids, dtype: int32, offset: 0}
       fill:  {state: 0.0}          # inputs no source feeds: a constant of the declared shape
+      from:  embed.y               # a graph inside a pipeline: an earlier graph's CPU outputs (or {x: embed.y})
 
 Validated here at spec load, against the declared inputs, with one line per problem; only YAML
 values are read (no numpy, no Pillow). The files are read by judge/media.py inside the cpucheck and
@@ -54,9 +55,12 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
         if name not in inputs:
             raise SpecError(path, f"{key}.fill.{name}", "not an input of the graph", f"use one of: {', '.join(inputs)}")
         as_number(value, path, f"{key}.fill.{name}")
-    sources = {kind: data[kind] for kind in KINDS if kind in data}  # specport saw at least one
+    sources = {kind: data[kind] for kind in KINDS if kind in data}
     result: dict[str, Any] = {"fill": {str(k): float(v) for k, v in fill.items()}}
     fed: dict[str, str] = {}
+    if "from" in data:
+        result["from"] = _upstream(data["from"], path, f"{key}.from", inputs, fill)
+        fed.update({name: "from" for name in result["from"]})
     for kind, section in sources.items():
         skey = f"{key}.{kind}"
         if not isinstance(section, dict):
@@ -91,6 +95,28 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
         raise SpecError(path, key, f"no source feeds input(s) {missing}",
                         f"add input: {missing[0]} to a source, or fill: {{{missing[0]}: 0.0}}")
     return result
+
+
+def _upstream(value: Any, path: Path, key: str, inputs: dict[str, Any], fill: dict[str, Any]) -> dict[str, str]:
+    """`from: <graph>.<output>` (the one input no fill feeds) or `from: {<input>: <graph>.<output>}` -> input ->
+    reference; the graph and output are checked once every graph is loaded (spec/project.py)."""
+    fix = "e.g. from: embed.y (an earlier graph's output), or from: {x: embed.y}"
+    if isinstance(value, str):
+        free = [n for n in inputs if n not in fill]
+        if len(free) != 1:
+            raise SpecError(path, key, f"the graph has inputs {list(inputs)}: which one does '{value}' feed?",
+                            f"write from: {{{(free or list(inputs))[0]}: {value}}}")
+        value = {free[0]: value}
+    if not isinstance(value, dict) or not value:
+        raise SpecError(path, key, f"expected <graph>.<output> or a mapping of input to it, got {value!r}", fix)
+    for name, ref in value.items():
+        if name not in inputs:
+            raise SpecError(path, f"{key}.{name}", "not an input of the graph", f"use one of: {', '.join(inputs)}")
+        if name in fill:
+            raise SpecError(path, f"{key}.{name}", f"'{name}' is already fed by fill", "feed each input from one source")
+        if not isinstance(ref, str) or "." not in ref.strip(".") :
+            raise SpecError(path, f"{key}.{name}", f"{ref!r} is not <graph>.<output>", fix)
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def _image(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
@@ -163,3 +189,43 @@ def _per_channel(value: Any, channels: int, path: Path, key: str, positive: bool
     if positive and any(v <= 0 for v in numbers):
         raise SpecError(path, key, f"{values!r} has a value <= 0", "a std divides: give positive numbers")
     return numbers
+
+
+def check_upstream(graphs: tuple, pipeline: Any, path: Path) -> None:
+    """Resolve every `samples: {from: <graph>.<output>}` once all graphs are loaded: an output of a graph declared
+    before this one, fed through the pipeline's glue for that input when the pipeline feeds it from the same output
+    (a stack of runs, a reshape, scale and offset), else of the input's shape or size (reshaped)."""
+    from qnn_tasks.spec.pipeline import _size, _split
+
+    names = [g.name for g in graphs]
+    for graph in graphs:
+        upstream = (graph.samples or {}).get("from")
+        if not upstream:
+            continue
+        shapes = {t.name: t.shape for t in graph.inputs}
+        for name, ref in list(upstream.items()):
+            if isinstance(ref, dict):
+                continue  # resolved already (the same spec loaded twice)
+            key = f"graphs.{graph.name}.samples.from" + ("" if len(upstream) == 1 else f".{name}")
+            source, output = _split(ref, names)
+            earlier = names[:names.index(graph.name)]
+            if source not in earlier:
+                raise SpecError(path, key, f"'{ref}' is not an output of a graph declared before '{graph.name}'",
+                                f"name one of: {', '.join(earlier) or '(no graph is declared before it)'}")
+            found = next((t for t in graphs[names.index(source)].outputs if t.name == output), None)
+            if found is None:
+                outputs = ", ".join(t.name for t in graphs[names.index(source)].outputs)
+                raise SpecError(path, key, f"graph '{source}' has no output '{output}'", f"use one of: {outputs}")
+            glue = None
+            if pipeline is not None and graph.name in pipeline.graphs and source in pipeline.graphs:
+                fed = pipeline.feed.get(f"{graph.name}.{name}", (None, name))
+                if tuple(fed) == (source, output) or (fed[0] is None and output == name):
+                    glue = pipeline.glue.get(f"{graph.name}.{name}")
+            if glue is None:
+                if _size(found.shape) != _size(shapes[name]):
+                    raise SpecError(path, key, f"output '{output}' of '{source}' {list(found.shape)} has "
+                                    f"{_size(found.shape)} values, input '{name}' {list(shapes[name])} "
+                                    f"{_size(shapes[name])}", "feed it through pipeline.feed with a stack of runs, or "
+                                    "name an output of the input's size")
+                glue = {"reshape": tuple(found.shape) != tuple(shapes[name]), "scale": 1.0, "offset": 0.0}
+            upstream[name] = {"graph": source, "output": output, "glue": dict(glue)}
