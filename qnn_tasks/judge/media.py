@@ -90,6 +90,10 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
             READERS[kind], p.path, options, specs[name], f"{where}.{kind}: {p.path.name}", kind, p, picks, seen))
         if notes is not None:
             notes[kind] = {"files": len(planned), "samples": len(chosen), **seen}
+        if options.get("lengths"):  # the valid length of each sample, for a front end's length input
+            lens = specs[options["lengths"]]
+            columns[lens.name] = decode(planned, chosen, lambda p, picks, options=options, name=name, lens=lens:
+                                        audio_lengths(p, options, specs[name], lens, picks))
     fills = {name: np.full(specs[name].shape, value, dtype=specs[name].dtype)
              for name, value in graph.samples.get("fill", {}).items()}
     return [{t.name: (columns[t.name][i] if t.name in columns else fills[t.name]) for t in graph.inputs}
@@ -253,7 +257,7 @@ def plan_audio(path: Path, options: dict[str, Any], spec: TensorSpec, where: str
     if frames == 0:
         raise StageError(f"{where}: holds no audio (0 frames) (fix: replace or remove the file)")
     length = target_length(frames, rate, options)
-    windows = window_count(length, options["frame"], options["hop"], options["pad"], where)
+    windows = window_count(length, options["frame"], options["hop"], options["pad"], where, options.get("pad_min", 1))
     per_sample = int(np.prod(spec.shape)) // options["frame"]
     return Planned(path, len(options["gain"]) * (windows // per_sample), info)
 
@@ -264,16 +268,33 @@ def target_length(frames: int, rate: int, options: dict[str, Any]) -> int:
     return frames if out == rate else (2 * frames * out + rate) // (2 * rate)
 
 
-def window_count(length: int, frame: int, hop: int, pad: bool, where: str) -> int:
+def window_count(length: int, frame: int, hop: int, pad: bool, where: str, pad_min: int = 1) -> int:
     """Windows of `frame` samples every `hop`: every whole one, and with `pad` a last partial one (zero-filled)
-    when samples after the last whole window would otherwise be left out (also a clip shorter than a frame)."""
+    when samples after the last whole window would otherwise be left out (also a clip shorter than a frame),
+    if it holds at least `pad_min` real samples (a tiny trailing window of zeros is dropped)."""
     if length < frame:
         if not pad:
             raise StageError(f"{where}: {length} samples is shorter than one frame of {frame} "
-                             "(fix: pad: true, or a longer clip)")
-        return 1
+                             "(fix: pad: true, or pad_min: <fewest real samples> to pad short clips, or a longer clip)")
+        return int(length >= pad_min)
     whole = (length - frame) // hop + 1
-    return whole + int(pad and (whole - 1) * hop + frame < length and whole * hop < length)
+    return whole + int(pad and (whole - 1) * hop + frame < length and length - whole * hop >= max(1, pad_min))
+
+
+def audio_lengths(plan: Planned, options: dict[str, Any], spec: TensorSpec, lengths: TensorSpec,
+                  picks: list[int]) -> list[np.ndarray]:
+    """Each picked sample's count of real (not zero-padded) audio samples, from the clip's header alone, as
+    the length input `lengths` (e.g. `waveforms_lens` beside `waveforms`): the sum over its windows."""
+    length = target_length(int(plan.info.frames), int(plan.info.samplerate), options)
+    frame, hop = options["frame"], options["hop"]
+    per_sample = int(np.prod(spec.shape)) // frame
+    per_gain = plan.count // len(options["gain"])
+    result = []
+    for pick in picks:
+        starts = hop * np.arange((pick % per_gain) * per_sample, (pick % per_gain + 1) * per_sample)
+        real = int(np.clip(length - starts, 0, frame).sum())
+        result.append(np.full(lengths.shape, real, dtype=lengths.dtype))
+    return result
 
 
 def audio(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, plan: Planned,

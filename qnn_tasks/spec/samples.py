@@ -3,7 +3,8 @@
     samples:
       image: {files: "images/*.png", input: x, resize: letterbox, layout: NCHW, channels: RGB,
               scale: 0.00392156862745098, mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}
-      audio: {files: "clips/*.wav", input: audio, rate: 16000, hop: 512, int16_scale: false, pad: true}
+      audio: {files: "clips/*.wav", input: audio, rate: 16000, hop: 512, int16_scale: false, pad: true,
+              pad_min: 1600, lengths: audio_lens}   # pad only windows of >= 1600 real samples; valid length input
       raw:   {files: "tensors/*.bin", input: ids, dtype: int32, offset: 0}
       fill:  {state: 0.0}          # inputs no source feeds: a constant of the declared shape
       from:  embed.y               # a graph inside a pipeline: an earlier graph's CPU outputs (or {x: embed.y})
@@ -25,7 +26,7 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif")  # what libs
 KINDS = ("image", "audio", "raw")
 COMMON_KEYS = {"files", "input", "limit"}
 KIND_KEYS = {"image": COMMON_KEYS | {"resize", "pad_value", "layout", "channels", "scale", "mean", "std"},
-             "audio": COMMON_KEYS | {"rate", "frame", "hop", "int16_scale", "gain", "pad"},
+             "audio": COMMON_KEYS | {"rate", "frame", "hop", "int16_scale", "gain", "pad", "pad_min", "lengths"},
              "raw": COMMON_KEYS | {"dtype", "offset"}}
 RESIZE = ("stretch", "letterbox", "none")
 LAYOUTS = ("NCHW", "NHWC")
@@ -72,8 +73,9 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
         if "files" not in section:
             raise SpecError(path, f"{skey}.files", "required key is missing", f'e.g. files: "{kind}s/*"')
         name = section.get("input")
+        lengths = section.get("lengths") if kind == "audio" else None
         if name is None:
-            free = [n for n in inputs if n not in fill and n not in fed]
+            free = [n for n in inputs if n not in fill and n not in fed and n != lengths]
             if len(free) != 1:
                 raise SpecError(path, f"{skey}.input", f"the graph has inputs {list(inputs)}: which one does this feed?",
                                 f"add input: <name> (one of {', '.join(free or inputs)})")
@@ -84,6 +86,12 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
             raise SpecError(path, f"{skey}.input", f"'{name}' is already fed by {fed.get(name, 'fill')}",
                             "feed each input from one source")
         fed[name] = kind
+        if lengths is not None:  # the input that gets each sample's count of real (not padded) audio samples
+            if lengths not in inputs or lengths == name or lengths in fed or lengths in fill:
+                raise SpecError(path, f"{skey}.lengths", f"'{lengths}' is not another input of the graph that no other "
+                                "source feeds", f"name the length input, one of: "
+                                f"{', '.join(n for n in inputs if n != name and n not in fed and n not in fill)}")
+            fed[str(lengths)] = f"{kind}.lengths"
         shape, dtype = inputs[name]
         options = {"files": patterns_of(section["files"], f"{skey}.files", kind), "input": str(name)}
         if "limit" in section:
@@ -159,11 +167,18 @@ def _audio(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...
         raise SpecError(path, f"{key}.gain", f"{len(gains)} gains, more than {MAX_GAINS}",
                         "keep a few levels, e.g. gain: [1.0, 0.01]")
     rate = section.get("rate")
-    return {"rate": None if rate is None else as_int(rate, path, f"{key}.rate", 1000, 384000),
+    pad = as_bool(section.get("pad", True), path, f"{key}.pad")
+    pad_min = as_int(section.get("pad_min", 1), path, f"{key}.pad_min", 1, frame)
+    if "pad_min" in section and not pad:
+        raise SpecError(path, f"{key}.pad_min", "pads windows of at least pad_min real samples, but pad is false",
+                        "remove pad: false (pad_min drops the shorter windows), or remove pad_min")
+    extra = {"lengths": str(section["lengths"])} if section.get("lengths") is not None else {}
+    extra.update({"pad_min": pad_min} if "pad_min" in section else {})  # absent: the keys of older builds stay
+    return {**extra, "rate": None if rate is None else as_int(rate, path, f"{key}.rate", 1000, 384000),
             "frame": frame, "hop": as_int(section.get("hop", frame), path, f"{key}.hop", 1, MAX_WINDOW),
             "int16_scale": as_bool(section.get("int16_scale", dtype == "int16"), path, f"{key}.int16_scale"),
             "gain": [as_number(g, path, f"{key}.gain", 0.0, 1.0e6) for g in gains],
-            "pad": as_bool(section.get("pad", True), path, f"{key}.pad")}
+            "pad": pad}
 
 
 def _raw(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
