@@ -16,7 +16,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
-from test_pipeline_glue import packaged_project
+from test_pipeline_glue import _model, packaged_project
 
 SPEECH = Path("/usr/share/sounds/alsa/Front_Center.wav")  # "front centre", spoken; 48 kHz, 1.4 s
 MODEL_YAML = """\
@@ -52,13 +52,6 @@ pipeline:
     samples: 2
     thresholds: {min_cosine: 0.99}
 """
-
-
-def _model(nodes, name, inputs, outputs, inits) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, name, inputs, outputs, inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    return model
 
 
 def _shape(name: str, dims: list[int]):
