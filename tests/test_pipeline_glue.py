@@ -364,3 +364,75 @@ def test_stack_spec_errors(tmp_path, old, new, fragments):
     assert line.startswith(f"error: {project.path(STACK_YAML)}: ") and "(fix: " in line, line
     for fragment in fragments:
         assert fragment in line, line
+
+
+def test_a_stack_across_ranks_is_stacked_then_reshaped(tmp_path):
+    """A streaming embedding gives [1, 1, 1, 8] per window, the classifier takes [1, 4, 8]: neither a new axis nor
+    a join fits the ranks, both fixed by the ONNX files; with reshape: true the 4 runs stack on a new axis, then
+    reshape to the input (as the docs say), on the spec and in the glue. Without reshape the fix says to add it."""
+    from qnn_tasks.spec.project import load_model, load_socs
+    from qnn_tasks.stages.glue import feed_runs
+
+    project = stacked_project(tmp_path / "project")
+    project.edit(STACK_YAML, "outputs: {y: {shape: [1, 8]}}", "outputs: {y: {shape: [1, 1, 1, 8]}}")
+    line = project.doit("list").stderr.strip()
+    assert ("pipeline.feed.classify.x.stack: output 'y' of 'embed' [1, 1, 1, 8] has rank 4, input 'x' of 'classify' "
+            "[1, 4, 8] rank 3 (fix: add reshape: true to stack on a new axis and reshape to the input (one size), "
+            "e.g. [1, 1, 1, 8] x 4 -> [1, 4, 8])") in line, line
+    project.edit(STACK_YAML, "stack: {runs: 4, axis: 1}", "stack: {runs: 4, axis: 1}, reshape: true")
+    result = project.doit("list")
+    assert result.returncode == 0 and "error" not in result.stderr, result.stderr
+    spec = load_model(project.path("models/stacked"), load_socs(project.path("socs/socs.yaml")))
+    assert spec.pipeline.glue["classify.x"]["stack"] == {"runs": 4, "axis": 1, "hop": 1}
+    embed, classify = spec.graphs
+    produced = {"embed": [{"y": np.arange(8, dtype=np.float32).reshape(1, 1, 1, 8) + 10 * run} for run in range(5)]}
+    inputs, stacked = feed_runs(classify, spec.pipeline.feed, spec.pipeline.glue, [embed], produced)
+    assert [run["x"].shape for run in inputs] == [(1, 4, 8)] * 2 and stacked[0]["windows"] == 2
+    assert inputs[1]["x"][0, :, 0].tolist() == [10, 20, 30, 40] and inputs[1]["x"][0, 2].tolist() == list(range(30, 38))
+    # a size that does not fit is still refused, as a reshape of the stack
+    project.edit(STACK_YAML, "stack: {runs: 4, axis: 1}", "stack: {runs: 3, axis: 1}")
+    line = project.doit("list").stderr.strip()
+    assert "pipeline.feed.classify.x.reshape: input 'x' of 'classify' [1, 4, 8] has 32 values" in line, line
+
+
+def test_a_graph_inside_a_pipeline_takes_its_samples_from_the_graph_before_it(tmp_path):
+    """`samples: {from: embed.y}`: the classifier needs no media of its own; its cpucheck inputs are embed's CPU
+    outputs on embed's samples, stacked as the pipeline feeds them (4 runs on axis 1, every run)."""
+    project = stacked_project(tmp_path / "project")
+    project.path("models/stacked/samples/stack.bin").unlink()
+    project.edit(STACK_YAML, 'samples: {raw: {files: "samples/stack.bin"}}', "samples: {from: embed.y}")
+    result = project.doit("cpucheck:classify")
+    assert result.returncode == 0, result.stdout + result.stderr
+    windows = np.frombuffer(project.path("models/stacked/samples/windows.bin").read_bytes(), "<f4").reshape(5, 1, 16)
+    embed = ort.InferenceSession(window_embed_model().SerializeToString(), providers=["CPUExecutionProvider"])
+    embeddings = [embed.run(None, {"x": w})[0] for w in windows]
+    with np.load(project.path("build/stacked/classify/cpucheck/inputs.npz")) as inputs:
+        assert inputs["x"].shape == (2, 1, 4, 8)  # 5 embeddings, windows of 4 every 1: 2 samples
+        np.testing.assert_allclose(inputs["x"][1], np.stack(embeddings[1:5], axis=1), rtol=1e-6)
+    # spec errors name the key: a graph not before it, an output it does not have, an input that is not there
+    for bad, fragment in (("{from: classify.logits}", "samples.from: 'classify.logits' is not an output of a graph "
+                           "declared before 'classify' (fix: name one of: embed)"),
+                          ("{from: embed.z}", "samples.from: graph 'embed' has no output 'z' (fix: use one of: y)"),
+                          ("{from: {q: embed.y}}", "samples.from.q: not an input of the graph")):
+        project.edit(STACK_YAML, "samples: {from: embed.y}", f"samples: {bad}")
+        line = project.doit("list").stderr.strip()
+        assert fragment in line and line.count("\n") == 0, line
+        project.edit(STACK_YAML, f"samples: {bad}", "samples: {from: embed.y}")
+
+
+def test_fill_alone_is_samples_when_every_input_is_a_constant_and_the_missing_message_names_media(tmp_path):
+    from qnn_tasks.spec.project import load_model, load_socs
+
+    project = stacked_project(tmp_path / "project")
+    project.edit(STACK_YAML, 'samples: {raw: {files: "samples/stack.bin"}}', "samples: {fill: {x: 0.5}}")
+    spec = load_model(project.path("models/stacked"), load_socs(project.path("socs/socs.yaml")))
+    assert spec.graphs[1].samples == {"fill": {"x": 0.5}}
+    from qnn_tasks.judge import media
+
+    [sample] = media.load(spec.graphs[1])
+    assert sample["x"].shape == (1, 4, 8) and float(sample["x"].max()) == 0.5
+    project.edit(STACK_YAML, "samples: {fill: {x: 0.5}}\n", "\n")
+    line = project.doit("list").stderr.strip()
+    assert "graphs.classify.samples: there is no export.py" in line, line
+    for source in ("image:", "audio:", "raw:", "fill:", "from: <graph>.<output>", "files:"):
+        assert source in line, line

@@ -41,7 +41,8 @@ class Planned:
     info: Any = None  # the audio header (soundfile.info), or the raw file's size
 
 
-def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
+def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
+         upstream: dict[str, list[np.ndarray]] | None = None) -> list[dict[str, np.ndarray]]:
     """One {input: array} per sample: each source's samples zipped in file-name order, `fill` inputs constant.
 
     `notes` (when given) receives what reading changed or kept, per source, for the stage's record
@@ -68,6 +69,9 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str
                              f"(fix: set graphs.{graph.name}.samples.{kind}.limit, or declare fewer files)")
         plans[spec.name] = (kind, planned, spread(list(range(total)), options.get("limit")))
     counts = {name: len(chosen) for name, (_, _, chosen) in plans.items()}
+    counts.update({name: len(values) for name, values in (upstream or {}).items()})  # `from:` an earlier graph
+    if not counts:  # `fill` alone: every input a constant, one sample
+        counts = {"fill": 1}
     if len(set(counts.values())) != 1:
         raise StageError(f"{where}: the sources give different numbers of samples {counts} "
                          f"(fix: make each source give the same number, or set limit on each)")
@@ -78,7 +82,7 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str
         raise StageError(f"{where}: {count} samples of {per_sample} bytes take {bounds.mib(count * per_sample)}, "
                          f"more than the bound of {bounds.mib(bound)} (fix: set limit: {max(1, bound // per_sample)} "
                          "or less on each source)")
-    columns = {}
+    columns = {name: [v.astype(specs[name].dtype, copy=False) for v in values] for name, values in (upstream or {}).items()}
     for name, (kind, planned, chosen) in plans.items():
         options = graph.samples[kind]
         seen: dict[str, Any] = {}
@@ -86,6 +90,10 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str
             READERS[kind], p.path, options, specs[name], f"{where}.{kind}: {p.path.name}", kind, p, picks, seen))
         if notes is not None:
             notes[kind] = {"files": len(planned), "samples": len(chosen), **seen}
+        if options.get("lengths"):  # the valid length of each sample, for a front end's length input
+            lens = specs[options["lengths"]]
+            columns[lens.name] = decode(planned, chosen, lambda p, picks, options=options, name=name, lens=lens:
+                                        audio_lengths(p, options, specs[name], lens, picks))
     fills = {name: np.full(specs[name].shape, value, dtype=specs[name].dtype)
              for name, value in graph.samples.get("fill", {}).items()}
     return [{t.name: (columns[t.name][i] if t.name in columns else fills[t.name]) for t in graph.inputs}
@@ -249,7 +257,7 @@ def plan_audio(path: Path, options: dict[str, Any], spec: TensorSpec, where: str
     if frames == 0:
         raise StageError(f"{where}: holds no audio (0 frames) (fix: replace or remove the file)")
     length = target_length(frames, rate, options)
-    windows = window_count(length, options["frame"], options["hop"], options["pad"], where)
+    windows = window_count(length, options["frame"], options["hop"], options["pad"], where, options.get("pad_min", 1))
     per_sample = int(np.prod(spec.shape)) // options["frame"]
     return Planned(path, len(options["gain"]) * (windows // per_sample), info)
 
@@ -260,16 +268,33 @@ def target_length(frames: int, rate: int, options: dict[str, Any]) -> int:
     return frames if out == rate else (2 * frames * out + rate) // (2 * rate)
 
 
-def window_count(length: int, frame: int, hop: int, pad: bool, where: str) -> int:
+def window_count(length: int, frame: int, hop: int, pad: bool, where: str, pad_min: int = 1) -> int:
     """Windows of `frame` samples every `hop`: every whole one, and with `pad` a last partial one (zero-filled)
-    when samples after the last whole window would otherwise be left out (also a clip shorter than a frame)."""
+    when samples after the last whole window would otherwise be left out (also a clip shorter than a frame),
+    if it holds at least `pad_min` real samples (a tiny trailing window of zeros is dropped)."""
     if length < frame:
         if not pad:
             raise StageError(f"{where}: {length} samples is shorter than one frame of {frame} "
-                             "(fix: pad: true, or a longer clip)")
-        return 1
+                             "(fix: pad: true, or pad_min: <fewest real samples> to pad short clips, or a longer clip)")
+        return int(length >= pad_min)
     whole = (length - frame) // hop + 1
-    return whole + int(pad and (whole - 1) * hop + frame < length and whole * hop < length)
+    return whole + int(pad and (whole - 1) * hop + frame < length and length - whole * hop >= max(1, pad_min))
+
+
+def audio_lengths(plan: Planned, options: dict[str, Any], spec: TensorSpec, lengths: TensorSpec,
+                  picks: list[int]) -> list[np.ndarray]:
+    """Each picked sample's count of real (not zero-padded) audio samples, from the clip's header alone, as
+    the length input `lengths` (e.g. `waveforms_lens` beside `waveforms`): the sum over its windows."""
+    length = target_length(int(plan.info.frames), int(plan.info.samplerate), options)
+    frame, hop = options["frame"], options["hop"]
+    per_sample = int(np.prod(spec.shape)) // frame
+    per_gain = plan.count // len(options["gain"])
+    result = []
+    for pick in picks:
+        starts = hop * np.arange((pick % per_gain) * per_sample, (pick % per_gain + 1) * per_sample)
+        real = int(np.clip(length - starts, 0, frame).sum())
+        result.append(np.full(lengths.shape, real, dtype=lengths.dtype))
+    return result
 
 
 def audio(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, plan: Planned,

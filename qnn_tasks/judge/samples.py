@@ -51,7 +51,8 @@ def load(path: Path, limit: int | None = None) -> list[dict[str, np.ndarray]]:
     return [{name: arr[i] for name, arr in arrays.items()} for i in range(count)]
 
 
-def read_declared(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str, np.ndarray]]:
+def read_declared(graph: GraphSpec, notes: dict[str, Any] | None = None,
+                  upstream: dict[str, list[np.ndarray]] | None = None) -> list[dict[str, np.ndarray]]:
     """The graph's declared sample files (model.yaml `samples: {files: ...}`), in file-name order.
 
     A `.npz` holds one array per declared input, named after it: either one sample (the declared
@@ -64,7 +65,7 @@ def read_declared(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list
     if graph.samples and "files" not in graph.samples:
         from qnn_tasks.judge import media
 
-        return media.load(graph, notes)
+        return media.load(graph, notes, upstream)
     files = graph.sample_files()
     where = f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples"
     if not files:

@@ -199,7 +199,10 @@ class Planner:
 
     def sample_deps(self, graph: GraphSpec) -> list[str]:
         """The declared sample files (model.yaml `samples:`), read by cpucheck and calibrate."""
-        return [os.path.relpath(p, self.root) for p in graph.sample_files()]
+        from qnn_tasks.plan.targets import upstream_references
+
+        return [os.path.relpath(p, self.root) for p in graph.sample_files()] \
+            + [str(p) for p in upstream_references(graph).values()]  # `from:` an earlier graph's CPU outputs
 
     def variant_chain(self, vt: VariantTarget) -> list[tuple[Any, str, list[str]]]:
         """(stage, out_dir, outputs) of the toolchain's graph stages for this variant, in order."""

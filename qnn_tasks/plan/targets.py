@@ -120,6 +120,13 @@ class ChipTarget:
         return str(self.dir)
 
 
+def upstream_references(graph: GraphSpec) -> dict[str, Path]:
+    """graph -> the cpucheck reference (CPU outputs) of each earlier graph its `samples: {from: ...}` reads."""
+    upstream = (graph.samples or {}).get("from") or {}
+    return {s["graph"]: GraphTarget(graph=graph, dir=Path(BUILD_DIR) / graph.model / s["graph"]).reference
+            for s in upstream.values() if isinstance(s, dict)}
+
+
 def _cached_join(target: GraphTarget | VariantTarget | ChipTarget, stage: str) -> Path:
     """target.dir / stage, built once: task generation asks for the same dirs thousands of times."""
     cache = target.__dict__.setdefault("_stage_dirs", {})

@@ -72,9 +72,10 @@ SAMPLES = Fields({
                     required=("files",)),
     "audio": Fields({**_COMMON, "rate": Int(1000, 384000), "frame": Int(1, MAX_WINDOW), "hop": Int(1, MAX_WINDOW),
                      "int16_scale": Bool(), "gain": Either((Num(0.0, 1.0e6), ListOf(Num(0.0, 1.0e6), min_items=1))),
-                     "pad": Bool()}, required=("files",)),
+                     "pad": Bool(), "pad_min": Int(1, MAX_WINDOW), "lengths": NAME}, required=("files",)),
     "raw": Fields({**_COMMON, "dtype": Text(max_len=40), "offset": Int(0, None)}, required=("files",)),
     "fill": MapOf(Num(), "<input>"),
+    "from": Either((Text(max_len=300), MapOf(Text(max_len=300), "<input>")), fix="e.g. from: embed.y or from: {x: embed.y}"),
 }, fix='e.g. samples: {files: "samples/*.npz"} or samples: {image: {files: "images/*.png"}}')
 
 REWRITE_OPTIONS = MapOf(Either((Text(), Num(), Bool())), "<option>")

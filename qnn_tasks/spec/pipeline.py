@@ -20,7 +20,9 @@ spec/project.py; only YAML is read here.
 embedding -> classifier over the last N frames): the first graph runs once per verification sample, in
 order (its stream: successive audio windows with `samples: {audio: {hop: ...}}`); a graph fed plainly
 runs once per run of the graph feeding it; a stacked input takes `runs` consecutive runs every `hop`
-runs, stacked on `axis` of the input (a new axis, or joined on an existing one when the ranks are equal).
+runs, stacked on `axis` of the input (a new axis, or joined on an existing one when the ranks are equal);
+with `reshape: true` outputs of any rank stack on a new `axis` and are then reshaped to the input
+(`[1, 1, 1, 96]` x 16 -> `[1, 16, 1, 1, 96]` -> `[1, 16, 96]`).
 """
 from __future__ import annotations
 
@@ -161,10 +163,14 @@ def _stacked_shape(found: tuple[str, tuple[int, ...]], output: str, stack: dict[
                         f"'{graph.name}' {list(tensor.shape)}", f"use an axis from {-rank} to {rank - 1}")
     stack["axis"] = axis % rank  # normalised, so the stage and the key see one value
     shape = stacked_shape(found[1], stack["runs"], stack["axis"], rank)
+    if shape is None and reshape and stack["axis"] <= len(found[1]):  # stack on a new axis, then reshape to the input
+        shape = stacked_shape(found[1], stack["runs"], stack["axis"], len(found[1]) + 1)
     if shape is None:
         raise SpecError(path, key, f"output '{output}' of '{found[0]}' {list(found[1])} has rank {len(found[1])}, "
                         f"input '{tensor.name}' of '{graph.name}' {list(tensor.shape)} rank {rank}",
-                        "stack on a new axis (the input has one dim more) or join on an existing one (equal ranks)")
+                        "add reshape: true to stack on a new axis and reshape to the input (one size), e.g. "
+                        f"{list(found[1])} x {stack['runs']} -> {list(tensor.shape)}"
+                        if _size(found[1]) * stack["runs"] == _size(tensor.shape) else "stack on a new axis (the input has one dim more) or join on an existing one (equal ranks)")
     if not reshape and shape != tuple(tensor.shape):
         runs = _fitting_runs(found[1], stack["axis"], tensor.shape)
         raise SpecError(path, key, f"output '{output}' of '{found[0]}' {list(found[1])} stacked over {stack['runs']} "

@@ -105,7 +105,9 @@ def require_packaged_onnx(source: dict[str, Any], path: Path, key: str, file_key
                         "point it at an ONNX file, or add export.py whose export() converts it")
     if samples is None:
         raise SpecError(path, f"{key}.samples", f"{no_code}, so verification inputs must be declared",
-                        'add samples: {files: "samples/*.npz"} (or add export.py with samples())')
+                        'add samples: {image: {files: "images/*.png"}}, {audio: {files: "clips/*.wav"}}, '
+                        '{raw: {files: "tensors/*.bin"}}, {fill: {<input>: 0.0}}, {from: <graph>.<output>} (a graph '
+                        'inside a pipeline) or {files: "samples/*.npz"} (or add export.py with samples())')
 
 
 def rewrites(data: Any, path: Path, key: str) -> dict[str, dict[str, Any]]:
@@ -155,10 +157,10 @@ def samples(data: Any, path: Path, key: str, model_dir: Path,
     from qnn_tasks.spec import samples as specsamples
 
     for k in data:
-        if k not in SAMPLES_KEYS and k not in specsamples.KINDS and k != "fill":
+        if k not in SAMPLES_KEYS and k not in specsamples.KINDS and k not in ("fill", "from"):
             raise SpecError(path, f"{key}.{k}", "unknown key", fix)
     if "files" not in data:
-        if not any(k in data for k in specsamples.KINDS):
+        if not any(k in data for k in (*specsamples.KINDS, "fill", "from")):  # fill alone: every input a constant
             raise SpecError(path, f"{key}.files", "required key is missing", fix)
         return specsamples.validate(data, path, key, inputs or {},
                                     lambda value, k, kind: _patterns(value, path, k, model_dir, kind))

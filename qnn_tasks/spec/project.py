@@ -388,6 +388,9 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
         loop = replace(loops[0], graph=looped.graph)
     else:
         loop = specloop.load(loop_data, graphs, model_dir.name, path, pipeline)
+    from qnn_tasks.spec.samples import check_upstream
+
+    check_upstream(graphs, pipeline, path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
                      loop=loop, size_pipelines=size_pipelines,

@@ -3,9 +3,11 @@
     samples:
       image: {files: "images/*.png", input: x, resize: letterbox, layout: NCHW, channels: RGB,
               scale: 0.00392156862745098, mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}
-      audio: {files: "clips/*.wav", input: audio, rate: 16000, hop: 512, int16_scale: false, pad: true}
+      audio: {files: "clips/*.wav", input: audio, rate: 16000, hop: 512, int16_scale: false, pad: true,
+              pad_min: 1600, lengths: audio_lens}   # pad only windows of >= 1600 real samples; valid length input
       raw:   {files: "tensors/*.bin", input: ids, dtype: int32, offset: 0}
       fill:  {state: 0.0}          # inputs no source feeds: a constant of the declared shape
+      from:  embed.y               # a graph inside a pipeline: an earlier graph's CPU outputs (or {x: embed.y})
 
 Validated here at spec load, against the declared inputs, with one line per problem; only YAML
 values are read (no numpy, no Pillow). The files are read by judge/media.py inside the cpucheck and
@@ -24,7 +26,7 @@ AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif")  # what libs
 KINDS = ("image", "audio", "raw")
 COMMON_KEYS = {"files", "input", "limit"}
 KIND_KEYS = {"image": COMMON_KEYS | {"resize", "pad_value", "layout", "channels", "scale", "mean", "std"},
-             "audio": COMMON_KEYS | {"rate", "frame", "hop", "int16_scale", "gain", "pad"},
+             "audio": COMMON_KEYS | {"rate", "frame", "hop", "int16_scale", "gain", "pad", "pad_min", "lengths"},
              "raw": COMMON_KEYS | {"dtype", "offset"}}
 RESIZE = ("stretch", "letterbox", "none")
 LAYOUTS = ("NCHW", "NHWC")
@@ -54,9 +56,12 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
         if name not in inputs:
             raise SpecError(path, f"{key}.fill.{name}", "not an input of the graph", f"use one of: {', '.join(inputs)}")
         as_number(value, path, f"{key}.fill.{name}")
-    sources = {kind: data[kind] for kind in KINDS if kind in data}  # specport saw at least one
+    sources = {kind: data[kind] for kind in KINDS if kind in data}
     result: dict[str, Any] = {"fill": {str(k): float(v) for k, v in fill.items()}}
     fed: dict[str, str] = {}
+    if "from" in data:
+        result["from"] = _upstream(data["from"], path, f"{key}.from", inputs, fill)
+        fed.update({name: "from" for name in result["from"]})
     for kind, section in sources.items():
         skey = f"{key}.{kind}"
         if not isinstance(section, dict):
@@ -68,8 +73,9 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
         if "files" not in section:
             raise SpecError(path, f"{skey}.files", "required key is missing", f'e.g. files: "{kind}s/*"')
         name = section.get("input")
+        lengths = section.get("lengths") if kind == "audio" else None
         if name is None:
-            free = [n for n in inputs if n not in fill and n not in fed]
+            free = [n for n in inputs if n not in fill and n not in fed and n != lengths]
             if len(free) != 1:
                 raise SpecError(path, f"{skey}.input", f"the graph has inputs {list(inputs)}: which one does this feed?",
                                 f"add input: <name> (one of {', '.join(free or inputs)})")
@@ -80,6 +86,12 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
             raise SpecError(path, f"{skey}.input", f"'{name}' is already fed by {fed.get(name, 'fill')}",
                             "feed each input from one source")
         fed[name] = kind
+        if lengths is not None:  # the input that gets each sample's count of real (not padded) audio samples
+            if lengths not in inputs or lengths == name or lengths in fed or lengths in fill:
+                raise SpecError(path, f"{skey}.lengths", f"'{lengths}' is not another input of the graph that no other "
+                                "source feeds", f"name the length input, one of: "
+                                f"{', '.join(n for n in inputs if n != name and n not in fed and n not in fill)}")
+            fed[str(lengths)] = f"{kind}.lengths"
         shape, dtype = inputs[name]
         options = {"files": patterns_of(section["files"], f"{skey}.files", kind), "input": str(name)}
         if "limit" in section:
@@ -91,6 +103,28 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
         raise SpecError(path, key, f"no source feeds input(s) {missing}",
                         f"add input: {missing[0]} to a source, or fill: {{{missing[0]}: 0.0}}")
     return result
+
+
+def _upstream(value: Any, path: Path, key: str, inputs: dict[str, Any], fill: dict[str, Any]) -> dict[str, str]:
+    """`from: <graph>.<output>` (the one input no fill feeds) or `from: {<input>: <graph>.<output>}` -> input ->
+    reference; the graph and output are checked once every graph is loaded (spec/project.py)."""
+    fix = "e.g. from: embed.y (an earlier graph's output), or from: {x: embed.y}"
+    if isinstance(value, str):
+        free = [n for n in inputs if n not in fill]
+        if len(free) != 1:
+            raise SpecError(path, key, f"the graph has inputs {list(inputs)}: which one does '{value}' feed?",
+                            f"write from: {{{(free or list(inputs))[0]}: {value}}}")
+        value = {free[0]: value}
+    if not isinstance(value, dict) or not value:
+        raise SpecError(path, key, f"expected <graph>.<output> or a mapping of input to it, got {value!r}", fix)
+    for name, ref in value.items():
+        if name not in inputs:
+            raise SpecError(path, f"{key}.{name}", "not an input of the graph", f"use one of: {', '.join(inputs)}")
+        if name in fill:
+            raise SpecError(path, f"{key}.{name}", f"'{name}' is already fed by fill", "feed each input from one source")
+        if not isinstance(ref, str) or "." not in ref.strip(".") :
+            raise SpecError(path, f"{key}.{name}", f"{ref!r} is not <graph>.<output>", fix)
+    return {str(k): str(v) for k, v in value.items()}
 
 
 def _image(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
@@ -133,11 +167,18 @@ def _audio(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...
         raise SpecError(path, f"{key}.gain", f"{len(gains)} gains, more than {MAX_GAINS}",
                         "keep a few levels, e.g. gain: [1.0, 0.01]")
     rate = section.get("rate")
-    return {"rate": None if rate is None else as_int(rate, path, f"{key}.rate", 1000, 384000),
+    pad = as_bool(section.get("pad", True), path, f"{key}.pad")
+    pad_min = as_int(section.get("pad_min", 1), path, f"{key}.pad_min", 1, frame)
+    if "pad_min" in section and not pad:
+        raise SpecError(path, f"{key}.pad_min", "pads windows of at least pad_min real samples, but pad is false",
+                        "remove pad: false (pad_min drops the shorter windows), or remove pad_min")
+    extra = {"lengths": str(section["lengths"])} if section.get("lengths") is not None else {}
+    extra.update({"pad_min": pad_min} if "pad_min" in section else {})  # absent: the keys of older builds stay
+    return {**extra, "rate": None if rate is None else as_int(rate, path, f"{key}.rate", 1000, 384000),
             "frame": frame, "hop": as_int(section.get("hop", frame), path, f"{key}.hop", 1, MAX_WINDOW),
             "int16_scale": as_bool(section.get("int16_scale", dtype == "int16"), path, f"{key}.int16_scale"),
             "gain": [as_number(g, path, f"{key}.gain", 0.0, 1.0e6) for g in gains],
-            "pad": as_bool(section.get("pad", True), path, f"{key}.pad")}
+            "pad": pad}
 
 
 def _raw(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
@@ -163,3 +204,43 @@ def _per_channel(value: Any, channels: int, path: Path, key: str, positive: bool
     if positive and any(v <= 0 for v in numbers):
         raise SpecError(path, key, f"{values!r} has a value <= 0", "a std divides: give positive numbers")
     return numbers
+
+
+def check_upstream(graphs: tuple, pipeline: Any, path: Path) -> None:
+    """Resolve every `samples: {from: <graph>.<output>}` once all graphs are loaded: an output of a graph declared
+    before this one, fed through the pipeline's glue for that input when the pipeline feeds it from the same output
+    (a stack of runs, a reshape, scale and offset), else of the input's shape or size (reshaped)."""
+    from qnn_tasks.spec.pipeline import _size, _split
+
+    names = [g.name for g in graphs]
+    for graph in graphs:
+        upstream = (graph.samples or {}).get("from")
+        if not upstream:
+            continue
+        shapes = {t.name: t.shape for t in graph.inputs}
+        for name, ref in list(upstream.items()):
+            if isinstance(ref, dict):
+                continue  # resolved already (the same spec loaded twice)
+            key = f"graphs.{graph.name}.samples.from" + ("" if len(upstream) == 1 else f".{name}")
+            source, output = _split(ref, names)
+            earlier = names[:names.index(graph.name)]
+            if source not in earlier:
+                raise SpecError(path, key, f"'{ref}' is not an output of a graph declared before '{graph.name}'",
+                                f"name one of: {', '.join(earlier) or '(no graph is declared before it)'}")
+            found = next((t for t in graphs[names.index(source)].outputs if t.name == output), None)
+            if found is None:
+                outputs = ", ".join(t.name for t in graphs[names.index(source)].outputs)
+                raise SpecError(path, key, f"graph '{source}' has no output '{output}'", f"use one of: {outputs}")
+            glue = None
+            if pipeline is not None and graph.name in pipeline.graphs and source in pipeline.graphs:
+                fed = pipeline.feed.get(f"{graph.name}.{name}", (None, name))
+                if tuple(fed) == (source, output) or (fed[0] is None and output == name):
+                    glue = pipeline.glue.get(f"{graph.name}.{name}")
+            if glue is None:
+                if _size(found.shape) != _size(shapes[name]):
+                    raise SpecError(path, key, f"output '{output}' of '{source}' {list(found.shape)} has "
+                                    f"{_size(found.shape)} values, input '{name}' {list(shapes[name])} "
+                                    f"{_size(shapes[name])}", "feed it through pipeline.feed with a stack of runs, or "
+                                    "name an output of the input's size")
+                glue = {"reshape": tuple(found.shape) != tuple(shapes[name]), "scale": 1.0, "offset": 0.0}
+            upstream[name] = {"graph": source, "output": output, "glue": dict(glue)}

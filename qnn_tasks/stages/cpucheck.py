@@ -122,9 +122,34 @@ def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext,
     """(samples, where they came from): the declared sample files if any, else export.py's samples().
     `notes` receives what reading media kept or changed (bit depth, orientation, decoder) for the record."""
     if graph.samples:
-        return (sample_store.read_declared(graph, notes),
+        upstream = upstream_columns(graph) if graph.samples.get("from") else None
+        return (sample_store.read_declared(graph, notes, upstream),
                 f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples")
     return modelcode.call(graph, "samples", ctx), f"{graph.model_code}:samples() for graph '{graph.name}'"
+
+
+def upstream_columns(graph: GraphSpec) -> dict[str, list[np.ndarray]]:
+    """input -> its samples from an earlier graph's CPU outputs (`samples: {from: ...}`): that graph's cpucheck
+    reference, through the pipeline's glue for the input (stacked runs, reshape, scale, offset)."""
+    from qnn_tasks.plan.targets import upstream_references
+    from qnn_tasks.stages import glue as glue_step
+
+    files = upstream_references(graph)
+    produced = {name: sample_store.load(path) for name, path in files.items()}
+    columns = {}
+    for name, source in graph.samples["from"].items():
+        tensor = next(t for t in graph.inputs if t.name == name)
+        values = [run[source["output"]] for run in produced[source["graph"]]]
+        settings = source["glue"].get("stack")
+        if settings:
+            values = glue_step.stack(values, settings["runs"], settings["axis"], settings["hop"],
+                                     glue_step.stack_rank(values, tensor, source["glue"]))
+        columns[name] = [glue_step.glued(np.asarray(v), source["glue"], tensor) for v in values]
+        if not columns[name]:
+            raise StageError(f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples.from: graph "
+                             f"'{source['graph']}' gave {len(values)} runs, too few for one sample of '{name}' "
+                             f"(fix: give '{source['graph']}' more samples)")
+    return columns
 
 
 def run_onnx_cpu(model_path: Path, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:

@@ -50,10 +50,10 @@ def feed_runs(graph: GraphSpec, feed: dict[str, list[str]], glue: dict[str, dict
                                  f"{settings['runs']} runs of '{from_graph}', which ran only {len(values)} times "
                                  f"(fix: give the pipeline's first graph more samples, or stack fewer runs)")
             _bounded(graph, tensor.name, from_graph, values, settings)
-            values = stack(values, settings["runs"], settings["axis"], settings["hop"], len(tensor.shape))
+            values = stack(values, settings["runs"], settings["axis"], settings["hop"], stack_rank(values, tensor, step))
             stacked.append({"input": tensor.name, "from": f"{from_graph}.{output}", **settings,
                             "source_runs": len(produced[from_graph]), "windows": len(values)})
-        columns[tensor.name] = [_glued(np.asarray(v), step, tensor) for v in values]
+        columns[tensor.name] = [glued(np.asarray(v), step, tensor) for v in values]
         _finite(graph, tensor.name, step, from_graph, values, columns[tensor.name])
     counts = {name: len(column) for name, column in columns.items()}
     if len(set(counts.values())) > 1:  # the spec pairs inputs by rate; this guards a stream cut short
@@ -62,7 +62,14 @@ def feed_runs(graph: GraphSpec, feed: dict[str, list[str]], glue: dict[str, dict
     return [{name: column[i] for name, column in columns.items()} for i in range(runs)], stacked
 
 
-def _glued(value: np.ndarray, step: dict[str, Any], tensor) -> np.ndarray:
+def stack_rank(values: list[np.ndarray], tensor, step: dict[str, Any]) -> int:
+    """The rank the runs stack into: the input's, or with reshape and ranks that neither stack nor join, one more
+    than a run's (stacked on a new axis, then reshaped to the input; checked at load)."""
+    rank, ndim = len(tensor.shape), np.ndim(values[0]) if values else 0
+    return ndim + 1 if step.get("reshape") and values and rank not in (ndim, ndim + 1) else rank
+
+
+def glued(value: np.ndarray, step: dict[str, Any], tensor) -> np.ndarray:
     if step.get("scale", 1.0) != 1.0 or step.get("offset", 0.0) != 0.0:
         value = value.astype(np.float64) * step["scale"] + step["offset"]
     value = value.reshape(tensor.shape) if step.get("reshape") else value
