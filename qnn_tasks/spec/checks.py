@@ -26,7 +26,7 @@ CHECK_KINDS = {"agreement": {"output", "threshold", "min", "slice"}, "ranking": 
                "elements": {"output", "tol", "threshold", "min", "slice"},
                "detection": {"output", "box_format", "transpose", "objectness", "score_threshold", "nms_iou",
                              "match_iou", "max_detections", "min"},
-               "ctc": {"output", "blank", "alphabet", "axis", "min", "show"}}
+               "ctc": {"output", "blank", "alphabet", "axis", "min", "show", "steps", "classes"}}
 # option -> (type, lowest, highest): shares are in [0, 1]
 CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0.0, 1.0)},
                 "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)},

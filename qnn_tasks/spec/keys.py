@@ -40,7 +40,8 @@ OUTPUT = Fields({"shape": SHAPE, "dtype": Text(max_len=40), "onnx_name": Text(ma
 
 THRESHOLDS = Section("thresholds", Fields({name: Num(*THRESHOLD_RANGES[name]) for name in THRESHOLD_KEYS}))
 _OPTION_TYPES = {"output": NAME, "slice": Text(max_len=200), "box_format": Text(max_len=40), "transpose": Bool(),
-                 "objectness": Bool(), "alphabet": FILE}
+                 "objectness": Bool(), "alphabet": FILE,
+                 "steps": Text(max_len=40), "classes": Text(max_len=40)}
 
 
 def _option(kind: str, option: str):
