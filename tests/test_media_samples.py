@@ -269,7 +269,7 @@ SPEC_CASES = [
     ('{image: {files: "../*.png"}}', "samples.image.files: '../*.png' leaves the model folder", "without '..'"),
     ('{image: {files: "*.png", input: y}}', "samples.image.input: 'y' is not an input of the graph", "use one of: x"),
     ('{audio: {files: "*.png"}}', "samples.audio.files: '*.png' matches no audio file (.wav, .flac", "fix the pattern"),
-    ('{fill: {x: 0}}', "graphs.g.samples.files: required key is missing", 'samples: {image: {files: "images/*.png"}}'),
+    ('{fill: {}}', "graphs.g.samples: no source feeds input(s) ['x']", "fill: {x: 0.0}"),  # fill alone: every input
     ('{files: "*.npz", image: {files: "*.png"}}', "samples.image: files (.npz/.npy) already give every input",
      "not both"),
     ('{image: {files: "*.png"}, fill: {x: 1}}', "samples.image.input: the graph has inputs ['x']: which one",

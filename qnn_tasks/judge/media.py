@@ -68,6 +68,8 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None) -> list[dict[str
                              f"(fix: set graphs.{graph.name}.samples.{kind}.limit, or declare fewer files)")
         plans[spec.name] = (kind, planned, spread(list(range(total)), options.get("limit")))
     counts = {name: len(chosen) for name, (_, _, chosen) in plans.items()}
+    if not counts:  # `fill` feeds every input: one sample of constants
+        counts = {"fill": 1}
     if len(set(counts.values())) != 1:
         raise StageError(f"{where}: the sources give different numbers of samples {counts} "
                          f"(fix: make each source give the same number, or set limit on each)")

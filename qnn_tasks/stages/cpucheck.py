@@ -124,6 +124,10 @@ def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext,
     if graph.samples:
         return (sample_store.read_declared(graph, notes),
                 f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples")
+    if not graph.has_code:  # a YAML-only graph without samples: export and lint ran, this stage needs them
+        from qnn_tasks.spec.porting import missing_samples
+
+        raise StageError(missing_samples(graph.model_dir, graph.name))
     return modelcode.call(graph, "samples", ctx), f"{graph.model_code}:samples() for graph '{graph.name}'"
 
 
