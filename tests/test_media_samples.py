@@ -96,6 +96,50 @@ def test_image_letterbox_bgr_nhwc_keeps_aspect_and_pads(tmp_path):
     assert (x[2:6, :, 2] == 255).all() and (x[2:6, :, :2] == 0).all()     # red lands in channel 2 (BGR)
 
 
+def test_image_fit_height_keeps_aspect_and_pads_right_in_model_units(tmp_path):
+    """Issue 35: an OCR recogniser is fed a line brought to its height, aspect kept, padded on the right with 0 after
+    normalisation; neither the resize nor a pad value in model units could be declared."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 3, 8, 32], dtype: float32}",
+                          '{image: {files: "lines/*.png", resize: fit-height, pad_normalised: 0.0, mean: 0.5, std: 0.5}}')
+    line = gradient(16, 40)                                  # 40x16 -> 20x8, then 12 columns of padding
+    write_png(folder / "lines/a.png", line)
+    write_png(folder / "lines/b.png", gradient(8, 100))      # wider than the input: squeezed to 32x8, no padding
+    first, second = (s["x"][0] for s in read_declared(graph(folder)))
+    resized = np.asarray(Image.fromarray(line).resize((20, 8), Image.BILINEAR), np.float32)
+    np.testing.assert_allclose(first[:, :, :20], np.moveaxis((resized / 255 - 0.5) / 0.5, -1, 0), atol=1e-6)
+    assert (first[:, :, 20:] == 0.0).all()                   # padded in model units, right of the line only
+    squeezed = np.asarray(Image.fromarray(gradient(8, 100)).resize((32, 8), Image.BILINEAR), np.float32)
+    np.testing.assert_allclose(second, np.moveaxis((squeezed / 255 - 0.5) / 0.5, -1, 0), atol=1e-6)
+
+
+def test_image_letterbox_pad_in_pixels_or_model_units(tmp_path):
+    """pad_value is a pixel (0 -> -1.0 after mean 0.5, std 0.5); pad_normalised is the input's own value."""
+    write_png(tmp_path / "m/images/wide.png", gradient(4, 8))  # 8x4 in the middle rows of 8x8
+    values = {}
+    for pad in ("pad_value: 0", "pad_normalised: 0.25"):
+        folder = model_folder(tmp_path, "x: {shape: [1, 3, 8, 8], dtype: float32}",
+                              f'{{image: {{files: images, resize: letterbox, {pad}, mean: 0.5, std: 0.5}}}}')
+        [sample] = read_declared(graph(folder))
+        values[pad] = sample["x"][0]
+    assert (values["pad_value: 0"][:, :2] == -1.0).all() and (values["pad_normalised: 0.25"][:, 6:] == 0.25).all()
+    np.testing.assert_array_equal(values["pad_value: 0"][:, 2:6], values["pad_normalised: 0.25"][:, 2:6])
+
+
+@pytest.mark.parametrize("inputs, image, problem, fix", [
+    ("x: {shape: [1, 3, 8, 8], dtype: float32}", "resize: fit-height, pad_value: 0, pad_normalised: 0.0",
+     "samples.image.pad_normalised: both pad_value (pixels) and pad_normalised (model units) are given", "keep one"),
+    ("x: {shape: [1, 3, 8, 8], dtype: uint8}", "resize: fit-height, pad_normalised: 0.0",
+     "samples.image.pad_normalised: input 'x' is uint8: pixels are fed as they are", "pad_value"),
+])
+def test_image_pad_normalised_spec_errors(tmp_path, inputs, image, problem, fix):
+    folder = model_folder(tmp_path, inputs, f'{{image: {{files: "*.png", {image}}}}}')
+    write_png(folder / "a.png", gradient(8, 8))
+    with pytest.raises(SpecError) as info:
+        graph(folder)
+    line = str(info.value)
+    assert problem in line and fix in line.split("(fix: ", 1)[1] and "\n" not in line, line
+
+
 def test_image_grey_jpeg_and_exact_size(tmp_path):
     folder = model_folder(tmp_path, "x: {shape: [1, 1, 6, 10], dtype: float32}",
                           '{image: {files: "*.jpg", channels: grey, resize: none, scale: 1.0}}')
@@ -227,6 +271,7 @@ SPEC_CASES = [
     ('{audio: {files: "*.png"}}', "samples.audio.files: '*.png' matches no audio file (.wav, .flac", "fix the pattern"),
     ('{}', "graphs.g.samples.files: required key is missing", 'samples: {image: {files: "images/*.png"}}'),
     ('{fill: {y: 0}}', "graphs.g.samples.fill.y: not an input of the graph", "use one of: x"),
+    ('{fill: {}}', "graphs.g.samples: no source feeds input(s) ['x']", "fill: {x: 0.0}"),  # fill alone: every input
     ('{files: "*.npz", image: {files: "*.png"}}', "samples.image: files (.npz/.npy) already give every input",
      "not both"),
     ('{image: {files: "*.png"}, fill: {x: 1}}', "samples.image.input: the graph has inputs ['x']: which one",

@@ -197,6 +197,32 @@ def test_a_ctc_alphabet_of_the_wrong_size_is_a_console_warning_of_simverify(tmp_
                                   "other than the blank, in class order)"]
 
 
+def test_ctc_steps_and_classes_mirror_a_packages_own_decoding():
+    """Issue 35: a package decodes steps 1..19 and classes 1..36 of a [1, 21, 38] output (step 0 a start token, step
+    20 an end token, class 37 padding); a ctc check could not say so and judged the tokens it ignores."""
+    rng = np.random.default_rng(3)
+    text = rng.integers(1, 37, 19)
+    cpu = rng.normal(0.0, 0.1, (2, 1, 21, 38)).astype(np.float32)
+    cpu[:, 0, np.arange(1, 20), text] = 5.0
+    cpu[:, 0, [0, 20], 37] = 9.0              # start and end tokens
+    npu = cpu.copy()
+    npu[:, 0, 0, 37], npu[:, 0, 0, 5] = 0.0, 9.0  # the NPU differs only on the start token ...
+    npu[1, 0, 7, 0] = 6.0                     # ... and on a blank the package's argmax never looks at
+    npu[1, 0, 9, 37] = 6.0                    # ... and on a padding class it never looks at either
+    mirror = {"output": "y", "steps": "1:20", "classes": "1:37", "min": 1.0}
+    [whole] = judge(checks({"ctc": {"output": "y", "min": 1.0}}, outputs={"y": (1, 21, 38)}), cpu, npu)["checks"]
+    assert not whole["passed"]
+    [check] = judge(checks({"ctc": mirror}, outputs={"y": (1, 21, 38)}), cpu, npu)["checks"]
+    assert check["passed"], check
+    collapsed = [int(k) for i, k in enumerate(text) if i == 0 or k != text[i - 1]]  # class numbers of the output
+    assert check["decoded"][1] == {"sample": 1, "cpu": " ".join(map(str, collapsed)), "npu": " ".join(map(str, collapsed))}
+    with pytest.raises(SpecError, match=r"checks\[0\]\.ctc\.classes: '40:' is not a range of classes: it keeps none of "
+                                        r"the 38 classes of output 'y' \[1, 21, 38\] \(fix: .*classes: \"1:20\""):
+        checks({"ctc": {**mirror, "classes": "40:"}}, outputs={"y": (1, 21, 38)})
+    with pytest.raises(SpecError, match=r"ctc\.steps: '1, 2' is not a range of steps: give one start:stop range"):
+        checks({"ctc": {**mirror, "steps": "1, 2"}}, outputs={"y": (1, 21, 38)})
+
+
 def test_edit_distance():
     assert taskchecks.edit_distance("kitten", "sitting") == 3 and taskchecks.edit_distance("", "ab") == 2
 

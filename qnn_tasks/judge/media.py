@@ -172,7 +172,7 @@ def image(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, pla
             _noted(seen, "orientation_applied", path.name)
         img = ImageOps.exif_transpose(img)
         if img.mode in ("I;16", "I;16B", "I;16L", "I"):
-            pixels = _deep_grey(img, options, where)
+            pixels, box = _deep_grey(img, options, where)
             _noted(seen, "16_bit", path.name)
         elif img.mode == "F":
             raise StageError(f"{where}: a floating-point image (mode F): its values have no agreed range "
@@ -181,7 +181,7 @@ def image(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, pla
             if rawmode.startswith(("RGB;16", "RGBA;16")):  # Pillow reads 16-bit colour as its high byte
                 _noted(seen, "16_bit_colour_read_at_8_bits", path.name)
             img = img.convert("L" if options["channels"] == "grey" else "RGB")
-            pixels = fit(img, options["height"], options["width"], options["resize"], options["pad_value"], where)
+            pixels, box = fit(img, options["height"], options["width"], options["resize"], options["pad_value"], where)
     if options["channels"] == "BGR":
         pixels = pixels[..., ::-1]
     if not spec.dtype.startswith("float"):
@@ -192,12 +192,16 @@ def image(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, pla
     else:
         values = pixels.astype(np.float32) * np.float32(options["scale"])
         values = (values - np.asarray(options["mean"], np.float32)) / np.asarray(options["std"], np.float32)
+        if options.get("pad_normalised") is not None:  # the padding in model units (e.g. 0), not a pixel value
+            padded = np.ones(values.shape[:2], bool)
+            padded[box[1]:box[3], box[0]:box[2]] = False
+            values[padded] = np.float32(options["pad_normalised"])
     if options["layout"] == "NCHW":
         values = np.moveaxis(values, -1, 0)
     return [np.ascontiguousarray(values.reshape(spec.shape)).astype(spec.dtype)]
 
 
-def _deep_grey(img: Any, options: dict[str, Any], where: str) -> np.ndarray:
+def _deep_grey(img: Any, options: dict[str, Any], where: str) -> tuple[np.ndarray, tuple[int, int, int, int]]:
     """A 16-bit grey image as [H, W, C] float32 on the 8-bit scale (value / 257: 65535 -> 255.0), every level
     kept: resized in Pillow's float mode, grey repeated into 3 channels for an RGB input."""
     from PIL import Image
@@ -207,31 +211,48 @@ def _deep_grey(img: Any, options: dict[str, Any], where: str) -> np.ndarray:
         raise StageError(f"{where}: a 32-bit integer image with values {deep.min():g}..{deep.max():g} "
                          "(fix: save it as an 8- or 16-bit image)")
     scaled = Image.fromarray((deep / 257.0).astype(np.float32), mode="F")
-    pixels = fit(scaled, options["height"], options["width"], options["resize"], options["pad_value"], where)
-    return np.repeat(pixels, 3, axis=-1) if options["channels"] != "grey" else pixels
+    pixels, box = fit(scaled, options["height"], options["width"], options["resize"], options["pad_value"], where)
+    return (np.repeat(pixels, 3, axis=-1) if options["channels"] != "grey" else pixels), box
 
 
-def fit(img: Any, height: int, width: int, mode: str, pad_value: int, where: str) -> np.ndarray:
-    """The image as an [H, W, C] array of the input's size (uint8, or float32 for a 16-bit image): stretched,
-    letterboxed (aspect kept, centred, padded with `pad_value`, as YOLO-style detectors expect) or required to
-    be that size already."""
+def fit(img: Any, height: int, width: int, mode: str, pad_value: int, where: str
+        ) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    """The image as an [H, W, C] array of the input's size (uint8, or float32 for a 16-bit image) and the box
+    (x0, y0, x1, y1) the image fills in it: stretched, letterboxed (aspect kept, centred, padded with `pad_value`,
+    as YOLO-style detectors expect), brought to the height with its aspect kept and padded on the right
+    (`fit-height`, as OCR recognisers are fed; an image wider than the input is squeezed to its width), or
+    required to be that size already."""
     from PIL import Image
 
+    box = (0, 0, width, height)
     if mode == "none":
         if (img.height, img.width) != (height, width):
             raise StageError(f"{where}: is {img.width}x{img.height}, the input wants {width}x{height} "
-                             "(fix: resize: stretch or resize: letterbox, or resize the file)")
+                             "(fix: resize: stretch, letterbox or fit-height, or resize the file)")
     elif mode == "stretch":
         img = img.resize((width, height), Image.BILINEAR)
+    elif mode == "fit-height":
+        new = (min(width, max(1, round(img.width * height / img.height))), height)
+        box = (0, 0) + new
+        img = _padded(img.resize(new, Image.BILINEAR), width, height, pad_value, (0, 0))
     else:
         ratio = min(width / img.width, height / img.height)
         new = (max(1, round(img.width * ratio)), max(1, round(img.height * ratio)))
-        fill = (pad_value,) * len(img.getbands()) if img.mode not in ("L", "F") else pad_value
-        canvas = Image.new(img.mode, (width, height), fill)
-        canvas.paste(img.resize(new, Image.BILINEAR), ((width - new[0]) // 2, (height - new[1]) // 2))
-        img = canvas
+        at = ((width - new[0]) // 2, (height - new[1]) // 2)
+        box = at + (at[0] + new[0], at[1] + new[1])
+        img = _padded(img.resize(new, Image.BILINEAR), width, height, pad_value, at)
     pixels = np.asarray(img, dtype=np.float32 if img.mode == "F" else np.uint8)
-    return pixels[..., None] if pixels.ndim == 2 else pixels
+    return (pixels[..., None] if pixels.ndim == 2 else pixels), box
+
+
+def _padded(img: Any, width: int, height: int, pad_value: int, at: tuple[int, int]) -> Any:
+    """`img` pasted at `at` on a width x height canvas of `pad_value` (every band)."""
+    from PIL import Image
+
+    fill = (pad_value,) * len(img.getbands()) if img.mode not in ("L", "F") else pad_value
+    canvas = Image.new(img.mode, (width, height), fill)
+    canvas.paste(img, at)
+    return canvas
 
 
 # ---------------------------------------------------------------- audio

@@ -110,14 +110,26 @@ def detection(ref: np.ndarray, got: np.ndarray, check: dict[str, Any]) -> dict[s
 
 # ---------------------------------------------------------------- CTC text
 
-def ctc_decode(output: np.ndarray, blank: int, axis: int) -> list[int]:
-    """Greedy CTC: the best class per time step, repeats collapsed, blanks dropped."""
+def ctc_decode(output: np.ndarray, blank: int, axis: int, steps: slice | None = None,
+               classes: slice | None = None) -> list[int]:
+    """Greedy CTC: the best class per time step, repeats collapsed, blanks dropped. `steps` keeps a range of the
+    time steps and `classes` limits the argmax to a range of classes (as a package's own decoding may, e.g. steps
+    1..19, classes 1..36); class numbers stay those of the whole output, so `blank` and the alphabet keep theirs."""
     scores = np.moveaxis(output, axis, -1)
-    best = scores.reshape(-1, scores.shape[-1]).argmax(axis=1)
+    scores = scores.reshape(-1, scores.shape[-1])[steps or slice(None)]
+    ids = np.arange(scores.shape[-1])[classes or slice(None)]
+    best = ids[scores[:, ids].argmax(axis=1)] if len(scores) else ids[:0]
     blank = blank % scores.shape[-1]
     keep = np.ones(len(best), bool)
     keep[1:] = best[1:] != best[:-1]
     return [int(k) for k in best[keep] if k != blank]
+
+
+def _range(text: str | None) -> slice | None:
+    """A `steps:`/`classes:` value ("1:20", validated at spec load) as a slice."""
+    from qnn_tasks.spec.checkopts import parse_slice
+
+    return None if text is None else parse_slice(text)[0]
 
 
 def read_alphabet(model_dir: Path, name: str) -> list[str]:
@@ -151,8 +163,9 @@ def ctc(ref: np.ndarray, got: np.ndarray, check: dict[str, Any], model_dir: Path
     blank, axis = int(check["blank"]), int(check["axis"])
     alphabet = read_alphabet(Path(model_dir or "."), check["alphabet"]) if check.get("alphabet") else None
     classes = np.moveaxis(ref[0], axis, -1).shape[-1]
-    pairs = [(text_of(ctc_decode(r, blank, axis), blank, classes, alphabet),
-              text_of(ctc_decode(g, blank, axis), blank, classes, alphabet)) for r, g in zip(ref, got)]
+    steps, kept = (_range(check.get(k)) for k in ("steps", "classes"))
+    pairs = [(text_of(ctc_decode(r, blank, axis, steps, kept), blank, classes, alphabet),
+              text_of(ctc_decode(g, blank, axis, steps, kept), blank, classes, alphabet)) for r, g in zip(ref, got)]
     same = [c == n for c, n in pairs]
     units = (lambda t: t) if alphabet else (lambda t: t.split())
     errors = sum(edit_distance(units(c), units(n)) for c, n in pairs)

@@ -295,7 +295,8 @@ def plan_calibrate(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
                         "samples": g.samples},
                        lambda: {"graph": p.graph_dict(g), "source": p.source(g), "out": str(gt.calibration)},
                        f"{g.calibration['samples']} real calibration samples for {g.name} from "
-                       + (f"export.py:{g.calibration['function']}()" if g.has_code else "the declared sample files"))
+                       + (f"export.py:{g.calibration['function']}()" if g.has_code else "the declared sample files"),
+                       task_dep=[f"export:{gt.name}"])  # a graph export refuses (int8 inside) has nothing to calibrate
 
 
 # ------------------------------------------------------------------ toolchain graph stages (once per variant)

@@ -82,6 +82,8 @@ def check_options(kind: str, options: dict[str, Any], shape: tuple[int, ...] | N
                         "e.g. elements: {output: mask, threshold: 0.5, min: 0.999}")
     if kind == "detection":
         _detection(options, shape, where, key)
+    if kind == "ctc":
+        _ctc_ranges(options, shape, where, key)
     if kind == "ctc" and "alphabet" in options:
         from qnn_tasks.spec.porting import confined, stays_in_folder
 
@@ -107,3 +109,31 @@ def _detection(options: dict[str, Any], shape: tuple[int, ...] | None, where: Pa
             raise SpecError(where, key, f"output '{options['output']}' {list(shape)} has {columns} columns per box; "
                             f"boxes need 4 coordinates{', objectness' if needed == 6 else ''} and at least one class score",
                             "rows are [x, y, w, h, (objectness,) scores...]; for [1, 4 + classes, N] set transpose: true")
+
+
+def _ctc_ranges(options: dict[str, Any], shape: tuple[int, ...] | None, where: Path, key: str) -> None:
+    """`steps:` and `classes:` of a ctc check: one start:stop each, keeping some of the output's time steps/classes."""
+    axis = options.get("axis", -1)
+    for name in ("steps", "classes"):
+        if name not in options:
+            continue
+        try:
+            parts = parse_slice(options[name])
+            if len(parts) != 1 or not isinstance(parts[0], slice):
+                raise ValueError("give one start:stop range")
+            if shape:
+                classes = shape[axis] if -len(shape) <= axis < len(shape) else 0
+                total = classes if name == "classes" else (_product(shape) // classes if classes else 0)
+                if not len(range(*parts[0].indices(total))):
+                    raise ValueError(f"it keeps none of the {total} {name.replace('steps', 'time steps')} of "
+                                     f"output '{options['output']}' {list(shape)}")
+        except ValueError as err:
+            raise SpecError(where, f"{key}.{name}", f"{options[name]!r} is not a range of {name}: {err}",
+                            f'write start:stop as numpy slices it, e.g. {name}: "1:20" keeps 1..19') from None
+
+
+def _product(shape: tuple[int, ...]) -> int:
+    result = 1
+    for dim in shape:
+        result *= dim
+    return result

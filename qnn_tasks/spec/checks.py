@@ -26,7 +26,7 @@ CHECK_KINDS = {"agreement": {"output", "threshold", "min", "slice"}, "ranking": 
                "elements": {"output", "tol", "threshold", "min", "slice"},
                "detection": {"output", "box_format", "transpose", "objectness", "score_threshold", "nms_iou",
                              "match_iou", "max_detections", "min"},
-               "ctc": {"output", "blank", "alphabet", "axis", "min", "show"}}
+               "ctc": {"output", "blank", "alphabet", "axis", "min", "show", "steps", "classes"}}
 # option -> (type, lowest, highest): shares are in [0, 1]
 CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0.0, 1.0)},
                 "ranking": {"top": (int, 1, None), "min": (float, 0.0, 1.0)},
@@ -55,11 +55,25 @@ LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx"
               "recurrent")
 
 
+# rules export refuses whatever lint was told: acknowledging them would only move the refusal (rule -> why, fix)
+NOT_ACKNOWLEDGEABLE = {
+    "int8-in-onnx": ("QNN cannot compile int8 arithmetic written into the ONNX (it quantizes itself)",
+                     "remove it from allow; export the float model and let QNN quantize it (precision: w8a16)"),
+    "dynamic-dim": ("the NPU needs static shapes", "remove it from allow; give every input a fixed shape in inputs:"),
+    "io-dtype": ("the NPU's inputs and outputs cannot take that dtype",
+                 "remove it from allow; the built-in export casts int64 I/O to int32, other dtypes need export.py"),
+}
+
+
 def check_lint(lint: dict, path: Path, key: str) -> None:
     allow = lint.get("allow", [])
     if not isinstance(allow, list) or any(rule not in LINT_RULES for rule in allow):
         raise SpecError(path, f"{key}.allow", f"must be a list of lint rules, got {allow!r}",
                         f"use rules from: {', '.join(LINT_RULES)}")
+    for i, rule in enumerate(allow):
+        if rule in NOT_ACKNOWLEDGEABLE:
+            why, fix = NOT_ACKNOWLEDGEABLE[rule]
+            raise SpecError(path, f"{key}.allow[{i}]", f"{rule} cannot be acknowledged: {why}", fix)
     limit = lint.get("max_fp16_params")
     if limit is not None:
         as_number(limit, path, f"{key}.max_fp16_params", 1.0, None)

@@ -45,7 +45,8 @@ OUTPUT = Fields({"shape": SHAPE, "dtype": Text(max_len=40), "onnx_name": Text(ma
 
 THRESHOLDS = Section("thresholds", Fields({name: Num(*THRESHOLD_RANGES[name]) for name in THRESHOLD_KEYS}))
 _OPTION_TYPES = {"output": NAME, "slice": Text(max_len=200), "box_format": Text(max_len=40), "transpose": Bool(),
-                 "objectness": Bool(), "alphabet": FILE}
+                 "objectness": Bool(), "alphabet": FILE,
+                 "steps": Text(max_len=40), "classes": Text(max_len=40)}
 
 
 def _option(kind: str, option: str):
@@ -67,7 +68,8 @@ VERIFY = Section("verify", Fields({**_VERIFY, "w8a16": Fields(dict(_VERIFY))}))
 _COMMON = {"files": FILES, "input": NAME, "limit": Int(1, MAX_SAMPLES)}
 SAMPLES = Fields({
     "files": FILES,
-    "image": Fields({**_COMMON, "resize": Text(max_len=40), "pad_value": Int(0, 255), "layout": Text(max_len=40),
+    "image": Fields({**_COMMON, "resize": Text(max_len=40), "pad_value": Int(0, 255), "pad_normalised": Num(),
+                     "layout": Text(max_len=40),
                      "channels": Text(max_len=40), "scale": Num(), "mean": NUMBER_OR_LIST, "std": NUMBER_OR_LIST},
                     required=("files",)),
     "audio": Fields({**_COMMON, "rate": Int(1000, 384000), "frame": Int(1, MAX_WINDOW), "hop": Int(1, MAX_WINDOW),

@@ -439,7 +439,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
                                {t.name: (t.shape, t.dtype) for t in inputs})
     has_code = (model_dir / "export.py").is_file()
     if not has_code:  # the YAML-only path: the packaged ONNX is the graph (docs/packaged-models.md)
-        specport.require_packaged_onnx(source_data, path, key, source_key, samples, data)
+        specport.require_packaged_onnx(source_data, path, key, source_key, data)
     simplify = get_section(data, "simplify", SIMPLIFY_KEYS, path, key)
     specport.skip_optimizers(simplify, path, f"{key}.simplify.skip_optimizers")
     cpucheck = get_section(data, "cpucheck", TOLERANCE_KEYS, path, key)

@@ -1,7 +1,7 @@
 """model.yaml `samples:` from media: images, audio clips and raw bytes, with a small preprocessing vocabulary.
 
     samples:
-      image: {files: "images/*.png", input: x, resize: letterbox, layout: NCHW, channels: RGB,
+      image: {files: "images/*.png", input: x, resize: letterbox, layout: NCHW, channels: RGB,  # or fit-height
               scale: 0.00392156862745098, mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}
       audio: {files: "clips/*.wav", input: audio, rate: 16000, hop: 512, int16_scale: false, pad: true,
               pad_min: 1600, lengths: audio_lens}   # pad only windows of >= 1600 real samples; valid length input
@@ -25,10 +25,11 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".we
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif")  # what libsndfile decodes
 KINDS = ("image", "audio", "raw")
 COMMON_KEYS = {"files", "input", "limit"}
-KIND_KEYS = {"image": COMMON_KEYS | {"resize", "pad_value", "layout", "channels", "scale", "mean", "std"},
+KIND_KEYS = {"image": COMMON_KEYS | {"resize", "pad_value", "pad_normalised", "layout", "channels", "scale", "mean",
+                                     "std"},
              "audio": COMMON_KEYS | {"rate", "frame", "hop", "int16_scale", "gain", "pad", "pad_min", "lengths"},
              "raw": COMMON_KEYS | {"dtype", "offset"}}
-RESIZE = ("stretch", "letterbox", "none")
+RESIZE = ("stretch", "letterbox", "fit-height", "none")  # fit-height: height kept, aspect kept, padded right
 LAYOUTS = ("NCHW", "NHWC")
 CHANNELS = {"RGB": 3, "BGR": 3, "grey": 1}
 RAW_DTYPES = ("float32", "float16", "float64", "int32", "int16", "int8", "uint8", "uint16", "int64", "bool")
@@ -149,8 +150,22 @@ def _image(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...
         raise SpecError(path, f"{key}.scale", f"input '{name}' is {dtype}: pixels are fed as they are",
                         "remove scale/mean/std, or declare the input float32")
     return {"resize": resize, "pad_value": as_int(section.get("pad_value", 114), path, f"{key}.pad_value", 0, 255),
-            "layout": layout, "channels": channels, "scale": scale, "mean": mean, "std": std,
+            "pad_normalised": _pad_normalised(section, path, key, name, dtype), "layout": layout, "channels": channels, "scale": scale, "mean": mean, "std": std,
             "height": chw[1], "width": chw[2]}
+
+
+def _pad_normalised(section: dict, path: Path, key: str, name: str, dtype: str) -> float | None:
+    """The padding's value in model units (after scale, mean and std: 0.0 is what many recognisers pad with), or
+    None when it is `pad_value` in pixels."""
+    if "pad_normalised" not in section:
+        return None
+    if "pad_value" in section:
+        raise SpecError(path, f"{key}.pad_normalised", "both pad_value (pixels) and pad_normalised (model units) "
+                        "are given", "keep one of them")
+    if not dtype.startswith("float"):
+        raise SpecError(path, f"{key}.pad_normalised", f"input '{name}' is {dtype}: pixels are fed as they are, "
+                        "nothing is normalised", "give the padding in pixels with pad_value")
+    return as_number(section["pad_normalised"], path, f"{key}.pad_normalised")
 
 
 def _audio(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:

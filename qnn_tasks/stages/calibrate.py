@@ -19,7 +19,7 @@ def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:
     wanted = graph.calibration["samples"]
     function = graph.calibration["function"]
     ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
-    if function == "samples" and graph.samples:  # the declared sample files, like cpucheck's
+    if function == "samples" and (graph.samples or not graph.has_code):  # the declared samples, like cpucheck's
         from qnn_tasks.stages.cpucheck import real_inputs
 
         produced, where = real_inputs(graph, ctx)

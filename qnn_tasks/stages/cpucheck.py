@@ -125,6 +125,10 @@ def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext,
         upstream = upstream_columns(graph) if graph.samples.get("from") else None
         return (sample_store.read_declared(graph, notes, upstream),
                 f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples")
+    if not graph.has_code:  # a YAML-only graph without samples: export and lint ran, this stage needs them
+        from qnn_tasks.spec.porting import missing_samples
+
+        raise StageError(missing_samples(graph.model_dir, graph.key))
     return modelcode.call(graph, "samples", ctx), f"{graph.model_code}:samples() for graph '{graph.name}'"
 
 

@@ -144,7 +144,9 @@ def _node_findings(model, graph: GraphSpec) -> list[Finding]:
                                     "compatibility: the graph does not compile with it"))
         elif onnxinfo.is_quantized(node):
             findings.append(Finding("int8-in-onnx", "error", where, "int8 quantization inside the ONNX",
-                                    "export the float model and quantize in QNN (precision: w8a16)",
+                                    "export the float model (before quantization) and let QNN quantize it"
+                                    + (": precision: w8a16 is already set" if "w8a16" in graph.precisions
+                                       else " (precision: w8a16)"),
                                     "compatibility: QNN quantizes itself"))
         elif node.op_type == "Erf" and not _in_gelu(node, consumers, constants, numpy_helper):
             findings.append(Finding("erf", "warning", where,
