@@ -115,10 +115,11 @@ def test_without_samples_export_and_lint_run_and_cpucheck_names_the_missing_key(
     project = project_with(tmp_path / "p", float_model(), precision="fp16")
     project.doit("lint:g", check=True)
     line = project.doit("cpucheck:g").failure_line("cpucheck:g")
-    assert line == ("cpucheck:g: models/q/model.yaml: graphs.g.samples: there is no export.py, so "
-                    'verification inputs must be declared (fix: add samples: {files: "samples/*.npz"}, or media: '
-                    'samples: {image: {files: "images"}} (audio:, raw: alike; fill: for constant inputs), or add '
-                    "export.py with samples())"), line
+    assert line == ("cpucheck:g: models/q/model.yaml: graphs.g.samples: there is no export.py, so verification "
+                    'inputs must be declared (fix: add samples: {image: {files: "images/*.png"}}, {audio: {files: '
+                    '"clips/*.wav"}}, {raw: {files: "tensors/*.bin"}}, {fill: {<input>: 0.0}}, {from: '
+                    '<graph>.<output>} (a graph inside a pipeline) or {files: "samples/*.npz"}, or add export.py '
+                    "with samples())"), line
     # a fill-only declaration loads (it fed the int8 refusal above); cpucheck reads it as one sample of constants
     # and says what that verifies, not that a samples.files key is missing
     project.edit("models/q/model.yaml", "    socs: [SM8650]\n", "    socs: [SM8650]\n    samples: {fill: {x: 0.5}}\n")
