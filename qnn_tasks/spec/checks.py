@@ -59,9 +59,6 @@ def check_lint(lint: dict, path: Path, key: str) -> None:
     if not isinstance(allow, list) or any(rule not in LINT_RULES for rule in allow):
         raise SpecError(path, f"{key}.allow", f"must be a list of lint rules, got {allow!r}",
                         f"use rules from: {', '.join(LINT_RULES)}")
-    limit = lint.get("max_fp16_params")
-    if limit is not None:
-        as_number(limit, path, f"{key}.max_fp16_params", 1.0, None)
 
 
 def calibration_section(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:

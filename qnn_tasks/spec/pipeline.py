@@ -41,6 +41,7 @@ class PipelineSpec:
     feed: dict[str, tuple[str, str]]   # "<graph>.<input>" -> (graph, output)
     verify: dict[str, Any]             # validated like a graph's verify section (fp16 defaults)
     glue: dict[str, dict[str, Any]] = field(default_factory=dict)  # "<graph>.<input>" -> {reshape, scale, offset[, stack]}
+    name: str = ""                     # a split graph's parts: the graph's name (the model's own pipeline: "")
 
 
 def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | None:

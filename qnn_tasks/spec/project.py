@@ -28,18 +28,20 @@ from qnn_tasks.spec.yamlread import (
 )
 
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
-SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "runs", "fp16", "note", "alias_of"}
+SOC_KEYS = {"soc_id", "dsp_arch", "vtcm_mb", "runs", "fp16", "note", "alias_of", "context_mb"}
+DEFAULT_CONTEXT_MB = 2048  # a row without context_mb: ~1B fp16 parameters per context (SPEC 0; an estimate)
 SOC_TABLE_KEYS = {"socs", "default"}
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
 MODEL_KEYS = {"licence", "description", "source", "graphs", "pipeline", "loop"}
 SOURCE_KEYS = {"package", "file", "url"}
 GRAPH_KEYS = {"inputs", "outputs", "precision", "socs", "export", "options", "simplify", "calibration",
-              "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples"}
+              "cpucheck", "lint", "verify", "allow_cpu_fallback", "source", "rewrites", "constant_inputs", "samples",
+              "split"}
 TENSOR_KEYS = {"shape", "dtype", "onnx_name"}
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
-LINT_KEYS = {"allow", "max_fp16_params"}
+LINT_KEYS = {"allow"}
 PROFILE_KEYS = {"kind", "options", "settings", "packages", "cache", "upgrade"}
 UPGRADE_DEFAULTS = {"gate": False, "cosine_margin": 1.0e-4, "size_growth": 0.05}
 # what a context binary records about its chip (qnnbin's info keys) -> (the binary's word, the SoC row's key)
@@ -66,6 +68,7 @@ class Soc:
     runs: tuple[str, ...]  # the precisions this HTP compiles, e.g. ("fp16", "w8a16") or ("w8a16",)
     note: str = ""
     file: str = ""         # the socs.yaml that holds this row (the packaged table or the project's), for messages
+    context_mb: int = DEFAULT_CONTEXT_MB  # weight MB one context may hold here (lint refuses a graph above it)
 
     @property
     def fp16(self) -> bool:
@@ -171,6 +174,7 @@ class GraphSpec:
     constant_inputs: dict[str, Any] = field(default_factory=dict)      # packaged ONNX inputs fixed to a value
     samples: dict[str, Any] | None = None  # declared samples: {"files": [patterns]} or media sources (specsamples)
     has_code: bool = True                  # models/<model>/export.py exists
+    split: dict[str, Any] | None = None    # `split:` ({"at": [...]} | {"parts": N}); a part: {"part", "of", "parts"}
 
     @property
     def precision(self) -> str:
@@ -257,7 +261,8 @@ def load_soc_file(path: Path, base: dict[str, Soc] | None = None
         require_keys(row, ("soc_id", "dsp_arch", "vtcm_mb"), path, key)
         soc = Soc(name=str(name), soc_id=as_int(row["soc_id"], path, f"{key}.soc_id", 1, 1023),
                   dsp_arch=str(row["dsp_arch"]), vtcm_mb=as_int(row["vtcm_mb"], path, f"{key}.vtcm_mb", 1, 64),
-                  runs=_runs(row, path, key), note=str(row.get("note", "")), file=str(path))
+                  runs=_runs(row, path, key), note=str(row.get("note", "")), file=str(path),
+                  context_mb=as_int(row.get("context_mb", DEFAULT_CONTEXT_MB), path, f"{key}.context_mb", 1, 1 << 20))
         if not re.fullmatch(r"v\d+", soc.dsp_arch):
             raise SpecError(path, f"{key}.dsp_arch", f"'{row['dsp_arch']}' is not a Hexagon arch", "write e.g. v75")
         alias = row.get("alias_of")
@@ -346,6 +351,9 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
                                socs, source_data) for name, g in graphs_data.items())
     from qnn_tasks.spec import loop as specloop
     from qnn_tasks.spec import pipeline as specpipeline
+    from qnn_tasks.spec import split as specsplit
+
+    specsplit.clashes(graphs, path)
 
     pipeline = specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
@@ -412,8 +420,14 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
         source_key=source_key, rewrites=specport.rewrites(data.get("rewrites"), path, f"{key}.rewrites"),
         constant_inputs=specport.constant_inputs(data.get("constant_inputs"), path, f"{key}.constant_inputs",
                                                  {t.name for t in inputs}),
-        samples=samples, has_code=has_code,
+        samples=samples, has_code=has_code, split=_split(data.get("split"), path, f"{key}.split"),
     )
+
+
+def _split(data: Any, path: Path, key: str) -> dict[str, Any] | None:
+    from qnn_tasks.spec import split as specsplit
+
+    return specsplit.load(data, path, key)
 
 
 def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorSpec, ...]:

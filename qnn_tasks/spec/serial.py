@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.spec.project import LEGACY_RUNS, GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
+from qnn_tasks.spec.project import DEFAULT_CONTEXT_MB, LEGACY_RUNS, GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
 
 
 def relative(path: Path | str | None, root: Path) -> str | None:
@@ -33,7 +33,7 @@ def graph_to_dict(graph: GraphSpec, root: Path) -> dict[str, Any]:
             "source": None if graph.source is None else {"package": graph.source.package, "file": graph.source.file,
                                                          "url": graph.source.url},
             "source_key": graph.source_key, "rewrites": graph.rewrites, "constant_inputs": graph.constant_inputs,
-            "samples": graph.samples, "has_code": graph.has_code}
+            "samples": graph.samples, "has_code": graph.has_code, "split": graph.split}
 
 
 def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
@@ -50,17 +50,17 @@ def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
                      source=Source(**data["source"]) if data.get("source") else None,
                      source_key=data.get("source_key", "source.file"), rewrites=data.get("rewrites") or {},
                      constant_inputs=data.get("constant_inputs") or {}, samples=data.get("samples"),
-                     has_code=data.get("has_code", True))
+                     has_code=data.get("has_code", True), split=data.get("split"))
 
 
 def soc_to_dict(soc: Soc) -> dict[str, Any]:
-    return {**soc.row(), "runs": list(soc.runs), "note": soc.note, "file": soc.file}
+    return {**soc.row(), "runs": list(soc.runs), "note": soc.note, "file": soc.file, "context_mb": soc.context_mb}
 
 
 def soc_from_dict(data: dict[str, Any]) -> Soc:
     return Soc(name=data["name"], soc_id=data["soc_id"], dsp_arch=data["dsp_arch"], vtcm_mb=data["vtcm_mb"],
                runs=tuple(data["runs"]) if "runs" in data else LEGACY_RUNS[data["fp16"]], note=data.get("note", ""),
-               file=data.get("file", ""))
+               file=data.get("file", ""), context_mb=data.get("context_mb", DEFAULT_CONTEXT_MB))
 
 
 def profile_to_dict(profile: ToolchainProfile, root: Path) -> dict[str, Any]:
