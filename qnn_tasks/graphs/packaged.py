@@ -49,6 +49,9 @@ def load_source(graph: GraphSpec, source: Path | None):
     return model
 
 
+EXTERNAL_ABOVE = 1_500_000_000  # initializer bytes above which the export keeps the weights beside the .onnx
+
+
 def export(graph: GraphSpec, source: Path | None, out_path: Path, skip: Iterable[str] = ()) -> dict[str, Any]:
     """Write the NPU-ready graph to `out_path`; return what was fixed and rewritten (for the export record)."""
     import onnx
@@ -69,7 +72,10 @@ def export(graph: GraphSpec, source: Path | None, out_path: Path, skip: Iterable
         raise StageError(f"{source_where(graph)}: the rewritten {source.name} is not valid ONNX: "
                          f"{str(err).strip().splitlines()[0]} (fix: drop the last rewrite from graphs.{graph.name}.rewrites "
                          f"and report it)") from None
-    onnx.save(model, str(out_path))
+    if sum(t.ByteSize() for t in model.graph.initializer) > EXTERNAL_ABOVE:  # one protobuf holds 2 GB at most
+        onnx.save(model, str(out_path), save_as_external_data=True, location=f"{graph.name}.onnx.data")
+    else:
+        onnx.save(model, str(out_path))
     return {"boundary": fixed, "rewrites": report, "skipped_rewrites": sorted(set(skip) & set(graph.rewrites))}
 
 

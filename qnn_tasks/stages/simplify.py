@@ -21,10 +21,11 @@ def run(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
     import onnx
 
     model = onnxinfo.load(exported, "exported ONNX")
-    if onnxinfo.has_external_data(model) and _total_bytes(exported, model) > PROTOBUF_LIMIT:
-        return _large(graph, exported, out_onnx)
-    if onnxinfo.has_external_data(model):  # under 2 GB: onnxsim takes it whole, weights and all
-        model = onnx.load(str(exported))
+    light = onnx.load(str(exported), load_external_data=False)  # the proto alone: its weights' files named
+    if onnxinfo.has_external_data(light):
+        if _total_bytes(exported, light) > PROTOBUF_LIMIT:
+            return _large(graph, exported, out_onnx)
+        model = onnx.load(str(exported))  # under 2 GB: onnxsim takes it whole, weights and all
     before = len(model.graph.node)
     skipped = list(graph.simplify.get("skip_optimizers", []))
     if graph.simplify.get("skip", False):
@@ -59,9 +60,8 @@ def _total_bytes(path: Path, model) -> int:
 
 def _large(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
     """A model over 2 GB: onnxsim loads the whole model into one protobuf (2 GB at most), so it is skipped (recorded)
-    and onnx's shape inference runs by path on the external-data model instead; the weights are linked beside the
-    output (a hard link where the file system allows, else a copy), never loaded."""
-    import os
+    and onnx's shape inference runs by path on the external-data model instead; the weights are copied beside the
+    output, never loaded."""
     import shutil
 
     import onnx
@@ -70,13 +70,11 @@ def _large(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
     light = onnx.load(str(exported), load_external_data=False)
     files = sorted({e.value for t in light.graph.initializer if uses_external_data(t) for e in t.external_data
                     if e.key == "location"})
+    out_onnx.parent.mkdir(parents=True, exist_ok=True)
     for name in files:  # the data first: the .onnx appears (atomically) only once its weights are in place
         target = out_onnx.parent / name
         target.unlink(missing_ok=True)
-        try:
-            os.link(exported.parent / name, target)
-        except OSError:
-            shutil.copyfile(exported.parent / name, target)
+        shutil.copyfile(exported.parent / name, target)  # not a hard link: onnx's checker refuses those
     with atomic_path(out_onnx) as tmp:
         onnx.shape_inference.infer_shapes_path(str(exported), str(tmp))
     inferred = onnx.load(str(out_onnx), load_external_data=False)
