@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-SIZES = {"30M": (512, 10), "100M": (1024, 8), "300M": (1024, 24), "1B": (2048, 20), "2B": (2048, 40)}  # width, blocks
+SIZES = {"1M": (128, 4), "30M": (512, 10), "100M": (1024, 8), "300M": (1024, 24), "1B": (2048, 20), "2B": (2048, 40)}  # width, blocks
 SEQ = 16
 
 
