@@ -218,6 +218,30 @@ def measure(size: str, parts: int, folder: Path, soc_model: str, max_gb: float, 
     return row
 
 
+def table(rows_file: Path) -> str:
+    """The JSON-lines rows as the markdown table of docs/large-graphs.md."""
+    lines = ["| graph | build | compile s | peak RSS GB | binary MB | simulator s / sample | chain vs whole | date, load |",
+             "|---|---|---|---|---|---|---|---|"]
+    for line in rows_file.read_text().splitlines():
+        row = json.loads(line)
+        name = f"{row['params'] / 1e6:,.0f}M params ({row['width']} x {row['blocks']}), fp16 {row['fp16_bytes'] / 1e6:,.0f} MB"
+
+        def cells(result: dict) -> str:
+            if "error" in result:
+                return f"**failed**: {result['error'][:160]} | {result.get('peak_rss_gb', '?')} | | | "
+            return (f"{result['compile_s']:.1f} | {result['peak_rss_gb']:.2f} | {result['bin_bytes'] / 1e6:,.1f} | "
+                    f"{result['simulate_s']:.1f} | " if "simulate_s" in result else
+                    f"{result['compile_s']:.1f} | {result['peak_rss_gb']:.2f} | {result['bin_bytes'] / 1e6:,.1f} | | ")
+
+        when = f"{row['date']}, {row['load_avg']:.1f}"
+        lines.append(f"| {name} | whole | {cells(row['whole'])} | {when} |")
+        for k, part in enumerate(row.get("parts", []), start=1):
+            chain = f"{row['chain_vs_whole_cosine']:.6f}" if k == len(row["parts"]) and "chain_vs_whole_cosine" in row else ""
+            cut = f" (cut after {', '.join(part['cut'])})" if k < len(row["parts"]) else ""
+            lines.append(f"| | part {k} of {len(row['parts'])}{cut} | {cells(part)}{chain} | |")
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", nargs="+", default=["100M", "300M"], choices=list(SIZES))
@@ -228,7 +252,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-simulate", action="store_true", help="compile only")
     parser.add_argument("--json", type=Path, help="append each size's row to this JSON-lines file")
     parser.add_argument("--keep", type=Path, help="build here instead of a temporary folder")
+    parser.add_argument("--table", type=Path, help="print the rows of this JSON-lines file as a markdown table")
     args = parser.parse_args(argv)
+    if args.table:
+        print(table(args.table))
+        return 0
     for size in args.sizes:
         with tempfile.TemporaryDirectory(dir=args.keep) as tmp:
             row = measure(size, args.parts, Path(tmp), args.soc_model, args.max_gb, args.timeout, not args.no_simulate)
