@@ -9,39 +9,29 @@ A second graph of the same file is cut at two named tensors (3 parts). The bad c
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import numpy as np
 import onnx
 import pytest
-from conftest import Project, copy_project
+from conftest import Project
 from onnx import TensorProto, helper, numpy_helper
+from tiny_project import only_model
 
 from qnn_tasks.graphs import split
 
 SEQ, WIDTH, BLOCKS = 16, 256, 4
 YAML = "models/stack/model.yaml"
-MODEL_YAML = """\
-licence: test fixture
-source: {file: stack.onnx}
-graphs:
-  net:
-    inputs: {x: {shape: [1, 16, 256], dtype: float32}}
-    outputs: {y: {shape: [1, 16, 256]}}
-    samples: {files: samples/x.npz}
-    verify: {samples: 3}
+GRAPH = """\
+  {name}:
+    inputs: {{x: {{shape: [1, 16, 256], dtype: float32}}}}
+    outputs: {{y: {{shape: [1, 16, 256]}}}}
+    samples: {{files: samples/x.npz}}
+    verify: {{samples: 3}}
     socs: [SM8650]
 """
-SECOND = """\
-  net2:
-    inputs: {x: {shape: [1, 16, 256], dtype: float32}}
-    outputs: {y: {shape: [1, 16, 256]}}
-    samples: {files: samples/x.npz}
-    verify: {samples: 3}
-    socs: [SM8650]
-    split: {at: [b0.res, b1.res]}
-"""
+MODEL_YAML = "licence: test fixture\nsource: {file: stack.onnx}\ngraphs:\n" + GRAPH.format(name="net")
+SECOND = GRAPH.format(name="net2") + "    split: {at: [b0.res, b1.res]}\n"
 
 
 def stack_model(blocks: int = BLOCKS) -> onnx.ModelProto:
@@ -73,11 +63,7 @@ def stack_model(blocks: int = BLOCKS) -> onnx.ModelProto:
 
 
 def stack_project(root: Path) -> Project:
-    project = copy_project(root)
-    for model in project.root.glob("models/*"):
-        shutil.rmtree(model)
-    folder = project.path("models/stack")
-    (folder / "samples").mkdir(parents=True)
+    project, folder = only_model(root, "stack")
     onnx.save(stack_model(), str(folder / "stack.onnx"))
     np.savez(folder / "samples/x.npz", x=np.random.default_rng(4).standard_normal((3, 1, SEQ, WIDTH)).astype(np.float32))
     (folder / "model.yaml").write_text(MODEL_YAML)
