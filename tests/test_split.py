@@ -184,3 +184,22 @@ def test_external_data_model_goes_through_simplify_lint_split_and_cpu(tmp_path, 
     middle = cpucheck.run_onnx_cpu(paths[0], x)[0]
     end = cpucheck.run_onnx_cpu(paths[1], [middle])[0]["y"]
     np.testing.assert_allclose(end, whole, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("split_yaml, expected", [
+    ("{at: [b1.res], parts: 2}", "graphs.net.split: give either at: or parts: (fix: e.g. split: {at: [block3_out]} or "),
+    ("{parts: 1}", "graphs.net.split.parts:"),
+    ("{at: [b1.res, b1.res]}", "graphs.net.split.at: must be a list of different tensor names"),
+    ("{parts: 2}\n  net.part2:\n    inputs: {x: {shape: [1, 4], dtype: float32}}\n    outputs: {y: {shape: [1, 4]}}\n"
+     "    samples: {files: samples/x.npz}",
+     "graphs.net.split: part 2 is named 'net.part2', which is a declared graph too (fix: rename graph 'net.part2')"),
+])
+def test_split_spec_errors_are_one_line(tmp_path, split_yaml, expected):
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.project import load_model, load_soc_table
+
+    project = stack_project(tmp_path / "p")
+    project.edit(YAML, "    socs: [SM8650]\n", f"    socs: [SM8650]\n    split: {split_yaml}\n")
+    with pytest.raises(SpecError) as err:
+        load_model(project.path("models/stack"), load_soc_table(project.root)[0])
+    assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
