@@ -154,24 +154,27 @@ def test_cut_at_a_missing_tensor_stops_the_split_task(tmp_path):
     assert "models/stack/model.yaml: graphs.net.split.at: 'b1.nothing' is not a tensor of the graph" in line, line
 
 
-def test_external_data_model_goes_through_simplify_lint_split_and_cpu(tmp_path, monkeypatch):
+def test_external_data_model_goes_through_export_simplify_lint_split_and_cpu(tmp_path, monkeypatch):
     """The > 2 GB path on a small file: the limits are lowered so the stack (weights in a .data file) takes it."""
-    from qnn_tasks.spec.project import GraphSpec
+    from qnn_tasks.graphs import onnxinfo, packaged
+    from qnn_tasks.spec.project import load_model, load_soc_table
     from qnn_tasks.stages import cpucheck, lint, simplify
 
-    exported = tmp_path / "export" / "net.onnx"
-    exported.parent.mkdir()
-    onnx.save(stack_model(), str(exported), save_as_external_data=True, location="net.onnx.data", size_threshold=0)
     monkeypatch.setattr(simplify, "PROTOBUF_LIMIT", 100_000)
     monkeypatch.setattr(split, "EXTERNAL_ABOVE", 100_000)
-    spec = stack_project(tmp_path / "p")
-    from qnn_tasks.spec.project import load_model, load_soc_table
-
-    graph: GraphSpec = load_model(spec.path("models/stack"), load_soc_table(spec.root)[0]).graphs[0]
+    monkeypatch.setattr(onnxinfo, "SMALL_TENSOR", 100)  # the weights stay in the file
+    project = stack_project(tmp_path / "p")
+    source = project.path("models/stack/stack.onnx")
+    onnx.save(stack_model(), str(source), save_as_external_data=True, location="stack.onnx.data", size_threshold=0)
+    graph = load_model(project.path("models/stack"), load_soc_table(project.root)[0]).graphs[0]
+    exported = tmp_path / "export" / "net.onnx"
+    exported.parent.mkdir()
+    assert packaged.export(graph, source, exported)["external_data"] == ["stack.onnx.data"]
+    assert exported.stat().st_size < 100_000 and (exported.parent / "stack.onnx.data").is_file()
     out = tmp_path / "simplify" / "net.onnx"
     record = simplify.run(graph, exported, out)
     assert record["onnxsim"].startswith("skipped: the model is over 2 GB (external data)")
-    assert (out.parent / "net.onnx.data").stat().st_size == (exported.parent / "net.onnx.data").stat().st_size
+    assert (out.parent / "stack.onnx.data").stat().st_size == (exported.parent / "stack.onnx.data").stat().st_size
     assert out.stat().st_size < 100_000  # the weights stayed beside it
     linted = lint.run(graph, out, {"v75": {"mb": 1000, "socs": ["SM8650"], "where": "test"}})
     assert linted["weight_bytes"]["fp16"] == split.weight_bytes(stack_model(), "fp16")
@@ -180,7 +183,7 @@ def test_external_data_model_goes_through_simplify_lint_split_and_cpu(tmp_path, 
     rows = split.write_parts(out, split.balanced_cuts(split.load_light(out), 2), names, paths, "fp16", "split.parts")
     assert all(row["external_data"] and Path(row["file"] + ".data").is_file() for row in rows)
     x = [{"x": np.random.default_rng(5).standard_normal((1, SEQ, WIDTH)).astype(np.float32)}]
-    whole = cpucheck.run_onnx_cpu(out, x)[0]["y"]
+    whole = cpucheck.run_onnx_cpu(source, x)[0]["y"]
     middle = cpucheck.run_onnx_cpu(paths[0], x)[0]
     end = cpucheck.run_onnx_cpu(paths[1], [middle])[0]["y"]
     np.testing.assert_allclose(end, whole, rtol=1e-5, atol=1e-5)
