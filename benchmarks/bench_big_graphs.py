@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -30,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-SIZES = {"1M": (128, 4), "30M": (512, 10), "100M": (1024, 8), "300M": (1024, 24), "1B": (2048, 20), "2B": (2048, 40)}  # width, blocks
+SIZES = {"1M": (128, 4), "30M": (512, 10), "600M": (1024, 48), "100M": (1024, 8), "300M": (1024, 24), "1B": (2048, 20), "2B": (2048, 40)}  # width, blocks
 SEQ = 16
 
 
@@ -218,6 +220,90 @@ def measure(size: str, parts: int, folder: Path, soc_model: str, max_gb: float, 
     return row
 
 
+PROJECT_YAML = """\
+licence: synthetic (bench_big_graphs.py)
+source: {{file: big.onnx}}
+graphs:
+  big:
+    inputs: {{x: {{shape: [1, {seq}, {width}], dtype: float32}}}}
+    outputs: {{y: {{shape: [1, {seq}, {width}]}}}}
+    samples: {{files: samples/x.npz}}
+    verify: {{samples: 1}}
+    socs: [SM8650]
+    split: {{parts: {parts}}}
+"""
+
+
+def through_doit(size: str, parts: int, folder: Path, max_gb: float, timeout: float) -> dict:
+    """The graph as a packaged ONNX (external data) in a scaffolded project with `split: {parts: N}`, built by doit
+    from export to the parts' pipeline; doit's process tree is watched (killed above max_gb resident in total)."""
+    width, blocks = SIZES[size]
+    subprocess.run([sys.executable, "-m", "qnn_tasks", "init", str(folder)], check=True, capture_output=True)
+    shutil.rmtree(folder / "models" / "example")
+    model = folder / "models" / "big"
+    (model / "samples").mkdir(parents=True)
+    params = build(model / "big.onnx", width, blocks)
+    np.savez(model / "samples" / "x.npz", x=np.random.default_rng(1).standard_normal((1, 1, SEQ, width), dtype=np.float32))
+    (model / "model.yaml").write_text(PROJECT_YAML.format(seq=SEQ, width=width, parts=parts))
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "doit", "simverify", "pipeline"], cwd=folder, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    peak, killed = [0.0], []
+
+    def watch() -> None:
+        while proc.poll() is None:
+            total = _tree_rss_gb(proc.pid)
+            peak[0] = max(peak[0], total)
+            if total > max_gb or time.perf_counter() - start > timeout:
+                killed.append(f"killed: over {max_gb} GB resident" if total > max_gb else f"killed: over {timeout:.0f} s")
+                os.killpg(proc.pid, signal.SIGKILL)
+                return
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    output = proc.stdout.read()
+    proc.wait()
+    watcher.join()
+    seconds = {line.split(":", 2)[0] + ":" + line.split(":", 2)[1]: float(m.group(1)) for line in output.splitlines()
+               if (m := re.search(r": passed in ([\d.]+) s$", line))}
+    records = {}
+    for name in ("big/simplify/simplify.json", "big/split/split.json", "big/lint/lint.json"):
+        path = folder / "build" / "big" / name
+        records[name] = json.loads(path.read_text()) if path.is_file() else None
+    chains = list((folder / "build" / "big").glob("big/pipeline/*/SM8650/pipeline/pipeline.json"))
+    chain = json.loads(chains[0].read_text()) if chains else None
+    return {"size": size, "params": params, "returncode": proc.returncode, "error": killed[0] if killed else None,
+            "wall_s": round(time.perf_counter() - start, 1), "peak_tree_rss_gb": round(peak[0], 2),
+            "stage_seconds": seconds, "onnxsim": (records["big/simplify/simplify.json"] or {}).get("onnxsim"),
+            "cuts": (records["big/split/split.json"] or {}).get("cuts"),
+            "end_to_end_cpu": (records["big/split/split.json"] or {}).get("end_to_end_cpu"),
+            "pipeline": None if chain is None else {"status": chain.get("status"), "metrics": chain.get("metrics")},
+            "failures": [line for line in output.splitlines() if "TaskFailed" in line or line.startswith("TaskError")][:5],
+            "tail": output.strip().splitlines()[-3:]}
+
+
+def _tree_rss_gb(pid: int) -> float:
+    """Resident memory of a process and all its descendants (from /proc)."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                fields = open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()
+                children.setdefault(int(fields[1]), []).append(int(entry))
+            except (OSError, IndexError, ValueError):
+                continue
+    total, todo = 0, [pid]
+    while todo:
+        current = todo.pop()
+        todo += children.get(current, [])
+        try:
+            total += sum(int(line.split()[1]) for line in open(f"/proc/{current}/status") if line.startswith("VmRSS:"))
+        except (OSError, ValueError):
+            continue
+    return total / 2**20
+
+
 def table(rows_file: Path) -> str:
     """The JSON-lines rows as the markdown table of docs/large-graphs.md."""
     lines = ["| graph | build | compile s | peak RSS GB | binary MB | simulator s / sample | chain vs whole | date, load |",
@@ -253,9 +339,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="append each size's row to this JSON-lines file")
     parser.add_argument("--keep", type=Path, help="build here instead of a temporary folder")
     parser.add_argument("--table", type=Path, help="print the rows of this JSON-lines file as a markdown table")
+    parser.add_argument("--doit", action="store_true", help="build each size through doit (a packaged ONNX with "
+                        "split: {parts: N}, export to the parts' pipeline) instead of compiling directly")
     args = parser.parse_args(argv)
     if args.table:
         print(table(args.table))
+        return 0
+    if args.doit:
+        for size in args.sizes:
+            with tempfile.TemporaryDirectory(dir=args.keep) as tmp:
+                row = through_doit(size, args.parts, Path(tmp) / "project", args.max_gb, args.timeout)
+            row["date"], row["load_avg"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), os.getloadavg()[0]
+            if args.json:
+                with open(args.json, "a") as fh:
+                    fh.write(json.dumps(row) + "\n")
+            print(json.dumps(row), flush=True)
         return 0
     for size in args.sizes:
         with tempfile.TemporaryDirectory(dir=args.keep) as tmp:
