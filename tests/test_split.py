@@ -140,6 +140,8 @@ def test_over_budget_refused_then_split_builds(tmp_path):
         assert chain["status"] == "passed" and [link["graph"] for link in chain["links"]] == \
             [f"{graph}.part{k}" for k in range(1, parts + 1)]
         assert chain["metrics"]["y"]["cosine"] > 0.99, chain["metrics"]
+        kept = chain["links"][0]["simulated_by"]  # part 1's own simulation starts the chain: not simulated twice
+        assert f"/{graph}.part1/" in kept and kept.endswith("/SM8650/simulate/outputs.npz"), kept
     assert json.loads(project.path("build/stack/net2/split/parts.json").read_text())["net2.part3"]["inputs"] == \
         [{"name": "b1.res", "shape": [1, SEQ, WIDTH], "dtype": "float32"}]
     assert not list(project.root.glob("build/stack/net/**/*.bin"))  # the whole graph is never compiled

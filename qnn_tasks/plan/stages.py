@@ -472,9 +472,10 @@ def simulated_first_link(pt: PipelineTarget) -> str | None:
     """The first graph's simulate outputs when they cover the samples the chain starts from: the same binary on
     the same inputs (its first N samples), so the pipeline takes them instead of simulating the window again."""
     first, spec = pt.chips[0], pt.pipeline  # never a skipped chip: pipeline_targets leaves those out
-    if any(not ct.graph.inputs for ct in pt.chips):
-        return None  # a split graph's parts: their I/O is known only after the split stage (each part runs once)
-    needed = first_samples([ct.graph for ct in pt.chips], spec.glue, spec.feed, spec.verify["samples"])
+    if any(not ct.graph.inputs for ct in pt.chips):  # a split graph's parts (I/O known once split): fed plainly
+        needed = spec.verify["samples"]
+    else:
+        needed = first_samples([ct.graph for ct in pt.chips], spec.glue, spec.feed, spec.verify["samples"])
     limit = first.verify["samples"]
     if limit is None or (needed is not None and needed <= limit):
         return f"{first.dir_str}/simulate/outputs.npz"

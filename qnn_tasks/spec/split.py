@@ -68,8 +68,10 @@ def parts(graph) -> list:
     made = []
     for index in range(1, n + 1):
         last = index == n
-        verify = graph.verify if last else {p: verify_section(None, p, {}, graph.model_dir / "model.yaml",
-                                                              f"graphs.{graph.name}.verify") for p in graph.precisions}
+        # the last part has the graph's outputs and its checks; the others default thresholds on as many samples
+        verify = graph.verify if last else {p: {**verify_section(None, p, {}, graph.model_dir / "model.yaml",
+                                                                 f"graphs.{graph.name}.verify"),
+                                                "samples": graph.verify[p]["samples"]} for p in graph.precisions}
         made.append(replace(graph, name=part_name(graph.name, index), inputs=(), outputs=(), export="export",
                             options={}, rewrites={}, constant_inputs={}, samples=None, has_code=False, source=None,
                             verify=verify, split={"part": index, "of": graph.name, "parts": n}))
