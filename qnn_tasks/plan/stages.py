@@ -282,8 +282,9 @@ def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
     budgets = p.budgets(g)
     tightest = min(budgets.items(), key=lambda item: item[1]["mb"], default=None)
     budget = f" (context budget {tightest[1]['mb']} MB on {tightest[0]})" if tightest else ""
+    keyed = {arch: budget["mb"] for arch, budget in budgets.items()}  # not the file: a clone shares the cache
     return graph_plan(p, stage, gt, [str(gt.simplified)], [], {"lint": g.lint, "precision": g.precision,
-                                                               "budgets": budgets, "split": g.split},
+                                                               "budgets": keyed, "split": g.split},
                        lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified), "budgets": budgets},
                        f"lint {gt.simplified} -> {gt.lint_record}{budget}")
 
