@@ -134,6 +134,10 @@ def plan(model, at: list[list[str]], precision: str = "fp16", where: str = "spli
             if name in graph_inputs and part.index > 1:
                 raise SplitError(f"{where}: part {part.index} reads the graph input '{name}' (fix: cut where every "
                                  "tensor a later part needs comes from the part before it)")
+        early = [o for o in part.outputs if o in outputs]
+        if part.index < len(parts) and early:  # the chain's end (the last part) must give every output
+            raise SplitError(f"{where}: the graph's output '{early[0]}' is computed in part {part.index}, not the last "
+                             "part (fix: cut after it)")
         if part.index < len(parts) and not part.outputs:
             raise SplitError(f"{where}: part {part.index} feeds nothing to the next part (fix: cut at a tensor the "
                              "rest of the graph reads)")
