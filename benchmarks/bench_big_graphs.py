@@ -304,6 +304,13 @@ def _tree_rss_gb(pid: int) -> float:
     return total / 2**20
 
 
+def machine() -> str:
+    """Cores and memory of this host, for the record (the figures are this machine's)."""
+    total = next((int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemTotal:")), 0)
+    available = next((int(line.split()[1]) for line in open("/proc/meminfo") if line.startswith("MemAvailable:")), 0)
+    return f"{os.cpu_count()} cores, {total / 2**20:.0f} GB ({available / 2**20:.0f} GB available at the end)"
+
+
 def table(rows_file: Path) -> str:
     """The JSON-lines rows as the markdown table of docs/large-graphs.md."""
     lines = ["| graph | build | compile s | peak RSS GB | binary MB | simulator s / sample | chain vs whole | date, load |",
@@ -359,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(dir=args.keep) as tmp:
             row = measure(size, args.parts, Path(tmp), args.soc_model, args.max_gb, args.timeout, not args.no_simulate)
         row["date"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-        row["load_avg"] = os.getloadavg()[0]
+        row["load_avg"], row["machine"] = os.getloadavg()[0], machine()
         if args.json:
             with open(args.json, "a") as fh:
                 fh.write(json.dumps(row) + "\n")
