@@ -125,22 +125,19 @@ print("RESULT " + json.dumps(result))
 """
 
 
-def run_child(job: dict, max_gb: float, timeout: float) -> dict:
-    """One compile (+ one simulated sample) in a child process; peak RSS from wait4, killed above max_gb."""
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, json.dumps(job)], stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    killed: list[str] = []
+def run_watched(args: list[str], max_gb: float, timeout: float, cwd: Path | None = None) -> dict:
+    """Run a command, its process tree watched: killed above max_gb resident in total or after timeout seconds.
+    Returns its output, exit code, the tree's peak (sampled every 0.5 s), wait4's max RSS and why it was killed."""
+    proc = subprocess.Popen(args, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    start, peak, killed = time.monotonic(), [0.0], []
 
     def watch() -> None:
-        start = time.monotonic()
         while proc.poll() is None:
-            try:
-                rss = sum(int(line.split()[1]) for line in open(f"/proc/{proc.pid}/status")
-                          if line.startswith("VmRSS:")) / 2**20
-            except (OSError, ValueError):
-                rss = 0.0
-            if rss > max_gb or time.monotonic() - start > timeout:
-                killed.append(f"killed: over {max_gb} GB resident" if rss > max_gb else f"killed: over {timeout:.0f} s")
+            total = _tree_rss_gb(proc.pid)
+            peak[0] = max(peak[0], total)
+            if total > max_gb or time.monotonic() - start > timeout:
+                killed.append(f"killed: over {max_gb} GB resident" if total > max_gb else f"killed: over {timeout:.0f} s")
                 os.killpg(proc.pid, signal.SIGKILL)
                 return
             time.sleep(0.5)
@@ -151,13 +148,22 @@ def run_child(job: dict, max_gb: float, timeout: float) -> dict:
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
     watcher.join()
+    return {"output": output, "returncode": proc.returncode, "peak_tree_gb": peak[0],
+            "max_rss_gb": usage.ru_maxrss / 2**20, "killed": killed[0] if killed else None,
+            "seconds": time.monotonic() - start}
+
+
+def run_child(job: dict, max_gb: float, timeout: float) -> dict:
+    """One compile (+ one simulated sample) in a child process; peak RSS from wait4, killed above max_gb."""
+    ran = run_watched([sys.executable, "-c", CHILD, json.dumps(job)], max_gb, timeout)
+    output, killed = ran["output"], ran["killed"]
     result = next((json.loads(line[7:]) for line in output.splitlines() if line.startswith("RESULT ")), {})
     if killed:
-        result["error"] = killed[0]
+        result["error"] = killed
     elif not result:
-        result["error"] = f"the compiling process died (exit {proc.returncode}): " + (output.strip().splitlines()
-                                                                                       or ["no output"])[-1]
-    result["peak_rss_gb"] = round(usage.ru_maxrss / 2**20, 2)
+        result["error"] = f"the compiling process died (exit {ran['returncode']}): " + (output.strip().splitlines()
+                                                                                         or ["no output"])[-1]
+    result["peak_rss_gb"] = round(ran["max_rss_gb"], 2)
     return result
 
 
@@ -246,26 +252,8 @@ def through_doit(size: str, parts: int, folder: Path, max_gb: float, timeout: fl
     params = build(model / "big.onnx", width, blocks)
     np.savez(model / "samples" / "x.npz", x=np.random.default_rng(1).standard_normal((1, 1, SEQ, width), dtype=np.float32))
     (model / "model.yaml").write_text(PROJECT_YAML.format(seq=SEQ, width=width, parts=parts))
-    start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "doit", "simverify", "pipeline"], cwd=folder, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    peak, killed = [0.0], []
-
-    def watch() -> None:
-        while proc.poll() is None:
-            total = _tree_rss_gb(proc.pid)
-            peak[0] = max(peak[0], total)
-            if total > max_gb or time.perf_counter() - start > timeout:
-                killed.append(f"killed: over {max_gb} GB resident" if total > max_gb else f"killed: over {timeout:.0f} s")
-                os.killpg(proc.pid, signal.SIGKILL)
-                return
-            time.sleep(0.5)
-
-    watcher = threading.Thread(target=watch, daemon=True)
-    watcher.start()
-    output = proc.stdout.read()
-    proc.wait()
-    watcher.join()
+    ran = run_watched([sys.executable, "-m", "doit", "simverify", "pipeline"], max_gb, timeout, cwd=folder)
+    output = ran["output"]
     seconds = {line.split(":", 2)[0] + ":" + line.split(":", 2)[1]: float(m.group(1)) for line in output.splitlines()
                if (m := re.search(r": passed in ([\d.]+) s$", line))}
     records = {}
@@ -274,8 +262,8 @@ def through_doit(size: str, parts: int, folder: Path, max_gb: float, timeout: fl
         records[name] = json.loads(path.read_text()) if path.is_file() else None
     chains = list((folder / "build" / "big").glob("big/pipeline/*/SM8650/pipeline/pipeline.json"))
     chain = json.loads(chains[0].read_text()) if chains else None
-    return {"size": size, "params": params, "returncode": proc.returncode, "error": killed[0] if killed else None,
-            "wall_s": round(time.perf_counter() - start, 1), "peak_tree_rss_gb": round(peak[0], 2),
+    return {"size": size, "params": params, "returncode": ran["returncode"], "error": ran["killed"],
+            "wall_s": round(ran["seconds"], 1), "peak_tree_rss_gb": round(ran["peak_tree_gb"], 2),
             "stage_seconds": seconds, "onnxsim": (records["big/simplify/simplify.json"] or {}).get("onnxsim"),
             "cuts": (records["big/split/split.json"] or {}).get("cuts"),
             "end_to_end_cpu": (records["big/split/split.json"] or {}).get("end_to_end_cpu"),
