@@ -208,3 +208,16 @@ def test_split_spec_errors_are_one_line(tmp_path, split_yaml, expected):
     with pytest.raises(SpecError) as err:
         load_model(project.path("models/stack"), load_soc_table(project.root)[0])
     assert expected in str(err.value) and "\n" not in str(err.value), str(err.value)
+
+
+def test_a_split_graph_in_the_models_own_loop_is_a_spec_error(tmp_path):
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.project import load_model, load_soc_table
+
+    project = stack_project(tmp_path / "p")
+    project.edit(YAML, "    socs: [SM8650]\n", "    socs: [SM8650]\n    split: {parts: 2}\n")
+    project.path(YAML).write_text(project.path(YAML).read_text() + "loop: {graph: net, feed: {x: y}}\n")
+    with pytest.raises(SpecError) as err:
+        load_model(project.path("models/stack"), load_soc_table(project.root)[0])
+    assert "model.yaml: loop.graph: 'net' is split into parts (graphs.net.split), so it is never compiled whole " \
+           "(fix: remove split: from graphs.net, or leave it out of loop.graph)" in str(err.value), str(err.value)

@@ -356,9 +356,11 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     specsplit.clashes(graphs, path)
 
     pipeline = specpipeline.load(data.get("pipeline"), graphs, model_dir.name, path)
+    loop = specloop.load(data.get("loop"), graphs, model_dir.name, path, pipeline)
+    specsplit.not_chained(graphs, pipeline, loop, path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
-                     loop=specloop.load(data.get("loop"), graphs, model_dir.name, path, pipeline))
+                     loop=loop)
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],

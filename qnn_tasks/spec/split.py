@@ -92,6 +92,19 @@ def clashes(graphs: tuple, path: Path) -> None:
                                     f"rename graph '{part_name(graph.name, index)}'")
 
 
+def not_chained(graphs: tuple, pipeline, loop, path: Path) -> None:
+    """A split graph is built as its parts: the model's own pipeline: or loop: cannot name it (it would never run)."""
+    from qnn_tasks.errors import SpecError
+
+    split = {g.name for g in graphs if g.split}
+    uses = (("pipeline.graphs", pipeline.graphs if pipeline else ()), ("loop.graph", (loop.graph,) if loop else ()))
+    for key, names in uses:
+        for name in names:
+            if name in split:
+                raise SpecError(path, key, f"'{name}' is split into parts (graphs.{name}.split), so it is never "
+                                "compiled whole", f"remove split: from graphs.{name}, or leave it out of {key}")
+
+
 def pipeline(graph):
     """The split graph's parts chained on the simulator (inputs fed by name: each part's outputs are the next one's
     inputs), judged at the end with the graph's own verify settings."""
