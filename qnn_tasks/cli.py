@@ -61,10 +61,11 @@ def _socs(root: Path) -> int:
         raise QnnTasksError(f"{root}: no such folder (fix: name the project folder, the one that holds socs/ and "
                             "models/; without socs/socs.yaml it builds with the packaged table)")
     table, default = load_soc_table(root)
-    print(f"{'SoC':<9} {'soc_id':>6} {'arch':<4} {'runs':<11} {'default':<7} note (file)")
+    print(f"{'SoC':<9} {'soc_id':>6} {'arch':<4} {'runs':<11} {'ctx MB':>6} {'default':<7} note (file)")
     for soc in table.values():
         mark = "yes" if soc.name in default else ""
-        print(f"{soc.name:<9} {soc.soc_id:>6} {soc.dsp_arch:<4} {'+'.join(soc.runs):<11} {mark:<7} {soc.note} ({soc.file})")
+        print(f"{soc.name:<9} {soc.soc_id:>6} {soc.dsp_arch:<4} {'+'.join(soc.runs):<11} {soc.context_mb:>6} {mark:<7} "
+              f"{soc.note} ({soc.file})")
     return 0
 
 

@@ -2,6 +2,7 @@
 127.0.0.1), real trivial calls through every executor, and the model's table saying what it is."""
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -46,3 +47,21 @@ def test_tied_embedding_benchmark_shows_the_compiler_keeps_one_copy_only_for_a_r
     assert 1.0 <= rows["once"][1] < 1.2 and 1.0 <= rows["host"][1] < 1.2, result.stdout
     assert rows["twice"][1] >= 2.0 and rows["one-hot"][1] >= 2.0, result.stdout
     assert "table [4096, 384] fp16 = 3145728 bytes" in result.stdout
+
+
+BENCH_BIG = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_big_graphs.py"
+
+
+@pytest.mark.slow
+def test_big_graphs_benchmark_compiles_a_transformer_whole_and_in_two_parts_that_chain_to_the_same_output(tmp_path):
+    rows = tmp_path / "rows.jsonl"
+    proc = subprocess.run([sys.executable, str(BENCH_BIG), "--sizes", "1M", "--parts", "2", "--json", str(rows)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    row = json.loads(rows.read_text())
+    assert row["params"] == 4 * 12 * 128 * 128 + 4 * (4 * 128 + 2)  # 4 blocks of 12 w^2, norms and two scalars
+    assert "error" not in row["whole"] and all("error" not in part for part in row["parts"])
+    assert row["parts"][0]["cut"] == ["b1.res2"]  # the residual stream between blocks 2 and 3
+    assert row["whole"]["bin_bytes"] > row["fp16_bytes"] and row["whole"]["peak_rss_gb"] > 0
+    assert abs(sum(p["bin_bytes"] for p in row["parts"]) - row["whole"]["bin_bytes"]) < 0.1 * row["whole"]["bin_bytes"]
+    assert row["chain_vs_whole_cosine"] > 0.999

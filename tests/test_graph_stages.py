@@ -126,6 +126,9 @@ def test_lint_records(built_graphs):
     assert not [f for f in minilm["findings"] if f["severity"] == "error"]
     assert minilm["status"] == ("warning" if minilm["warnings"] else "passed")
     assert 20e6 < minilm["parameters"] < 25e6  # all-MiniLM-L6-v2 is ~22M parameters
+    sizes = minilm["weight_bytes"]  # in each precision, held to each arch's context budget (socs.yaml context_mb)
+    assert 40e6 < sizes["fp16"] < 50e6 and sizes["w8a16"] < 0.6 * sizes["fp16"]
+    assert minilm["context_budgets"] and all(b["mb"] == 2048 for b in minilm["context_budgets"].values())
 
 
 @pytest.mark.parametrize("graph", sorted(GRAPHS))

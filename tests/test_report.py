@@ -83,8 +83,9 @@ STAGE_RECORD = {"type": ["object", "null"], "required": ["stage", "target", "sta
                                "error": {"type": "string"}}}
 REPORT_SCHEMA = {  # docs/verification-and-report.md
     "type": "object", "additionalProperties": False,
-    "required": ["schema", "generated", "summary", "toolchains", "graphs", "variants", "targets", "pipelines",
-                 "loops", "sizes", "models_not_buildable", "precision_comparison", "comparison", "compatibility"],
+    "required": ["schema", "generated", "summary", "toolchains", "graphs", "splits", "variants", "targets",
+                 "pipelines", "loops", "sizes", "models_not_buildable", "precision_comparison", "comparison",
+                 "compatibility"],
     "properties": {
         "schema": {"const": "qnn-npu-compile/report/v1"},
         "toolchains": {"type": "array", "items": {"type": "object", "required": ["profile", "id", "suffix", "qnn",
@@ -92,6 +93,7 @@ REPORT_SCHEMA = {  # docs/verification-and-report.md
         "comparison": {"type": "array", "items": {"type": "object", "required": ["baseline", "candidate", "qnn", "gate",
                                                                                  "margins", "rows", "regressions"]}},
         "compatibility": {"type": ["object", "null"]},
+        "splits": {"type": "object"},
         "variants": {"type": "array", "items": {"type": "object", "additionalProperties": False,
                                                 "required": ["name", "model", "graph", "precision", "toolchain_id"],
                                                 "properties": {k: {"type": "string"} for k in

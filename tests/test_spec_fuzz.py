@@ -55,7 +55,7 @@ graphs:
     rewrites: [pow-square, {finite-mask: {value: -1.0e4}}, {scale-input: {input: x, factor: "2^-6"}}]
     constant_inputs: {sr: [16000]}
     simplify: {skip_optimizers: [fuse_preceding_mul_into_conv]}
-    lint: {allow: [batch], max_fp16_params: 1.0e+9}
+    lint: {allow: [batch]}
     cpucheck: {max_abs: 1.0e-3, min_cosine: 0.9999}
     options: {keep: [1, 2.5, text, true]}
     verify:

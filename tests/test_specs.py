@@ -204,7 +204,8 @@ def test_duplicate_graph_in_one_model_yaml(fresh):
     assert_spec_error(fresh, fresh.doit("list"), MINILM, "minilm")
 
 
-def test_non_integer_lint_limit(fresh):
+def test_a_lint_key_that_is_gone_is_named(fresh):
+    """max_fp16_params gave way to the SoC table's context budget (context_mb): an old spec is told which key."""
     fresh.edit(MINILM, "    precision: [fp16, w8a16]", "    precision: [fp16, w8a16]\n    lint: {max_fp16_params: lots}")
     assert_spec_error(fresh, fresh.doit("list"), MINILM, "graphs.minilm.lint.max_fp16_params")
 

@@ -42,13 +42,19 @@ def tiny_model() -> onnx.ModelProto:
     return model
 
 
-def tiny_project(root: Path, socs: tuple[str, ...] = ("SM8650",), samples: int = 8) -> Project:
-    """The example project with its models replaced by `tiny` (not built)."""
+def only_model(root: Path, name: str) -> tuple[Project, Path]:
+    """A copy of the example project whose models are replaced by an empty `models/<name>/samples` folder."""
     project = copy_project(root)
     for model in project.root.glob("models/*"):
         shutil.rmtree(model)
-    folder = project.path("models/tiny")
+    folder = project.path(f"models/{name}")
     (folder / "samples").mkdir(parents=True)
+    return project, folder
+
+
+def tiny_project(root: Path, socs: tuple[str, ...] = ("SM8650",), samples: int = 8) -> Project:
+    """The example project with its models replaced by `tiny` (not built)."""
+    project, folder = only_model(root, "tiny")
     onnx.save(tiny_model(), str(folder / "tiny.onnx"))
     rng = np.random.default_rng(8)
     np.savez(folder / "samples/x.npz", x=rng.standard_normal((samples, 1, ROWS, DIM)).astype(np.float32))

@@ -36,12 +36,40 @@ def load(path: Path, what: str = "ONNX file", shown_as: Path | None = None):
     if not path.is_file():
         raise StageError(f"{name}: {what} not found (rebuild it: the task that makes it was not run or failed)")
     try:
-        model = onnx.load(str(path))
-        onnx.checker.check_model(model)
+        model = onnx.load(str(path), load_external_data=False)  # all of it, unless weights are kept beside it
+        if has_external_data(model):  # checked by path (a > 2 GB proto cannot be); only small tensors read
+            onnx.checker.check_model(str(path))
+            load_small_tensors(model, path.parent)
+        else:
+            onnx.checker.check_model(model)
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StageError(f"{name}: corrupt or invalid {what}: {first} (re-export it)") from None
     return model
+
+
+SMALL_TENSOR = 1 << 20  # external tensors up to this many bytes are read by `load` (constants lint looks at)
+
+
+def has_external_data(model) -> bool:
+    """Whether the model keeps initializers in files beside it (every model over 2 GB must)."""
+    from onnx.external_data_helper import uses_external_data
+
+    return any(uses_external_data(t) for t in model.graph.initializer)
+
+
+def load_small_tensors(model, base: Path) -> None:
+    """Read the data of external initializers up to SMALL_TENSOR bytes (masks, scales); the weights stay out."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+    from onnx.external_data_helper import uses_external_data as external
+
+    for tensor in model.graph.initializer:
+        if external(tensor):
+            length = next((int(e.value) for e in tensor.external_data if e.key == "length"), SMALL_TENSOR + 1)
+            if length <= SMALL_TENSOR:
+                load_external_data_for_tensor(tensor, str(base))
+                tensor.data_location = 0  # DEFAULT: the data is inline now
+                del tensor.external_data[:]
 
 
 def dtype_name(elem_type: int) -> str:

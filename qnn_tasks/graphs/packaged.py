@@ -8,6 +8,7 @@ An export.py may still call these (`ctx.default_export(skip=...)`) and override 
 """
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -40,13 +41,30 @@ def load_source(graph: GraphSpec, source: Path | None):
     if Path(source).stat().st_size == 0:
         raise StageError(f"{where}: {source} is empty (0 bytes), not an ONNX model {fix}")
     try:
-        model = onnx.load(str(source))
+        model = onnx.load(str(source), load_external_data=False)  # weights kept beside it stay there (dims only)
+        from qnn_tasks.graphs.onnxinfo import has_external_data, load_small_tensors
+
+        if has_external_data(model):
+            load_small_tensors(model, Path(source).parent)  # constants the rewrites may read; not the weights
     except Exception as err:
         first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
         raise StageError(f"{where}: {source} is not an ONNX model ({type(err).__name__}: {first}) {fix}") from None
     if not model.HasField("graph") or not model.ir_version:  # protobuf parses many byte strings as an empty model
         raise StageError(f"{where}: {source} is not an ONNX model (it holds no graph or IR version) {fix}")
     return model
+
+
+def _external_files(model) -> list[str]:
+    """The files a model's external initializers live in (relative to the model; inside its folder, checked)."""
+    from onnx.external_data_helper import uses_external_data
+
+    names = sorted({e.value for t in model.graph.initializer if uses_external_data(t) for e in t.external_data
+                    if e.key == "location"})
+    for name in names:
+        if Path(name).is_absolute() or ".." in Path(name).parts:
+            raise StageError(f"external data '{name}' lies outside the model's folder (fix: keep the weights file "
+                             "beside the .onnx)")
+    return names
 
 
 def export(graph: GraphSpec, source: Path | None, out_path: Path, skip: Iterable[str] = ()) -> dict[str, Any]:
@@ -63,14 +81,20 @@ def export(graph: GraphSpec, source: Path | None, out_path: Path, skip: Iterable
                          f"(fix: {err.fix.replace('<graph>', graph.name)})") from None
     report = apply_rewrites(graph, model, skip)
     graphtools.remove_dead(model.graph)
+    external = _external_files(model)
+    for name in external:  # the source's weight files beside the export (names kept: the model points at them)
+        shutil.copyfile(Path(source).parent / name, Path(out_path).parent / name)
+    if external:  # checked by path, where its weights are (an in-memory check cannot find them)
+        onnx.save(model, str(out_path))
     try:
-        onnx.checker.check_model(model)
+        onnx.checker.check_model(str(out_path) if external else model)
     except Exception as err:
         raise StageError(f"{source_where(graph)}: the rewritten {source.name} is not valid ONNX: "
                          f"{str(err).strip().splitlines()[0]} (fix: drop the last rewrite from {graph.key}.rewrites "
                          f"and report it)") from None
-    onnx.save(model, str(out_path))
-    return {"boundary": fixed, "rewrites": report, "skipped_rewrites": sorted(set(skip) & set(graph.rewrites))}
+    if not external:
+        onnx.save(model, str(out_path))
+    return {"boundary": fixed, **({"external_data": external} if external else {}), "rewrites": report, "skipped_rewrites": sorted(set(skip) & set(graph.rewrites))}
 
 
 def rewrite_file(graph: GraphSpec, path: Path) -> list[dict[str, Any]]:

@@ -20,6 +20,7 @@ from qnn_tasks import toolchains
 from qnn_tasks.plan import codekeys
 from qnn_tasks.plan.paths import COMPAT_RECORD, DEVICE_STAMP
 from qnn_tasks.plan.targets import (
+    BUILD_DIR,
     ChipTarget,
     GraphTarget,
     PipelineTarget,
@@ -30,6 +31,7 @@ from qnn_tasks.plan.targets import (
     variant_targets,
 )
 from qnn_tasks.spec import serial as specjson
+from qnn_tasks.spec import split as specsplit
 from qnn_tasks.spec.checks import MODEL_CHECKS
 from qnn_tasks.spec.pipeline import first_samples
 from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
@@ -157,7 +159,31 @@ class Planner:
         return hashlib.md5("|".join((prefix,) + parts).encode()).hexdigest()
 
     def graph_dict(self, graph: GraphSpec) -> dict[str, Any]:
-        return specjson.graph_to_dict(graph, self.root)
+        data = specjson.graph_to_dict(graph, self.root)
+        if specsplit.is_part(graph):  # its I/O are the cut tensors, known once the split stage has run
+            try:
+                parts = json.loads((self.root / self.split_dir(graph.model, graph.split["of"]) / "parts.json").read_text())
+                data.update(parts.get(graph.name) or {})
+            except (OSError, ValueError):
+                pass  # not split yet: the stage that needs the I/O depends on the split's files and runs after it
+        return data
+
+    def split_dir(self, model: str, graph: str) -> str:
+        return f"{BUILD_DIR}/{model}/{graph}/split"
+
+    def budgets(self, graph: GraphSpec) -> dict[str, dict[str, Any]]:
+        """The context budget of each arch this graph builds for: {arch: {mb, socs, where}} (the smallest row's)."""
+        found: dict[str, dict[str, Any]] = {}
+        default = self.project.default_socs if self.project.default_socs is not None else tuple(self.project.socs)
+        for name in graph.socs or default:
+            soc = self.project.socs[name]
+            if not any(soc.supports(p) for p in graph.precisions):
+                continue
+            entry = found.setdefault(soc.dsp_arch, {"mb": soc.context_mb, "socs": [], "where": soc.where()})
+            entry["socs"].append(soc.name)
+            if soc.context_mb < entry["mb"]:
+                entry.update(mb=soc.context_mb, where=soc.where())
+        return found
 
     def model(self, graph: GraphSpec):
         return self._models[graph.model]
@@ -247,8 +273,10 @@ def graph_plan(p: Planner, stage: StageDef, gt: GraphTarget, file_dep: list[str]
                 doc=doc, args=args, base=lambda: base or {"graph": g.name}, task_dep=task_dep or [], model=g.model)
 
 
-def plan_export(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+def plan_export(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
     g = gt.graph
+    if specsplit.is_part(g):
+        return None  # a part's ONNX, inputs and reference come from its graph's split stage
     source_key = p.source_key(g)
     return graph_plan(p, stage, gt, p.code_deps(g), [gt.exported],
                        {"io": g.io(), "export": g.export, "options": g.options, "source": source_key,
@@ -258,8 +286,10 @@ def plan_export(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
                        base={"graph": g.name, "model": g.model, "source": source_key})
 
 
-def plan_simplify(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+def plan_simplify(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
     g = gt.graph
+    if specsplit.is_part(g):
+        return None
     return graph_plan(p, stage, gt, [str(gt.exported)], [gt.simplified], {"io": g.io(), "simplify": g.simplify},
                        lambda: {"graph": p.graph_dict(g), "exported": str(gt.exported), "out": str(gt.simplified)},
                        f"onnxsim {gt.exported} -> {gt.simplified}")
@@ -269,14 +299,22 @@ def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
     g = gt.graph
     loop = p.model(g).loop
     loop_feed = loop.feed if loop is not None and loop.graph == g.name else None  # lint proposes a missing loop
+    budgets = p.budgets(g)
+    tightest = min(budgets.items(), key=lambda item: item[1]["mb"], default=None)
+    budget = f" (context budget {tightest[1]['mb']} MB on {tightest[0]})" if tightest else ""
+    keyed = {arch: budget["mb"] for arch, budget in budgets.items()}  # not the file: a clone shares the cache
     return graph_plan(p, stage, gt, [str(gt.simplified)], [],
-                       {"lint": g.lint, "precision": g.precision, **({"loop_feed": loop_feed} if loop_feed else {})},
-                       lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified), "loop_feed": loop_feed},
-                       f"lint {gt.simplified} -> {gt.lint_record}")
+                       {"lint": g.lint, "precision": g.precision, "budgets": keyed, "split": g.split,
+                        **({"loop_feed": loop_feed} if loop_feed else {})},
+                       lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified), "budgets": budgets,
+                                "loop_feed": loop_feed},
+                       f"lint {gt.simplified} -> {gt.lint_record}{budget}")
 
 
-def plan_cpucheck(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
+def plan_cpucheck(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
     g = gt.graph
+    if specsplit.is_part(g):
+        return None
     return graph_plan(p, stage, gt, [str(gt.simplified)] + p.code_deps(g) + p.sample_deps(g),
                        [gt.inputs, gt.reference],
                        {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": p.source_key(g),
@@ -288,7 +326,7 @@ def plan_cpucheck(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
 
 def plan_calibrate(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
     g = gt.graph
-    if "w8a16" not in g.precisions:
+    if "w8a16" not in g.precisions or specsplit.is_part(g):
         return None
     return graph_plan(p, stage, gt, p.code_deps(g) + p.sample_deps(g), [gt.calibration],
                        {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": p.source_key(g),
@@ -297,6 +335,27 @@ def plan_calibrate(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
                        f"{g.calibration['samples']} real calibration samples for {g.name} from "
                        + (f"export.py:{g.calibration['function']}()" if g.has_code else "the declared sample files"),
                        task_dep=[f"export:{gt.name}"])  # a graph export refuses (int8 inside) has nothing to calibrate
+
+
+def plan_split(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
+    """A graph declared with `split:` cut into its parts: each part's ONNX, inputs, reference (and calibration)."""
+    g = gt.graph
+    if not specsplit.is_whole(g):
+        return None
+    parts = [t for t in p.graphs if specsplit.is_part(t.graph) and t.graph.split["of"] == g.name
+             and t.graph.model == g.model]
+    calibration = str(gt.calibration) if "w8a16" in g.precisions else None
+    files = [{"name": t.name, "onnx": str(t.simplified), "inputs": str(t.inputs), "reference": str(t.reference),
+              **({"calibration": str(t.calibration)} if calibration else {})} for t in parts]
+    out = str(gt.stage_dir(stage.name))
+    return graph_plan(p, stage, gt, [str(gt.simplified), str(gt.inputs), str(gt.reference)]
+                      + ([calibration] if calibration else []),
+                      [f for part in files for k, f in part.items() if k != "name"] + [f"{out}/parts.json"],
+                      {"split": g.split, "precision": g.precision, "parts": [t.name for t in parts]},
+                      lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified), "inputs": str(gt.inputs),
+                               "reference": str(gt.reference), "calibration": calibration, "parts": files},
+                      f"split {g.name} into {len(parts)} parts ({', '.join(t.name for t in parts)}); chain them on "
+                      "CPU against the whole graph")
 
 
 # ------------------------------------------------------------------ toolchain graph stages (once per variant)
@@ -439,7 +498,10 @@ def simulated_first_link(pt: PipelineTarget) -> str | None:
     """The first graph's simulate outputs when they cover the samples the chain starts from: the same binary on
     the same inputs (its first N samples), so the pipeline takes them instead of simulating the window again."""
     first, spec = pt.chips[0], pt.pipeline  # never a skipped chip: pipeline_targets leaves those out
-    needed = first_samples([ct.graph for ct in pt.chips], spec.glue, spec.feed, spec.verify["samples"])
+    if any(not ct.graph.inputs for ct in pt.chips):  # a split graph's parts (I/O known once split): fed plainly
+        needed = spec.verify["samples"]
+    else:
+        needed = first_samples([ct.graph for ct in pt.chips], spec.glue, spec.feed, spec.verify["samples"])
     limit = first.verify["samples"]
     if limit is None or (needed is not None and needed <= limit):
         return f"{first.dir_str}/simulate/outputs.npz"
@@ -454,6 +516,7 @@ def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
     start, start_files, task_dep = None, [], []
     if loop.start:  # encoder once -> decoder loop: each run starts from the pipeline's kept outputs on this chip
         pt = next((pt for pt in p.pipelines if pt.pipeline.model == ct.graph.model and pt.soc.name == ct.soc.name
+                   and not pt.pipeline.name
                    and pt.chips[0].variant.suffix == ct.variant.suffix), None)
         if pt is None:
             return None  # the pipeline is not built for this chip or precision: no run to start from
@@ -545,6 +608,9 @@ GRAPH_STAGES = (
              "the reference.", "qnn_tasks.stages.cpucheck:run_call", plan_cpucheck),
     StageDef("calibrate", "graph", "Make each w8a16 graph's calibration set from real inputs (once per graph).",
              "qnn_tasks.stages.calibrate:run_call", plan_calibrate, column=False),
+    StageDef("split", "graph", "Cut each graph declared with split: into parts (graphs <graph>.part<N> of their own) "
+             "and check the parts chained on CPU against the whole graph.", "qnn_tasks.stages.split:run_call",
+             plan_split, column=False),
 )
 CHIP_STAGES = (
     StageDef("config", "chip", "Write each chip's HTP settings for each graph (toolchain options + SoC row).",
@@ -634,6 +700,8 @@ def build_stage_defs(planner: Planner) -> list[StageDef]:
     rows = list(GRAPH_STAGES)
     if not any("w8a16" in gt.graph.precisions for gt in planner.graphs):
         rows = [r for r in rows if r.name != "calibrate"]
+    if not any(specsplit.is_whole(gt.graph) for gt in planner.graphs):
+        rows = [r for r in rows if r.name != "split"]
     return (rows + registered("graph") + variant_stage_defs(planner) + list(CHIP_STAGES) + registered("chip")
             + ([PIPELINE] if planner.pipelines else []) + ([LOOP] if any(m.loop for m in planner.project.models) else [])
             + ([CROSSSIZE] if any(gt.graph.size for gt in planner.graphs) else []))

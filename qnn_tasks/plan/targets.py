@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
+from qnn_tasks.spec import split as specsplit
 from qnn_tasks.spec.project import GraphSpec, Project, Soc
 
 BUILD_DIR = "build"
@@ -136,14 +137,17 @@ def _cached_join(target: GraphTarget | VariantTarget | ChipTarget, stage: str) -
 
 
 def graph_targets(project: Project) -> list[GraphTarget]:
-    return [GraphTarget(graph=g, dir=Path(BUILD_DIR) / g.model / g.name) for g in project.graphs()]
+    """Every graph, and after a split graph its parts (`<graph>.part<N>`: graphs of their own from the split on)."""
+    graphs = [p for g in project.graphs() for p in [g] + (specsplit.parts(g) if specsplit.is_whole(g) else [])]
+    return [GraphTarget(graph=g, dir=Path(BUILD_DIR) / g.model / g.name) for g in graphs]
 
 
 def variant_targets(project: Project, toolchain_id: str, suffix: str = "",
                     graphs: list[GraphTarget] | None = None) -> list[VariantTarget]:
     return [VariantTarget(graph_target=gt, precision=p, toolchain_id=toolchain_id, dir=gt.dir / toolchain_id / p,
                           suffix=suffix)
-            for gt in (graphs if graphs is not None else graph_targets(project)) for p in gt.graph.precisions]
+            for gt in (graphs if graphs is not None else graph_targets(project)) for p in gt.graph.precisions
+            if not specsplit.is_whole(gt.graph)]  # a split graph goes to the chips as its parts
 
 
 def chip_targets(project: Project, toolchain_id: str, suffix: str = "",
@@ -194,6 +198,8 @@ def pipeline_targets(project: Project, chips: list[ChipTarget], toolchain_id: st
         chains = [(model.pipeline, Path(BUILD_DIR) / model.name / "pipeline")] if model.pipeline else []
         chains += [(spec, Path(BUILD_DIR) / model.name / f"pipeline.{spec.size}")
                    for spec in model.size_pipelines]  # a pipeline over graphs with sizes: one per size
+        chains += [(specsplit.pipeline(g), Path(BUILD_DIR) / model.name / g.name / "pipeline")
+                   for g in model.graphs if specsplit.is_whole(g)]  # a split graph's parts, chained
         for spec, folder in chains:
             for soc in project.socs:
                 chain = [built.get((name, soc)) for name in spec.graphs]

@@ -19,6 +19,7 @@ from qnn_tasks.plan.stages import loop_chips, report_columns
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
 from qnn_tasks.run.status import BAD, NO_VERDICT, good
+from qnn_tasks.spec import split as specsplit
 
 SCHEMA = "qnn-npu-compile/report/v1"
 GRAPH_STAGES = report_columns("graph")
@@ -28,6 +29,9 @@ DEVICE_STAGES = ("verify", "power")
 
 
 def graph_record_paths(gt: GraphTarget) -> dict[str, Path]:
+    if specsplit.is_part(gt.graph):  # made by its graph's split stage (ONNX, inputs, reference), then linted
+        split = gt.dir.parent / gt.graph.split["of"] / "split" / "split.json"
+        return {stage: split if stage != "lint" else gt.stage_dir(stage) / f"{stage}.json" for stage in GRAPH_STAGES}
     return {stage: gt.stage_dir(stage) / f"{stage}.json" for stage in GRAPH_STAGES}
 
 
@@ -109,12 +113,22 @@ def collect(planner) -> dict[str, Any]:
                         "complete": not no_verdict and not broken, "current": True, "superseded_by": None},
             "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
-            "graphs": graph_entries, "variants": variants, "targets": targets, "pipelines": pipelines, "loops": loops,
-            "sizes": sizes, "models_not_buildable": broken,
+            "graphs": graph_entries, "splits": _splits(planner), "variants": variants, "targets": targets,
+            "pipelines": pipelines, "loops": loops, "sizes": sizes, "models_not_buildable": broken,
             "precision_comparison": precision_comparison(targets)}
     data["comparison"] = compare.upgrade_diff(data)
     data["compatibility"] = records.read(COMPAT_RECORD)
     return data
+
+
+def _splits(planner) -> dict[str, list[dict[str, Any]]]:
+    """Each split graph's parts with their cut tensors and sizes (from its split record), by graph name."""
+    found = {}
+    for gt in planner.graphs:
+        record = read_checked(gt.stage_dir("split") / "split.json") if specsplit.is_whole(gt.graph) else None
+        if record and good(record.get("status")):
+            found[gt.name] = record.get("parts", [])
+    return found
 
 
 def _target(planner, ct: ChipTarget, graph_status: dict[str, str], graph_errors: dict[str, str]) -> dict[str, Any]:

@@ -74,9 +74,6 @@ def check_lint(lint: dict, path: Path, key: str) -> None:
         if rule in NOT_ACKNOWLEDGEABLE:
             why, fix = NOT_ACKNOWLEDGEABLE[rule]
             raise SpecError(path, f"{key}.allow[{i}]", f"{rule} cannot be acknowledged: {why}", fix)
-    limit = lint.get("max_fp16_params")
-    if limit is not None:
-        as_number(limit, path, f"{key}.max_fp16_params", 1.0, None)
 
 
 def calibration_section(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:

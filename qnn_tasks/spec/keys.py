@@ -26,6 +26,7 @@ from qnn_tasks.spec.schema import (
     Section,
     Text,
 )
+from qnn_tasks.spec.split import MAX_PARTS
 
 NAME = Text(max_len=100)
 FILE = Text(doc="path in the model folder")
@@ -96,13 +97,14 @@ GRAPH = Fields({
     "simplify": Fields({"skip": Bool(), "skip_optimizers": ListOf(Text(max_len=100))}),
     "calibration": Fields({"samples": Int(None, 100_000), "function": NAME, "per_channel": Bool()}),
     "cpucheck": Fields({name: Num(*THRESHOLD_RANGES[name]) for name in ("max_abs", "min_cosine")}),
-    "lint": Fields({"allow": ListOf(Text(max_len=100)), "max_fp16_params": Num(1.0, None)}),
+    "lint": Fields({"allow": ListOf(Text(max_len=100))}),
     "verify": VERIFY,
     "allow_cpu_fallback": Bool(),
     "source": Fields({"package": Text(max_len=200), "file": FILE}),
     "rewrites": REWRITES,
     "constant_inputs": MapOf(Numbers(), "<input>"),
     "samples": SAMPLES,
+    "split": Fields({"at": ListOf(Text(max_len=256), 1, MAX_PARTS), "parts": Int(2, MAX_PARTS)}),  # spec/split.py: one of
     "dims": MapOf(Either((SIZES, Fields({"sizes": SIZES, "pad": MapOf(Num(), "<input>"), "longer": Text(max_len=20)},
                                         required=("sizes",)))),
                   "<dim>", max_items=100, fix="e.g. dims: {seq: [32, 128]}"),  # spec/sizes.py allows one (its message)
@@ -133,7 +135,7 @@ MODEL = Fields({
 
 SOC_ROW = Fields({"soc_id": Int(1, 1023), "dsp_arch": Text(max_len=10), "vtcm_mb": Int(1, 64),
                   "runs": ListOf(Text(max_len=40)), "fp16": Bool(), "note": Text(), "alias_of": NAME,
-                  "platform": Text(max_len=40)},
+                  "platform": Text(max_len=40), "context_mb": Int(1, 1 << 20)},
                  required=("soc_id", "dsp_arch", "vtcm_mb"))
 SOCS = Fields({"socs": MapOf(SOC_ROW, "<SoC>"),
                "default": Either((Text(max_len=40), ListOf(NAME)), fix="e.g. default: [SM8650, SM8750], or default: all")})

@@ -31,10 +31,11 @@ MAX_ELEMENTS = 2**31 - 1  # values in one declared tensor: QNN indexes tensors w
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
 PLATFORMS = ("phone", "automotive", "iot", "pc")  # what a chip ships in; Play's device targeting serves phones
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
+DEFAULT_CONTEXT_MB = 2048  # a row without context_mb: ~1B fp16 parameters per context (SPEC 0; an estimate)
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
 SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
 TOLERANCE_KEYS = {"max_abs", "min_cosine"}
-LINT_KEYS = {"allow", "max_fp16_params"}
+LINT_KEYS = {"allow"}
 UPGRADE_DEFAULTS = {"gate": False, "cosine_margin": 1.0e-4, "size_growth": 0.05}
 # what a context binary records about its chip (qnnbin's info keys) -> (the binary's word, the SoC row's key)
 BINARY_CHIP_FACTS = {"soc_model": ("socModel", "soc_id"), "dsp_arch": ("arch", "dsp_arch")}
@@ -61,6 +62,7 @@ class Soc:
     note: str = ""
     file: str = ""         # the socs.yaml that holds this row (the packaged table or the project's), for messages
     platform: str = "phone"  # phone | automotive | iot | pc: the Android AI pack targets phone rows only (not keyed)
+    context_mb: int = DEFAULT_CONTEXT_MB  # weight MB one context may hold here (lint refuses a graph above it)
 
     @property
     def fp16(self) -> bool:
@@ -167,6 +169,7 @@ class GraphSpec:
     samples: dict[str, Any] | None = None  # declared samples: {"files": [patterns]} or media sources (specsamples)
     has_code: bool = True                  # models/<model>/export.py exists
     size: Any = None                       # specsizes.SizeSpec: which size of a graph with `dims:` this one is
+    split: dict[str, Any] | None = None    # `split:` ({"at": [...]} | {"parts": N}); a part: {"part", "of", "parts"}
 
     @property
     def precision(self) -> str:
@@ -260,7 +263,8 @@ def load_soc_file(path: Path, base: dict[str, Soc] | None = None
         soc = Soc(name=str(name), soc_id=as_int(row["soc_id"], path, f"{key}.soc_id", 1, 1023),
                   dsp_arch=str(row["dsp_arch"]), vtcm_mb=as_int(row["vtcm_mb"], path, f"{key}.vtcm_mb", 1, 64),
                   runs=_runs(row, path, key), note=str(row.get("note", "")), file=str(path),
-                  platform=str(row.get("platform", "phone")))
+                  platform=str(row.get("platform", "phone")),
+                  context_mb=as_int(row.get("context_mb", DEFAULT_CONTEXT_MB), path, f"{key}.context_mb", 1, 1 << 20))
         if soc.platform not in PLATFORMS:
             raise SpecError(path, f"{key}.platform", f"'{row['platform']}' is not a platform",
                             f"use one of: {', '.join(PLATFORMS)} (default phone)")
@@ -365,6 +369,9 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     graphs = tuple(_load_graph(as_name(sized, path, origin, "size graph name", "rename the graph or its dim"), g,
                                model_dir, path, socs, source_data, size=size, key=origin)
                    for sized, g, size, origin in expanded)
+    from qnn_tasks.spec import split as specsplit
+
+    specsplit.clashes(graphs, path)
     sized = {g.size.graph: g.size for g in graphs if g.size}
     pipeline_data, loop_data, size_pipelines = data.get("pipeline"), data.get("loop"), ()
     chain = specsizes.chain_sizes(pipeline_data.get("graphs") or [], sized, path, "pipeline.graphs") \
@@ -388,6 +395,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
         loop = replace(loops[0], graph=looped.graph)
     else:
         loop = specloop.load(loop_data, graphs, model_dir.name, path, pipeline)
+    specsplit.not_chained(graphs, pipeline, loop, path)
     from qnn_tasks.spec.samples import check_upstream
 
     check_upstream(graphs, pipeline, path)
@@ -463,7 +471,14 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
         constant_inputs=specport.constant_inputs(data.get("constant_inputs"), path, f"{key}.constant_inputs",
                                                  {t.name for t in inputs}),
         samples=samples, has_code=has_code, size=size,
+        split=_split(data.get("split"), path, f"{key}.split"),
     )
+
+
+def _split(data: Any, path: Path, key: str) -> dict[str, Any] | None:
+    from qnn_tasks.spec import split as specsplit
+
+    return specsplit.load(data, path, key)
 
 
 def _tensors(data: Any, path: Path, key: str, need_dtype: bool) -> tuple[TensorSpec, ...]:

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.spec.project import LEGACY_RUNS, GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
+from qnn_tasks.spec.project import DEFAULT_CONTEXT_MB, LEGACY_RUNS, GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
 from qnn_tasks.spec.sizes import SizeSpec
 
 
@@ -34,7 +34,7 @@ def graph_to_dict(graph: GraphSpec, root: Path) -> dict[str, Any]:
             "source": None if graph.source is None else {"package": graph.source.package, "file": graph.source.file,
                                                          "url": graph.source.url},
             "source_key": graph.source_key, "rewrites": graph.rewrites, "constant_inputs": graph.constant_inputs,
-            "samples": graph.samples, "has_code": graph.has_code,
+            "samples": graph.samples, "has_code": graph.has_code, "split": graph.split,
             **({"size": graph.size.as_dict()} if graph.size else {})}
 
 
@@ -52,12 +52,12 @@ def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
                      source=Source(**data["source"]) if data.get("source") else None,
                      source_key=data.get("source_key", "source.file"), rewrites=data.get("rewrites") or {},
                      constant_inputs=data.get("constant_inputs") or {}, samples=data.get("samples"),
-                     has_code=data.get("has_code", True),
+                     has_code=data.get("has_code", True), split=data.get("split"),
                      size=SizeSpec.from_dict(data["size"]) if data.get("size") else None)
 
 
 def soc_to_dict(soc: Soc) -> dict[str, Any]:
-    data = {**soc.row(), "runs": list(soc.runs), "note": soc.note, "file": soc.file}
+    data = {**soc.row(), "runs": list(soc.runs), "note": soc.note, "file": soc.file, "context_mb": soc.context_mb}
     if soc.platform != "phone":  # only where it says something: the calls of phone rows stay as they were
         data["platform"] = soc.platform
     return data
@@ -66,7 +66,8 @@ def soc_to_dict(soc: Soc) -> dict[str, Any]:
 def soc_from_dict(data: dict[str, Any]) -> Soc:
     return Soc(name=data["name"], soc_id=data["soc_id"], dsp_arch=data["dsp_arch"], vtcm_mb=data["vtcm_mb"],
                runs=tuple(data["runs"]) if "runs" in data else LEGACY_RUNS[data["fp16"]], note=data.get("note", ""),
-               file=data.get("file", ""), platform=data.get("platform", "phone"))
+               file=data.get("file", ""), platform=data.get("platform", "phone"),
+               context_mb=data.get("context_mb", DEFAULT_CONTEXT_MB))
 
 
 def profile_to_dict(profile: ToolchainProfile, root: Path) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """lint: what will trouble the NPU, found before compiling.
 
 Errors fail the stage (dynamic dims, batch != 1, unsupported I/O dtypes, control flow, int8
-inside the ONNX, too big for one fp16 context); warnings are known HTP hazards with their fix,
+inside the ONNX, weights over the context budget of a chip's arch: socs.yaml context_mb); warnings are known HTP hazards with their fix,
 and a `why` saying whether they matter for accuracy, speed or compatibility. A hazard that a
 built-in rewrite fixes is found by that rewrite's own matcher (qnn_tasks.rewrites, dry run), and
 its fix is the model.yaml line that enables it.
@@ -10,18 +10,19 @@ A graph may acknowledge a rule with `lint: {allow: [rule]}`: its findings are th
 """
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.graphs import onnxinfo
+from qnn_tasks.graphs import onnxinfo, split
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec import split as specsplit
 from qnn_tasks.spec.project import GraphSpec
 
 SUPPORTED_IO_DTYPES = {"float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool"}
-FP16_PARAM_LIMIT = 1_000_000_000  # ~1B params in fp16 do not fit one HTP context (SPEC 0)
 FP16_MAX = 65504.0
 
 
@@ -72,11 +73,13 @@ def summary_lines(findings: list[Finding]) -> list[str]:
     return lines
 
 
-def find_problems(model, graph: GraphSpec, loop_feed: dict[str, str] | None = None) -> list[Finding]:
+def find_problems(model, graph: GraphSpec, loop_feed: dict[str, str] | None = None,
+                  budgets: dict[str, dict[str, Any]] | None = None) -> list[Finding]:
     """Every finding on the model, with its severity before `allow` is applied. `loop_feed`: the model's `loop:` feed
-    when it loops this graph."""
+    when it loops this graph; `budgets`: the context budget of each arch it builds for."""
     findings = _io_findings(model) + _node_findings(model, graph) + _rewrite_findings(model, graph) \
-        + _size_findings(model, graph) + _recurrent_findings(model, graph, loop_feed or {})
+        + size_findings(split.size_line(model), graph, budgets or {}) \
+        + _recurrent_findings(model, graph, loop_feed or {})
     allowed = set(graph.lint.get("allow", []))
     for f in findings:
         if f.rule in allowed:
@@ -84,11 +87,13 @@ def find_problems(model, graph: GraphSpec, loop_feed: dict[str, str] | None = No
     return findings
 
 
-def run(graph: GraphSpec, simplified: Path, loop_feed: dict[str, str] | None = None) -> dict[str, Any]:
+def run(graph: GraphSpec, simplified: Path, loop_feed: dict[str, str] | None = None,
+        budgets: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Lint the simplified graph; return the record; raise StageError listing every error."""
     model = onnxinfo.load(simplified, "simplified ONNX")
-    findings = find_problems(model, graph, loop_feed)
-    record = {"parameters": onnxinfo.parameter_count(model),
+    findings = find_problems(model, graph, loop_feed, budgets)
+    record = {"parameters": onnxinfo.parameter_count(model), "weight_bytes": split.size_line(model),
+              "context_budgets": budgets or {},
               "op_counts": _op_counts(model),
               "findings": [asdict(f) for f in findings],
               "warnings": summary_lines([f for f in findings if f.severity == "warning"])}  # a hint once per rule
@@ -259,15 +264,35 @@ def _recurrent_findings(model, graph: GraphSpec, loop_feed: dict[str, str]) -> l
                     "accuracy: a VAD judged frame by frame agreed with the CPU on 100% of frames, in its loop on 68%")]
 
 
-def _size_findings(model, graph: GraphSpec) -> list[Finding]:
-    params = onnxinfo.parameter_count(model)
-    limit = int(graph.lint.get("max_fp16_params", FP16_PARAM_LIMIT))
-    if graph.precision == "fp16" and params > limit:
-        return [Finding("size", "error", f"graph '{graph.name}'",
-                        f"{params / 1e6:.0f}M parameters x 2 bytes (fp16) = {params * 2 / 2**30:.1f} GiB, over the "
-                        f"~{limit / 1e9:.1f}B-parameter limit of one HTP context",
-                        "use 8-bit weights (precision: w8a16) or split the graph into several")]
-    return []
+def size_findings(weights: dict[str, int], graph: GraphSpec, budgets: dict[str, dict[str, Any]]) -> list[Finding]:
+    """A graph whose weights in one of its precisions exceed an arch's context budget (socs.yaml context_mb):
+    refused before compile, with both fixes in numbers. A graph declared with `split:` is checked as its parts."""
+    if specsplit.is_whole(graph) or not budgets:
+        return []
+    arch, budget = min(budgets.items(), key=lambda item: item[1]["mb"])
+    limit = budget["mb"] * split.MB
+    findings = []
+    for precision in graph.precisions:
+        size = weights[precision]
+        if size <= limit:
+            continue
+        parts = max(2, math.ceil(weights[graph.precision] / limit))
+        whole = graph.split["of"] if specsplit.is_part(graph) else graph.name
+        more = (f"split: {{parts: {graph.split['parts'] * parts}}} on graph '{whole}'" if specsplit.is_part(graph)
+                else f"split: {{parts: {parts}}}")
+        fix = ([] if precision == "w8a16" or "w8a16" in graph.precisions else
+               [f"precision: w8a16 would be {_mb(weights['w8a16'])}"])
+        fix.append(f"{more} gives parts of about {_mb(weights[graph.precision] / parts)}")
+        findings.append(Finding("size", "error", f"graph '{graph.name}' ({precision})",
+                                f"{_mb(size)} of weights, over the {budget['mb']:,} MB context budget of {arch} "
+                                f"({', '.join(budget['socs'])}; context_mb in {budget['where']})", "; ".join(fix),
+                                "compatibility: one context may not hold it (an estimate, not measured on a phone)"))
+    return findings
+
+
+def _mb(size: float) -> str:
+    mb = size / split.MB
+    return f"{mb:,.1f} MB" if mb < 100 else f"{mb:,.0f} MB"
 
 
 def _in_gelu(erf, consumers, constants, numpy_helper) -> bool:
@@ -316,4 +341,5 @@ def io_mismatches(model, graph: GraphSpec) -> list[str]:
 
 
 def run_call(call: StageCall) -> dict[str, Any]:
-    return run(calls.graph(call.args), Path(call.args["simplified"]), call.args.get("loop_feed"))
+    a = call.args
+    return run(calls.graph(a), Path(a["simplified"]), a.get("loop_feed"), a.get("budgets"))

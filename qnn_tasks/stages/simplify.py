@@ -10,6 +10,7 @@ from typing import Any, Callable
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.graphs import onnxinfo
+from qnn_tasks.graphs.split import PROTOBUF_LIMIT
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec
@@ -20,6 +21,11 @@ def run(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
     import onnx
 
     model = onnxinfo.load(exported, "exported ONNX")
+    light = onnx.load(str(exported), load_external_data=False)  # the proto alone: its weights' files named
+    if onnxinfo.has_external_data(light):
+        if _total_bytes(exported, light) > PROTOBUF_LIMIT:
+            return _large(graph, exported, out_onnx)
+        model = onnx.load(str(exported))  # under 2 GB: onnxsim takes it whole, weights and all
     before = len(model.graph.node)
     skipped = list(graph.simplify.get("skip_optimizers", []))
     if graph.simplify.get("skip", False):
@@ -41,6 +47,45 @@ def run(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
         onnx.save(simplified, str(tmp))
     return {"nodes_before": before, "nodes_after": len(simplified.graph.node),
             "skipped_optimizers": skipped, "io": onnxinfo.graph_io(simplified)}
+
+
+def _total_bytes(path: Path, model) -> int:
+    """The file and the external data files it names: what one proto would have to hold."""
+    from onnx.external_data_helper import uses_external_data
+
+    files = {e.value for t in model.graph.initializer if uses_external_data(t) for e in t.external_data
+             if e.key == "location"}
+    return path.stat().st_size + sum((path.parent / f).stat().st_size for f in files if (path.parent / f).is_file())
+
+
+def _large(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
+    """A model over 2 GB: onnxsim loads the whole model into one protobuf (2 GB at most), so it is skipped (recorded)
+    and onnx's shape inference runs by path on the external-data model instead; the weights are copied beside the
+    output, never loaded."""
+    import shutil
+
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    light = onnx.load(str(exported), load_external_data=False)
+    files = sorted({e.value for t in light.graph.initializer if uses_external_data(t) for e in t.external_data
+                    if e.key == "location"})
+    out_onnx.parent.mkdir(parents=True, exist_ok=True)
+    for name in files:  # the data first: the .onnx appears (atomically) only once its weights are in place
+        target = out_onnx.parent / name
+        target.unlink(missing_ok=True)
+        shutil.copyfile(exported.parent / name, target)  # not a hard link: onnx's checker refuses those
+    with atomic_path(out_onnx) as tmp:
+        onnx.shape_inference.infer_shapes_path(str(exported), str(tmp))
+    inferred = onnx.load(str(out_onnx), load_external_data=False)
+    problems = io_mismatches(inferred, graph)
+    if problems:
+        out_onnx.unlink()
+        raise StageError(f"graph '{graph.name}' does not match model.yaml: " + "; ".join(problems))
+    return {"nodes_before": len(light.graph.node), "nodes_after": len(inferred.graph.node), "skipped_optimizers": [],
+            "onnxsim": "skipped: the model is over 2 GB (external data) and onnxsim loads it as one protobuf; shapes "
+                       "inferred with onnx.shape_inference.infer_shapes_path instead",
+            "external_data": files, "io": onnxinfo.graph_io(inferred)}
 
 
 def onnxsim_simplify() -> Callable[..., tuple[Any, bool]]:

@@ -93,6 +93,8 @@ def finite_mask(model: onnx.ModelProto, dry_run: bool = False, value: float = -1
     def hazardous(name: str, tensor) -> bool:
         if tensor.data_type not in (TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.BFLOAT16):
             return False
+        if tensor.data_location == TensorProto.EXTERNAL:
+            return False  # a weight left in external data (over onnxinfo.SMALL_TENSOR): not read, not a mask
         array = numpy_helper.to_array(tensor)
         if not array.size or float(array.min()) >= FP16_LOWEST:
             return False
