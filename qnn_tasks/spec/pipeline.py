@@ -257,3 +257,44 @@ def first_samples(graphs: list[Any], glue: dict[str, dict[str, Any]], feed: dict
             needed = (needed - 1) * settings["hop"] + settings["runs"]
         graph = by_name[from_graph]
     return needed
+
+
+def check_upstream(graphs: tuple, pipeline: Any, path: Path) -> None:
+    """Resolve every `samples: {from: <graph>.<output>}` once all graphs are loaded: an output of a graph declared
+    before this one, fed through the pipeline's glue for that input when the pipeline feeds it from the same output
+    (a stack of runs, a reshape, scale and offset), else of the input's shape or size (reshaped). Here, not in
+    spec/samples.py: it reads the pipeline's glue (samples -> pipeline -> checks -> samples would be a cycle)."""
+    from qnn_tasks.errors import SpecError
+
+    names = [g.name for g in graphs]
+    for graph in graphs:
+        upstream = (graph.samples or {}).get("from")
+        if not upstream:
+            continue
+        shapes = {t.name: t.shape for t in graph.inputs}
+        for name, ref in list(upstream.items()):
+            if isinstance(ref, dict):
+                continue  # resolved already (the same spec loaded twice)
+            key = f"graphs.{graph.name}.samples.from" + ("" if len(upstream) == 1 else f".{name}")
+            source, output = _split(ref, names)
+            earlier = names[:names.index(graph.name)]
+            if source not in earlier:
+                raise SpecError(path, key, f"'{ref}' is not an output of a graph declared before '{graph.name}'",
+                                f"name one of: {', '.join(earlier) or '(no graph is declared before it)'}")
+            found = next((t for t in graphs[names.index(source)].outputs if t.name == output), None)
+            if found is None:
+                outputs = ", ".join(t.name for t in graphs[names.index(source)].outputs)
+                raise SpecError(path, key, f"graph '{source}' has no output '{output}'", f"use one of: {outputs}")
+            glue = None
+            if pipeline is not None and graph.name in pipeline.graphs and source in pipeline.graphs:
+                fed = pipeline.feed.get(f"{graph.name}.{name}", (None, name))
+                if tuple(fed) == (source, output) or (fed[0] is None and output == name):
+                    glue = pipeline.glue.get(f"{graph.name}.{name}")
+            if glue is None:
+                if _size(found.shape) != _size(shapes[name]):
+                    raise SpecError(path, key, f"output '{output}' of '{source}' {list(found.shape)} has "
+                                    f"{_size(found.shape)} values, input '{name}' {list(shapes[name])} "
+                                    f"{_size(shapes[name])}", "feed it through pipeline.feed with a stack of runs, or "
+                                    "name an output of the input's size")
+                glue = {"reshape": tuple(found.shape) != tuple(shapes[name]), "scale": 1.0, "offset": 0.0}
+            upstream[name] = {"graph": source, "output": output, "glue": dict(glue)}

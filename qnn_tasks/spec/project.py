@@ -396,7 +396,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     else:
         loop = specloop.load(loop_data, graphs, model_dir.name, path, pipeline)
     specsplit.not_chained(graphs, pipeline, loop, path)
-    from qnn_tasks.spec.samples import check_upstream
+    from qnn_tasks.spec.pipeline import check_upstream
 
     check_upstream(graphs, pipeline, path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
