@@ -12,12 +12,12 @@ from typing import Any
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.ship.select import DEFAULT_PRECISION_ORDER
 
 SCHEMA = "qnn-npu-compile/manifest"
 SCHEMA_VERSION = 1
 SCHEMA_FILE = "manifest.schema.json"
 RULE = "exact chip, then precision order, runtime >= binary, load or CPU"
-DEFAULT_ORDER = ("fp16", "w8a16")  # fp16 first: near-lossless on chips that run it
 SIMULATOR = "x86 HTP simulator"
 PHONE = "phone"
 CPU = "x86 CPU (onnxruntime)"
@@ -49,7 +49,7 @@ def validate(data: dict[str, Any]) -> None:
 
 def precision_order(ship: dict[str, Any]) -> list[str]:
     """The model's declared precision order (model.yaml `ship.precision_order`; spec/ship.py fills the default)."""
-    return list(dict.fromkeys(list(ship.get("precision_order") or ()) + list(DEFAULT_ORDER)))
+    return list(dict.fromkeys(list(ship.get("precision_order") or ()) + list(DEFAULT_PRECISION_ORDER)))
 
 
 def sizes(graphs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -113,9 +113,8 @@ def write(inventory: dict[str, Any], root: Path, dest_root: Path, cache_dir: Pat
     try:
         work = _Assembly(tmp, previous)
         data, line = _assemble(inventory, ship, omitted, graph_records, work, root, cache_dir)
-        pack = aipack.write(data, tmp, tmp / "android", delivery=(inventory.get("ship") or {}).get(
-            "delivery", "install-time"), socs={soc: SimpleNamespace(platform=platform)
-                                              for soc, platform in (inventory.get("platforms") or {}).items()})
+        rows = {soc: SimpleNamespace(platform=platform) for soc, platform in inventory["platforms"].items()}
+        pack = aipack.write(data, tmp, tmp / "android", delivery=inventory["ship"]["delivery"], socs=rows)
         _swap(tmp, dest, dest_root, model)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
