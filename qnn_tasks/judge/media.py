@@ -90,10 +90,16 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
             READERS[kind], p.path, options, specs[name], f"{where}.{kind}: {p.path.name}", kind, p, picks, seen))
         if notes is not None:
             notes[kind] = {"files": len(planned), "samples": len(chosen), **seen}
+        if kind != "audio":
+            continue
+        real = decode(planned, chosen, lambda p, picks, options=options, name=name:  # from the headers alone
+                      [(p, n) for n in real_counts(p, options, specs[name], picks)])
         if options.get("lengths"):  # the valid length of each sample, for a front end's length input
             lens = specs[options["lengths"]]
-            columns[lens.name] = decode(planned, chosen, lambda p, picks, options=options, name=name, lens=lens:
-                                        audio_lengths(p, options, specs[name], lens, picks))
+            columns[lens.name] = [np.full(lens.shape, n, dtype=lens.dtype) for _, n in real]
+        padded = padded_samples(real, options, specs[name])
+        if notes is not None and padded:  # what diagnose and simverify name when a failure lives on them
+            notes[kind]["padded"] = padded
     fills = {name: np.full(specs[name].shape, value, dtype=specs[name].dtype)
              for name, value in graph.samples.get("fill", {}).items()}
     return [{t.name: (columns[t.name][i] if t.name in columns else fills[t.name]) for t in graph.inputs}
@@ -302,10 +308,9 @@ def window_count(length: int, frame: int, hop: int, pad: bool, where: str, pad_m
     return whole + int(pad and (whole - 1) * hop + frame < length and length - whole * hop >= max(1, pad_min))
 
 
-def audio_lengths(plan: Planned, options: dict[str, Any], spec: TensorSpec, lengths: TensorSpec,
-                  picks: list[int]) -> list[np.ndarray]:
-    """Each picked sample's count of real (not zero-padded) audio samples, from the clip's header alone, as
-    the length input `lengths` (e.g. `waveforms_lens` beside `waveforms`): the sum over its windows."""
+def real_counts(plan: Planned, options: dict[str, Any], spec: TensorSpec, picks: list[int]) -> list[int]:
+    """Each picked sample's count of real (not zero-padded) audio samples, from the clip's header alone: the sum
+    over its windows (what a length input such as `waveforms_lens` gets)."""
     length = target_length(int(plan.info.frames), int(plan.info.samplerate), options)
     frame, hop = options["frame"], options["hop"]
     per_sample = int(np.prod(spec.shape)) // frame
@@ -313,9 +318,17 @@ def audio_lengths(plan: Planned, options: dict[str, Any], spec: TensorSpec, leng
     result = []
     for pick in picks:
         starts = hop * np.arange((pick % per_gain) * per_sample, (pick % per_gain + 1) * per_sample)
-        real = int(np.clip(length - starts, 0, frame).sum())
-        result.append(np.full(lengths.shape, real, dtype=lengths.dtype))
+        result.append(int(np.clip(length - starts, 0, frame).sum()))
     return result
+
+
+def padded_samples(real: list[tuple[Planned, int]], options: dict[str, Any], spec: TensorSpec) -> list[dict[str, Any]]:
+    """The samples that hold padding: index, clip, real audio values of all values, and whether the window is the
+    clip's only one (a clip shorter than a frame) rather than its last."""
+    values = int(np.prod(spec.shape))
+    return [{"sample": i, "file": plan.path.name, "real": n, "values": values,
+             "only": plan.count // len(options["gain"]) == 1}
+            for i, (plan, n) in enumerate(real) if n < values]
 
 
 def audio(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, plan: Planned,

@@ -20,7 +20,7 @@ import numpy as np
 from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
 from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import metrics
+from qnn_tasks.judge import metrics, padding
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
@@ -74,6 +74,8 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     detail = explain(model, first, cpu, npu, inputs, precision) if first else None
     if detail and precision == "fp16":
         advise_scale_input(model, detail, [{**i, **c} for i, c in zip(inputs, cpu)], graph)
+    if detail:
+        blame_padding(graph, detail, cpu, npu, threshold, records.read(Path(inputs_file).with_name("cpucheck.json")))
     record = {"threshold_rel_max_abs": threshold, "jump_factor": JUMP, "samples": len(inputs), "method": method,
               "shipped_binary_failed": shipped_failed,
               "diagnostic_reproduces_failure": reproduced, "final_output_violations": final_violations,
@@ -149,21 +151,25 @@ def rank_nodes(model, tensors: list[dict[str, Any]], cpu: list[dict[str, np.ndar
 
 
 def relative_error(ref: np.ndarray, got: np.ndarray) -> float:
-    """Worst per-sample max |NPU - CPU| relative to that sample's own scale.
+    """Worst per-sample max |NPU - CPU| relative to that sample's own scale (see sample_errors)."""
+    return float(sample_errors(ref, got).max(initial=0.0))
+
+
+def sample_errors(ref: np.ndarray, got: np.ndarray) -> np.ndarray:
+    """Each sample's max |NPU - CPU| relative to that sample's own scale (inf where the NPU gave a non-finite value).
 
     Per sample, because garbage on a quiet frame (Pow giving -4 where the CPU has 1e-13) is
     invisible next to a loud frame's scale; the scale is floored at 1e-3 of the tensor's overall
     scale so fp16 rounding of near-zero samples does not count as divergence.
     """
-    if not np.isfinite(got).all():
-        return float("inf")
     axes = tuple(range(1, ref.ndim))
     overall = float(np.abs(ref).max(initial=0.0))
     scale = np.maximum(np.abs(ref).max(axis=axes, initial=0.0), 1e-3 * overall)
-    diff = np.abs(got - ref).max(axis=axes, initial=0.0)
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(got - ref).max(axis=axes, initial=0.0)
     with np.errstate(divide="ignore", invalid="ignore"):
         rel = np.where(scale > 0, diff / np.where(scale > 0, scale, 1), np.where(diff > 0, np.inf, 0.0))
-    return float(rel.max(initial=0.0))
+    return np.where(np.isfinite(got).all(axis=axes), rel, np.inf)
 
 
 # ------------------------------------------------------------------ bisection fallback
@@ -346,6 +352,29 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray],
         found.append({"hazard": "fp16 underflow", "why": f"inputs at the worst element are tiny ({min(values):.2g}) for fp16",
                       "fix": "rescale at export, or keep this part of the graph out of fp16"})
     return found
+
+
+def blame_padding(graph: GraphSpec, detail: dict[str, Any], cpu, npu, threshold: float,
+                  cpucheck_record: dict[str, Any] | None) -> None:
+    """When every sample the diverging node fails on is a zero-padded audio window, that padding is the cause:
+    named first among the hazards, with the pad_min that drops those windows."""
+    padded = padding.recorded(cpucheck_record)
+    tensor = detail["tensor"]
+    if not padded or tensor not in npu[0]:
+        return
+    ref = np.stack([c[tensor] for c in cpu]).astype(np.float64)
+    got = np.stack([n[tensor] for n in npu]).astype(np.float64)
+    failing = [int(i) for i in np.flatnonzero(sample_errors(ref, got) > threshold)]
+    if not failing or not all(i in padded for i in failing):
+        return
+    # the worst element already shown may sit on a loud window: show one on the padding too
+    diff = np.abs(got[failing] - ref[failing])
+    at = np.unravel_index(int(np.nanargmax(np.where(np.isfinite(diff), diff, np.inf))), diff.shape)
+    where = (failing[at[0]],) + tuple(int(i) for i in at[1:])
+    seen = f"on sample {where[0]} at {list(where[1:])} the CPU has {ref[where]:.3g}, the NPU {got[where]:.3g}"
+    detail["padded_samples"] = failing
+    detail["hazards"].insert(0, padding.hazard(graph, [padded[i] for i in failing], detail["op_type"], detail["node"],
+                                               seen))
 
 
 def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.ndarray]], graph: GraphSpec) -> None:

@@ -1,0 +1,102 @@
+"""A padded audio window is what the NPU and the CPU disagree on: diagnose and simverify say so, and name pad_min.
+
+The front end (built here) normalises per window as many keyword spotters do (CMVN): the log-energy of 25 sub-frames
+minus their mean, divided by their spread. The clip is the last 1.27 s of a real speech recording (its quiet fade-out
+at the end), so with `pad: true` the last 4000-sample window holds 244 samples of audio and 3756 zeros: 23 sub-frames
+have the same log(eps), and `loge - mean` is a difference of near-equal values that fp16 rounds to 0 (measured on
+SM8650: the NPU gives 0 for every feature of that window, the CPU -0.006 to 0.13, cosine 0.91 over the six windows).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import soundfile
+from onnx import TensorProto, helper, numpy_helper
+from test_pipeline_glue import _model, packaged_project
+
+from qnn_tasks.judge import media
+from qnn_tasks.spec.project import load_model, load_socs
+
+SPEECH = Path("/usr/share/sounds/alsa/Front_Center.wav")  # "front centre", spoken; 48 kHz, 1.4 s
+FRAME, TAIL = 4000, 244  # five whole windows at 16 kHz and a last one of 244 real samples
+TARGET = "cmvn-SM8650"
+MODEL_YAML = """\
+licence: test fixture
+source: {file: cmvn.onnx}
+graphs:
+  cmvn:
+    inputs: {audio: {shape: [1, 4000], dtype: float32}}
+    outputs: {y: {shape: [1, 25]}}
+    samples: {audio: {files: clips, rate: 16000, pad: true}}
+    socs: [SM8650]
+"""
+
+
+def cmvn_model() -> onnx.ModelProto:
+    """log(energy + eps) of 25 sub-frames of 160 samples, minus their mean, over their standard deviation."""
+    node = helper.make_node
+    nodes = [node("Reshape", ["audio", "subframes"], ["sub"]), node("Mul", ["sub", "sub"], ["squares"]),
+             node("ReduceSum", ["squares", "last"], ["energy"], keepdims=0), node("Add", ["energy", "eps"], ["floored"]),
+             node("Log", ["floored"], ["loge"]), node("ReduceMean", ["loge"], ["mean"], axes=[1], keepdims=1),
+             node("Sub", ["loge", "mean"], ["centred"]), node("Mul", ["centred", "centred"], ["c2"]),
+             node("ReduceMean", ["c2"], ["var"], axes=[1], keepdims=1), node("Add", ["var", "eps"], ["var_eps"]),
+             node("Sqrt", ["var_eps"], ["std"]), node("Div", ["centred", "std"], ["y"])]
+    inits = [numpy_helper.from_array(np.array([1, 25, 160], np.int64), "subframes"),
+             numpy_helper.from_array(np.array([2], np.int64), "last"), numpy_helper.from_array(np.array(1e-6, np.float32), "eps")]
+    return _model(nodes, "cmvn", [helper.make_tensor_value_info("audio", TensorProto.FLOAT, [1, FRAME])],
+                  [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 25])], inits)
+
+
+def cmvn_project(root: Path):
+    project = packaged_project(root, "front", {"cmvn.onnx": cmvn_model()}, {}, MODEL_YAML)
+    clip, rate = soundfile.read(str(SPEECH), dtype="int16")
+    keep = (5 * FRAME + TAIL) * rate // 16000  # at 16 kHz: 5 windows and 244 samples
+    clips = project.path("models/front/clips")
+    clips.mkdir()
+    soundfile.write(str(clips / "speech.wav"), clip[-keep:], rate, subtype="PCM_16")
+    return project
+
+
+@pytest.mark.skipif(not SPEECH.is_file(), reason="needs the alsa-utils speech clip")
+def test_the_samples_record_says_which_windows_are_padded(tmp_path):
+    project = cmvn_project(tmp_path / "project")
+    graph = load_model(project.path("models/front"), load_socs(project.path("socs/socs.yaml"))).graphs[0]
+    notes: dict = {}
+    samples = media.load(graph, notes)  # what cpucheck's record keeps of the samples it read
+    assert len(samples) == 6
+    assert notes["audio"]["padded"] == [{"sample": 5, "file": "speech.wav", "real": TAIL, "values": FRAME,
+                                         "only": False}]
+    assert samples[5]["audio"][0, :TAIL].any() and not samples[5]["audio"][0, TAIL:].any()
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not SPEECH.is_file(), reason="needs the alsa-utils speech clip")
+def test_a_failure_on_the_padded_window_is_named_with_pad_min_as_the_fix(tmp_path):
+    project = cmvn_project(tmp_path / "project")
+    failed = project.doit(f"simverify:{TARGET}")
+    assert failed.returncode != 0
+    said = failed.stdout + failed.stderr
+    assert "without sample 5 (speech.wav's last window: 244 of 4000 values are audio, the rest padding) it passes" in said
+    assert "graphs.cmvn.samples.audio.pad_min: 245" in said
+
+    result = project.doit(f"diagnose:{TARGET}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    hint = ("padded audio window: sample 5 is speech.wav's last window: 244 of 4000 values are audio, the rest padding "
+            "(zeros); Sub 'Sub_6' subtracts near-equal values there")
+    assert "first divergence at Sub node 'Sub_6'" in result.stderr and hint in result.stderr, result.stderr
+    assert "pad_min: 245" in result.stderr and "or pad: false" in result.stderr
+    record = project.one_json("build/front/cmvn/*/fp16/SM8650/diagnose/diagnose.json")
+    first = record["first_divergence"]
+    assert first["op_type"] == "Sub" and first["padded_samples"] == [5]
+    assert first["hazards"][0]["hazard"].startswith("padded audio window: sample 5")
+    summary = next(project.root.glob("build/front/cmvn/*/fp16/SM8650/diagnose/diagnose.md")).read_text()
+    assert hint in summary and "pad_min: 245" in summary
+
+    # the fix as the hint says it: the tiny trailing window is dropped and the target verifies
+    project.edit("models/front/model.yaml", "pad: true}", "pad: true, pad_min: 245}")
+    result = project.doit(f"simverify:{TARGET}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert project.one_json("build/front/cmvn/*/fp16/SM8650/simverify/simverify.json")["samples"] == 5
