@@ -100,3 +100,53 @@ def test_a_failure_on_the_padded_window_is_named_with_pad_min_as_the_fix(tmp_pat
     result = project.doit(f"simverify:{TARGET}")
     assert result.returncode == 0, result.stdout + result.stderr
     assert project.one_json("build/front/cmvn/*/fp16/SM8650/simverify/simverify.json")["samples"] == 5
+
+
+def _rows(*specs: tuple[int, str, int, bool]) -> list[dict]:
+    return [{"sample": s, "file": f, "real": r, "values": FRAME, "only": only} for s, f, r, only in specs]
+
+
+@pytest.mark.skipif(not SPEECH.is_file(), reason="needs the alsa-utils speech clip")
+def test_the_padding_is_blamed_only_when_every_failing_sample_is_padded(tmp_path):
+    """The rule on the numbers diagnose measures: the node's per-sample error, and the samples cpucheck padded."""
+    from qnn_tasks.stages.diagnose import blame_padding
+
+    graph = load_model(cmvn_project(tmp_path / "project").path("models/front"),
+                       load_socs(Path(tmp_path / "project/socs/socs.yaml"))).graphs[0]
+    record = {"samples_read": {"audio": {"padded": _rows((2, "speech.wav", 244, False))}}}
+    cpu = [{"t": np.array([[4.0, -3.0]])}, {"t": np.array([[2.0, 1.0]])}, {"t": np.array([[0.125, -0.006]])}]
+    npu = [{"t": np.array([[4.001, -3.0]])}, {"t": np.array([[2.0, 1.001]])}, {"t": np.array([[0.0, 0.0]])}]
+
+    def blamed(npu_values):
+        detail = {"tensor": "t", "op_type": "Sub", "node": "centre", "hazards": [{"hazard": "other", "fix": "x"}]}
+        blame_padding(graph, detail, cpu, npu_values, 0.05, record)
+        return detail
+
+    detail = blamed(npu)
+    assert detail["padded_samples"] == [2] and len(detail["hazards"]) == 2
+    assert detail["hazards"][0]["hazard"].startswith("padded audio window: sample 2 is speech.wav's last window")
+    assert "on sample 2 at [0, 0] the CPU has 0.125, the NPU 0" in detail["hazards"][0]["why"]
+    # a loud window fails too: the padding is not the whole story, so it is not named
+    loud = [{"t": np.array([[1.0, -3.0]])}] + npu[1:]
+    assert "padded_samples" not in blamed(loud) and len(blamed(loud)["hazards"]) == 1
+    assert "padded_samples" not in blamed(cpu)  # nothing fails
+
+
+@pytest.mark.skipif(not SPEECH.is_file(), reason="needs the alsa-utils speech clip")
+def test_many_padded_windows_are_one_grouped_hint(tmp_path):
+    from qnn_tasks.judge import padding
+
+    graph = load_model(cmvn_project(tmp_path / "project").path("models/front"),
+                       load_socs(Path(tmp_path / "project/socs/socs.yaml"))).graphs[0]
+    rows = _rows((2, "a.wav", 100, False), (5, "b.wav", 900, False), (8, "c.wav", 300, True), (9, "d.wav", 120, False),
+                 (12, "d.wav", 120, False))
+    said = padding.hazard(graph, rows, "Log", "log_energy")
+    assert said["hazard"] == ("padded audio window: samples 2, 5, 8 and 2 more are the last (or only) windows of a.wav, "
+                              "b.wav, c.wav and 1 more: 100 to 900 of 4000 values are audio, the rest padding (zeros); "
+                              "Log 'log_energy' computes on near-zero values there")
+    # c.wav is shorter than a frame: pad: false would refuse it, so only pad_min is offered
+    assert said["fix"] == ("set graphs.cmvn.samples.audio.pad_min: 901 in models/front/model.yaml (drops windows of "
+                           "fewer than 901 real samples)")
+    one = padding.passes_without(graph, _rows((5, "speech.wav", 244, False)))
+    assert one.startswith("without sample 5 (speech.wav's last window: 244 of 4000 values are audio, the rest padding)")
+    assert one.endswith("(drops windows of fewer than 245 real samples), or pad: false)")
