@@ -46,7 +46,7 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
     """One {input: array} per sample: each source's samples zipped in file-name order, `fill` inputs constant.
 
     `notes` (when given) receives what reading changed or kept, per source, for the stage's record
-    (orientation applied, bit depth, decoder, resampler)."""
+    (orientation applied, bit depth, decoder, resampler; the samples that are zero-padded audio windows)."""
     where = f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples"
     specs = {t.name: t for t in graph.inputs}
     plans: dict[str, tuple[str, list[Planned], list[int]]] = {}
