@@ -298,7 +298,7 @@ def plan_simplify(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
 def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
     g = gt.graph
     loop = p.model(g).loop
-    loop_feed = loop.feed if loop is not None and loop.graph == g.name else None  # lint proposes a missing loop
+    loop_feed = loop.feed if runs_loop(loop, g) else None  # lint proposes a missing loop (a size: the graph's)
     budgets = p.budgets(g)
     tightest = min(budgets.items(), key=lambda item: item[1]["mb"], default=None)
     budget = f" (context budget {tightest[1]['mb']} MB on {tightest[0]})" if tightest else ""

@@ -127,7 +127,9 @@ def _start(data: Any, graph, feed: dict[str, str], by_name: dict, pipeline: Any,
         if tuple(outputs[output].shape) != tuple(inputs[key].shape):
             raise SpecError(path, f"loop.start.{key}", f"'{value}' of the pipeline's last graph '{last.name}' is "
                             f"{list(outputs[output].shape)}, the input '{key}' of '{graph.name}' is "
-                            f"{list(inputs[key].shape)}", "make the shapes agree in model.yaml")
+                            f"{list(inputs[key].shape)}", "make the shapes agree in model.yaml"
+                            + (f", or give the pipeline's graphs the dims of '{graph.size.graph}' to start each size "
+                               "from its own size's pipeline" if graph.size and not pipeline.size else ""))
         start[key] = output
     return start or None
 
