@@ -14,7 +14,8 @@ come from step i-1's outputs; step 0 is the first sample as it is. With `step:`,
 code decides the next inputs (and when to stop) from the step just run. With `start:`, the model's
 `pipeline:` runs first (encoder once -> decoder loop): every pipeline sample starts one run of the
 loop, the named inputs held at the last pipeline graph's outputs (the NPU chain's for the NPU loop,
-the CPU chain's for the CPU loop). Loaded from spec/project.py; only YAML is read here.
+the CPU chain's for the CPU loop). Over a graph with sizes (`dims:`) the loop runs per size, each size
+started by the pipeline at that size (`load_sized`). Loaded from spec/project.py; only YAML is read here.
 """
 from __future__ import annotations
 
