@@ -307,12 +307,7 @@ loop:
 
 
 def _graph(name: str, nodes: list, inputs: list[str], outputs: list[str], weights: dict) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(i, TensorProto.FLOAT, [1, DIM]) for i in inputs],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, DIM]) for o in outputs],
-                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    return model
+    return _seq_graph(name, nodes, {i: [1, DIM] for i in inputs}, {o: [1, DIM] for o in outputs}, weights)
 
 
 def chain_loop_project(root: Path) -> Project:
@@ -491,6 +486,8 @@ def test_a_loop_started_by_a_pipeline_with_sizes_runs_per_size_from_that_size(tm
     report = project.path("build/report/report.md").read_text()
     assert "dec.seq4-SM8650 (started by pipeline:seqloop.seq4-SM8650)" in report
     assert "dec.seq8-SM8650 (started by pipeline:seqloop.seq8-SM8650)" in report
+    html = project.path("build/report/index.html").read_text()
+    assert '<div class="muted">started by pipeline:seqloop.seq4-SM8650</div>' in html
 
     project.edit("models/seqloop/model.yaml", "[4, 8]", "[4, 8, 12]")
     project.edit("models/seqloop/model.yaml", "[4, 8]", "[4, 8, 12]")
