@@ -458,7 +458,6 @@ def sized_chain_loop_project(root: Path) -> Project:
     return project
 
 
-@pytest.mark.slow
 def test_a_loop_started_by_a_pipeline_with_sizes_runs_per_size_from_that_size(tmp_path):
     """Encoder per length -> decoder loop at that length: the loop at each size holds `cross` at the outputs of
     the pipeline at the same size (NPU chain for the NPU loop, CPU chain for the CPU loop), says which pipeline
