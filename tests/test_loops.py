@@ -307,12 +307,7 @@ loop:
 
 
 def _graph(name: str, nodes: list, inputs: list[str], outputs: list[str], weights: dict) -> onnx.ModelProto:
-    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(i, TensorProto.FLOAT, [1, DIM]) for i in inputs],
-                              [helper.make_tensor_value_info(o, TensorProto.FLOAT, [1, DIM]) for o in outputs],
-                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 10
-    return model
+    return _seq_graph(name, nodes, {i: [1, DIM] for i in inputs}, {o: [1, DIM] for o in outputs}, weights)
 
 
 def chain_loop_project(root: Path) -> Project:
@@ -374,3 +369,133 @@ def test_wrong_loop_starts_stop_doit_with_one_line(tmp_path, edit, fragments):
     assert "\n" not in line and "models/chained/model.yaml" in line and "(fix: " in line, line
     for fragment in fragments:
         assert fragment in line, line
+
+
+SIZED_CHAIN_YAML = """\
+licence: test fixture
+source: {{file: embed.onnx}}
+graphs:
+  embed:
+    dims: {{seq: {{sizes: {sizes}, longer: truncate}}}}
+    inputs: {{x: {{shape: [1, seq, {d}], dtype: float32}}}}
+    outputs: {{h: {{shape: [1, seq, {d}]}}}}
+    samples: {{files: embed.npz}}
+    socs: [SM8650]
+  enc:
+    source: {{file: enc.onnx}}
+    dims: {{seq: {{sizes: {sizes}, longer: truncate}}}}
+    inputs: {{h: {{shape: [1, seq, {d}], dtype: float32}}}}
+    outputs: {{hidden: {{shape: [1, seq, {d}]}}}}
+    samples: {{files: enc.npz}}
+    socs: [SM8650]
+  dec:
+    source: {{file: dec.onnx}}
+    dims: {{seq: {{sizes: {sizes}, longer: truncate}}}}
+    inputs:
+      tok: {{shape: [1, {d}], dtype: float32}}
+      st: {{shape: [1, {d}], dtype: float32}}
+      cross: {{shape: [1, seq, {d}], dtype: float32}}
+    outputs:
+      stN: {{shape: [1, {d}]}}
+    samples: {{files: dec.npz}}
+    socs: [SM8650]
+pipeline:
+  graphs: [embed, enc]
+loop:
+  graph: dec
+  feed: {{st: stN}}
+  start: {{cross: enc.hidden}}
+  verify:
+    thresholds: {{min_cosine: 0.99, min_snr_db: 10}}
+"""
+SEQ = 8  # the samples' padded length (the largest size)
+
+
+def _seq_graph(name: str, nodes: list, inputs: dict[str, list], outputs: dict[str, list], weights: dict) -> onnx.ModelProto:
+    """A graph whose shapes may name the symbolic dim 'seq' (the built-in export fixes it to each size)."""
+    graph = helper.make_graph(nodes, name, [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in inputs.items()],
+                              [helper.make_tensor_value_info(k, TensorProto.FLOAT, v) for k, v in outputs.items()],
+                              [numpy_helper.from_array(v, k) for k, v in weights.items()])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.checker.check_model(model)
+    return model
+
+
+def sized_chain_loop_project(root: Path) -> Project:
+    """Encoder once per sample at every length, then a decoder loop at the same length: embed (x * 0.5) -> enc
+    (h @ We, its output `hidden` [1, seq, D] carries the length) chained as the pipeline, one per size; dec
+    `stN = st + tok @ Wd + sum over seq of cross`, its state fed back and `cross` held at the pipeline's `hidden`.
+    Zero padding stays zero through the chain, so every size's sum is the same for a sample that fits."""
+    project = copy_project(root)
+    for model in ("silero-vad", "minilm"):
+        shutil.rmtree(project.path(f"models/{model}"))
+    folder = project.path("models/seqloop")
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(12)
+    enc_w, dec_w = [(rng.standard_normal((DIM, DIM)) * 0.3).astype(np.float32) for _ in range(2)]
+    seq = [1, "seq", DIM]
+    onnx.save(_seq_graph("embed", [helper.make_node("Mul", ["x", "half"], ["h"])], {"x": seq}, {"h": seq},
+                         {"half": np.full((1, DIM), 0.5, np.float32)}), str(folder / "embed.onnx"))
+    onnx.save(_seq_graph("enc", [helper.make_node("MatMul", ["h", "we"], ["hidden"])], {"h": seq}, {"hidden": seq},
+                         {"we": enc_w}), str(folder / "enc.onnx"))
+    onnx.save(_seq_graph("dec", [helper.make_node("MatMul", ["tok", "wd"], ["tw"]),
+                                 helper.make_node("ReduceSum", ["cross", "axis"], ["pooled"], keepdims=0),
+                                 helper.make_node("Add", ["st", "tw"], ["s"]), helper.make_node("Add", ["s", "pooled"], ["stN"])],
+                         {"tok": [1, DIM], "st": [1, DIM], "cross": seq}, {"stN": [1, DIM]},
+                         {"wd": dec_w, "axis": np.array([1], np.int64)}), str(folder / "dec.onnx"))
+    xs = np.zeros((3, 1, SEQ, DIM), np.float32)  # the pipeline's samples: 3, 6 and 8 positions (truncated to 4)
+    for i, length in enumerate((3, 6, 8)):
+        xs[i, 0, :length] = rng.standard_normal((length, DIM))
+    np.savez(folder / "embed.npz", x=xs)
+    np.savez(folder / "enc.npz", h=rng.standard_normal((2, 1, SEQ, DIM)).astype(np.float32))
+    cross = np.zeros((5, 1, SEQ, DIM), np.float32)
+    cross[:, :, :3] = rng.standard_normal((5, 1, 3, DIM))
+    np.savez(folder / "dec.npz", tok=rng.standard_normal((5, 1, DIM)).astype(np.float32),
+             st=np.zeros((5, 1, DIM), np.float32), cross=cross)
+    (folder / "model.yaml").write_text(SIZED_CHAIN_YAML.format(d=DIM, sizes="[4, 8]"))
+    project.weights = dec_w
+    return project
+
+
+def test_a_loop_started_by_a_pipeline_with_sizes_runs_per_size_from_that_size(tmp_path):
+    """Encoder per length -> decoder loop at that length: the loop at each size holds `cross` at the outputs of
+    the pipeline at the same size (NPU chain for the NPU loop, CPU chain for the CPU loop), says which pipeline
+    started it (record and report), and a new size builds only its own chain and loop."""
+    project = sized_chain_loop_project(tmp_path / "project")
+    result = project.doit("loop")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert {"pipeline:seqloop.seq4-SM8650", "pipeline:seqloop.seq8-SM8650", "loop:dec.seq4-SM8650",
+            "loop:dec.seq8-SM8650"} <= result.executed
+    assert "[recurrent]" not in result.stdout  # lint knows each size of dec runs in the declared loop
+    for size in (4, 8):
+        rec = project.one_json(f"build/seqloop/dec.seq{size}/*/fp16/SM8650/loop/loop.json")
+        assert rec["status"] == "passed", rec.get("error")
+        assert rec["started_by"] == f"seqloop.seq{size}-SM8650" and rec["start"] == {"cross": "hidden"}
+        assert [(r["first"], r["steps"], r["steps_cpu"]) for r in rec["runs"]] == [(0, 5, 5), (5, 5, 5), (10, 5, 5)]
+        chain = next(project.root.glob(f"build/seqloop/pipeline.seq{size}/*/SM8650/pipeline"))
+        tok0 = np.load(project.path(f"build/seqloop/dec.seq{size}/cpucheck/inputs.npz"))["tok"][0]
+        for side, file in (("cpu", "reference"), ("npu", "outputs")):
+            hidden = np.load(chain / f"{file}.npz")["hidden"]  # this size's chain: [samples, 1, size, D]
+            assert hidden.shape == (3, 1, size, DIM)
+            first = np.load(project.path(rec[f"{file}_file"]))["stN"][::5]  # step 0 of each run: state 0
+            tol = 1e-5 if side == "cpu" else 0.05
+            np.testing.assert_allclose(first, tok0 @ project.weights + hidden.sum(axis=2), rtol=tol, atol=tol)
+    assert project.doit("report").returncode != 0  # its gate: the chip targets were not simulated, only the chains
+    report = project.path("build/report/report.md").read_text()
+    assert "dec.seq4-SM8650 (started by pipeline:seqloop.seq4-SM8650)" in report
+    assert "dec.seq8-SM8650 (started by pipeline:seqloop.seq8-SM8650)" in report
+    html = project.path("build/report/index.html").read_text()
+    assert '<div class="muted">started by pipeline:seqloop.seq4-SM8650</div>' in html
+
+    project.edit("models/seqloop/model.yaml", "[4, 8]", "[4, 8, 12]")
+    project.edit("models/seqloop/model.yaml", "[4, 8]", "[4, 8, 12]")
+    project.edit("models/seqloop/model.yaml", "[4, 8]", "[4, 8, 12]")
+    again = project.doit("loop")
+    assert again.returncode == 0, again.stdout + again.stderr
+    built = {t for t in again.executed if t.split(":")[0] in ("export", "context", "pipeline", "loop")}
+    assert built == {"export:embed.seq12", "export:enc.seq12", "export:dec.seq12", "context:embed.seq12-SM8650",
+                     "context:enc.seq12-SM8650", "context:dec.seq12-SM8650", "pipeline:seqloop.seq12-SM8650",
+                     "loop:dec.seq12-SM8650"}, again.executed
+    assert project.one_json("build/seqloop/dec.seq12/*/fp16/SM8650/loop/loop.json")["started_by"] == \
+        "seqloop.seq12-SM8650"

@@ -5,11 +5,16 @@ Models built in code (real onnx); the report's note from a real planner over a p
 """
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, graph_spec, model_of
 
+from qnn_tasks.plan.stages import GRAPH_STAGES, Planner, plan_lint
+from qnn_tasks.spec.project import load_project
+from qnn_tasks.spec.sizes import SizeSpec
 from qnn_tasks.stages.lint import find_problems, recurrent_feed
 
 F = TensorProto.FLOAT
@@ -58,6 +63,23 @@ def test_lint_proposes_the_loop_a_recurrent_graph_needs(tmp_path):
     declaration = finding.fix.split('"')[1]
     loop = load_with(tmp_path, declaration).loop
     assert loop.graph == "rnn" and loop.feed == {"state": "stateN"}
+
+
+def test_lint_proposes_a_loop_over_the_declared_graph_for_a_size_and_the_plan_knows_its_loop(tmp_path):
+    """A size of a graph (`rnn.seq8`) runs in a loop declared over the graph (`loop: {graph: rnn}`): lint proposes
+    that declaration, and with it declared, every size's lint is told the loop's feed (no warning)."""
+    size = SizeSpec(graph="rnn", dim="seq", size=8, sizes=(8, 16), pad={"x": 0.0}, longer="skip")
+    [finding] = [f for f in find_problems(cell(), replace(graph_spec(name="rnn.seq8"), size=size))
+                 if f.rule == "recurrent"]
+    assert '"loop: {graph: rnn, feed: {state: stateN}}"' in finding.fix
+    sized = MODEL_YAML.replace("  rnn:\n", "  rnn:\n    dims: {seq: [8, 16]}\n").replace("[1, 8], dtype", "[1, seq], dtype")
+    folder = tmp_path / "models" / "m"
+    load_with(tmp_path)
+    (folder / "model.yaml").write_text(sized + "loop: {graph: rnn, feed: {state: stateN}}\n")
+    planner = Planner(load_project(tmp_path))
+    lint = next(s for s in GRAPH_STAGES if s.name == "lint")
+    assert [(gt.name, plan_lint(planner, lint, gt).args()["loop_feed"]) for gt in planner.graphs] == [
+        ("rnn.seq8", {"state": "stateN"}), ("rnn.seq16", {"state": "stateN"})]
 
 
 def test_a_declared_loop_or_an_allow_silences_it():

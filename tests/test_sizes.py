@@ -16,7 +16,7 @@ from sized_project import LENGTHS, packaged_sized_project, sized_project
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
-from qnn_tasks.plan.stages import Planner, loop_chips
+from qnn_tasks.plan.stages import LOOP, Planner, loop_chips, plan_loop, start_pipeline
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec.project import load_model, load_project, load_soc_table
 from qnn_tasks.spec.serial import graph_from_dict, graph_to_dict
@@ -102,7 +102,7 @@ def test_a_size_name_that_clashes_with_a_graph_names_both(tmp_path):
 
 def test_a_pipeline_or_loop_over_a_graph_with_sizes_runs_per_size(tmp_path):
     """A pipeline naming a graph with sizes is one chain per size (`<model>.<dim><size>-<SOC>`), a loop over it runs
-    on each size's chips; naming one size chains that size alone; what is not built yet is one line each."""
+    on each size's chips; naming one size chains that size alone; other sizes in one chain are one line."""
     head = "  head:\n    inputs: {pooled: {shape: [1, 4], dtype: float32}}\n    outputs: {p: {shape: [1, 2]}}\n"
     model = load(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc, head], feed: {head.pooled: enc.pooled}}\n"
                  "loop: {graph: enc, feed: {scale: level}}\n")
@@ -117,12 +117,49 @@ def test_a_pipeline_or_loop_over_a_graph_with_sizes_runs_per_size(tmp_path):
 
     one = load(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc.seq32, head]}\n")
     assert one.pipeline.graphs == ("enc.seq32", "head") and one.size_pipelines == ()
-    line = spec_error(tmp_path, SIZED_YAML + head + "pipeline: {graphs: [enc, head]}\n"
-                      "loop: {graph: head, feed: {}, start: {pooled: enc.pooled}}\n")
-    assert "loop.start" in line and "not built yet" in line and "enc.seq8" in line
     other = SIZED_YAML.replace("  enc:", "  enc2:").replace("[8, 32]", "[8, 16]")
     line = spec_error(tmp_path, SIZED_YAML + other.split("graphs:\n", 1)[1] + "pipeline: {graphs: [enc, enc2]}\n")
     assert "pipeline.graphs" in line and "different sizes" in line
+
+
+MID = "  mid:\n    dims: {seq: [8, 32]}\n    inputs: {hidden: {shape: [1, seq, 4], dtype: float32}}\n" \
+      "    outputs: {out: {shape: [1, seq, 4]}}\n"
+DEC = "  dec:\n    dims: {seq: [8, 32]}\n    inputs:\n      cross: {shape: [1, seq, 4], dtype: float32}\n" \
+      "      st: {shape: [1, 4], dtype: float32}\n    outputs: {stN: {shape: [1, 4]}}\n"
+STARTED = "loop: {graph: dec, feed: {st: stN}, start: {cross: mid.out}}\n"
+
+
+def test_a_loop_started_by_a_pipeline_with_sizes_starts_at_each_size_from_that_size(tmp_path):
+    """Loop and pipeline with the same sizes: the loop at each size starts from the pipeline at that size (its
+    task depends on it); a loop graph with sizes after a pipeline without: each size from the one pipeline, its
+    shapes checked per size; a loop graph without sizes after a pipeline per size, or other sizes: one line."""
+    model = load(tmp_path, SIZED_YAML + MID + DEC + "pipeline: {graphs: [enc, mid]}\n" + STARTED)
+    assert (model.loop.graph, model.loop.start, model.loop.feed) == ("dec", {"cross": "out"}, {"st": "stN"})
+    planner = Planner(load_project(tmp_path))
+    chips = [ct for ct in loop_chips(planner) if ct.soc.name == "SM8650"]
+    assert [(ct.name, start_pipeline(planner, ct).name, plan_loop(planner, LOOP, ct).task_dep) for ct in chips] == [
+        ("dec.seq8-SM8650", "m.seq8-SM8650", ["pipeline:m.seq8-SM8650"]),
+        ("dec.seq32-SM8650", "m.seq32-SM8650", ["pipeline:m.seq32-SM8650"])]
+    assert all(f"/pipeline.seq{n}/" in plan_loop(planner, LOOP, ct).file_dep[-1] for n, ct in zip((8, 32), chips))
+
+    # (b) the pipeline names one size: every size's loop starts from it, and its shapes must fit each size
+    line = spec_error(tmp_path, SIZED_YAML + MID + DEC + "pipeline: {graphs: [enc.seq8, mid.seq8]}\n" + STARTED)
+    assert "loop.start.cross" in line and "'dec.seq32' is [1, 32, 4]" in line and "'mid.seq8' is [1, 8, 4]" in line
+    fixed = (SIZED_YAML + MID + DEC.replace("[1, seq, 4], dtype", "[1, 8, 4], dtype").replace("st: {", "tok: "
+             "{shape: [1, seq], dtype: int32}\n      st: {") + "pipeline: {graphs: [enc.seq8, mid.seq8]}\n" + STARTED)
+    load(tmp_path, fixed)
+    planner = Planner(load_project(tmp_path))
+    assert {ct.name: start_pipeline(planner, ct).name for ct in loop_chips(planner) if ct.soc.name == "SM8650"} == {
+        "dec.seq8-SM8650": "m-SM8650", "dec.seq32-SM8650": "m-SM8650"}
+
+    # (c) a loop graph without sizes after a pipeline per size: refused, naming both fixes
+    unsized = DEC.replace("    dims: {seq: [8, 32]}\n", "").replace("seq, 4]", "8, 4]")
+    line = spec_error(tmp_path, SIZED_YAML + MID + unsized + "pipeline: {graphs: [enc, mid]}\n" + STARTED)
+    assert "loop.start" in line and "'dec' has no sizes" in line and "dims (seq: [8, 32])" in line, line
+    assert "enc.seq8" in line
+    line = spec_error(tmp_path, SIZED_YAML + MID + DEC.replace("[8, 32]", "[8, 16]") + "pipeline: {graphs: [enc, mid]}\n"
+                      + STARTED)
+    assert "loop.graph" in line and "different sizes" in line
 
 
 def test_samples_are_fitted_padded_truncated_or_skipped(tmp_path):

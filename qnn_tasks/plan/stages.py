@@ -298,7 +298,7 @@ def plan_simplify(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
 def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
     g = gt.graph
     loop = p.model(g).loop
-    loop_feed = loop.feed if loop is not None and loop.graph == g.name else None  # lint proposes a missing loop
+    loop_feed = loop.feed if runs_loop(loop, g) else None  # lint proposes a missing loop (a size: the graph's)
     budgets = p.budgets(g)
     tightest = min(budgets.items(), key=lambda item: item[1]["mb"], default=None)
     budget = f" (context budget {tightest[1]['mb']} MB on {tightest[0]})" if tightest else ""
@@ -515,13 +515,12 @@ def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
         return None
     start, start_files, task_dep = None, [], []
     if loop.start:  # encoder once -> decoder loop: each run starts from the pipeline's kept outputs on this chip
-        pt = next((pt for pt in p.pipelines if pt.pipeline.model == ct.graph.model and pt.soc.name == ct.soc.name
-                   and not pt.pipeline.name
-                   and pt.chips[0].variant.suffix == ct.variant.suffix), None)
+        pt = start_pipeline(p, ct)
         if pt is None:
             return None  # the pipeline is not built for this chip or precision: no run to start from
         chain = pt.stage_dir("pipeline")
-        start = {"npu": f"{chain}/outputs.npz", "cpu": f"{chain}/reference.npz", "inputs": loop.start}
+        start = {"npu": f"{chain}/outputs.npz", "cpu": f"{chain}/reference.npz", "inputs": loop.start,
+                 "pipeline": pt.name}
         start_files, task_dep = [start["npu"], start["cpu"]], [f"pipeline:{pt.name}"]
     gt = ct.graph_target
     ctx_files = p.context_files(ct)
@@ -536,8 +535,20 @@ def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
                                "provider_options": config, "simplified": str(gt.simplified), "inputs": str(gt.inputs),
                                "soc_name": ct.soc.name, "start": start},
                       f"run {ct.graph.name} as a loop on {ct.soc.name}'s simulator (the NPU carrying its own state) "
-                      "and on CPU; judge every step" + (" (each run started by the pipeline's outputs)" if start else ""),
+                      "and on CPU; judge every step" + (f" (each run started by pipeline:{start['pipeline']}'s outputs)"
+                                                         if start else ""),
                       task_dep=task_dep)
+
+
+def start_pipeline(p: Planner, ct: ChipTarget) -> PipelineTarget | None:
+    """The pipeline a loop with `start:` on this chip target starts from: the one at the loop graph's size when the
+    model's pipeline is one per size (`<model>.<dim><size>`), else the model's own pipeline; on the same chip and
+    toolchain. None when it is not built there."""
+    size = ct.graph.size
+    wanted = f"{size.dim}{size.size}" if size and p.model(ct.graph).size_pipelines else ""
+    return next((pt for pt in p.pipelines if pt.pipeline.model == ct.graph.model and pt.soc.name == ct.soc.name
+                 and pt.pipeline.size == wanted and (wanted or not pt.pipeline.name)  # not a split graph's parts
+                 and pt.chips[0].variant.suffix == ct.variant.suffix), None)
 
 
 def size_chips(p: Planner, ct: ChipTarget) -> list[ChipTarget]:

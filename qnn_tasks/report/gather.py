@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import loop_chips, report_columns
+from qnn_tasks.plan.stages import loop_chips, report_columns, runs_loop
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
 from qnn_tasks.run.status import BAD, NO_VERDICT, good
@@ -158,7 +158,7 @@ def recurrence(planner, gt: GraphTarget, lint: dict[str, Any] | None) -> dict[st
     if not feed:
         return None
     loop = planner.model(gt.graph).loop
-    looped = loop is not None and loop.graph == gt.name and all(loop.feed.get(i) == o for i, o in feed.items())
+    looped = runs_loop(loop, gt.graph) and all(loop.feed.get(i) == o for i, o in feed.items())
     pairs = ", ".join(f"{i} <- {o}" for i, o in feed.items())
     note = (f"recurrent ({pairs}), verified in its loop" if looped else
             f"recurrent ({pairs}), verified WITHOUT a loop: each sample was judged from the CPU's state, so the fp16 "

@@ -131,7 +131,8 @@ def loop_markdown(data: dict[str, Any]) -> list[str]:
                            for name, g in (record.get("growth") or {}).items() if g.get("first") is not None)
         checks = ", ".join(f"{c['kind']} {num(c['value'])}" for c in record.get("checks") or [])
         first = first_differing(record).replace("|", "\\|")  # a token such as <|endoftext|> keeps the columns
-        lines.append(f"| {entry['name']} | {record.get('steps', '-')} | {entry['status']} | {growth or '-'} | "
+        started = f" (started by pipeline:{record['started_by']})" if record.get("started_by") else ""
+        lines.append(f"| {entry['name']}{started} | {record.get('steps', '-')} | {entry['status']} | {growth or '-'} | "
                      f"{first} | {checks or '-'} | {loop_timing(record)} |")
     lines += ["", "Simulator figures are x86 HTP simulator time on the build host, not phone latency (a decoder's "
                   "steps per second are its tokens per second; a run is one decode, e.g. one clip)."]

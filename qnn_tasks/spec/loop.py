@@ -14,7 +14,8 @@ come from step i-1's outputs; step 0 is the first sample as it is. With `step:`,
 code decides the next inputs (and when to stop) from the step just run. With `start:`, the model's
 `pipeline:` runs first (encoder once -> decoder loop): every pipeline sample starts one run of the
 loop, the named inputs held at the last pipeline graph's outputs (the NPU chain's for the NPU loop,
-the CPU chain's for the CPU loop). Loaded from spec/project.py; only YAML is read here.
+the CPU chain's for the CPU loop). Over a graph with sizes (`dims:`) the loop runs per size, each size
+started by the pipeline at that size (`load_sized`). Loaded from spec/project.py; only YAML is read here.
 """
 from __future__ import annotations
 
@@ -111,19 +112,56 @@ def _start(data: Any, graph, feed: dict[str, str], by_name: dict, pipeline: Any,
                         "loop a graph that comes after the pipeline")
     inputs = {t.name: t for t in graph.inputs}
     outputs = {t.name: t for t in last.outputs}
+    # a size of a graph is named as the declared graph (`enc.hidden`: at each size, that size's enc)
+    label = last.size.graph if last.size else last.name
     start = {}
     for key, value in section.items():
         key, value = str(key), str(value)
-        source = value.split(".")
+        output = next((value[len(n) + 1:] for n in {last.name, label} if value.startswith(f"{n}.")), None)
         if key not in inputs or key in feed:
             raise SpecError(path, f"loop.start.{key}", f"'{key}' is not an input of graph '{graph.name}' that is not "
                             "fed back", f"hold one of: {', '.join(i for i in inputs if i not in feed)}")
-        if len(source) != 2 or source[0] != last.name or source[1] not in outputs:
+        if output not in outputs:
             raise SpecError(path, f"loop.start.{key}", f"'{value}' is not an output of the pipeline's last graph "
                             f"'{last.name}' (only its outputs are kept)", "use one of: "
-                            + ", ".join(f"{last.name}.{o}" for o in outputs))
-        if tuple(outputs[source[1]].shape) != tuple(inputs[key].shape):
-            raise SpecError(path, f"loop.start.{key}", f"'{value}' is {list(outputs[source[1]].shape)}, the input "
-                            f"'{key}' is {list(inputs[key].shape)}", "make the shapes agree in model.yaml")
-        start[key] = source[1]
+                            + ", ".join(f"{label}.{o}" for o in outputs))
+        if tuple(outputs[output].shape) != tuple(inputs[key].shape):
+            raise SpecError(path, f"loop.start.{key}", f"'{value}' of the pipeline's last graph '{last.name}' is "
+                            f"{list(outputs[output].shape)}, the input '{key}' of '{graph.name}' is "
+                            f"{list(inputs[key].shape)}", "make the shapes agree in model.yaml"
+                            + (f", or give the pipeline's graphs the dims of '{graph.size.graph}' to start each size "
+                               "from its own size's pipeline" if graph.size and not pipeline.size else ""))
+        start[key] = output
     return start or None
+
+
+def load_sized(data: Any, graphs: tuple, model: str, path: Path, pipeline: Any, sized: dict,
+               chain: Any = None, size_pipelines: tuple = ()) -> LoopSpec | None:
+    """`loop:` in a model whose graphs may have sizes (`dims:`). A loop over a graph with sizes is checked at each
+    size and runs on each size's chips (its `graph` is the declared name). With `start:`, the loop at size S starts
+    from the pipeline at size S when the pipeline has sizes too (same dim and sizes), else from the one pipeline,
+    its shapes checked at every size. A loop graph without sizes cannot start from a pipeline per size: refused.
+    `sized`: declared graph -> a SizeSpec of it; `chain`: the SizeSpec of the pipeline's sizes, with
+    `size_pipelines` its pipelines, one per size (spec/project.py)."""
+    from dataclasses import replace
+
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec import sizes as specsizes
+
+    if not isinstance(data, dict):
+        return load(data, graphs, model, path, pipeline)
+    looped = specsizes.chain_sizes([data.get("graph")], sized, path, "loop.graph")
+    starts = data.get("start") is not None and chain is not None
+    if starts and looped is None and data.get("graph") in {g.name for g in graphs}:
+        raise SpecError(path, "loop.start", f"graph '{data.get('graph')}' has no sizes and starts from a pipeline "
+                        f"per size of '{chain.graph}' ({chain.dim} {list(chain.sizes)})",
+                        f"give graphs.{data.get('graph')} the same dims ({chain.dim}: {list(chain.sizes)}) to loop at "
+                        f"each size, or name one size in pipeline.graphs, e.g. {chain.name_of(chain.sizes[0])}")
+    if looped is None:
+        return load(data, graphs, model, path, pipeline)
+    if starts:  # each size's loop starts from its own size's pipeline: the same dim and sizes
+        specsizes.chain_sizes([chain.graph, looped.graph], sized, path, "loop.graph")
+    by_size = {p.size: p for p in size_pipelines} if starts else {}
+    loops = [load({**data, "graph": looped.name_of(size)}, graphs, model, path,
+                  by_size.get(f"{looped.dim}{size}", pipeline)) for size in looped.sizes]
+    return replace(loops[0], graph=looped.graph)

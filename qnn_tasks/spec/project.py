@@ -383,18 +383,8 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
                                for size in chain.sizes)
         pipeline_data = None
     pipeline = specpipeline.load(pipeline_data, graphs, model_dir.name, path)
-    looped = specsizes.chain_sizes([loop_data.get("graph")], sized, path, "loop.graph") \
-        if isinstance(loop_data, dict) else None
-    if (looped or chain) and isinstance(loop_data, dict) and loop_data.get("start") is not None:
-        raise SpecError(path, "loop.start", "a loop starting from a pipeline over graphs with sizes is not built yet",
-                        "name one size in pipeline.graphs and loop.graph, e.g. "
-                        f"{(looped or chain).name_of((looped or chain).sizes[0])}")
-    if looped is not None:  # one loop per size: checked at each, run on each size's chip targets
-        loops = [specloop.load({**loop_data, "graph": looped.name_of(size)}, graphs, model_dir.name, path, pipeline)
-                 for size in looped.sizes]
-        loop = replace(loops[0], graph=looped.graph)
-    else:
-        loop = specloop.load(loop_data, graphs, model_dir.name, path, pipeline)
+    loop = specloop.load_sized(loop_data, graphs, model_dir.name, path, pipeline, sized, chain,
+                                size_pipelines)
     specsplit.not_chained(graphs, pipeline, loop, path)
     from qnn_tasks.spec.pipeline import check_upstream
 

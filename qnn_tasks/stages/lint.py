@@ -254,7 +254,8 @@ def _recurrent_findings(model, graph: GraphSpec, loop_feed: dict[str, str]) -> l
     if not missing:
         return []
     pairs = ", ".join(f"input '{i}' <- output '{o}'" for i, o in missing.items())
-    declaration = yaml.safe_dump({"loop": {"graph": graph.name, "feed": {**loop_feed, **missing}}},
+    looped = graph.size.graph if graph.size else graph.name  # a loop over a graph with sizes names the graph
+    declaration = yaml.safe_dump({"loop": {"graph": looped, "feed": {**loop_feed, **missing}}},
                                  default_flow_style=True, sort_keys=False, width=2 ** 16).strip()[1:-1]
     return [Finding("recurrent", "warning", f"graph '{graph.name}'",
                     f"{pairs} (same shape): a recurrent graph, judged per sample from the CPU's state, so the fp16 "

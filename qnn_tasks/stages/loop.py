@@ -108,7 +108,7 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
     record = {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"},
               "steps": sum(r["steps"] for r in runs), "steps_cpu": sum(r["steps_cpu"] for r in runs),
               "compared_steps": len(actual), "runs": runs, "feed": loop["feed"], "step_function": loop["step"],
-              "start": (start or {}).get("inputs"),
+              "start": (start or {}).get("inputs"), "started_by": (start or {}).get("pipeline"),  # pipeline:<it>
               "per_step": per_step, "growth": growth(per_step), "first_differing_step": first,
               "first_difference": difference, **result,
               "violations": violations,
