@@ -256,6 +256,13 @@ def _work(node, evaluator: Evaluator, shapes: dict[str, tuple[int, ...]]) -> int
     """A node's cost in element operations (multiply-adds for MatMul, Gemm, Conv), plus its fixed overhead."""
     if all(evaluator.value(o) is not None for o in node.output if o):
         return 0  # computed from constants: folded before it runs
+    ops = element_ops(node, shapes)
+    return None if ops is None else NODE_OVERHEAD + ops
+
+
+def element_ops(node, shapes: dict[str, tuple[int, ...]]) -> int | None:
+    """A node's work without its overhead: the elements it writes, times the depth of a MatMul, Gemm or Conv
+    (its multiply-adds); None without static shapes. benchmarks/bench_node_cost.py counts work with it too."""
     written = [shapes.get(o) for o in node.output if o]
     if any(shape is None for shape in written):
         return None
@@ -270,7 +277,7 @@ def _work(node, evaluator: Evaluator, shapes: dict[str, tuple[int, ...]]) -> int
         depth = int(np.prod(w[1:])) if w else None
     if depth is None:
         return None
-    return NODE_OVERHEAD + elements * depth
+    return elements * depth
 
 
 def _not_total(node, evaluator: Evaluator, shapes: dict[str, tuple[int, ...]]) -> str:
