@@ -40,9 +40,11 @@ from qnn_tasks.graphs.rewrites.graphtools import (
 )
 
 MAX_EXTRA_WORK = 0.25  # both branches always run: the one not taken may add this share of the graph's work
-# A node's fixed cost, beside its work, in multiply-adds: measured by benchmarks/bench_node_cost.py on the SM8650 x86
-# HTP simulator (fp16, its execute cycles, not a phone): a node of Add, Mul, Relu, Sub, Sigmoid or Max on [1, 128]
-# costs as much as 11k (Max) to 153k (Relu) multiply-adds of a MatMul, median 101,684 (docs/rewrites.md).
+# A node's fixed cost, beside its work, in multiply-adds: measured by benchmarks/bench_node_cost.py on the SM8650
+# simulator (fp16): a node of Add, Mul, Relu, Sub, Sigmoid or Max on [1, 128] costs as much as 11k (Max) to 153k
+# (Relu) multiply-adds of a MatMul, median over the six 95,537-101,684 in three runs. The simulator is not a phone:
+# cycle counts of the x86 HTP simulator (which follow the host's load: the least of 21 runs), not measured on a device
+# (docs/rewrites.md, "Where NODE_OVERHEAD comes from").
 NODE_OVERHEAD = 100_000
 FREE_WORK = 16 * (NODE_OVERHEAD + 4096)  # cheap whatever the graph: 16 nodes on up to 4096 elements (the former bound)
 MAX_BRANCH_NODES = 512  # and a bound on how much the graph grows, whatever the work
