@@ -1,22 +1,22 @@
 """What a node costs for being there, beside its work: the figure behind if-to-where's cost bound (NODE_OVERHEAD).
 
-    python benchmarks/bench_node_cost.py [--repeats R] [--json out.json] [--no-if-cases]
+    python benchmarks/bench_node_cost.py [--rounds R] [--json out.json] [--no-if-cases]
 
 Graphs built here, each compiled for SM8650 fp16 with the project's own path (the packaged ort-qnn profile, the chip's
-row of the packaged socs.yaml, `compile_variant`), then run R + 1 times in one session on the x86 HTP simulator with
-`profiling_level: detailed`. The simulator reports "Accelerator (execute) time (cycles)" per run: the figure used
-(the first run, which pays for loading, is dropped; the median of the others), not wall time.
+row of the packaged socs.yaml, `compile_variant`) and opened in a session on the x86 HTP simulator with
+`profiling_level: detailed`; all run once (loading, dropped), then R rounds of one run each, in turn. The simulator
+reports "Accelerator (execute) time (cycles)" per run; those cycles follow the host's load (they move with the run's
+wall time), so each graph's figure is its least over the rounds, and the rounds interleave the graphs.
   chain   N = 1..64 nodes of one elementwise op (Add, Mul, Relu, Sub, Sigmoid, Max; scalar constants) on [1, 128]
   wide    8 nodes of that op on [1, W], W = 1k..64k elements
   matmul  one MatMul [1, M, M] x [M, M], M = 64..512
 Work is counted as if-to-where counts it (ifwhere.element_ops: the elements a node writes, multiply-adds for a MatMul).
-Per op, cost = c + a * nodes + b * element-ops is fitted (least squares on relative errors) on its chains and the
-MatMuls: NODE_OVERHEAD = a / b, a node's fixed cost in multiply-adds; the median over the ops is the figure, and the
-fit on each run's cycles alone (run r of every graph) gives its spread. The same fit on the op's chains and wide
-graphs gives what one element it writes costs, in multiply-adds (b of the wide fit / b of the MatMul fit).
+cost = a * nodes + b * element-ops, each term fitted (least squares on relative errors) on the graphs that isolate
+it: b, a multiply-add's cycles, on the MatMuls; per op, a on its chains and an element's cycles on its wide chains.
+NODE_OVERHEAD = a / b in multiply-adds, the median over the ops; fitted on each round's cycles alone, its spread.
 The if cases (tests/test_if_to_where.py's classifier and its 40-node branch beside 160 layers) compare the rewritten
 graph's cycles with each branch alone (the If folded to it) against the rewrite's own estimate.
-Cycles of the simulator on this host, not of a phone: docs/benchmarks.md has the measured figures.
+Cycles of the x86 simulator on this host, not of a phone: docs/benchmarks.md has the measured figures.
 """
 from __future__ import annotations
 
@@ -101,7 +101,7 @@ def sm8650_options(folder: Path) -> tuple[Any, dict[str, str]]:
 
     soc = load_socs(PACKAGED_DATA / "socs.yaml")[CHIP]
     toolchain = from_profile(load_toolchain(folder, "ort-qnn"))
-    return toolchain, toolchain.write_config(None, "fp16", soc, folder)["provider_options"]
+    return toolchain, toolchain.write_config(None, "fp16", soc, folder)["provider_options"]  # fp16: no graph needed
 
 
 def execute_cycles(profile: Path) -> list[int]:
@@ -189,8 +189,10 @@ def if_cases() -> dict[str, onnx.ModelProto]:
 
 
 def folded(model: onnx.ModelProto, taken: bool) -> onnx.ModelProto:
-    """The If's graph with its condition set to `taken` and folded by fold-if: one branch alone, on the NPU."""
+    """The If's graph with its condition set to `taken` and folded by fold-if: one branch alone, on the NPU (what
+    computed the condition goes too, as the compiler drops it)."""
     from qnn_tasks.graphs import rewrites
+    from qnn_tasks.graphs.rewrites.graphtools import remove_dead
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -200,7 +202,9 @@ def folded(model: onnx.ModelProto, taken: bool) -> onnx.ModelProto:
     copy.graph.node.extend(kept)
     copy.graph.initializer.append(numpy_helper.from_array(np.array(taken), if_node.input[0]))
     [report] = rewrites.apply(copy, ["fold-if"])
-    assert report["count"] == 1, report
+    if report["count"] != 1:
+        raise SystemExit(f"{model.graph.name}: fold-if did not fold the If: {report}")
+    remove_dead(copy.graph)
     return copy
 
 
@@ -213,6 +217,8 @@ def if_case(name: str, model: onnx.ModelProto, folder: Path, toolchain, options:
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
     [report] = rewrites.apply(rewritten, ["if-to-where"])
+    if not report["sites"]:  # the If would stay, and run on the CPU: nothing to compare
+        raise SystemExit(f"{name}: if-to-where refused it: {report['refused']}")
     graphs = {"then": folded(model, True), "else": folded(model, False), "rewritten": rewritten}
     for label, graph in graphs.items():
         graph.graph.name = f"{name}_{label}"
@@ -276,7 +282,7 @@ def report(result: dict[str, Any]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=15, help="profiled runs of every graph, in turn (the least "
+    parser.add_argument("--rounds", type=int, default=21, help="profiled runs of every graph, in turn (the least "
                         "cycles of each is used)")
     parser.add_argument("--json", type=Path, help="write every measurement here")
     parser.add_argument("--no-if-cases", action="store_true", help="skip the rewritten-vs-branch comparison")
