@@ -41,8 +41,8 @@ from qnn_tasks.graphs.rewrites.graphtools import (
 
 MAX_EXTRA_WORK = 0.25  # both branches always run: the one not taken may add this share of the graph's work
 # A node's fixed cost, beside its work, in multiply-adds: measured by benchmarks/bench_node_cost.py on the SM8650
-# simulator (fp16): a node of Add, Mul, Relu, Sub, Sigmoid or Max on [1, 128] costs as much as 11k (Max) to 153k
-# (Relu) multiply-adds of a MatMul, median over the six 95,537-101,684 in three runs. The simulator is not a phone:
+# simulator (fp16): a node of Add, Mul, Relu, Sub, Sigmoid or Max on [1, 128] costs as much as 11k (Max) to 154k
+# (Relu) multiply-adds of a MatMul, median over the six 95,537-102,343 in four runs. The simulator is not a phone:
 # cycle counts of the x86 HTP simulator (which follow the host's load: the least of 21 runs), not measured on a device
 # (docs/rewrites.md, "Where NODE_OVERHEAD comes from").
 NODE_OVERHEAD = 100_000
