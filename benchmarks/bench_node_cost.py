@@ -1,4 +1,4 @@
-"""What a node costs for being there, beside its work: the figure behind if-to-where's cost bound (NODE_OVERHEAD).
+"""What a node costs for being there, and an element it writes: the figures behind if-to-where's cost bound.
 
     python benchmarks/bench_node_cost.py [--rounds R] [--json out.json] [--no-if-cases]
 
@@ -13,9 +13,11 @@ wall time), so each graph's figure is its least over the rounds, and the rounds 
 Work is counted as if-to-where counts it (ifwhere.element_ops: the elements a node writes, multiply-adds for a MatMul).
 cost = a * nodes + b * element-ops, each term fitted (least squares on relative errors) on the graphs that isolate
 it: b, a multiply-add's cycles, on the MatMuls; per op, a on its chains and an element's cycles on its wide chains.
-NODE_OVERHEAD = a / b in multiply-adds, the median over the ops; fitted on each round's cycles alone, its spread.
-The if cases (tests/test_if_to_where.py's classifier and its 40-node branch beside 160 layers) compare the rewritten
-graph's cycles with each branch alone (the If folded to it) against the rewrite's own estimate.
+NODE_OVERHEAD = a / b and ELEMENT_COST = an element's cycles / b, in multiply-adds, the medians over the ops;
+fitted on each round's cycles alone, NODE_OVERHEAD's spread.
+The if cases (tests/test_if_to_where.py's classifier and its 40-node branch beside 200 layers; 4 wide nodes after a
+Conv) compare the rewritten graph's cycles with each branch alone (the If folded to it) against the rewrite's own
+estimate, whether its bound accepts the rewrite or not.
 Cycles of the x86 simulator on this host, not of a phone: docs/benchmarks.md has the measured figures.
 """
 from __future__ import annotations
@@ -90,6 +92,18 @@ def work(model: onnx.ModelProto) -> tuple[int, int]:
             raise SystemExit(f"{copy.graph.name}: node '{node.name}' has no static shape: its work cannot be counted")
         nodes, ops = nodes + 1, ops + counted
     return nodes, ops
+
+
+def estimated(model: onnx.ModelProto) -> int:
+    """The graph's cost as if-to-where estimates it (ifwhere.node_cost, summed), in multiply-adds."""
+    from qnn_tasks.graphs.rewrites.graphtools import Evaluator, infer_shapes, static_shapes
+    from qnn_tasks.graphs.rewrites.ifwhere import node_cost
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    infer_shapes(copy)
+    evaluator, shapes = Evaluator(copy), static_shapes(copy)
+    return sum(node_cost(node, evaluator, shapes) for node in copy.graph.node)
 
 
 # ------------------------------------------------------------------ compile and profile
@@ -182,11 +196,11 @@ def spread(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
 # ------------------------------------------------------------------ the if cases
 
 def if_cases() -> dict[str, onnx.ModelProto]:
-    """tests/test_if_to_where.py's classifier and its 40-node branch beside 160 MatMul layers on [1, 128]; and a
+    """tests/test_if_to_where.py's classifier and its 40-node branch beside 200 MatMul layers on [1, 128]; and a
     branch of 4 wide elementwise nodes after a Conv, which the count calls cheap."""
     from test_if_to_where import classifier, deep
 
-    return {"classifier": classifier(), "deep40x160": deep(40, 160, width=128), "wide4": wide_branch(4)}
+    return {"classifier": classifier(), "deep40x200": deep(40, 200, width=128), "wide4": wide_branch(4)}
 
 
 def wide_branch(count: int, channels: int = 64, side: int = 32) -> onnx.ModelProto:
@@ -232,25 +246,26 @@ def folded(model: onnx.ModelProto, taken: bool) -> onnx.ModelProto:
 def if_case(name: str, model: onnx.ModelProto, folder: Path, toolchain, options: dict[str, str],
             rounds: int) -> dict[str, Any]:
     """The rewritten graph's cycles against each branch alone; the rewrite's estimate of the same share."""
+    from unittest import mock
+
     from qnn_tasks.graphs import rewrites
     from qnn_tasks.graphs.rewrites import ifwhere
 
+    accepted = bool(ifwhere.if_to_where(model, dry_run=True))
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(model)
-    [report] = rewrites.apply(rewritten, ["if-to-where"])
+    with mock.patch.object(ifwhere, "MAX_EXTRA_WORK", float("inf")):  # what it would compute, refused or not
+        [report] = rewrites.apply(rewritten, ["if-to-where"])
     if not report["sites"]:  # the If would stay, and run on the CPU: nothing to compare
-        raise SystemExit(f"{name}: if-to-where refused it: {report['refused']}")
+        raise SystemExit(f"{name}: if-to-where cannot rewrite it: {report['refused']}")
     graphs = {"then": folded(model, True), "else": folded(model, False), "rewritten": rewritten}
     for label, graph in graphs.items():
         graph.graph.name = f"{name}_{label}"
     measured = profile(list(graphs.values()), folder, toolchain, options, rounds)
     cycles = {label: min(measured[graph.graph.name]) for label, graph in graphs.items()}
-    estimate = {}
-    for label, graph in graphs.items():
-        nodes, ops = work(graph)
-        estimate[label] = ops + nodes * ifwhere.NODE_OVERHEAD
+    estimate = {label: estimated(graph) for label, graph in graphs.items()}
     cheaper = min(cycles["then"], cycles["else"])
-    return {"case": name, "rewritten_sites": report["sites"], "cycles": cycles,
+    return {"case": name, "accepted": accepted, "cycles": cycles,
             "measured_extra": cycles["rewritten"] / cheaper - 1,
             "estimated_extra": estimate["rewritten"] / min(estimate["then"], estimate["else"]) - 1}
 
@@ -293,11 +308,12 @@ def report(result: dict[str, Any]) -> str:
                      f"{o['chain_error']:>6.0%} {o['element_in_multiply_adds']:>21,.1f} {o['wide_error']:>6.0%}")
     low, high = spreads["median"]
     lines.append(f"median over the ops: NODE_OVERHEAD = {result['overhead']:,.0f} multiply-adds (rounds alone "
-                 f"{low:,.0f}..{high:,.0f}); an element written by an elementwise op = "
+                 f"{low:,.0f}..{high:,.0f}); ELEMENT_COST (an element written by an elementwise op) = "
                  f"{result['element_in_multiply_adds']:,.1f} multiply-adds")
     lines += [f"{c['case']}: rewritten {c['cycles']['rewritten']:,.0f} cycles, then alone {c['cycles']['then']:,.0f}, "
               f"else alone {c['cycles']['else']:,.0f}: {c['measured_extra']:+.0%} over the cheaper, "
-              f"{c['estimated_extra']:+.0%} estimated by if-to-where" for c in result.get("if_cases", [])]
+              f"{c['estimated_extra']:+.0%} estimated by if-to-where ({'accepted' if c['accepted'] else 'refused'})"
+              for c in result.get("if_cases", [])]
     return "\n".join(lines)
 
 
