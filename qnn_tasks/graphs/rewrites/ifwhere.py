@@ -43,14 +43,14 @@ from qnn_tasks.graphs.rewrites.graphtools import (
 MAX_EXTRA_WORK = 0.25  # both branches always run: the one not taken may add this share of the graph's work
 # A node's fixed cost, beside its work, in multiply-adds: measured by benchmarks/bench_node_cost.py on the SM8650
 # simulator (fp16): a node of Add, Mul, Relu, Sub, Sigmoid or Max on [1, 128] costs as much as 11k (Max) to 154k
-# (Relu) multiply-adds of a MatMul, median over the six 95,537-102,343 in four runs. The simulator is not a phone:
+# (Relu) multiply-adds of a MatMul, median over the six 89,582-102,343 in five runs. The simulator is not a phone:
 # cycle counts of the x86 HTP simulator (which follow the host's load: the least of 21 runs), not measured on a device
 # (docs/rewrites.md, "Where NODE_OVERHEAD comes from").
 NODE_OVERHEAD = 100_000
 MULTIPLY_ADD_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")  # their work: multiply-adds; any other op's: elements
 # An element written by any other op, in multiply-adds: measured the same way (8 nodes of one op on up to 65,536
-# elements): 105 (Mul) to 2,948 (Relu), median over the six 231-246 in four runs. Counted as 1 before, a branch of 4
-# wide nodes after a Conv was estimated at +3% and took +163% on the simulator.
+# elements): 96 (Mul) to 2,948 (Relu), median over the six 231-246 in five runs. Counted as 1 before, a branch of 4
+# wide nodes after a Conv was estimated at +3% and took +163-194% on the simulator.
 ELEMENT_COST = 230
 FREE_WORK = 16 * (NODE_OVERHEAD + ELEMENT_COST * 128)  # cheap whatever the graph: 16 nodes on [1, 128] (the former bound)
 MAX_BRANCH_NODES = 512  # and a bound on how much the graph grows, whatever the work
