@@ -15,7 +15,7 @@ cost = a * nodes + b * element-ops, each term fitted (least squares on relative 
 it: b, a multiply-add's cycles, on the MatMuls; per op, a on its chains and an element's cycles on its wide chains.
 NODE_OVERHEAD = a / b and ELEMENT_COST = an element's cycles / b, in multiply-adds, the medians over the ops;
 fitted on each round's cycles alone, NODE_OVERHEAD's spread.
-The if cases (tests/test_if_to_where.py's classifier and its 40-node branch beside 200 layers; 4 wide nodes after a
+The if cases (tests/test_if_to_where.py's classifier, its 40-node branch beside 200 layers, its 4 wide nodes after a
 Conv) compare the rewritten graph's cycles with each branch alone (the If folded to it) against the rewrite's own
 estimate, whether its bound accepts the rewrite or not.
 Cycles of the x86 simulator on this host, not of a phone: docs/benchmarks.md has the measured figures.
@@ -196,31 +196,11 @@ def spread(rows: list[dict[str, Any]]) -> dict[str, list[float]]:
 # ------------------------------------------------------------------ the if cases
 
 def if_cases() -> dict[str, onnx.ModelProto]:
-    """tests/test_if_to_where.py's classifier and its 40-node branch beside 200 MatMul layers on [1, 128]; and a
-    branch of 4 wide elementwise nodes after a Conv, which the count calls cheap."""
-    from test_if_to_where import classifier, deep
+    """tests/test_if_to_where.py's classifier, its 40-node branch beside 200 MatMul layers on [1, 128] and its branch of
+    4 wide elementwise nodes after a Conv."""
+    from test_if_to_where import classifier, deep, wide_after_conv
 
-    return {"classifier": classifier(), "deep40x200": deep(40, 200, width=128), "wide4": wide_branch(4)}
-
-
-def wide_branch(count: int, channels: int = 64, side: int = 32) -> onnx.ModelProto:
-    """y = If(sum(h) > 0): `count` nodes (Add 0.01, Relu in turn) on h else h, h = a 3x3 Conv of x [1, C, S, S]."""
-    shape = [1, channels, side, side]
-    nodes = [helper.make_node("Add" if i % 2 == 0 else "Relu", [f"t{i}", "step"][:2 - i % 2], [f"t{i + 1}"])
-             for i in range(count)]
-    nodes[0].input[0], nodes[-1].output[0] = "h", "y_then"
-    value = helper.make_tensor_value_info
-    then_g = helper.make_graph(nodes, "then", [], [value("y_then", TensorProto.FLOAT, shape)])
-    else_g = helper.make_graph([helper.make_node("Identity", ["h"], ["y_else"])], "else", [],
-                               [value("y_else", TensorProto.FLOAT, shape)])
-    w = np.random.default_rng(count).standard_normal((channels, channels, 3, 3)) / np.sqrt(9 * channels)
-    graph = [helper.make_node("Conv", ["x", "w"], ["h"], pads=[1, 1, 1, 1], name="conv"),
-             helper.make_node("ReduceSum", ["h"], ["total"], keepdims=0, name="total"),
-             helper.make_node("Greater", ["total", "zero"], ["positive"], name="positive"),
-             helper.make_node("If", ["positive"], ["y"], name="pick", then_branch=then_g, else_branch=else_g)]
-    inits = [numpy_helper.from_array(w.astype(np.float32), "w"), numpy_helper.from_array(np.array(0.01, np.float32), "step"),
-             numpy_helper.from_array(np.array(0.0, np.float32), "zero")]
-    return _model(graph, shape, shape, inits, f"wide{count}")
+    return {"classifier": classifier(), "deep40x200": deep(40, 200, width=128), "wide4": wide_after_conv(4)}
 
 
 def folded(model: onnx.ModelProto, taken: bool) -> onnx.ModelProto:
