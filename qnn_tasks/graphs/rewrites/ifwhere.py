@@ -45,7 +45,7 @@ MAX_EXTRA_WORK = 0.25  # both branches always run: the one not taken may add thi
 # simulator (fp16): a node of Add, Mul, Relu, Sub, Sigmoid or Max on [1, 128] costs as much as 11k (Max) to 154k
 # (Relu) multiply-adds of a MatMul, median over the six 89,582-102,343 in five runs. The simulator is not a phone:
 # cycle counts of the x86 HTP simulator (which follow the host's load: the least of 21 runs), not measured on a device
-# (docs/rewrites.md, "Where NODE_OVERHEAD comes from").
+# (docs/rewrites.md, "Where the figures come from").
 NODE_OVERHEAD = 100_000
 MULTIPLY_ADD_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")  # their work: multiply-adds; any other op's: elements
 # An element written by any other op, in multiply-adds: measured the same way (8 nodes of one op on up to 65,536
