@@ -65,3 +65,42 @@ def test_big_graphs_benchmark_compiles_a_transformer_whole_and_in_two_parts_that
     assert row["whole"]["bin_bytes"] > row["fp16_bytes"] and row["whole"]["peak_rss_gb"] > 0
     assert abs(sum(p["bin_bytes"] for p in row["parts"]) - row["whole"]["bin_bytes"]) < 0.1 * row["whole"]["bin_bytes"]
     assert row["chain_vs_whole_cosine"] > 0.999
+
+
+def node_cost_bench():
+    """benchmarks/bench_node_cost.py as a module (benchmarks/ is not a package)."""
+    import importlib.util
+
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_node_cost.py"
+    spec = importlib.util.spec_from_file_location("bench_node_cost", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_node_cost_fit_recovers_the_overhead_and_a_uniform_slowdown_cancels():
+    """NODE_OVERHEAD's arithmetic on cycles made from known costs: per op a / b (less the 128 element-ops a node on
+    [1, 128] is counted for); a round where the host slowed every graph alike gives the same figure, one where it
+    slowed only the MatMuls shows in the spread. The graphs' work is counted as if-to-where counts it."""
+    bench = node_cost_bench()
+    assert bench.work(bench.chain("Add", 4)) == (4, 4 * 128) and bench.work(bench.matmul(64)) == (1, 64 ** 3)
+    per_mac, graph = 0.25, 5000.0
+    per_node = dict(zip(bench.OPS, (20000.0, 8000.0, 32000.0, 21000.0, 30000.0, 2500.0)))
+    per_element = dict(zip(bench.OPS, (60.0, 25.0, 500.0, 55.0, 300.0, 30.0)))
+    rows = []
+    for op in bench.OPS:
+        rows += [{"family": "chain", "op": op, "nodes": n, "element_ops": 128 * n,
+                  "cycles": graph + n * per_node[op] + 128 * n * per_element[op]} for n in bench.CHAIN]
+        rows += [{"family": "wide", "op": op, "nodes": 8, "element_ops": 8 * w,
+                  "cycles": graph + 8 * per_node[op] + 8 * w * per_element[op]} for w in bench.WIDE]
+    rows += [{"family": "matmul", "op": "MatMul", "nodes": 1, "element_ops": m ** 3, "cycles": graph + per_mac * m ** 3}
+             for m in bench.MATMUL]
+    summary = bench.summarize(rows)
+    assert summary["cycles_per_multiply_add"] == pytest.approx(per_mac)
+    for op in bench.OPS:  # a chain's slope per node holds its 128 elements' cost too, which a node is counted for
+        assert summary["ops"][op]["overhead"] == pytest.approx((per_node[op] + 128 * per_element[op]) / per_mac - 128)
+        assert summary["ops"][op]["element_in_multiply_adds"] == pytest.approx(per_element[op] / per_mac)
+    rounds = [[r["cycles"], 1.7 * r["cycles"], r["cycles"] * (2.0 if r["family"] == "matmul" else 1.0)] for r in rows]
+    spread = bench.spread([{**r, "runs": runs} for r, runs in zip(rows, rounds)])
+    low, high = spread["median"]
+    assert high == pytest.approx(summary["overhead"]) and low < 0.6 * summary["overhead"]

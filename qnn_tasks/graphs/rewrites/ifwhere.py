@@ -15,9 +15,10 @@ element) is reshaped to the outputs' rank so Where never broadcasts the result t
 Ifs with a constant condition are fold-if's; anything else is refused with its reason.
 
 Cheap is a bound on cost, not on nodes: the branch not taken is extra work, at most MAX_EXTRA_WORK of the work
-on the graph's cheaper path (or FREE_WORK, whatever the graph). Work is counted in element operations from the
-static shapes (a MatMul or Conv: its multiply-adds; other ops: the elements they write), plus NODE_OVERHEAD per
-node (each op has a fixed cost on the NPU, whatever its size); constant-only nodes are folded and cost nothing.
+on the graph's cheaper path (or FREE_WORK, whatever the graph). Cost is counted in multiply-adds from the static
+shapes (a MatMul or Conv: its own; other ops: ELEMENT_COST per element they write), plus NODE_OVERHEAD per node (each
+op has a fixed cost on the NPU, whatever its size; both measured on the simulator); constant-only nodes are folded
+and cost nothing.
 """
 from __future__ import annotations
 
@@ -40,10 +41,18 @@ from qnn_tasks.graphs.rewrites.graphtools import (
 )
 
 MAX_EXTRA_WORK = 0.25  # both branches always run: the one not taken may add this share of the graph's work
-# A node's fixed cost, beside its work: an assumption (four 256 x 256 MatMuls' multiply-adds), set after the SM8650
-# simulator showed a [1, 256] Add or Relu taking about as long as such a MatMul, in timings too noisy to calibrate it.
-NODE_OVERHEAD = 2 ** 18
-FREE_WORK = 16 * (NODE_OVERHEAD + 4096)  # cheap whatever the graph: 16 nodes on up to 4096 elements (the former bound)
+# A node's fixed cost, beside its work, in multiply-adds: measured by benchmarks/bench_node_cost.py on the SM8650
+# simulator (fp16): a node of Add, Mul, Relu, Sub, Sigmoid or Max on [1, 128] costs as much as 11k (Max) to 154k
+# (Relu) multiply-adds of a MatMul, median over the six 89,582-102,343 in five runs. The simulator is not a phone:
+# cycle counts of the x86 HTP simulator (which follow the host's load: the least of 21 runs), not measured on a device
+# (docs/rewrites.md, "Where the figures come from").
+NODE_OVERHEAD = 100_000
+MULTIPLY_ADD_OPS = ("MatMul", "Gemm", "Conv", "ConvTranspose")  # their work: multiply-adds; any other op's: elements
+# An element written by any other op, in multiply-adds: measured the same way (8 nodes of one op on up to 65,536
+# elements): 96 (Mul) to 2,948 (Relu), median over the six 231-246 in five runs. Counted as 1 before, a branch of 4
+# wide nodes after a Conv was estimated at +3% and took +163-194% on the simulator.
+ELEMENT_COST = 230
+FREE_WORK = 16 * (NODE_OVERHEAD + ELEMENT_COST * 128)  # cheap whatever the graph: 16 nodes on [1, 128] (the former bound)
 MAX_BRANCH_NODES = 512  # and a bound on how much the graph grows, whatever the work
 # defined for every finite input, whatever the values (no error, no NaN; Inf only by overflow), shapes being static
 TOTAL_OPS = {
@@ -236,7 +245,7 @@ def _costly(trial: onnx.ModelProto, origins: dict[str, tuple[str, str]]) -> str:
     nodes = {"then": 0, "else": 0}
     for node in trial.graph.node:
         side = origins[node.name][0] if node.name in origins else "rest"
-        work = _work(node, evaluator, shapes)
+        work = node_cost(node, evaluator, shapes)
         if work is None:
             return f"the cost of its {side} branch cannot be bounded ({node.op_type} node '{label(node)}' has no static shape)"
         cost[side] += work
@@ -247,15 +256,25 @@ def _costly(trial: onnx.ModelProto, origins: dict[str, tuple[str, str]]) -> str:
     if extra <= max(FREE_WORK, MAX_EXTRA_WORK * cheaper):
         return ""
     side = "then" if cost["then"] >= cost["else"] else "else"
-    return (f"its {side} branch ({nodes[side]} nodes) costs about {extra:,} element-ops, computed on every input beside "
+    return (f"its {side} branch ({nodes[side]} nodes) costs about {extra:,} multiply-adds, computed on every input beside "
             f"the {cheaper:,} of the graph's cheaper path: more than the {MAX_EXTRA_WORK:.0%} if-to-where allows "
             f"(or {FREE_WORK:,})")
 
 
-def _work(node, evaluator: Evaluator, shapes: dict[str, tuple[int, ...]]) -> int | None:
-    """A node's cost in element operations (multiply-adds for MatMul, Gemm, Conv), plus its fixed overhead."""
+def node_cost(node, evaluator: Evaluator, shapes: dict[str, tuple[int, ...]]) -> int | None:
+    """A node's cost in multiply-adds: its fixed overhead plus its work (an element another op writes counts
+    ELEMENT_COST); None without static shapes."""
     if all(evaluator.value(o) is not None for o in node.output if o):
         return 0  # computed from constants: folded before it runs
+    ops = element_ops(node, shapes)
+    if ops is None:
+        return None
+    return NODE_OVERHEAD + (ops if node.op_type in MULTIPLY_ADD_OPS else ELEMENT_COST * ops)
+
+
+def element_ops(node, shapes: dict[str, tuple[int, ...]]) -> int | None:
+    """A node's work without its overhead: the elements it writes, times the depth of a MatMul, Gemm or Conv
+    (its multiply-adds); None without static shapes. benchmarks/bench_node_cost.py counts work with it too."""
     written = [shapes.get(o) for o in node.output if o]
     if any(shape is None for shape in written):
         return None
@@ -270,7 +289,7 @@ def _work(node, evaluator: Evaluator, shapes: dict[str, tuple[int, ...]]) -> int
         depth = int(np.prod(w[1:])) if w else None
     if depth is None:
         return None
-    return NODE_OVERHEAD + elements * depth
+    return elements * depth
 
 
 def _not_total(node, evaluator: Evaluator, shapes: dict[str, tuple[int, ...]]) -> str:
