@@ -116,7 +116,7 @@ def test_whisper_decoded_on_the_npu_by_a_loop(whisper):
     loop = next(e for e in report["loops"] if e["name"] == "decoder-SM8650")
     assert loop["status"] == "passed" and report["summary"]["loops_failed"] == 0
     row = next(line for line in whisper.path("build/report/report.md").read_text().splitlines()
-               if line.startswith("| decoder-SM8650 |"))
+               if line.startswith("| decoder-SM8650 (started by pipeline:whisper-tiny-en-SM8650) |"))
     assert f"{timing['steps_per_second']:.3g} steps/s" in row and " a step, " in row and " a run |" in row, row
     assert "| none |" in row, row
     html = whisper.path("build/report/index.html").read_text()
@@ -184,7 +184,7 @@ def test_a_damaged_decoder_fails_the_gate_with_the_first_differing_token_and_the
     term = ".summary.loops_failed == 0"
     assert term in documented_gate() and not gate_passes(project, term) and gate_passes(whisper, term)
     row = next(line for line in project.path("build/report/report.md").read_text().splitlines()
-               if line.startswith("| decoder-SM8650 |"))
+               if line.startswith("| decoder-SM8650 (started by pipeline:whisper-tiny-en-SM8650) |"))
     cell = f"{first} (NPU {difference['npu']['text']}, CPU {difference['cpu']['text']})".replace("|", "\\|")
     assert f"| {cell} |" in row, row  # a token such as <|endoftext|> keeps the table's columns
     print(f"damaged decoder: first differing step {first}: NPU {difference['npu']['text']} vs CPU "
