@@ -5,6 +5,10 @@ size it is told (ctx.size). With `options: {mask: ignored}` the export forgets t
 position, padding included): each size agrees with its CPU reference, but a short input padded into a larger
 size changes its answer, which only the cross-size check sees. Samples come at their own length (3 to 14
 positions), so each fits the smallest size; reference() is the same math in numpy.
+
+`attention_project`: masked self-attention with an additive mask [1, seq, seq] (the dim on two axes) at
+seq 8 and 16, the mask's pad value given per model (-10000.0 keeps the padded keys out of the softmax, 0
+lets them in).
 """
 from __future__ import annotations
 

@@ -52,8 +52,8 @@ def run(graphs: list[GraphSpec], verify: dict[str, Any], inputs: list[Path], out
     if failures:
         more = f" (and {len(failures) - 1} more pair(s))" if len(failures) > 1 else ""
         raise StageError(f"{failures[0]}{more}: padding changes the answer (fix: mask the padded positions in the "
-                         f"export, e.g. multiply by the attention mask before pooling; to see it: doit "
-                         f"crosssize:{target})", record)
+                         f"export, e.g. multiply by the attention mask before pooling, or pad an additive mask with "
+                         f"-10000.0 in dims: pad; to see it: doit crosssize:{target})", record)
     return record
 
 
