@@ -357,7 +357,7 @@ def test_an_attention_mask_on_two_axes_builds_and_the_cross_size_check_sees_its_
     """Masked self-attention with an additive [1, seq, seq] mask at seq 8 and 16 on SM8650's simulator: padded with
     -1e4 each size is verified and the cross-size check passes (probs [1, seq, seq] cropped on both axes); the
     same model with the mask padded with 0 (the padded keys are attended to) verifies per size but fails the
-    cross-size check in one line naming both sizes."""
+    cross-size check in one line naming both sizes. The package lists the mask's two axes."""
     project = attention_project(tmp_path / "p", {"attn": "-10000.0", "leaky": "0"})
     run = project.doit("-n", "2", "--continue", "simverify", "crosssize")
     assert run.returncode != 0
@@ -372,3 +372,8 @@ def test_an_attention_mask_on_two_axes_builds_and_the_cross_size_check_sees_its_
     assert check["pairs"][0]["metrics"]["probs"]["cosine"] > 0.999, check
     line = run.failure_line("crosssize:leaky.seq16-SM8650")
     assert "leaky.seq8 and leaky.seq16 differ on the same 6 samples" in line and "padding changes the answer" in line
+
+    # the package's manifest (checked against its schema as dist writes it): the mask's axes as a list
+    project.doit("dist:attn", check=True)
+    manifest = json.loads(project.path("dist/attn/manifest.json").read_text())
+    assert manifest["selection"]["sizes"][0]["axes"] == {"x": 1, "mask": [1, 2], "probs": [1, 2], "ctx": 1}
