@@ -5,6 +5,10 @@ size it is told (ctx.size). With `options: {mask: ignored}` the export forgets t
 position, padding included): each size agrees with its CPU reference, but a short input padded into a larger
 size changes its answer, which only the cross-size check sees. Samples come at their own length (3 to 14
 positions), so each fits the smallest size; reference() is the same math in numpy.
+
+`attention_project`: masked self-attention with an additive mask [1, seq, seq] (the dim on two axes) at
+seq 8 and 16, the mask's pad value given per model (-10000.0 keeps the padded keys out of the softmax, 0
+lets them in).
 """
 from __future__ import annotations
 
@@ -197,4 +201,117 @@ def packaged_sized_project(root: Path) -> Project:
         masks[i, 0, :length] = 1
     np.savez(folder / "samples.npz", x=xs, mask=masks)
     (folder / "model.yaml").write_text(PACKAGED_YAML)
+    return project
+
+
+ATTENTION_YAML = """\
+licence: test fixture
+source: {{url: built in export.py}}
+graphs:
+  {name}:
+    dims:
+      seq: {{sizes: [8, 16], pad: {{x: 0.0, mask: {pad}}}, longer: skip}}
+    inputs:
+      x: {{shape: [1, seq, 16], dtype: float32}}
+      mask: {{shape: [1, seq, seq], dtype: float32}}
+    outputs:
+      probs: {{shape: [1, seq, seq]}}
+      ctx: {{shape: [1, seq, 8]}}
+      pooled: {{shape: [1, 8]}}
+    socs: [SM8650]
+    verify:
+      samples: 8
+      checks:
+        - ranking: {{output: pooled, top: 1, min: 1.0}}
+"""
+
+ATTENTION_PY = '''\
+"""Masked self-attention, built at the size the tool asks for (ctx.size): an additive mask [1, seq, seq].
+
+scores = q k^T / sqrt(8) + mask; probs = softmax(scores) on the rows that hold a position (a row of the mask
+with a value above -1: a padded row is all pad); ctx = probs v on those rows; pooled = their mean.
+"""
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+WEIGHT_SEED = 5
+LENGTHS = (3, 12, 5, 7, 4, 10, 6, 8)  # 12 and 10 are longer than the size 8: skipped there
+
+
+def _weights():
+    rng = np.random.default_rng(WEIGHT_SEED)
+    wq, wk, wv = (rng.standard_normal((16, 8)).astype(np.float32) / 4 for _ in range(3))
+    return wq, wk, wv, rng.standard_normal(8).astype(np.float32)
+
+
+def export(ctx):
+    size = ctx.size
+    wq, wk, wv, bv = _weights()
+    nodes = [helper.make_node("MatMul", ["x", "wq"], ["q"]), helper.make_node("MatMul", ["x", "wk"], ["k"]),
+             helper.make_node("MatMul", ["x", "wv"], ["xv"]), helper.make_node("Add", ["xv", "bv"], ["v"]),
+             helper.make_node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]),
+             helper.make_node("MatMul", ["q", "kt"], ["qk"]), helper.make_node("Mul", ["qk", "scale"], ["scores"]),
+             helper.make_node("Add", ["scores", "mask"], ["masked"]),
+             helper.make_node("Softmax", ["masked"], ["p"], axis=-1),
+             helper.make_node("ReduceMax", ["mask"], ["rowmax"], axes=[2], keepdims=1),
+             helper.make_node("Greater", ["rowmax", "open"], ["held"]),
+             helper.make_node("Cast", ["held"], ["valid"], to=TensorProto.FLOAT),
+             helper.make_node("Mul", ["p", "valid"], ["probs"]),
+             helper.make_node("MatMul", ["probs", "v"], ["ctx"]),
+             helper.make_node("ReduceSum", ["ctx", "one"], ["total"], keepdims=0),
+             helper.make_node("ReduceSum", ["valid", "one"], ["count"], keepdims=0),
+             helper.make_node("Max", ["count", "floor"], ["safe"]),
+             helper.make_node("Div", ["total", "safe"], ["pooled"])]
+    graph = helper.make_graph(
+        nodes, "attention",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, size, 16]),
+         helper.make_tensor_value_info("mask", TensorProto.FLOAT, [1, size, size])],
+        [helper.make_tensor_value_info("probs", TensorProto.FLOAT, [1, size, size]),
+         helper.make_tensor_value_info("ctx", TensorProto.FLOAT, [1, size, 8]),
+         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, [1, 8])],
+        [numpy_helper.from_array(wq, "wq"), numpy_helper.from_array(wk, "wk"), numpy_helper.from_array(wv, "wv"),
+         numpy_helper.from_array(bv, "bv"), numpy_helper.from_array(np.array(8 ** -0.5, np.float32), "scale"),
+         numpy_helper.from_array(np.array(-1.0, np.float32), "open"),
+         numpy_helper.from_array(np.array([1], np.int64), "one"),
+         numpy_helper.from_array(np.array(1.0, np.float32), "floor")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    onnx.save(model, str(ctx.out_path))
+
+
+def samples(ctx):
+    """Eight inputs at their own length, each with its causal mask (0 on and below the diagonal, -1e4 above)."""
+    rng = np.random.default_rng(13)
+    return [{"x": rng.standard_normal((1, n, 16)).astype(np.float32),
+             "mask": np.triu(np.full((n, n), -1.0e4, np.float32), k=1)[None]} for n in LENGTHS]
+
+
+def reference(ctx, inputs):
+    wq, wk, wv, bv = _weights()
+    result = []
+    for sample in inputs:
+        x, mask = sample["x"][0], sample["mask"][0]
+        scores = (x @ wq) @ (x @ wk).T / np.sqrt(8.0) + mask
+        e = np.exp(scores - scores.max(axis=-1, keepdims=True))
+        valid = (mask.max(axis=-1) > -1.0).astype(np.float32)[:, None]
+        probs = e / e.sum(axis=-1, keepdims=True) * valid
+        out = probs @ (x @ wv + bv)
+        result.append({"probs": probs[None], "ctx": out[None].astype(np.float32),
+                       "pooled": (out.sum(0) / max(valid.sum(), 1.0))[None].astype(np.float32)})
+    return result
+'''
+
+
+def attention_project(root: Path, pads: dict[str, str]) -> Project:
+    """The example project with its models replaced by masked self-attention models at seq 8 and 16, whose
+    [1, seq, seq] mask has the dim on two axes: {model name: the mask's pad value as written in model.yaml}."""
+    project = copy_project(root)
+    for model in project.root.glob("models/*"):
+        shutil.rmtree(model)
+    for name, pad in pads.items():
+        folder = project.path(f"models/{name}")
+        folder.mkdir(parents=True)
+        (folder / "model.yaml").write_text(ATTENTION_YAML.format(name=name, pad=pad))
+        (folder / "export.py").write_text(ATTENTION_PY)
     return project

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from sized_project import LENGTHS, packaged_sized_project, sized_project
+from sized_project import LENGTHS, attention_project, packaged_sized_project, sized_project
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
@@ -64,7 +64,7 @@ def test_dims_make_one_graph_per_size(tmp_path):
     assert [t.shape for t in large.outputs] == [(1, 32, 4), (1, 4), (1, 1)]
     assert small.size.graph == "enc" and small.size.sizes == (8, 32) and small.size.longer == "truncate"
     assert small.size.pad == {"ids": 0.0, "mask": 0.0}
-    assert small.size.axes == {"ids": 1, "mask": 1, "hidden": 1}
+    assert small.size.axes == {"ids": (1,), "mask": (1,), "hidden": (1,)}
     assert small.key == "graphs.enc"  # messages name the key in model.yaml, not the size's graph
     facts = specsizes.facts(large)
     assert facts["rule"] == "smallest that fits" and facts["graphs"] == {"8": "enc.seq8", "32": "enc.seq32"}
@@ -183,6 +183,106 @@ def test_samples_are_fitted_padded_truncated_or_skipped(tmp_path):
     assert padded[1]["mask"].tolist() == [[1] * 10 + [0] * 22]
 
 
+MASK_YAML = """\
+licence: test
+source: {url: none}
+graphs:
+  dec:
+    dims:
+      seq: {sizes: [4, 8], pad: {ids: 0, attention_mask: -10000.0}, longer: truncate}
+    inputs:
+      ids: {shape: [1, seq], dtype: int32}
+      attention_mask: {shape: [1, 1, seq, seq], dtype: float32}
+    outputs:
+      probs: {shape: [1, 2, seq, seq]}
+      pooled: {shape: [1, 4]}
+"""
+IMAGE_YAML = """\
+licence: test
+source: {url: none}
+graphs:
+  det:
+    dims: {side: {sizes: [320, 640], pad: {pixel_values: 0.5}}}
+    inputs:
+      pixel_values: {shape: [1, 3, side, side], dtype: float32}
+    outputs:
+      boxes: {shape: [1, side, 4]}
+"""
+
+
+def causal(n: int) -> np.ndarray:
+    """An additive causal mask [1, 1, n, n]: 0 on and below the diagonal, -1e4 above."""
+    return np.triu(np.full((n, n), -1.0e4, np.float32), k=1)[None, None]
+
+
+def test_a_dim_on_several_axes_of_one_tensor_is_every_one_of_them(tmp_path):
+    """A [1, 1, seq, seq] mask and a square image [1, 3, side, side]: every axis named by the dim takes the size,
+    the axes are recorded (an integer in records and manifests for a tensor with one, a list for several; an
+    older record's integer is read back), and the manifest's schema accepts both forms."""
+    mask = load(tmp_path, MASK_YAML)
+    small, large = mask.graphs
+    assert [t.shape for t in small.inputs] == [(1, 4), (1, 1, 4, 4)]
+    assert [t.shape for t in large.outputs] == [(1, 2, 8, 8), (1, 4)]
+    assert small.size.axes == {"ids": (1,), "attention_mask": (2, 3), "probs": (2, 3)}
+    assert small.size.as_dict()["axes"] == {"ids": 1, "attention_mask": [2, 3], "probs": [2, 3]}
+    assert graph_from_dict(graph_to_dict(large, tmp_path)).size == large.size
+    old = {**large.size.as_dict(), "axes": {"ids": 1}}  # a record written before several axes were allowed
+    assert specsizes.SizeSpec.from_dict(old).axes == {"ids": (1,)}
+    facts = specsizes.facts(large)
+    assert facts["axes"] == {"ids": 1, "attention_mask": [2, 3], "probs": [2, 3]}
+
+    image = load(tmp_path, IMAGE_YAML)
+    assert [g.name for g in image.graphs] == ["det.side320", "det.side640"]
+    assert image.graphs[1].inputs[0].shape == (1, 3, 640, 640) and image.graphs[0].outputs[0].shape == (1, 320, 4)
+    assert image.graphs[0].size.axes == {"pixel_values": (2, 3), "boxes": (1,)}
+
+    from qnn_tasks.ship import manifest  # the package manifest's schema: an integer, or a list of two or more
+    jsonschema = pytest.importorskip("jsonschema")
+    schema = manifest.schema()
+    item = {"$defs": schema["$defs"], **schema["properties"]["selection"]["properties"]["sizes"]["items"]}
+    validator = jsonschema.Draft202012Validator(item)
+    for good in specsizes.selection([*mask.graphs, *image.graphs]):
+        assert not list(validator.iter_errors(good)), good
+    for bad in ([3], [2, -1], "2"):
+        assert list(validator.iter_errors({**facts, "axes": {"attention_mask": bad}})), bad
+
+
+def test_a_mask_is_fitted_on_both_axes_and_longer_on_either_is_longer(tmp_path):
+    """A causal mask at 3 positions is padded to 4 and 8 on both axes with its pad value (-1e4: the padded keys
+    get no attention); a 6-position sample is cut to 4 on both axes (truncate) or left out (skip); an image
+    wider than a size but not taller is longer than it."""
+    small, large = load(tmp_path, MASK_YAML).graphs
+    ids = np.array([[5, 6, 7]], np.int32)
+    samples = [{"ids": ids, "attention_mask": causal(3)},
+               {"ids": np.arange(1, 7, dtype=np.int32)[None], "attention_mask": causal(6)}]
+    fitted, done = fitting.fit(samples, large, "here")
+    padded = fitted[0]["attention_mask"]
+    assert padded.shape == (1, 1, 8, 8) and padded.dtype == np.float32
+    assert np.array_equal(padded[0, 0, :3, :3], causal(3)[0, 0])
+    assert (padded[0, 0, 3:, :] == -1.0e4).all() and (padded[0, 0, :, 3:] == -1.0e4).all()
+    assert fitted[0]["ids"].tolist() == [[5, 6, 7, 0, 0, 0, 0, 0]] and done["truncated"] == []
+    fitted, done = fitting.fit(samples, small, "here")
+    assert done["truncated"] == [1] and np.array_equal(fitted[1]["attention_mask"], causal(6)[..., :4, :4])
+    assert np.array_equal(fitted[0]["attention_mask"][..., :3, :3], causal(3)) and fitted[0]["attention_mask"][
+        0, 0, 3, 3] == -1.0e4
+    skipping = load(tmp_path, MASK_YAML.replace("longer: truncate", "longer: skip")).graphs[0]
+    fitted, done = fitting.fit(samples, skipping, "here")
+    assert done["skipped"] == [1] and done["kept"] == 1
+
+    # a sample whose mask alone is longer (ids 3 long, mask 6 x 6 holding positions): longer on the mask's axes
+    wide_mask = [{"ids": ids, "attention_mask": causal(6)}]
+    assert fitting.content_length(wide_mask[0], skipping) == 6
+    # an image 300 tall and 400 wide: shorter than 320 on one axis, longer on the other
+    det = load(tmp_path, IMAGE_YAML).graphs[0]
+    image = np.ones((1, 3, 300, 400), np.float32)
+    assert fitting.same_shape(image.shape, det.inputs[0], det)
+    assert not fitting.same_shape((1, 1, 300, 400), det.inputs[0], det)  # channels are not the dim
+    fitted, done = fitting.fit([{"pixel_values": image}, {"pixel_values": image[..., :200]}], det, "here")
+    assert done["skipped"] == [0] and fitted[0]["pixel_values"].shape == (1, 3, 320, 320)
+    assert (fitted[0]["pixel_values"][0, :, 300:, :] == 0.5).all() and (fitted[0]["pixel_values"][0, :, :, 200:]
+                                                                         == 0.5).all()
+
+
 @pytest.mark.slow
 def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp_path):
     """pool: each size verified on the simulator, the cross-size check passes, its pipeline with a head runs per
@@ -250,3 +350,30 @@ def test_a_packaged_onnx_with_a_symbolic_dim_builds_per_size_from_yaml_alone(tmp
     check = project.one_json("build/dyn/dyn.seq16/*/fp16/SM8650/crosssize/crosssize.json")
     fit = [i for i in range(len(LENGTHS)) if i not in truncated]
     assert check["status"] == "passed" and check["pairs"][0]["samples"] == [[i, i] for i in fit]
+
+
+@pytest.mark.slow
+def test_an_attention_mask_on_two_axes_builds_and_the_cross_size_check_sees_its_pad_value(tmp_path):
+    """Masked self-attention with an additive [1, seq, seq] mask at seq 8 and 16 on SM8650's simulator: padded with
+    -1e4 each size is verified and the cross-size check passes (probs [1, seq, seq] cropped on both axes); the
+    same model with the mask padded with 0 (the padded keys are attended to) verifies per size but fails the
+    cross-size check in one line naming both sizes. The package lists the mask's two axes."""
+    project = attention_project(tmp_path / "p", {"attn": "-10000.0", "leaky": "0"})
+    run = project.doit("-n", "2", "--continue", "simverify", "crosssize")
+    assert run.returncode != 0
+    for name in ("attn.seq8", "attn.seq16", "leaky.seq8", "leaky.seq16"):
+        verdict = project.one_json(f"build/*/{name}/*/fp16/SM8650/simverify/simverify.json")
+        assert verdict["status"] == "passed", verdict
+    fitted = project.one_json("build/attn/attn.seq8/cpucheck/cpucheck.json")["fitted"]
+    assert (fitted["kept"], fitted["skipped"]) == (6, [1, 5])  # lengths 12 and 10 are longer than 8
+    check = project.one_json("build/attn/attn.seq16/*/fp16/SM8650/crosssize/crosssize.json")
+    assert check["status"] == "passed" and check["pairs"][0]["samples"] == [[0, 0], [1, 2], [2, 3], [3, 4],
+                                                                             [4, 6], [5, 7]]
+    assert check["pairs"][0]["metrics"]["probs"]["cosine"] > 0.999, check
+    line = run.failure_line("crosssize:leaky.seq16-SM8650")
+    assert "leaky.seq8 and leaky.seq16 differ on the same 6 samples" in line and "padding changes the answer" in line
+
+    # the package's manifest (checked against its schema as dist writes it): the mask's axes as a list
+    project.doit("dist:attn", check=True)
+    manifest = json.loads(project.path("dist/attn/manifest.json").read_text())
+    assert manifest["selection"]["sizes"][0]["axes"] == {"x": 1, "mask": [1, 2], "probs": [1, 2], "ctx": 1}

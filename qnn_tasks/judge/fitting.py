@@ -2,8 +2,9 @@
 
 A sample may come at any length along the sized dim (export.py's samples() at the text's own length, a
 file padded to some other length): its content length is where the last value that is not its input's
-pad value lies (the longest over the inputs with the dim). Padding appends the input's pad value;
-truncating cuts at the size. Samples of a graph without sizes pass through unchanged.
+pad value lies (the longest over the inputs with the dim, and over every axis that is the dim: a [seq, seq]
+mask is as long as its longest side). Padding appends the input's pad value along every such axis;
+truncating cuts each at the size. Samples of a graph without sizes pass through unchanged.
 """
 from __future__ import annotations
 
@@ -17,10 +18,10 @@ from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
 def same_shape(shape: tuple[int, ...], spec: TensorSpec, graph: GraphSpec) -> bool:
     """`shape` is the declared one, any length along the sized dim allowed (a sample before fitting)."""
-    axis = graph.size.axes.get(spec.name) if graph.size and spec.name in graph.size.pad else None
-    if axis is None or len(shape) != len(spec.shape):
+    axes = graph.size.axes.get(spec.name) if graph.size and spec.name in graph.size.pad else None
+    if axes is None or len(shape) != len(spec.shape):
         return tuple(shape) == spec.shape
-    return all(a == b for i, (a, b) in enumerate(zip(shape, spec.shape)) if i != axis)
+    return all(a == b for i, (a, b) in enumerate(zip(shape, spec.shape)) if i not in axes)
 
 
 def content_length(sample: dict[str, np.ndarray], graph: GraphSpec) -> int:
@@ -29,25 +30,28 @@ def content_length(sample: dict[str, np.ndarray], graph: GraphSpec) -> int:
     length = 0
     for name, pad in size.pad.items():
         value = np.asarray(sample[name])
-        axis = size.axes[name]
-        if value.ndim <= axis:
-            continue  # a wrong shape: the sample check names it after fitting
-        other = tuple(i for i in range(value.ndim) if i != axis)
-        used = np.flatnonzero((value != pad).any(axis=other) if other else value != pad)
-        length = max(length, int(used[-1]) + 1 if used.size else 0)
+        for axis in size.axes[name]:
+            if value.ndim <= axis:
+                continue  # a wrong shape: the sample check names it after fitting
+            other = tuple(i for i in range(value.ndim) if i != axis)
+            used = np.flatnonzero((value != pad).any(axis=other) if other else value != pad)
+            length = max(length, int(used[-1]) + 1 if used.size else 0)
     return length
 
 
-def to_size(value: np.ndarray, axis: int, size: int, pad: float) -> np.ndarray:
-    """`value` cut or padded (with `pad`) to `size` along `axis`, its dtype kept."""
+def to_size(value: np.ndarray, axes: tuple[int, ...], size: int, pad: float) -> np.ndarray:
+    """`value` cut or padded (with `pad`) to `size` along each of `axes`, its dtype kept."""
     value = np.asarray(value)
-    if value.ndim <= axis:
-        return value
-    if value.shape[axis] >= size:
-        return np.take(value, np.arange(size), axis=axis)
-    widths = [(0, 0)] * value.ndim
-    widths[axis] = (0, size - value.shape[axis])
-    return np.pad(value, widths, constant_values=np.asarray(pad).astype(value.dtype))
+    for axis in axes:
+        if value.ndim <= axis:
+            continue
+        if value.shape[axis] >= size:
+            value = np.take(value, np.arange(size), axis=axis)
+            continue
+        widths = [(0, 0)] * value.ndim
+        widths[axis] = (0, size - value.shape[axis])
+        value = np.pad(value, widths, constant_values=np.asarray(pad).astype(value.dtype))
+    return value
 
 
 def fit(samples: list[dict[str, np.ndarray]], graph: GraphSpec, where: str

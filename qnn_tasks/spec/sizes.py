@@ -13,7 +13,9 @@
           attention_mask: {shape: [1, seq], dtype: int32}
 
 Each size is a graph of its own (`<graph>.<dim><size>`) through every stage, its shapes written with the
-size; its GraphSpec carries a `SizeSpec` saying which size of which graph it is. Only YAML is read here.
+size; its GraphSpec carries a `SizeSpec` saying which size of which graph it is. A tensor may have the dim on
+several axes (an attention mask [1, 1, seq, seq], a square image [1, 3, side, side]): each is the dim, the same
+size. Only YAML is read here.
 """
 from __future__ import annotations
 
@@ -40,19 +42,31 @@ class SizeSpec:
     sizes: tuple[int, ...]           # every size of the graph, ascending
     pad: dict[str, float]            # input -> the value a shorter sample is padded with
     longer: str                      # "skip" | "truncate": a sample longer than the size
-    axes: dict[str, int] = field(default_factory=dict)  # input or output name -> the axis that is the dim
+    # input or output name -> the axes that are the dim, ascending (one for most; [seq, seq] masks have two)
+    axes: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
     def name_of(self, size: int) -> str:
         return sized_name(self.graph, self.dim, size)
 
     def as_dict(self) -> dict[str, Any]:
         return {"graph": self.graph, "dim": self.dim, "size": self.size, "sizes": list(self.sizes),
-                "pad": dict(self.pad), "longer": self.longer, "axes": dict(self.axes)}
+                "pad": dict(self.pad), "longer": self.longer, "axes": axes_out(self.axes)}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> SizeSpec:
         return cls(graph=data["graph"], dim=data["dim"], size=data["size"], sizes=tuple(data["sizes"]),
-                   pad=dict(data["pad"]), longer=data["longer"], axes=dict(data["axes"]))
+                   pad=dict(data["pad"]), longer=data["longer"], axes=axes_in(data["axes"]))
+
+
+def axes_out(axes: dict[str, tuple[int, ...]]) -> dict[str, int | list[int]]:
+    """Axes as written in records and manifests: an integer for a tensor with the dim on one axis (what records
+    before several axes were allowed hold, and what a manifest's consumers read), a list for several."""
+    return {name: where[0] if len(where) == 1 else list(where) for name, where in axes.items()}
+
+
+def axes_in(data: dict[str, Any]) -> dict[str, tuple[int, ...]]:
+    """`axes_out`'s form (or an older record's, an integer each) read back."""
+    return {name: (where,) if isinstance(where, int) else tuple(where) for name, where in data.items()}
 
 
 def sized_name(graph: str, dim: str, size: int) -> str:
@@ -104,18 +118,15 @@ def expand(name: str, data: dict[str, Any], path: Path, key: str) -> list[tuple[
             for size in sizes]
 
 
-def _axes(data: dict[str, Any], dim: str, path: Path, key: str) -> dict[str, int]:
-    """input/output name -> the axis of its shape that is `dim` (at most one per tensor)."""
+def _axes(data: dict[str, Any], dim: str, path: Path, key: str) -> dict[str, tuple[int, ...]]:
+    """input/output name -> the axes of its shape that are `dim` (every one: a [seq, seq] mask has two)."""
     axes = {}
     for side in ("inputs", "outputs"):
         for tensor, tdata in as_mapping(data.get(side), path, f"{key}.{side}").items():
             shape = tdata.get("shape") if isinstance(tdata, dict) else None
-            where = [i for i, d in enumerate(shape or []) if d == dim] if isinstance(shape, list) else []
-            if len(where) > 1:
-                raise SpecError(path, f"{key}.{side}.{tensor}.shape", f"'{dim}' appears {len(where)} times",
-                                "a tensor has the sized dim on one axis")
+            where = tuple(i for i, d in enumerate(shape) if d == dim) if isinstance(shape, list) else ()
             if where:
-                axes[str(tensor)] = where[0]
+                axes[str(tensor)] = where
     return axes
 
 
@@ -184,7 +195,7 @@ def facts(graph: Any) -> dict[str, Any] | None:
     size = SizeSpec.from_dict(size) if isinstance(size, dict) else size
     return {"graph": size.graph, "dim": size.dim, "size": size.size, "sizes": list(size.sizes),
             "graphs": {str(s): size.name_of(s) for s in size.sizes}, "rule": RULE, "pad": dict(size.pad),
-            "longer": size.longer, "axes": dict(size.axes)}
+            "longer": size.longer, "axes": axes_out(size.axes)}
 
 
 def selection(graphs: Any) -> list[dict[str, Any]]:

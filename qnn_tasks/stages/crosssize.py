@@ -4,7 +4,8 @@ What a deployment that picks "the smallest size that fits" relies on. For each p
 (model.yaml `dims:`) on one chip, the samples both simulated with the same content (the smaller's inputs
 padded to the larger size equal the larger's) are compared: the larger size's simulator outputs against
 the smaller's, by the graph's own verify thresholds and checks (an output with the sized dim compared over
-the smaller size's positions). Reads only the kept simulate outputs and cpucheck inputs: nothing is re-run.
+the smaller size's positions, on every axis that is the dim). Reads only the kept simulate outputs and
+cpucheck inputs: nothing is re-run.
 """
 from __future__ import annotations
 
@@ -51,8 +52,8 @@ def run(graphs: list[GraphSpec], verify: dict[str, Any], inputs: list[Path], out
     if failures:
         more = f" (and {len(failures) - 1} more pair(s))" if len(failures) > 1 else ""
         raise StageError(f"{failures[0]}{more}: padding changes the answer (fix: mask the padded positions in the "
-                         f"export, e.g. multiply by the attention mask before pooling; to see it: doit "
-                         f"crosssize:{target})", record)
+                         f"export, e.g. multiply by the attention mask before pooling, or pad an additive mask with "
+                         f"-10000.0 in dims: pad; to see it: doit crosssize:{target})", record)
     return record
 
 
@@ -72,10 +73,10 @@ def _shared(small: GraphSpec, large: GraphSpec, small_inputs: list[dict[str, np.
 
 
 def _within(sample: dict[str, np.ndarray], large: GraphSpec, length: int) -> dict[str, np.ndarray]:
-    """A larger size's outputs cut to the smaller size's positions along the sized dim (outputs that have it)."""
-    axes = large.size.axes
-    return {name: (np.take(value, np.arange(length), axis=axes[name]) if name in axes else value)
-            for name, value in sample.items()}
+    """A larger size's outputs cut to the smaller size's positions along the sized dim (every axis that is it,
+    in the outputs that have it)."""
+    axes = large.size.axes  # the larger size is at least `length` long on each: to_size only cuts
+    return {name: (to_size(value, axes[name], length, 0.0) if name in axes else value) for name, value in sample.items()}
 
 
 def run_call(call: StageCall) -> dict[str, Any]:
