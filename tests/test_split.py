@@ -119,6 +119,9 @@ def test_over_budget_refused_then_split_builds(tmp_path):
             in line), line
     assert "(fix: precision: w8a16 would be 1.1 MB; split: {parts: 2} gives parts of about 1.0 MB)" in line, line
     assert not list(project.root.glob("build/stack/net/**/*.bin"))  # stopped before compile
+    listed = project.doit("list", "--all").stdout  # the size lint measured, beside the budget, before any compile
+    assert "weights 2.1 MB fp16 at the last lint; context budget 2 MB on v75)" in \
+        next(line for line in listed.splitlines() if line.startswith("lint:net ")), listed
 
     project.edit(YAML, "    socs: [SM8650]\n", "    socs: [SM8650]\n    split: {parts: 2}\n")
     project.path(YAML).write_text(project.path(YAML).read_text() + SECOND)

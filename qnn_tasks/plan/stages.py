@@ -301,14 +301,27 @@ def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
     loop_feed = loop.feed if runs_loop(loop, g) else None  # lint proposes a missing loop (a size: the graph's)
     budgets = p.budgets(g)
     tightest = min(budgets.items(), key=lambda item: item[1]["mb"], default=None)
-    budget = f" (context budget {tightest[1]['mb']} MB on {tightest[0]})" if tightest else ""
+    budget = f"context budget {tightest[1]['mb']} MB on {tightest[0]}" if tightest else ""
+    said = "; ".join(part for part in (last_weights(gt.lint_record, g.precisions), budget) if part)
     keyed = {arch: budget["mb"] for arch, budget in budgets.items()}  # not the file: a clone shares the cache
     return graph_plan(p, stage, gt, [str(gt.simplified)], [],
                        {"lint": g.lint, "precision": g.precision, "budgets": keyed, "split": g.split,
                         **({"loop_feed": loop_feed} if loop_feed else {})},
                        lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified), "budgets": budgets,
                                 "loop_feed": loop_feed},
-                       f"lint {gt.simplified} -> {gt.lint_record}{budget}")
+                       f"lint {gt.simplified} -> {gt.lint_record}" + (f" ({said})" if said else ""))
+
+
+def last_weights(record: Path, precisions: tuple[str, ...]) -> str:
+    """`weights 87.3 MB fp16 at the last lint` from the graph's lint record, "" before its first lint. For `doit
+    list`'s doc only (never a key or a dependency): the one file besides YAML and package metadata that planning
+    reads, a ~2 KB record per graph (~30 us each), so a person sees a graph's size before spending its compile."""
+    try:
+        measured = json.loads(Path(record).read_text()).get("weight_bytes") or {}
+        sizes = [f"{measured[p] / 1e6:.1f} MB {p}" for p in precisions if isinstance(measured.get(p), int)]
+    except (OSError, ValueError, AttributeError):
+        return ""
+    return f"weights {', '.join(sizes)} at the last lint" if sizes else ""
 
 
 def plan_cpucheck(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
