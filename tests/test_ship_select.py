@@ -1,4 +1,5 @@
-"""The device-side choice (issue 32, item 5): qnn_tasks/ship/select.py and the Java reference for apps agree.
+"""The device-side choice (issue 32, item 5): qnn_tasks/ship/select.py and the Java reference for apps agree; and the
+size of a graph with sizes an input runs at (issue 33, "chosen at run time"): the table's size_cases, through both.
 
 One decision table (qnn_tasks/ship/java/src/test/resources/selector_cases.json: stand-in phones of SM8650, SM7550,
 an Exynos chip, an SM8650 with older runtime libraries, one whose load fails, ...) runs through the Python selector
@@ -41,6 +42,50 @@ def test_python_selector_follows_the_table(case):
     expect = case["expect"]
     assert decision.as_dict() == {k: expect[k] for k in ("target", "path", "precision", "reason", "rule")}
     assert asked == expect["loaded"]
+
+
+@pytest.mark.parametrize("case", table()["size_cases"], ids=lambda c: c["name"])
+def test_python_size_choice_follows_the_table(case):
+    """choose_size (issue 33, "chosen at run time"): the same cases Selector.chooseSize passes."""
+    manifest = table()["manifests"][case["manifest"]]
+    if "error" in case:
+        with pytest.raises((KeyError, ValueError)) as raised:
+            select.choose_size(manifest, case["graph"], case["length"])
+        message = str(raised.value.args[0])
+        assert case["error"] in message and "\n" not in message and message.startswith("manifest of ")
+        return
+    assert select.choose_size(manifest, case["graph"], case["length"]).as_dict() == case["expect"]
+
+
+def test_the_size_table_holds_the_cases_issue_33_asks_for():
+    """Each situation the app meets has a case, with the outcome asked for (not only what the code happens to do)."""
+    cases = {c["name"]: c for c in table()["size_cases"]}
+    expect = {name: c.get("expect") for name, c in cases.items()}
+    assert (expect["fits-the-smallest"]["graph"], expect["fits-the-smallest"]["pad"]) == ("minilm.seq16", 11)
+    assert (expect["exactly-the-smallest"]["graph"], expect["exactly-the-smallest"]["pad"]) == ("minilm.seq16", 0)
+    assert (expect["between-sizes"]["graph"], expect["between-sizes"]["pad"]) == ("minilm.seq128", 91)
+    assert (expect["longer-truncate"]["graph"], expect["longer-truncate"]["truncate"]) == ("pool.seq32", 8)
+    assert expect["longer-skip"]["graph"] is None and "refuse or split" in expect["longer-skip"]["reason"]
+    missing = expect["a-size-missing-from-the-package"]
+    assert missing["graph"] == "minilm.seq128" and "not in the package: 64" in missing["reason"]
+    assert expect["a-graph-without-sizes"]["graph"] == "head"
+    assert "length 0" in cases["length-0"]["error"]
+
+
+def test_a_size_choice_composes_with_the_device_choice():
+    """The two calls in the app's order: choose_size, then choose on the graph it named."""
+    manifest = table()["manifests"]["sized"]
+    size = select.choose_size(manifest, "minilm", 37)
+    decision = select.choose(manifest, size.graph, "SM8650", "2.41.0", lambda b: None)
+    assert (decision.target, decision.path) == ("npu", "SM8650/minilm.seq128.fp16.bin")
+    assert select.choose(manifest, size.graph, "SM7550", "2.41.0", lambda b: None).path == "cpu/minilm.seq128.onnx"
+
+
+def test_pad_values_read_the_same_in_both_languages():
+    assert [select.number(v) for v in (0.0, -0.0, -10000.0, 0.25, 1e-05, 1e20, 3)] == [
+        "0", "0", "-10000", "0.25", "0.00001", "100000000000000000000", "3"]
+    with pytest.raises(ValueError, match="length True"):
+        select.choose_size(table()["manifests"]["sized"], "minilm", True)
 
 
 def test_the_table_holds_the_issue_phones():
@@ -91,7 +136,7 @@ def test_java_reference_compiles_and_passes_the_same_table(tmp_path):
     run = subprocess.run(["java", f"-Dselector.cases={CASES}", "-cp", f"{tmp_path}:{classpath}",
                           "org.junit.runner.JUnitCore", "qnntasks.ship.SelectorTest"],
                          capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "OK (4 tests)" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and "OK (6 tests)" in run.stdout, run.stdout + run.stderr
 
 
 def test_java_logic_has_no_android_dependency():

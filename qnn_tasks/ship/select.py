@@ -10,16 +10,22 @@ a `Decision`: the NPU binary to use, or the CPU fallback, always with the reason
 4. the first candidate left is loaded through `load` (None: loaded, else the error text); a failed load -> CPU.
 The Java reference (ship/java/.../Selector.java) follows the same rules word for word: the decision table in
 ship/java/selector_cases.json is run through both (tests/test_ship_select.py).
+`choose_size(manifest, graph, length)` comes first for a graph with sizes (model.yaml `dims:`): the smallest size
+the package ships a graph for that holds `length` positions along the dim ("smallest that fits", what the
+cross-size check vouches for), padded with the manifest's pad values; longer than every size: truncated to the
+largest, or none (`longer: skip`). Its `graph` is then the one to pass to `choose`.
 No Android, no adb, no numpy here: `doit verify` calls it per phone and an app may vendor this file.
 """
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
+from decimal import Decimal
 from typing import Any, Callable, Mapping, Sequence
 
 DEFAULT_PRECISION_ORDER = ("fp16", "w8a16")
 SCHEMA_VERSION = 1  # the manifest.json these rules read
+RULE_SIZES = "smallest that fits"  # the manifest's selection.sizes[].rule: what choose_size follows
 CODE = "5000/5005"  # QNN's errors for a context binary newer than the runtime libraries
 
 # Decision.rule: which rule decided
@@ -28,6 +34,13 @@ NO_BUILD = "no-build"
 RUNTIME_UNKNOWN = "runtime-unknown"
 RUNTIME_OLDER = "runtime-older"
 LOAD_FAILED = "load-failed"
+
+# SizeChoice.rule: which rule decided
+FITS = "fits"              # the smallest shipped size that holds the input (padded, or exactly its size)
+TRUNCATE = "truncate"      # longer than every shipped size, `longer: truncate`: cut to the largest
+TOO_LONG = "too-long"      # longer than every shipped size, `longer: skip`: no graph; the app refuses or splits
+NONE_SHIPPED = "none-shipped"  # the package holds no graph of any size
+NO_SIZES = "no-sizes"      # a graph without sizes: run as is
 
 _VERSION = re.compile(r"^v?([0-9]+(?:\.[0-9]+)*)")
 
@@ -39,6 +52,20 @@ class Decision:
     precision: str | None       # the binary's precision; None on the CPU
     reason: str                 # one line, for people and logs
     rule: str                   # npu | no-build | runtime-unknown | runtime-older | load-failed
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class SizeChoice:
+    graph: str | None           # the graph to run (then `choose` it per device); None: no size takes this input
+    size: int | None            # its size along the dim; None for a graph without sizes or when none is chosen
+    pad: int                    # positions to pad along the dim (each input with its value in pad_values)
+    truncate: int               # positions to cut off the end (`longer: truncate`, longer than the largest size)
+    reason: str                 # one line, for people and logs
+    rule: str                   # fits | truncate | too-long | none-shipped | no-sizes
+    pad_values: dict[str, float] = field(default_factory=dict)  # input -> its pad value (the manifest's `pad`)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,13 +117,72 @@ def text(binary: Mapping[str, Any], key: str) -> str:
     return "?" if value is None else str(value)
 
 
-def choose(manifest: Mapping[str, Any], graph: str, soc: str | None, runtime_qnn: str | None,
-           load: Callable[[Mapping[str, Any]], str | None]) -> Decision:
-    """The decision for `graph` on a device whose ro.soc.model is `soc` and whose runtime libraries are QNN
-    `runtime_qnn` (None: unknown or absent); `load(binary)` returns None when the context loaded, else the error."""
+def number(value: Any) -> str:
+    """A pad value for a reason string: 0, -10000, 0.5, 0.00001 (the Java reference writes the same)."""
+    value = float(value)
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return format(Decimal(repr(value)).normalize(), "f")
+
+
+def _schema(manifest: Mapping[str, Any]) -> None:
     if manifest.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
         raise ValueError(f"manifest of {manifest.get('model')}: schema_version {manifest.get('schema_version')}, this "
                          f"selector reads {SCHEMA_VERSION} (fix: use the selector of the qnn-npu-compile that wrote it)")
+
+
+def choose_size(manifest: Mapping[str, Any], graph: str, length: int) -> SizeChoice:
+    """Which size of `graph` (a declared graph with sizes, e.g. "minilm") takes an input holding `length` positions
+    along its dim: the smallest size whose graph the package ships that holds it, padded; longer than every shipped
+    size: the largest, truncated (`longer: truncate`), or none (`longer: skip`). A graph without sizes as is."""
+    _schema(manifest)
+    graphs = manifest.get("graphs") or {}
+    declared: dict[Any, Mapping[str, Any]] = {}
+    for entry in (manifest.get("selection") or {}).get("sizes") or ():
+        declared.setdefault(entry.get("graph"), entry)  # the first, as the Java reference reads it
+    if graph not in declared and graph not in graphs:
+        raise KeyError(f"manifest of {manifest.get('model')}: no graph '{graph}' (graphs: "
+                       f"{', '.join([*declared, *graphs])})")
+    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+        raise ValueError(f"manifest of {manifest.get('model')}: length {length} for {graph}: an input holds at least "
+                         f"1 position (fix: pass the input's content length along the dim, e.g. its token count)")
+    if graph not in declared:
+        return SizeChoice(graph, None, 0, 0, f"{graph} has no sizes: it runs at its one shape", NO_SIZES)
+    entry = declared[graph]
+    sizes = sorted(int(s) for s in entry.get("sizes") or ())
+    by_size = entry.get("graphs") or {}
+    shipped = [s for s in sizes if by_size.get(str(s)) in graphs]
+    missing = [s for s in sizes if s not in shipped]
+    note = f"sizes {', '.join(map(str, shipped))}" + (
+        f"; not in the package: {', '.join(map(str, missing))}" if missing else "")
+    what = f"{length} along {text(entry, 'dim')}"
+    if not shipped:
+        return SizeChoice(None, None, 0, 0, f"no size of {graph} is in the package (declared "
+                                            f"{', '.join(map(str, sizes))}): {what} runs nowhere", NONE_SHIPPED)
+    pad_values = {name: float(value) for name, value in (entry.get("pad") or {}).items()}
+    fits = next((s for s in shipped if s >= length), None)
+    if fits is not None:
+        run = by_size[str(fits)]
+        values = ", ".join(f"{n} {number(v)}" for n, v in pad_values.items())
+        padding = f"pad {fits - length}" + (f" with {values}" if values else "") if fits > length else "no padding"
+        return SizeChoice(run, fits, fits - length, 0, f"{RULE_SIZES}: {what} -> {run} ({note}; {padding})", FITS,
+                          pad_values)
+    largest = shipped[-1]
+    if entry.get("longer") == "truncate":
+        run = by_size[str(largest)]
+        return SizeChoice(run, largest, 0, length - largest, f"longer than every size: {what} -> {run}, truncated "
+                                                             f"by {length - largest} ({note}; longer: truncate)",
+                          TRUNCATE, pad_values)
+    return SizeChoice(None, None, 0, 0, f"longer than every size: {what}, the largest is {largest} ({note}; longer: "
+                                        f"skip): the app must refuse or split the input", TOO_LONG)
+
+
+def choose(manifest: Mapping[str, Any], graph: str, soc: str | None, runtime_qnn: str | None,
+           load: Callable[[Mapping[str, Any]], str | None]) -> Decision:
+    """The decision for `graph` on a device whose ro.soc.model is `soc` and whose runtime libraries are QNN
+    `runtime_qnn` (None: unknown or absent); `load(binary)` returns None when the context loaded, else the error.
+    For a graph with sizes, pass the graph `choose_size` returned."""
+    _schema(manifest)
     graphs = manifest.get("graphs") or {}
     if graph not in graphs:
         raise KeyError(f"manifest of {manifest.get('model')}: no graph '{graph}' (graphs: {', '.join(graphs)})")

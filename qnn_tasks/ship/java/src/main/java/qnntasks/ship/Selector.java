@@ -10,15 +10,23 @@
  *   3. a binary whose min_runtime_qnn is newer than the runtime libraries' QNN version is refused (it would fail to
  *      load: QNN error 5000/5005); an unknown runtime version refuses them all;
  *   4. the first candidate left is loaded through the caller's Loader; a failed load: the CPU, with its error.
+ * chooseSize(manifest, graph, length) comes first for a graph with sizes (model.yaml dims:): the smallest size the
+ * package ships a graph for that holds the input's length along the dim ("smallest that fits"), padded with the
+ * manifest's pad values; longer than every size: truncated to the largest, or none (longer: skip). Its graph is the
+ * one to pass to choose. The same table holds its cases (size_cases).
  * No Android dependency in the logic: the caller passes android.os.Build.SOC_MODEL (API 31+), the QNN version of the
  * runtime libraries it ships, and a Loader that creates the QNN context (or the ONNX Runtime session) from the file.
  * JSON: org.json, which Android itself provides (the tests here use Debian's libandroid-json-java, the same code).
  */
 package qnntasks.ship;
 
+import java.math.BigDecimal;
 import java.util.ArrayList;
 import java.util.Arrays;
+import java.util.Collections;
 import java.util.HashMap;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
 import java.util.List;
 import java.util.Map;
 import java.util.TreeSet;
@@ -39,6 +47,13 @@ public final class Selector {
     public static final String RUNTIME_UNKNOWN = "runtime-unknown";
     public static final String RUNTIME_OLDER = "runtime-older";
     public static final String LOAD_FAILED = "load-failed";
+
+    public static final String RULE_SIZES = "smallest that fits";
+    public static final String FITS = "fits";
+    public static final String TRUNCATE = "truncate";
+    public static final String TOO_LONG = "too-long";
+    public static final String NONE_SHIPPED = "none-shipped";
+    public static final String NO_SIZES = "no-sizes";
 
     private static final Pattern VERSION = Pattern.compile("^v?([0-9]+(?:\\.[0-9]+)*)");
 
@@ -73,6 +88,36 @@ public final class Selector {
         @Override
         public String toString() {
             return target + " " + path + " (" + reason + ")";
+        }
+    }
+
+    /**
+     * Which size of a graph takes the input: the graph to run (null: none does), its size (null without sizes), how
+     * many positions to pad (each input with its pad value) or to cut off the end, why, which rule.
+     */
+    public static final class SizeChoice {
+        public final String graph;
+        public final Integer size;
+        public final int pad;
+        public final int truncate;
+        public final String reason;
+        public final String rule;
+        public final Map<String, Double> padValues;
+
+        SizeChoice(String graph, Integer size, int pad, int truncate, String reason, String rule,
+                   Map<String, Double> padValues) {
+            this.graph = graph;
+            this.size = size;
+            this.pad = pad;
+            this.truncate = truncate;
+            this.reason = reason;
+            this.rule = rule;
+            this.padValues = Collections.unmodifiableMap(padValues);
+        }
+
+        @Override
+        public String toString() {
+            return graph + " (" + reason + ")";
         }
     }
 
@@ -111,12 +156,112 @@ public final class Selector {
         return false;
     }
 
-    public static Decision choose(JSONObject manifest, String graph, String soc, String runtimeQnn, Loader load) {
+    /** A pad value for a reason string: 0, -10000, 0.5, 0.00001 (the Python selector writes the same). */
+    public static String number(double value) {
+        if (value == Math.rint(value) && Math.abs(value) < 1e15) {
+            return String.valueOf((long) value);
+        }
+        return BigDecimal.valueOf(value).stripTrailingZeros().toPlainString();
+    }
+
+    /**
+     * Which size of graph (a declared graph with sizes, e.g. "minilm") takes an input holding length positions along
+     * its dim: the smallest size whose graph the package ships that holds it, padded; longer than every shipped size:
+     * the largest, truncated (longer: truncate), or none (longer: skip). A graph without sizes as is.
+     */
+    public static SizeChoice chooseSize(JSONObject manifest, String graph, int length) {
+        checkSchema(manifest);
+        JSONObject graphs = manifest.optJSONObject("graphs");
+        graphs = graphs == null ? new JSONObject() : graphs;
+        JSONObject selection = manifest.optJSONObject("selection");
+        JSONObject entry = null;
+        for (JSONObject s : objects(selection == null ? null : selection.optJSONArray("sizes"))) {
+            if (entry == null && graph.equals(s.optString("graph", null))) {
+                entry = s;
+            }
+        }
+        if (entry == null && !graphs.has(graph)) {
+            throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": no graph '" + graph + "'");
+        }
+        if (length < 1) {
+            throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": length " + length
+                    + " for " + graph + ": an input holds at least 1 position (fix: pass the input's content length"
+                    + " along the dim, e.g. its token count)");
+        }
+        Map<String, Double> none = new LinkedHashMap<>();
+        if (entry == null) {
+            return new SizeChoice(graph, null, 0, 0, graph + " has no sizes: it runs at its one shape", NO_SIZES, none);
+        }
+        List<Integer> sizes = new ArrayList<>();
+        JSONArray declared = entry.optJSONArray("sizes");
+        for (int i = 0; declared != null && i < declared.length(); i++) {
+            sizes.add(declared.optInt(i));
+        }
+        Collections.sort(sizes);
+        JSONObject bySize = entry.optJSONObject("graphs");
+        bySize = bySize == null ? new JSONObject() : bySize;
+        List<String> shipped = new ArrayList<>();
+        List<String> missing = new ArrayList<>();
+        List<Integer> shippedSizes = new ArrayList<>();
+        for (Integer s : sizes) {
+            String name = bySize.optString(String.valueOf(s), null);
+            if (name != null && graphs.has(name)) {
+                shipped.add(String.valueOf(s));
+                shippedSizes.add(s);
+            } else {
+                missing.add(String.valueOf(s));
+            }
+        }
+        String note = "sizes " + String.join(", ", shipped)
+                + (missing.isEmpty() ? "" : "; not in the package: " + String.join(", ", missing));
+        String what = length + " along " + text(entry, "dim");
+        if (shippedSizes.isEmpty()) {
+            List<String> all = new ArrayList<>();
+            for (Integer s : sizes) {
+                all.add(String.valueOf(s));
+            }
+            return new SizeChoice(null, null, 0, 0, "no size of " + graph + " is in the package (declared "
+                    + String.join(", ", all) + "): " + what + " runs nowhere", NONE_SHIPPED, none);
+        }
+        Map<String, Double> padValues = new LinkedHashMap<>();
+        List<String> values = new ArrayList<>();
+        JSONObject pads = entry.optJSONObject("pad");
+        for (Iterator<String> keys = pads == null ? Collections.<String>emptyIterator() : pads.keys(); keys.hasNext();) {
+            String name = keys.next();
+            padValues.put(name, pads.optDouble(name));
+            values.add(name + " " + number(pads.optDouble(name)));
+        }
+        for (Integer fits : shippedSizes) {
+            if (fits >= length) {
+                String run = bySize.optString(String.valueOf(fits));
+                String padding = fits > length ? "pad " + (fits - length)
+                        + (values.isEmpty() ? "" : " with " + String.join(", ", values)) : "no padding";
+                return new SizeChoice(run, fits, fits - length, 0, RULE_SIZES + ": " + what + " -> " + run + " ("
+                        + note + "; " + padding + ")", FITS, padValues);
+            }
+        }
+        int largest = shippedSizes.get(shippedSizes.size() - 1);
+        if ("truncate".equals(entry.optString("longer", null))) {
+            String run = bySize.optString(String.valueOf(largest));
+            return new SizeChoice(run, largest, 0, length - largest, "longer than every size: " + what + " -> " + run
+                    + ", truncated by " + (length - largest) + " (" + note + "; longer: truncate)", TRUNCATE,
+                    padValues);
+        }
+        return new SizeChoice(null, null, 0, 0, "longer than every size: " + what + ", the largest is " + largest
+                + " (" + note + "; longer: skip): the app must refuse or split the input", TOO_LONG, none);
+    }
+
+    private static void checkSchema(JSONObject manifest) {
         if (manifest.has("schema_version") && manifest.optInt("schema_version", -1) != SCHEMA_VERSION) {
             throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": schema_version "
                     + manifest.opt("schema_version") + ", this selector reads " + SCHEMA_VERSION
                     + " (fix: use the selector of the qnn-npu-compile that wrote it)");
         }
+    }
+
+    /** The decision for graph on this device; for a graph with sizes, pass the graph chooseSize returned. */
+    public static Decision choose(JSONObject manifest, String graph, String soc, String runtimeQnn, Loader load) {
+        checkSchema(manifest);
         JSONObject graphs = manifest.optJSONObject("graphs");
         if (graphs == null || !graphs.has(graph)) {
             throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": no graph '" + graph + "'");

@@ -1,6 +1,6 @@
 /*
  * JUnit 4 tests of the app-side Selector: the shared decision table (selector_cases.json, which the Python selector
- * must pass too), plus the version arithmetic and a graph the manifest lacks.
+ * must pass too: its cases for choose, its size_cases for chooseSize), plus the version arithmetic and a graph the manifest lacks.
  * Run: javac -cp <org.json jar>:<junit4 jar> ... then org.junit.runner.JUnitCore qnntasks.ship.SelectorTest, with the
  * system property selector.cases pointing at the JSON (tests/test_ship_select.py does this with Debian's jars).
  */
@@ -16,7 +16,10 @@ import java.nio.charset.StandardCharsets;
 import java.nio.file.Files;
 import java.nio.file.Paths;
 import java.util.ArrayList;
+import java.util.Iterator;
+import java.util.LinkedHashMap;
 import java.util.List;
+import java.util.Map;
 
 import org.json.JSONArray;
 import org.json.JSONObject;
@@ -61,6 +64,55 @@ public class SelectorTest {
                 expectedLoads.add(e.getJSONArray("loaded").getString(j));
             }
             assertEquals(name + ": binaries the loader was asked for", expectedLoads, loaded);
+        }
+    }
+
+    @Test
+    public void everySizeCaseOfTheSharedTable() throws Exception {
+        JSONObject table = table();
+        JSONArray cases = table.getJSONArray("size_cases");
+        assertTrue("the table has size cases", cases.length() >= 10);
+        for (int i = 0; i < cases.length(); i++) {
+            JSONObject c = cases.getJSONObject(i);
+            String name = c.getString("name");
+            JSONObject manifest = table.getJSONObject("manifests").getJSONObject(c.getString("manifest"));
+            if (c.has("error")) {
+                try {
+                    Selector.chooseSize(manifest, c.getString("graph"), c.getInt("length"));
+                    fail(name + ": no exception");
+                } catch (IllegalArgumentException expected) {
+                    assertTrue(name + ": " + expected.getMessage(), expected.getMessage().contains(c.getString("error")));
+                    assertTrue(name + ": one line", expected.getMessage().startsWith("manifest of ")
+                            && !expected.getMessage().contains("\n"));
+                }
+                continue;
+            }
+            Selector.SizeChoice d = Selector.chooseSize(manifest, c.getString("graph"), c.getInt("length"));
+            JSONObject e = c.getJSONObject("expect");
+            assertEquals(name + ": graph", optText(e, "graph"), d.graph);
+            assertEquals(name + ": size", e.isNull("size") ? null : Integer.valueOf(e.getInt("size")), d.size);
+            assertEquals(name + ": pad", e.getInt("pad"), d.pad);
+            assertEquals(name + ": truncate", e.getInt("truncate"), d.truncate);
+            assertEquals(name + ": rule", e.getString("rule"), d.rule);
+            assertEquals(name + ": reason", e.getString("reason"), d.reason);
+            Map<String, Double> values = new LinkedHashMap<>();
+            JSONObject expected = e.getJSONObject("pad_values");
+            for (Iterator<String> keys = expected.keys(); keys.hasNext();) {
+                String key = keys.next();
+                values.put(key, expected.getDouble(key));
+            }
+            assertEquals(name + ": pad values", values, d.padValues);
+            assertEquals(name + ": pad values in the manifest's order", new ArrayList<>(values.keySet()),
+                    new ArrayList<>(d.padValues.keySet()));
+        }
+    }
+
+    @Test
+    public void padValuesReadTheSameInBothLanguages() {
+        String[] expected = {"0", "0", "-10000", "0.25", "0.00001", "100000000000000000000", "3"};
+        double[] values = {0.0, -0.0, -10000.0, 0.25, 1e-05, 1e20, 3};
+        for (int i = 0; i < values.length; i++) {
+            assertEquals(expected[i], Selector.number(values[i]));
         }
     }
 
