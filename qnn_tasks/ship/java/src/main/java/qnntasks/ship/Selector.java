@@ -174,14 +174,16 @@ public final class Selector {
         JSONObject graphs = manifest.optJSONObject("graphs");
         graphs = graphs == null ? new JSONObject() : graphs;
         JSONObject selection = manifest.optJSONObject("selection");
-        JSONObject entry = null;
-        for (JSONObject s : objects(selection == null ? null : selection.optJSONArray("sizes"))) {
-            if (entry == null && graph.equals(s.optString("graph", null))) {
-                entry = s;
-            }
-        }
+        JSONObject entry = sizesOf(selection, graph);
         if (entry == null && !graphs.has(graph)) {
             throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": no graph '" + graph + "'");
+        }
+        JSONObject own = graphs.optJSONObject(graph);
+        JSONObject of = own == null ? null : own.optJSONObject("size");
+        if (entry == null && of != null && sizesOf(selection, of.optString("of", null)) != null) {
+            throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": " + graph + " is size "
+                    + text(of, "size") + " of " + of.optString("of") + ": the size is chosen from the declared graph"
+                    + " (fix: pass '" + of.optString("of") + "', or call choose on " + graph + " directly)");
         }
         if (length < 1) {
             throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": length " + length
@@ -249,6 +251,16 @@ public final class Selector {
         }
         return new SizeChoice(null, null, 0, 0, "longer than every size: " + what + ", the largest is " + largest
                 + " (" + note + "; longer: skip): the app must refuse or split the input", TOO_LONG, none);
+    }
+
+    /** The first selection.sizes entry of a declared graph (as the Python selector reads it), or null. */
+    private static JSONObject sizesOf(JSONObject selection, String graph) {
+        for (JSONObject s : objects(selection == null ? null : selection.optJSONArray("sizes"))) {
+            if (graph != null && graph.equals(s.optString("graph", null))) {
+                return s;
+            }
+        }
+        return null;
     }
 
     private static void checkSchema(JSONObject manifest) {
