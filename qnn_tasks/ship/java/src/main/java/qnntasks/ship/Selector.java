@@ -228,7 +228,8 @@ public final class Selector {
         Map<String, Double> padValues = new LinkedHashMap<>();
         List<String> values = new ArrayList<>();
         JSONObject pads = entry.optJSONObject("pad");
-        for (Iterator<String> keys = pads == null ? Collections.<String>emptyIterator() : pads.keys(); keys.hasNext();) {
+        Iterator<String> keys = pads == null ? Collections.<String>emptyIterator() : pads.keys();
+        while (keys.hasNext()) {
             String name = keys.next();
             padValues.put(name, pads.optDouble(name));
             values.add(name + " " + number(pads.optDouble(name)));

@@ -1,6 +1,7 @@
 /*
  * JUnit 4 tests of the app-side Selector: the shared decision table (selector_cases.json, which the Python selector
- * must pass too: its cases for choose, its size_cases for chooseSize), plus the version arithmetic and a graph the manifest lacks.
+ * must pass too: its cases for choose, its size_cases for chooseSize), plus the version arithmetic, the pad values'
+ * text and a graph the manifest lacks.
  * Run: javac -cp <org.json jar>:<junit4 jar> ... then org.junit.runner.JUnitCore qnntasks.ship.SelectorTest, with the
  * system property selector.cases pointing at the JSON (tests/test_ship_select.py does this with Debian's jars).
  */
@@ -81,9 +82,9 @@ public class SelectorTest {
                     Selector.chooseSize(manifest, c.getString("graph"), c.getInt("length"));
                     fail(name + ": no exception");
                 } catch (IllegalArgumentException expected) {
-                    assertTrue(name + ": " + expected.getMessage(), expected.getMessage().contains(c.getString("error")));
-                    assertTrue(name + ": one line", expected.getMessage().startsWith("manifest of ")
-                            && !expected.getMessage().contains("\n"));
+                    String message = expected.getMessage();
+                    assertTrue(name + ": " + message, message.contains(c.getString("error")));
+                    assertTrue(name + ": one line", message.startsWith("manifest of ") && !message.contains("\n"));
                 }
                 continue;
             }
