@@ -17,6 +17,7 @@ from sized_project import LENGTHS, attention_project, packaged_sized_project, si
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
 from qnn_tasks.plan.stages import LOOP, Planner, loop_chips, plan_loop, start_pipeline
+from qnn_tasks.ship import select
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec.project import load_model, load_project, load_soc_table
 from qnn_tasks.spec.serial import graph_from_dict, graph_to_dict
@@ -320,6 +321,22 @@ def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp
         ("pool", [16, 32], "smallest that fits", {"16": "pool.seq16", "32": "pool.seq32"})]
     assert manifest["graphs"]["pool.seq16"]["size"] == {"of": "pool", "dim": "seq", "size": 16}
     assert "cross-size check of leaky" in shipped.failure_line("dist:leaky")
+    # the app's choice over THIS manifest (ship/select.py; Selector.java passes the same table of cases): the size
+    # first, a short input at 16 and a longer one at 32, padded with the declared values; then the device's binary
+    short, longer = select.choose_size(manifest, "pool", 3), select.choose_size(manifest, "pool", 20)
+    assert (short.graph, short.size, short.pad, short.pad_values) == ("pool.seq16", 16, 13, {"x": 0.0, "mask": 0.0})
+    assert (longer.graph, longer.pad, longer.rule) == ("pool.seq32", 12, "fits"), longer
+    assert select.choose_size(manifest, "pool", 33).graph is None  # longer: skip, the app must refuse or split it
+    package = project.path("dist/pool")
+    runtime = next(iter(manifest["runtime_libs"].values()))["qnn_version"]
+    decision = select.choose(manifest, longer.graph, "SM8650", runtime,
+                             lambda b: None if (package / b["path"]).is_file() else f"{b['path']} missing")
+    assert decision.target == "npu" and decision.path == "SM8650/pool.seq32.fp16.bin", decision
+    # and the package tells the app team so: the card and the Android README name chooseSize for pool
+    card = (package / "MODEL_CARD.md").read_text()
+    assert "- Sizes of `pool` along seq: 16, 32 (smallest that fits; pad mask 0, x 0; longer: skip)" in card
+    assert 'Selector.chooseSize(manifest, "pool", length)' in card
+    assert "Graphs with sizes (`pool`): call `Selector.chooseSize(" in (package / "android" / "README.md").read_text()
 
     # an export change that only the 32 size sees: that size rebuilds, the other stays
     project.edit("models/pool/export.py", 'nodes, "pool",', 'nodes, "pool" if ctx.size != 32 else "pool32",')

@@ -22,11 +22,12 @@ import os
 import re
 import shutil
 import tempfile
+import textwrap
 import xml.etree.ElementTree as ET
 import zlib
 from importlib import resources
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.spec.ship import DELIVERY_TYPES
@@ -105,7 +106,8 @@ def write(manifest: Mapping[str, Any], package_root: Path, dest: Path, *, delive
         (work / pack / "build.gradle.kts").write_text(gradle(pack, delivery))
         (work / "device_targeting_configuration.xml").write_bytes(targeting_xml(groups))
         facts["runtime_module"] = _runtime_module(work / RUNTIME_MODULE, runtime, scanned)
-        (work / "README.md").write_text(readme(model, pack, delivery, facts))
+        sized = [s.get("graph") for s in (manifest.get("selection") or {}).get("sizes") or ()]
+        (work / "README.md").write_text(readme(model, pack, delivery, facts, sized))
         _replace(work, dest)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -284,7 +286,7 @@ def _packaged_socs() -> Mapping[str, Any]:
     return load_socs(packaged_socs_file())
 
 
-def readme(model: str, pack: str, delivery: str, facts: Mapping[str, Any]) -> str:
+def readme(model: str, pack: str, delivery: str, facts: Mapping[str, Any], sized: Sequence[str] = ()) -> str:
     groups = ", ".join(g for g in facts["groups"] if g != OTHER) or "none"
     runtime = facts["runtime_module"]
     libs = (f"holds {', '.join(runtime['shipped'])}" if runtime["shipped"] else "holds no library yet")
@@ -327,4 +329,16 @@ pack (install-time: the AssetManager; fast-follow/on-demand: `AiPackManager.getP
 .assetsPath()`) and let `qnntasks.ship.Selector.choose(manifest, graph, Build.SOC_MODEL, <the QNN version of the
 libraries above>, loader)` decide: it returns the NPU binary or the CPU fallback, always with the reason. The
 loader must report a missing file as a failed load: Play may put a device in another group than its chip's.
-"""
+{_size_note(sized)}"""
+
+
+def _size_note(sized: Sequence[str]) -> str:
+    """The README's word on graphs with sizes: the selector picks the size too."""
+    if not sized:
+        return ""
+    note = (f"Graphs with sizes ({', '.join(f'`{g}`' for g in sized)}): call `Selector.chooseSize(manifest, graph, "
+            f"length)` first, with the input's length along the dim. It names the size's graph to pass to `choose` "
+            f"(the smallest the package ships that fits), how many positions to pad and with which value per input, "
+            f"or none when the input is longer than every size and the model says `longer: skip` (refuse or split "
+            f"it). The app writes no size choice of its own.")
+    return "\n" + textwrap.fill(note, 116) + "\n"

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from qnn_tasks.ship.select import number
+
 
 def card(data: dict[str, Any]) -> str:
     source = data["source"]
@@ -17,7 +19,7 @@ def card(data: dict[str, Any]) -> str:
              f"- Compiled with: {chain['id']} (QNN {chain.get('qnn')}); packaged by {data['tool']['name']} "
              f"{data['tool']['version']}",
              f"- Choosing per device: {data['selection']['rule']}; precision order "
-             f"{', '.join(data['selection']['precision_order'])}", ""]
+             f"{', '.join(data['selection']['precision_order'])}", *_sizes(data['selection'].get("sizes") or ()), ""]
     for name, graph in data["graphs"].items():
         lines += [f"## Graph `{name}`", "",
                   "Inputs: " + ", ".join(_tensor(t) for t in graph["inputs"]),
@@ -64,6 +66,18 @@ def card(data: dict[str, Any]) -> str:
     lines += ["", "Every number above was measured on the x86 HTP simulator or the CPU unless it says phone; "
               "simulator times are not phone latency. manifest.json holds the same data.", ""]
     return "\n".join(lines)
+
+
+def _sizes(sizes: Any) -> list[str]:
+    """A line per graph with sizes: the app picks the size with the package's selector, never its own code."""
+    lines = []
+    for s in sizes:
+        pads = ", ".join(f"{n} {number(v)}" for n, v in sorted(s["pad"].items())) or "none"
+        lines.append(f"- Sizes of `{s['graph']}` along {s['dim']}: {', '.join(map(str, s['sizes']))} ({s['rule']}; "
+                     f"pad {pads}; longer: {s['longer']}): the app calls `Selector.chooseSize(manifest, "
+                     f"\"{s['graph']}\", length)` (Python `select.choose_size`), then `choose` on the size's graph it "
+                     f"names")
+    return lines
 
 
 def _tensor(t: dict[str, Any]) -> str:

@@ -145,8 +145,9 @@ def choose_size(manifest: Mapping[str, Any], graph: str, length: int) -> SizeCho
                        f"{', '.join([*declared, *graphs])})")
     of = (graphs.get(graph) or {}).get("size") or {}
     if graph not in declared and of.get("of") in declared:
-        raise ValueError(f"manifest of {manifest.get('model')}: {graph} is size {of.get('size')} of {of['of']}: the size "
-                         f"is chosen from the declared graph (fix: pass '{of['of']}', or call choose on {graph} directly)")
+        raise ValueError(f"manifest of {manifest.get('model')}: {graph} is size {of.get('size')} of {of['of']}: the "
+                         f"size is chosen from the declared graph (fix: pass '{of['of']}', or call choose on {graph} "
+                         f"directly)")
     if isinstance(length, bool) or not isinstance(length, int) or length < 1:
         raise ValueError(f"manifest of {manifest.get('model')}: length {length} for {graph}: an input holds at least "
                          f"1 position (fix: pass the input's content length along the dim, e.g. its token count)")
