@@ -37,18 +37,29 @@ public class SelectorTest {
         return o.isNull(key) ? null : o.optString(key);
     }
 
+    /** The table's cases under key (choose's "cases", chooseSize's "size_cases"): at least 10 of them. */
+    private static List<JSONObject> cases(JSONObject table, String key) throws Exception {
+        JSONArray array = table.getJSONArray(key);
+        assertTrue("the table has " + key, array.length() >= 10);
+        List<JSONObject> out = new ArrayList<>();
+        for (int i = 0; i < array.length(); i++) {
+            out.add(array.getJSONObject(i));
+        }
+        return out;
+    }
+
+    private static JSONObject manifestOf(JSONObject table, JSONObject c) throws Exception {
+        return table.getJSONObject("manifests").getJSONObject(c.getString("manifest"));
+    }
+
     @Test
     public void everyCaseOfTheSharedTable() throws Exception {
         JSONObject table = table();
-        JSONArray cases = table.getJSONArray("cases");
-        assertTrue("the table has cases", cases.length() >= 10);
-        for (int i = 0; i < cases.length(); i++) {
-            JSONObject c = cases.getJSONObject(i);
+        for (JSONObject c : cases(table, "cases")) {
             String name = c.getString("name");
-            JSONObject manifest = table.getJSONObject("manifests").getJSONObject(c.getString("manifest"));
             JSONObject errors = c.getJSONObject("load_errors");
             List<String> loaded = new ArrayList<>();
-            Selector.Decision d = Selector.choose(manifest, c.getString("graph"), optText(c, "soc"),
+            Selector.Decision d = Selector.choose(manifestOf(table, c), c.getString("graph"), optText(c, "soc"),
                     optText(c, "runtime_qnn"), binary -> {
                         String path = binary.optString("path");
                         loaded.add(path);
@@ -71,15 +82,11 @@ public class SelectorTest {
     @Test
     public void everySizeCaseOfTheSharedTable() throws Exception {
         JSONObject table = table();
-        JSONArray cases = table.getJSONArray("size_cases");
-        assertTrue("the table has size cases", cases.length() >= 10);
-        for (int i = 0; i < cases.length(); i++) {
-            JSONObject c = cases.getJSONObject(i);
+        for (JSONObject c : cases(table, "size_cases")) {
             String name = c.getString("name");
-            JSONObject manifest = table.getJSONObject("manifests").getJSONObject(c.getString("manifest"));
             if (c.has("error")) {
                 try {
-                    Selector.chooseSize(manifest, c.getString("graph"), c.getInt("length"));
+                    Selector.chooseSize(manifestOf(table, c), c.getString("graph"), c.getInt("length"));
                     fail(name + ": no exception");
                 } catch (IllegalArgumentException expected) {
                     String message = expected.getMessage();
@@ -88,7 +95,7 @@ public class SelectorTest {
                 }
                 continue;
             }
-            Selector.SizeChoice d = Selector.chooseSize(manifest, c.getString("graph"), c.getInt("length"));
+            Selector.SizeChoice d = Selector.chooseSize(manifestOf(table, c), c.getString("graph"), c.getInt("length"));
             JSONObject e = c.getJSONObject("expect");
             assertEquals(name + ": graph", optText(e, "graph"), d.graph);
             assertEquals(name + ": size", e.isNull("size") ? null : Integer.valueOf(e.getInt("size")), d.size);
