@@ -81,11 +81,17 @@ def test_a_size_choice_composes_with_the_device_choice():
     assert select.choose(manifest, size.graph, "SM7550", "2.41.0", lambda b: None).path == "cpu/minilm.seq128.onnx"
 
 
-def test_pad_values_read_the_same_in_both_languages():
+def test_pad_values_read_the_same_in_both_languages_and_a_length_is_an_integer():
     assert [select.number(v) for v in (0.0, -0.0, -10000.0, 0.25, 1e-05, 1e20, 3)] == [
         "0", "0", "-10000", "0.25", "0.00001", "100000000000000000000", "3"]
+    sized = table()["manifests"]["sized"]
     with pytest.raises(ValueError, match="length True"):
-        select.choose_size(table()["manifests"]["sized"], "minilm", True)
+        select.choose_size(sized, "minilm", True)
+    with pytest.raises(ValueError, match="length 3.0"):
+        select.choose_size(sized, "minilm", 3.0)
+    import numpy as np  # an app's length is often a numpy count (e.g. a mask's sum)
+
+    assert select.choose_size(sized, "minilm", np.int64(37)) == select.choose_size(sized, "minilm", 37)
 
 
 def test_the_table_holds_the_issue_phones():

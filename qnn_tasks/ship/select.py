@@ -21,6 +21,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
+from numbers import Integral
 from typing import Any, Callable, Mapping, Sequence
 
 DEFAULT_PRECISION_ORDER = ("fp16", "w8a16")
@@ -148,12 +149,12 @@ def choose_size(manifest: Mapping[str, Any], graph: str, length: int) -> SizeCho
         raise ValueError(f"manifest of {manifest.get('model')}: {graph} is size {of.get('size')} of {of['of']}: the "
                          f"size is chosen from the declared graph (fix: pass '{of['of']}', or call choose on {graph} "
                          f"directly)")
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+    if isinstance(length, bool) or not isinstance(length, Integral) or length < 1:  # a numpy integer is Integral
         raise ValueError(f"manifest of {manifest.get('model')}: length {length} for {graph}: an input holds at least "
                          f"1 position (fix: pass the input's content length along the dim, e.g. its token count)")
     if graph not in declared:
         return SizeChoice(graph, None, 0, 0, f"{graph} has no sizes: it runs at its one shape", NO_SIZES)
-    entry = declared[graph]
+    entry, length = declared[graph], int(length)
     sizes = sorted(int(s) for s in entry.get("sizes") or ())
     by_size = entry.get("graphs") or {}
     shipped = [s for s in sizes if by_size.get(str(s)) in graphs]
