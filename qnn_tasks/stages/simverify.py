@@ -38,7 +38,8 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
     outputs = sample_store.load(outputs_file)
     reference = sample_store.load(reference_file, limit=len(outputs))
     result, violations = verification.judge(graph, verify, reference, outputs)
-    made_by = reference_from(reference_file)
+    cpucheck = records.read(Path(reference_file).with_name("cpucheck.json"))  # the record beside the reference
+    made_by = reference_from(cpucheck)
     truth: dict[str, Any] = {}
     if violations and "float64" not in made_by and inputs_file and simplified and precision != "w8a16":
         # float32 is in doubt only now: is the NPU off the truth, or the float32 CPU reference? (8-bit weights lose
@@ -61,7 +62,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
     if violations:
         said = f" (judged against {made_by})" if "float64" in made_by else ""
         said += f"; {truth['note']}" if truth.get("note") else ""
-        said += padded_windows(graph, verify, reference, outputs, reference_file, record)
+        said += padded_windows(graph, verify, reference, outputs, cpucheck, record)
         raise StageError(f"simverify of {target} failed: " + "; ".join(violations) + said
                          + (quantized_hint(graph) if precision == "w8a16" else "") + (accuracy_hints(lint_record) if lint_record else "")
                          + f" (to find the first diverging node: doit diagnose:{target})", record)
@@ -69,10 +70,10 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
 
 
 def padded_windows(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, Any]],
-                   outputs: list[dict[str, Any]], reference_file: Path, record: dict[str, Any]) -> str:
+                   outputs: list[dict[str, Any]], cpucheck: dict[str, Any] | None, record: dict[str, Any]) -> str:
     """"; without sample 5 (...) it passes ... (fix: pad_min)" when the failure lives on the zero-padded audio windows
     alone: judged again without them (a second judgement of the same numbers, no run)."""
-    padded = padding.recorded(records.read(Path(reference_file).with_name("cpucheck.json")))
+    padded = padding.recorded(cpucheck)
     rows = [padded[i] for i in range(len(outputs)) if i in padded]
     keep = [i for i in range(len(outputs)) if i not in padded]
     if not rows or not keep:
@@ -120,10 +121,10 @@ def against_float64(graph: GraphSpec, verify: dict[str, Any], simplified: Path, 
     return {"from": how, "max_abs": sides, "note": note, "result": judged, "violations": still}
 
 
-def reference_from(reference_file: Path) -> str | None:
-    """What made the CPU reference (cpucheck's record beside it): the float32 simplified graph, or a float64
-    evaluation of the original when cpucheck found the original's float32 rounding to be the weaker side."""
-    made = (records.read(Path(reference_file).with_name("cpucheck.json")) or {}).get("reference_from")
+def reference_from(cpucheck: dict[str, Any] | None) -> str | None:
+    """What made the CPU reference (cpucheck's record): the float32 simplified graph, or a float64 evaluation of
+    the original when cpucheck found the original's float32 rounding to be the weaker side."""
+    made = (cpucheck or {}).get("reference_from")
     return made if made and "float64" in made else "the simplified graph in float32 on CPU"
 
 
