@@ -10,7 +10,7 @@ import pytest
 from conftest import copy_project
 
 from qnn_tasks.plan.stages import Planner, build_stage_defs, targets_of
-from qnn_tasks.spec.project import load_project
+from qnn_tasks.spec.load import load_project
 
 VAD_YAML = "models/silero-vad/model.yaml"
 MINILM_YAML = "models/minilm/model.yaml"
