@@ -32,6 +32,6 @@ fi
 "$PYTHON" -m pip install -q -e '.[examples,team,test,docs]'
 # The older QNN side by side (profile ort-qnn-2.47, qnn_tasks/data/toolchain/: onnxruntime-qnn 2.3.0 + onnxruntime 1.24.4) in its own
 # environment, made with uv once; the tests build the examples under both toolchains.
-"$PYTHON" -m qnn_tasks.toolchains.envs ort-qnn-2.47
+"$PYTHON" -m qnn_tasks.toolchains.makeenv ort-qnn-2.47
 # sed reads to the end: `head -1` closed the pipe early and doit died with a BrokenPipeError traceback
 echo "installed: $("$PYTHON" -m doit --version | sed -n 1p), onnxruntime-qnn $("$PYTHON" -c 'import importlib.metadata as m; print(m.version("onnxruntime-qnn"))')"

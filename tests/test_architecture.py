@@ -181,6 +181,42 @@ def test_key_changes_with_an_imported_module_only(tmp_path: Path, monkeypatch: p
     codekeys.digest.cache_clear()
 
 
+LOADER_ONLY = ("spec/load.py", "spec/cache.py", "spec/keys.py", "spec/schema.py")  # how YAML is read, not what it means
+
+
+def test_no_stage_key_holds_the_spec_loaders() -> None:
+    """Stages get their slice of the spec as data (spec/serial.py): how YAML is read is in no stage's key, so a loader
+    edit reruns nothing whose inputs did not change."""
+    loaders = {"qnn_tasks." + m.removesuffix(".py").replace("/", ".") for m in LOADER_ONLY}
+    variant = stages.StageDef("quantize", "variant", "", stages.VARIANT_RUNNER, None)
+    for row in ROWS + (stages.CROSSSIZE, stages.LOOP, variant):
+        if row.name in ("socscheck", "dist"):
+            continue  # they read the spec files themselves: the SoC tables checked, today's spec a package must meet
+        assert loaders.isdisjoint(codekeys.closure((row.runner,))), (row.name, loaders & set(codekeys.closure((row.runner,))))
+
+
+@pytest.mark.slow
+def test_a_loader_edit_reruns_nothing(tmp_path: Path) -> None:
+    """Real doit on a copy of the package: build, edit a loader-only module, and a second doit runs no task."""
+    import os
+    import shutil
+
+    from tiny_project import tiny_project
+
+    code = tmp_path / "code"
+    shutil.copytree(ROOT / "qnn_tasks", code / "qnn_tasks", ignore=shutil.ignore_patterns("__pycache__"))
+    env = {"PYTHONPATH": f"{code}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
+           "XDG_CACHE_HOME": str(tmp_path / "xdg")}  # code-key memos of this copy apart from the suite's
+    project = tiny_project(tmp_path / "p", samples=2)
+    first = project.doit("simverify", env=env, check=True)
+    assert "simverify:tiny-SM8650" in first.executed
+    for rel in LOADER_ONLY:
+        path = code / "qnn_tasks" / rel
+        path.write_text(path.read_text() + "\n# an edit of how YAML is read\n")
+    second = project.doit("simverify", env=env, check=True)
+    assert second.executed == set(), second.stdout
+
+
 def test_damaged_memo_is_derived_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(codekeys, "MEMO_DIR", tmp_path)
     codekeys.import_graph.cache_clear()

@@ -18,7 +18,7 @@ from qnn_tasks.run import executors, funnel, treelock
 from qnn_tasks.run.cache import Store
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.outcome import Outcome
-from qnn_tasks.spec.project import load_project
+from qnn_tasks.spec.load import load_project
 
 # ------------------------------------------------------------------ planning
 

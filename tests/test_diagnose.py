@@ -78,7 +78,7 @@ def test_bisection_by_cutting_finds_the_same_node(pow_project):
     import onnx
 
     from qnn_tasks.judge import samples
-    from qnn_tasks.spec import project as spec
+    from qnn_tasks.spec import load as spec
     from qnn_tasks.stages.diagnose import bisect, expose_intermediates
     from qnn_tasks.toolchains import from_profile
 

@@ -19,7 +19,7 @@ from standins.qnn_libs import make_qnn_libs  # noqa: E402
 from qnn_tasks.errors import QnnTasksError, SpecError, StageError  # noqa: E402
 from qnn_tasks.plan.stages import Planner  # noqa: E402
 from qnn_tasks.ship import inventory, manifest, package  # noqa: E402
-from qnn_tasks.spec.project import load_project  # noqa: E402
+from qnn_tasks.spec.load import load_project  # noqa: E402
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -195,7 +195,7 @@ def sm8650_fp16(tmp_path, inputs, outputs):
     from conftest import EXAMPLES
     from test_yaml_defects import packaged_graph
 
-    from qnn_tasks.spec.project import load_socs, load_toolchain
+    from qnn_tasks.spec.load import load_socs, load_toolchain
     from qnn_tasks.toolchains import from_profile
 
     soc = load_socs(EXAMPLES / "socs" / "socs.yaml")["SM8650"]

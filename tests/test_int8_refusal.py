@@ -99,7 +99,7 @@ def test_the_fix_proposes_w8a16_only_when_it_is_not_set():
 
 
 def test_allowing_int8_in_onnx_is_refused_at_load_in_one_line(tmp_path):
-    from qnn_tasks.spec.project import load_model, load_socs
+    from qnn_tasks.spec.load import load_model, load_socs
 
     project = project_with(tmp_path / "p", int8_model(), extra="    lint: {allow: [batch, int8-in-onnx]}\n")
     with pytest.raises(SpecError) as info:

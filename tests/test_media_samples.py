@@ -17,7 +17,7 @@ from PIL import Image
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.judge import bounds, media
 from qnn_tasks.judge.samples import read_declared
-from qnn_tasks.spec.project import load_model, load_socs
+from qnn_tasks.spec.load import load_model, load_socs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "tests" / "examples"
@@ -319,7 +319,7 @@ def test_spec_loading_with_media_samples_imports_no_numpy_or_pillow(tmp_path):
     folder = model_folder(tmp_path, "x: {shape: [1, 3, 8, 8], dtype: float32}, s: {shape: [1, 2], dtype: float32}",
                           '{image: {files: "*.png", input: x, resize: letterbox}, fill: {s: 0.0}}')
     write_png(folder / "a.png", gradient(8, 8))
-    code = ("import sys; from pathlib import Path; from qnn_tasks.spec.project import load_model, load_socs; "
+    code = ("import sys; from pathlib import Path; from qnn_tasks.spec.load import load_model, load_socs; "
             f"g = load_model(Path({str(folder)!r}), load_socs(Path({str(ROOT / 'socs' / 'socs.yaml')!r}))).graphs[0]; "
             "assert g.samples['image']['resize'] == 'letterbox' and g.sample_files(), g.samples; "
             "heavy = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'PIL', 'onnx', 'onnxruntime', 'wave')]; "

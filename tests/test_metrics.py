@@ -15,7 +15,7 @@ import pytest
 
 from qnn_tasks.judge import checks as verification
 from qnn_tasks.judge import metrics
-from qnn_tasks.spec.project import load_model
+from qnn_tasks.spec.load import load_model
 
 # ------------------------------------------------------------------ metrics.compare
 

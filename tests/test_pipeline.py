@@ -142,7 +142,7 @@ def test_the_first_link_reuses_the_first_graphs_simulation_only_when_it_covers_t
     """Planning only: the pipeline takes the first graph's simulate outputs when they hold every sample the chain
     starts from, and simulates the first graph itself when they hold fewer."""
     from qnn_tasks.plan.stages import PIPELINE, Planner, plan_pipeline, simulated_first_link
-    from qnn_tasks.spec.project import load_project
+    from qnn_tasks.spec.load import load_project
 
     def first_link(project: Project) -> tuple[str | None, list[str]]:
         planner = Planner(load_project(project.root))

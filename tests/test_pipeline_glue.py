@@ -370,7 +370,7 @@ def test_a_stack_across_ranks_is_stacked_then_reshaped(tmp_path):
     """A streaming embedding gives [1, 1, 1, 8] per window, the classifier takes [1, 4, 8]: neither a new axis nor
     a join fits the ranks, both fixed by the ONNX files; with reshape: true the 4 runs stack on a new axis, then
     reshape to the input (as the docs say), on the spec and in the glue. Without reshape the fix says to add it."""
-    from qnn_tasks.spec.project import load_model, load_socs
+    from qnn_tasks.spec.load import load_model, load_socs
     from qnn_tasks.stages.glue import feed_runs
 
     project = stacked_project(tmp_path / "project")
@@ -421,7 +421,7 @@ def test_a_graph_inside_a_pipeline_takes_its_samples_from_the_graph_before_it(tm
 
 
 def test_fill_alone_is_samples_when_every_input_is_a_constant_and_the_missing_message_names_media(tmp_path):
-    from qnn_tasks.spec.project import load_model, load_socs
+    from qnn_tasks.spec.load import load_model, load_socs
 
     project = stacked_project(tmp_path / "project")
     project.edit(STACK_YAML, 'samples: {raw: {files: "samples/stack.bin"}}', "samples: {fill: {x: 0.5}}")

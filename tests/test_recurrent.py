@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from test_rewrites import const, graph_spec, model_of
 
 from qnn_tasks.plan.stages import GRAPH_STAGES, Planner, plan_lint
-from qnn_tasks.spec.project import load_project
+from qnn_tasks.spec.load import load_project
 from qnn_tasks.spec.sizes import SizeSpec
 from qnn_tasks.stages.lint import find_problems, recurrent_feed
 
@@ -110,7 +110,7 @@ def load_with(root, extra: str = ""):
     import onnx
     from conftest import EXAMPLES
 
-    from qnn_tasks.spec.project import load_model, load_socs
+    from qnn_tasks.spec.load import load_model, load_socs
 
     folder = root / "models" / "m"
     (folder / "samples").mkdir(parents=True, exist_ok=True)
@@ -128,7 +128,7 @@ def test_the_report_marks_a_recurrent_graph_verified_without_a_loop(tmp_path, de
 
     from qnn_tasks.plan.stages import GRAPH_STAGES, Planner, plan_lint
     from qnn_tasks.report import gather
-    from qnn_tasks.spec.project import load_project
+    from qnn_tasks.spec.load import load_project
 
     shutil.copytree(EXAMPLES / "socs", tmp_path / "socs")
     load_with(tmp_path, "loop: {graph: rnn, feed: {state: stateN}}" if declared else "")

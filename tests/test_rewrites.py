@@ -557,7 +557,7 @@ def test_every_yaml_hint_loads_through_the_spec_loader(tmp_path):
     from conftest import EXAMPLES
     from tiny_packaged import write_model
 
-    from qnn_tasks.spec.project import load_model, load_socs
+    from qnn_tasks.spec.load import load_model, load_socs
 
     socs = load_socs(EXAMPLES / "socs" / "socs.yaml")
     snippets = sorted({s for fix in every_hint() for s in yaml_snippets(fix)})

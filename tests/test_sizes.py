@@ -19,7 +19,7 @@ from qnn_tasks.judge import fitting
 from qnn_tasks.plan.stages import LOOP, Planner, loop_chips, plan_loop, start_pipeline
 from qnn_tasks.ship import select
 from qnn_tasks.spec import sizes as specsizes
-from qnn_tasks.spec.project import load_model, load_project, load_soc_table
+from qnn_tasks.spec.load import load_model, load_project, load_soc_table
 from qnn_tasks.spec.serial import graph_from_dict, graph_to_dict
 
 SIZED_YAML = """\

@@ -27,7 +27,7 @@ from conftest import EXAMPLES, copy_project
 from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import keys as speckeys
 from qnn_tasks.spec import schema
-from qnn_tasks.spec.project import load_model, load_project, load_soc_table
+from qnn_tasks.spec.load import load_model, load_project, load_soc_table
 from qnn_tasks.spec.yamlread import load_yaml
 
 SEED = 34
@@ -288,17 +288,17 @@ def test_a_broken_model_leaves_the_others_listed_and_planned(project):
 
 def test_a_loader_bug_still_costs_one_model_only(tmp_path, monkeypatch):
     """The net under the schema: an exception the loader did not expect is that model's one line, not the project's."""
-    from qnn_tasks.spec import project as specproject
+    from qnn_tasks.spec import load as specload
 
     root = copy_project(tmp_path / "p").root
-    real = specproject.load_model
+    real = specload.load_model
 
     def flaky(model_dir, socs):
         if model_dir.name == "minilm":
             raise TypeError("unhashable type: 'list'\nsecond line")
         return real(model_dir, socs)
 
-    monkeypatch.setattr(specproject, "load_model", flaky)
+    monkeypatch.setattr(specload, "load_model", flaky)
     loaded = load_project(root)
     assert [m.name for m in loaded.models] == ["silero-vad"]
     [(name, line)] = loaded.broken
@@ -425,7 +425,7 @@ def test_a_recursive_pattern_does_not_follow_symlinked_folders(chain):
     (chain / "images" / "back").symlink_to(chain, target_is_directory=True)
     (chain / "images" / "deep" / "again").symlink_to(chain / "images", target_is_directory=True)
     (chain / "model.yaml").write_text(CHAIN_YAML.replace('files: "images/*.png"', 'files: "**/*.png"'))
-    code = ("import sys; from pathlib import Path; from qnn_tasks.spec.project import load_model, load_soc_table\n"
+    code = ("import sys; from pathlib import Path; from qnn_tasks.spec.load import load_model, load_soc_table\n"
             f"folder = Path({str(chain)!r}); socs, _ = load_soc_table(folder.parents[1])\n"
             "graph = {g.name: g for g in load_model(folder, socs).graphs}['embed']\n"
             "print(sorted(str(p.relative_to(folder)) for p in graph.sample_files()))")

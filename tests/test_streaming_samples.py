@@ -18,7 +18,7 @@ from test_pipeline_glue import packaged_project
 
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.judge import media
-from qnn_tasks.spec.project import load_model, load_socs
+from qnn_tasks.spec.load import load_model, load_socs
 
 FRAME = 1600
 MODEL_YAML = """\

@@ -88,7 +88,7 @@ def test_dist_ships_fp16_and_w8a16_side_by_side(quantized, tmp_path, monkeypatch
     I/O (de)quantization on the NPU (offload_graph_io_quantization 0), so the app feeds float32: no scale to apply."""
     from qnn_tasks.plan.stages import Planner
     from qnn_tasks.ship import inventory, package
-    from qnn_tasks.spec.project import load_project
+    from qnn_tasks.spec.load import load_project
 
     monkeypatch.chdir(quantized.root)
     planner = Planner(load_project(quantized.root))

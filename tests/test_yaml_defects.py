@@ -23,7 +23,7 @@ RNG = np.random.default_rng(22)
 
 
 def packaged_graph(model_dir: Path, inputs, outputs, name="g", **extra) -> GraphSpec:
-    """The GraphSpec spec/project.py makes for a YAML-only graph whose source is `model_dir/m.onnx`."""
+    """The GraphSpec spec/load.py makes for a YAML-only graph whose source is `model_dir/m.onnx`."""
     fields = dict(name=name, model=model_dir.name, model_dir=model_dir, inputs=tuple(inputs), outputs=tuple(outputs),
                   precisions=("fp16",), socs=None, export="export", options={}, simplify={}, cpucheck={}, lint={},
                   verify={}, allow_cpu_fallback=False, calibration={}, source=Source(None, "m.onnx", None),
@@ -401,7 +401,7 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
 
     from qnn_tasks.judge import metrics, samples
     from qnn_tasks.spec.checks import verify_section
-    from qnn_tasks.spec.project import load_socs, load_toolchain
+    from qnn_tasks.spec.load import load_socs, load_toolchain
     from qnn_tasks.stages import diagnose
     from qnn_tasks.toolchains import from_profile
 

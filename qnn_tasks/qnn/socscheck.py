@@ -19,7 +19,8 @@ from typing import Any
 from qnn_tasks.errors import QnnTasksError
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import Soc, load_soc_table, load_socs
+from qnn_tasks.spec.load import load_soc_table, load_socs
+from qnn_tasks.spec.project import Soc
 
 
 def tiny_model(path: Path) -> None:

@@ -281,7 +281,7 @@ def _replace(work: Path, dest: Path) -> None:
 
 
 def _packaged_socs() -> Mapping[str, Any]:
-    from qnn_tasks.spec.project import load_socs, packaged_socs_file
+    from qnn_tasks.spec.load import load_socs, packaged_socs_file
 
     return load_socs(packaged_socs_file())
 

@@ -32,7 +32,7 @@ def _fingerprint(root: Path, toolchain: str) -> tuple:
         except FileNotFoundError:
             stats.append((str(path), None, None))
     # the spec code itself: every module the loader imports, derived from its imports
-    return (sys.version_info[:2], toolchain, str(root), tuple(stats), codekeys.digest(("qnn_tasks.spec.project",)))
+    return (sys.version_info[:2], toolchain, str(root), tuple(stats), codekeys.digest(("qnn_tasks.spec.load",)))
 
 
 def read(root: Path, toolchain: str) -> Any | None:

@@ -1,6 +1,6 @@
 """Every key of the spec files with its type and bounds (spec/schema.py's types): model.yaml, socs.yaml, profiles.
 
-The loaders check a file against its table first (spec/project.py), then read values known to be of their type.
+The loaders check a file against its table first (spec/load.py), then read values known to be of their type.
 Ranges that are facts of the domain live beside the code that uses them (checks.THRESHOLD_RANGES, CHECK_RANGES,
 loop.MAX_STEPS, pipeline.MAX_RUNS, samples.MAX_SAMPLES) and are referenced here, not repeated.
 """

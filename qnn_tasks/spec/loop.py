@@ -15,7 +15,7 @@ code decides the next inputs (and when to stop) from the step just run. With `st
 `pipeline:` runs first (encoder once -> decoder loop): every pipeline sample starts one run of the
 loop, the named inputs held at the last pipeline graph's outputs (the NPU chain's for the NPU loop,
 the CPU chain's for the CPU loop). Over a graph with sizes (`dims:`) the loop runs per size, each size
-started by the pipeline at that size (`load_sized`). Loaded from spec/project.py; only YAML is read here.
+started by the pipeline at that size (`load_sized`). Loaded from spec/load.py; only YAML is read here.
 """
 from __future__ import annotations
 
@@ -142,7 +142,7 @@ def load_sized(data: Any, graphs: tuple, model: str, path: Path, pipeline: Any, 
     from the pipeline at size S when the pipeline has sizes too (same dim and sizes), else from the one pipeline,
     its shapes checked at every size. A loop graph without sizes cannot start from a pipeline per size: refused.
     `sized`: declared graph -> a SizeSpec of it; `chain`: the SizeSpec of the pipeline's sizes, with
-    `size_pipelines` its pipelines, one per size (spec/project.py)."""
+    `size_pipelines` its pipelines, one per size (spec/load.py)."""
     from dataclasses import replace
 
     from qnn_tasks.errors import SpecError

@@ -14,7 +14,7 @@ Every input of a later graph is fed from an earlier graph's output of the same n
 says), with the same shape; a `feed` mapping may add glue the deployment does between the graphs:
 `reshape: true` (an output of another shape and the same size) and a fixed affine step
 `value * scale + offset`, applied alike to the CPU chain and the NPU chain. The first graph's verification inputs start the chain. Loaded from
-spec/project.py; only YAML is read here.
+spec/load.py; only YAML is read here.
 
 `stack:` feeds an input with the outputs of several runs of an earlier graph (a streaming front end ->
 embedding -> classifier over the last N frames): the first graph runs once per verification sample, in

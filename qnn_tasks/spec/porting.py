@@ -1,7 +1,7 @@
 """model.yaml keys for porting a model to the NPU without Python: sources, rewrites, constant inputs, samples.
 
-Validated at spec load with the same one-line errors as spec/project.py (file, key, problem, fix), and
-like spec/project.py without importing onnx/onnxruntime/numpy: the rewrite catalogue and the onnxsim
+Validated at spec load with the same one-line errors as spec/load.py (file, key, problem, fix), and
+like spec/load.py without importing onnx/onnxruntime/numpy: the rewrite catalogue and the onnxsim
 optimizer names are static lists here (tests compare them with the installed packages).
 """
 from __future__ import annotations

@@ -108,7 +108,7 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
 
 def _upstream(value: Any, path: Path, key: str, inputs: dict[str, Any], fill: dict[str, Any]) -> dict[str, str]:
     """`from: <graph>.<output>` (the one input no fill feeds) or `from: {<input>: <graph>.<output>}` -> input ->
-    reference; the graph and output are checked once every graph is loaded (spec/project.py)."""
+    reference; the graph and output are checked once every graph is loaded (spec/load.py)."""
     fix = "e.g. from: embed.y (an earlier graph's output), or from: {x: embed.y}"
     if isinstance(value, str):
         free = [n for n in inputs if n not in fill]

@@ -34,7 +34,7 @@ from qnn_tasks.plan.stages import (
     targets_of,
 )
 from qnn_tasks.run import digests, interrupts, treelock
-from qnn_tasks.spec.project import load_project
+from qnn_tasks.spec.load import load_project
 from qnn_tasks.tasks import doithooks
 from qnn_tasks.tasks.doithooks import RUNS_LAST
 from qnn_tasks.tasks.uptodate import (

@@ -13,7 +13,7 @@ imports (numpy, onnx and ml_dtypes at this interpreter's versions, PyYAML, matpl
 itself comes from this checkout through PYTHONPATH, so both sides run the same code. Versions are
 read from the environment's package metadata without starting it.
 
-    python -m qnn_tasks.toolchains.envs ort-qnn-2.47    # create it now (install.sh does)
+    python -m qnn_tasks.toolchains.makeenv ort-qnn-2.47    # create it now (install.sh does)
 """
 from __future__ import annotations
 
@@ -130,32 +130,3 @@ def _uv_binary() -> str:
 
 def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "-", name).lower()
-
-
-def main(argv: list[str] | None = None) -> int:
-    from qnn_tasks.errors import QnnTasksError
-    from qnn_tasks.spec.project import load_toolchain
-
-    args = sys.argv[1:] if argv is None else argv
-    if not args:
-        print("usage: python -m qnn_tasks.toolchains.envs <profile>|toolchain/<profile>.yaml ...", file=sys.stderr)
-        return 2
-    for arg in args:
-        path = Path(arg)
-        # toolchain/<name>.yaml (the project's, else the packaged one of that name), or just <name>
-        root, name = (path.resolve().parent.parent, path.stem) if arg.endswith(".yaml") else (Path.cwd(), arg)
-        try:
-            profile = load_toolchain(root, name)
-            if not profile.packages:
-                print(f"{arg}: no packages: pinned, uses this interpreter")
-                continue
-            env = ensure(profile)
-        except QnnTasksError as err:
-            print(f"error: {err}", file=sys.stderr)
-            return 1
-        print(f"{arg}: {env.path} ({', '.join(f'{p}={env.version(p)}' for p in ('onnxruntime', 'onnxruntime-qnn'))})")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
