@@ -6,6 +6,7 @@ from typing import Any, Callable
 
 from qnn_tasks.plan.stages import CROSSSIZE, crosssize_chips, size_chips
 from qnn_tasks.report.upgrade_diff import target_figures
+from qnn_tasks.run.status import Status
 
 
 def entries(planner, targets: list[dict[str, Any]], read_checked: Callable[[str], dict | None],
@@ -27,6 +28,6 @@ def entries(planner, targets: list[dict[str, Any]], read_checked: Callable[[str]
         status = combine([record])
         found.append({"name": f"{CROSSSIZE.name}:{ct.name}", "graph": ct.graph.size.graph, "model": ct.graph.model, "dim": ct.graph.size.dim,
                       "soc": ct.soc.name, "precision": ct.precision, "toolchain_id": ct.toolchain_id, "sizes": cells,
-                      "status": status, "reason": record.get("error") if record and status != "passed" else None,
+                      "status": status, "reason": record.get("error") if record and status != Status.PASSED else None,
                       "record": record})
     return found
