@@ -32,7 +32,7 @@ MAX_ELEMENTS = 2**31 - 1  # values in one declared tensor: QNN indexes tensors w
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
 PLATFORMS = ("phone", "automotive", "iot", "pc")  # what a chip ships in; Play's device targeting serves phones
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
-DEFAULT_CONTEXT_MB = 2048  # a row without context_mb: ~1B fp16 parameters per context (SPEC 0; an estimate)
+DEFAULT_CONTEXT_MB = 2048  # a row without context_mb: ~1B fp16 parameters per context (an estimate: docs/socs.md)
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
 
 

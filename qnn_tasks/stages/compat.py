@@ -5,7 +5,7 @@ ort-qnn runtime's x86 HTP simulator (each toolchain's own interpreter: pinned en
 included), on the first few verification inputs, judged by the graph's own thresholds. An ONNX
 Runtime older than the one that wrote the `_ctx.onnx` wrapper refuses its IR version before QNN
 ever sees the binary, so the wrapper is lowered to IR 10 in a temporary copy beside it. Measured
-here (SPEC 9): newer runtimes load older binaries, not the reverse. The table goes to
+here (docs/toolchains.md): newer runtimes load older binaries, not the reverse. The table goes to
 build/compat/compat.json and into the report; `doit verify` refuses phone runtime libs older than
 a binary's measured minimum runtime.
 """
