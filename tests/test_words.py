@@ -1,5 +1,6 @@
-"""Words the package writes that a type or a file should back: a record's status is a `Status` member, not a string
-literal (run/status.py), and every `qnn_tasks/...py` a message names is a module that exists."""
+"""Words the package writes that a type or a file should back, and rot: a record's status is a `Status` member, not a
+string literal (run/status.py); every `qnn_tasks/...py` a message names is a module that exists; no public function
+is left that nothing calls."""
 from __future__ import annotations
 
 import ast
@@ -108,3 +109,19 @@ def test_every_package_file_a_message_or_comment_names_exists() -> None:
     assert len(named) > 20  # the search does find the paths the package names
     missing = sorted((where, path) for where, path in named if not (ROOT / path).is_file())
     assert not missing, f"names of package files that do not exist: {missing}"
+
+
+def test_every_public_function_is_used() -> None:
+    """A module-level public function is named somewhere besides its own `def`: in the package (a call, an import, a
+    runner string), the tests, dodo.py, pyproject.toml's entry points or the benchmarks. One that is not is dead."""
+    package = sorted(PACKAGE.rglob("*.py"))
+    users = package + sorted((ROOT / "tests").rglob("*.py")) + sorted((ROOT / "benchmarks").glob("*.py"))
+    users += [ROOT / "dodo.py", ROOT / "pyproject.toml", *PACKAGE.rglob("*.j2"), *PACKAGE.rglob("*.html")]
+    words: dict[str, int] = {}
+    for path in users:
+        for word in re.findall(r"\w+", path.read_text(errors="replace")):
+            words[word] = words.get(word, 0) + 1
+    dead = [f"{path.relative_to(PACKAGE)}: {node.name}" for path in package for node in ast.parse(path.read_text()).body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and not node.name.startswith("_")
+            and words.get(node.name, 0) <= 1]
+    assert not dead, f"public functions nothing uses (remove them): {dead}"
