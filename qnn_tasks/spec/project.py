@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import porting as specport
@@ -27,6 +27,11 @@ from qnn_tasks.spec.yamlread import (
     installed_version,
     load_yaml,
 )
+
+if TYPE_CHECKING:  # annotations only: load_model imports these loaders where it uses them
+    from qnn_tasks.spec.loop import LoopSpec
+    from qnn_tasks.spec.pipeline import PipelineSpec
+    from qnn_tasks.spec.sizes import SizeSpec
 
 MAX_ELEMENTS = 2**31 - 1  # values in one declared tensor: QNN indexes tensors with 32 bits
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
@@ -176,7 +181,7 @@ class GraphSpec:
     constant_inputs: dict[str, Any] = field(default_factory=dict)      # packaged ONNX inputs fixed to a value
     samples: dict[str, Any] | None = None  # declared samples: {"files": [patterns]} or media sources (specsamples)
     has_code: bool = True                  # models/<model>/export.py exists
-    size: Any = None                       # specsizes.SizeSpec: which size of a graph with `dims:` this one is
+    size: SizeSpec | None = None           # which size of a graph with `dims:` this one is
     split: dict[str, Any] | None = None    # `split:` ({"at": [...]} | {"parts": N}); a part: {"part", "of", "parts"}
 
     @property
@@ -210,11 +215,11 @@ class ModelSpec:
     description: str
     source: Source
     graphs: tuple[GraphSpec, ...]
-    pipeline: Any = None  # specpipeline.PipelineSpec: the graphs chained, verified end to end
-    loop: Any = None      # specloop.LoopSpec: one graph run repeatedly, outputs fed back
+    pipeline: PipelineSpec | None = None  # the graphs chained, verified end to end
+    loop: LoopSpec | None = None          # one graph run repeatedly, outputs fed back
     ship: dict[str, Any] = field(default_factory=specship.default)  # `ship:` precision_order, delivery (spec/ship.py)
     stage_timeout: float | None = None  # seconds any stage of this model may take (None: $QNN_STAGE_TIMEOUT or 4 h)
-    size_pipelines: tuple = ()  # a pipeline over graphs with sizes: one PipelineSpec per size (`pipeline` is None)
+    size_pipelines: tuple[PipelineSpec, ...] = ()  # over graphs with sizes: one pipeline per size (`pipeline`: None)
 
 
 @dataclass(frozen=True)
@@ -412,7 +417,7 @@ def _stage_timeout(value: Any, path: Path) -> float | None:
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],
-                model_source: dict[str, Any], size: Any = None, key: str | None = None) -> GraphSpec:
+                model_source: dict[str, Any], size: SizeSpec | None = None, key: str | None = None) -> GraphSpec:
     key = key or f"graphs.{name}"
     data = as_mapping(data, path, key)
     precisions = data.get("precision", "fp16")

@@ -21,7 +21,7 @@ from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import COMPAT
+from qnn_tasks.plan.stages import COMPAT, Planner
 from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
@@ -63,7 +63,7 @@ def run_binary(graph, verify: dict[str, Any], ctx_onnx: Path, provider_options_f
             "violations": violations, "samples": len(inputs)}
 
 
-def measure(planner, root: str) -> dict[str, Any]:
+def measure(planner: Planner, root: str) -> dict[str, Any]:
     """Every built binary x every ort-qnn runtime of this run -> build/compat/compat.json."""
     from qnn_tasks.run.calls import StageCall
     from qnn_tasks.run.executors import for_call
