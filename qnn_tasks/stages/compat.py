@@ -26,11 +26,12 @@ from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import good
+from qnn_tasks.spec.project import GraphSpec
 
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
 
 
-def run_binary(graph, verify: dict[str, Any], ctx_onnx: Path, provider_options_file: Path, inputs_file: Path,
+def run_binary(graph: GraphSpec, verify: dict[str, Any], ctx_onnx: Path, provider_options_file: Path, inputs_file: Path,
                reference_file: Path, samples: int, out_dir: Path) -> dict[str, Any]:
     """In the runtime's own interpreter: load the binary, run `samples` inputs, judge. Never raises for a refusal."""
     import onnx
