@@ -318,6 +318,46 @@ def test_every_page_says_what_it_covers():
             f"{page.name}: starts with '# <title>', a blank line, then a paragraph saying what the page covers"
 
 
+# Section numbers of documents the repository does not hold (a spec's or a design's "section 1", "rule 5": the shapes
+# are in test_the_citation_finder_finds_each_shape): a comment or page cites docs/<page>.md or says the fact instead.
+FOREIGN_CITATION = re.compile(r"\b(?:SPEC|DESIGN)(?:\.md\b|(?: section| rule)? ?\d+)")
+DOC_CITATION = re.compile(r"\bdocs/([\w-]+\.md)\b")
+CITING_FILES = (".py", ".md", ".yaml", ".yml", ".toml", ".sh", ".cfg", ".txt")
+
+
+def _cited_in() -> list[Path]:
+    """The repository's own text: package, tests, docs, benchmarks, scripts, the example project."""
+    found = [ROOT / name for name in ("README.md", "CONTRIBUTING.md", "dodo.py", "pyproject.toml", "mkdocs.yml")]
+    for top in ("qnn_tasks", "tests", "docs", "benchmarks", "scripts", "models", "socs", "toolchain", "cluster"):
+        found += [p for p in sorted((ROOT / top).rglob("*")) if p.suffix in CITING_FILES and p.is_file()]
+    return [p for p in found if p.is_file()]
+
+
+def foreign_citations(text: str) -> list[str]:
+    return [m.group(0) for m in FOREIGN_CITATION.finditer(text)]
+
+
+def test_nothing_cites_sections_of_documents_the_repository_does_not_hold():
+    cited = {p.relative_to(ROOT).as_posix(): foreign_citations(p.read_text(errors="replace")) for p in _cited_in()}
+    cited = {name: found for name, found in cited.items() if found}
+    assert not cited, f"cite docs/<page>.md or say the fact: {cited}"
+
+
+def test_every_docs_page_a_file_cites_exists():
+    """A comment's `docs/<page>.md` is a page (this file's own examples of the shape aside)."""
+    missing = {(p.relative_to(ROOT).as_posix(), page) for p in _cited_in() if p != Path(__file__).resolve()
+               for page in DOC_CITATION.findall(p.read_text(errors="replace")) if not (DOCS / page).is_file()}
+    assert not missing, f"no such page: {sorted(missing)}"
+
+
+def test_the_citation_finder_finds_each_shape():
+    spec, design = "SP" + "EC", "DES" + "IGN"  # spelled apart, so this file does not cite them itself
+    text = f"({spec} 4 and 5) ({spec} 2c) ({spec} section 1) ({design} rule 5) ({spec}.md section 14) {spec}.md"
+    assert foreign_citations(text) == [f"{spec} 4", f"{spec} 2", f"{spec} section 1", f"{design} rule 5",
+                                       f"{spec}.md", f"{spec}.md"]
+    assert foreign_citations("EXIT_SPEC, SPEC_CASES, VARIANTS_PER_SPEC = 220, a SPECIAL case, DESIGNS 3") == []
+
+
 # ------------------------------------------------------------------ every YAML example is a valid spec
 
 @pytest.mark.parametrize("block", yaml_blocks(), ids=lambda b: b.where)

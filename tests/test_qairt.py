@@ -6,7 +6,7 @@ the real files and, underneath, compile with the onnxruntime-qnn wheel, so the c
 real QNN binaries that qnnbin reads and the x86 HTP simulator runs. Each test copies it to tmp.
 
 * the example models (vad, MiniLM fp16 and w8a16) for SM8650 and SM8750: the exact command lines,
-  config files as SPEC 2c, binaries inspected, 16 KB aarch64 model libs, the runtime-libs manifest,
+  config files as sherpa-onnx writes them, binaries inspected, 16 KB aarch64 model libs, the runtime-libs manifest,
   simverify through the EPContext wrapper;
 * an SDK version change reruns exactly the SDK stages and builds under a new toolchain id;
 * bad input: no/wrong SDK root, no SDK Python, no NDK, an op the converter rejects, graph names the

@@ -185,7 +185,7 @@ def l2_model(path: Path, written_out: bool) -> None:
 
 @pytest.mark.slow
 def test_3110_float_op_inside_a_w8a16_graph_on_a_quantized_only_chip(tmp_path):
-    """SPEC 1's MiniLM case in small: at w8a16 ReduceL2 falls back to CPU on SM7550 (3110 in compile.log), not on
+    """MiniLM's w8a16 case in small: at w8a16 ReduceL2 falls back to CPU on SM7550 (3110 in compile.log), not on
     SM8650; the message says why and how to write it; written out, it runs on HTP on SM7550 too."""
     import numpy as np
 

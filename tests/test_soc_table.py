@@ -1,6 +1,6 @@
 """The packaged SoC table and toolchain profiles, and a project's own files over them (spec level, fast).
 
-* the packaged table holds the measured rows (SPEC 1), each with what the chip runs and its marketing name;
+* the packaged table holds the measured rows (docs/socs.md), each with what the chip runs and its marketing name;
 * a project's socs/socs.yaml adds rows and overrides rows by name; `default:` picks the chips a graph
   without `socs:` builds for; errors name the file that holds the bad value (packaged or the project's);
 * the older `fp16: true/false` spelling reads as before and keys the same way (no rebuild);
@@ -23,7 +23,7 @@ from qnn_tasks.spec.load import load_project, load_soc_table, load_socs, load_to
 from qnn_tasks.spec.project import LEGACY_RUNS
 
 PACKAGED = packaged_socs_file()
-# SPEC 1: the rows measured with QNN 2.51 (soc_model, arch in the binary, runs float?)
+# the rows measured with QNN 2.51 (soc_model, arch in the binary, runs float?)
 MEASURED = {"SM8845": (97, "v81", True), "QCS8550": (66, "v73", True), "SC8380XP": (60, "v73", True),
             "SC8480XP": (88, "v81", True), "SA8295": (39, "v68", False), "SA8797": (72, "v81", True),
             "QCS8300": (82, "v75", True), "SM7550": (64, "v73", False), "SM7675": (70, "v73", False),
@@ -61,7 +61,7 @@ def test_packaged_table_has_the_measured_rows():
 
 
 def test_the_row_is_the_one_chip_check_for_a_binary():
-    """`Soc.binary_mismatch` on facts as qnnbin reads them (SPEC 1: SM8650 is soc_model 57, v75)."""
+    """`Soc.binary_mismatch` on facts as qnnbin reads them (SM8650 is soc_model 57, v75)."""
     sm8650 = load_socs(PACKAGED)["SM8650"]
     assert sm8650.binary_mismatch({"soc_model": 57, "dsp_arch": "v75", "graphs": []}) is None
     assert sm8650.binary_mismatch({"soc_model": 69, "dsp_arch": "v79"}) == \

@@ -1,4 +1,4 @@
-"""The task checks that fit dense maps, detectors and recognisers (qnn_tasks/taskchecks.py), and `slice:` on array
+"""The task checks that fit dense maps, detectors and recognisers (qnn_tasks/judge/taskchecks.py), and `slice:` on array
 checks: their arithmetic on arrays made here, run through verification.judge with options validated by the spec
 loader; and the spec errors for their options (one line, the key, the fix). Seconds, no builds."""
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Whisper's text decoder in PyTorch for the NPU: one step with a static self-attention cache.
 
-Built from a CTranslate2 model's `decoder/...` variables (SPEC 11). Two graphs:
+Built from a CTranslate2 model's `decoder/...` variables (docs/whisper.md). Two graphs:
   crosskv: encoder features [1, 1500, d] -> every layer's cross-attention K and V
            [layers, 1, heads, 1500, head_dim], computed once per 30 s window.
   decoder: one token -> its logits and its own self-attention K/V. Inputs: token [1, 1] int32,

@@ -1,8 +1,8 @@
 """An ONNX evaluated in float64: the truth a float32 CPU reference is measured against when it is in doubt.
 
 A float32 CPU run is the reference by default, but it carries its own rounding: a variance computed as
-E[x^2] - E[x]^2 on inputs of mean 100 loses ~3e-3 to cancellation in float32 (SPEC.md section 14), more than
-a threshold of 1e-3 allows. When a comparison fails, the graph is evaluated again in float64 (a double-typed
+E[x^2] - E[x]^2 on inputs of mean 100 loses ~3e-3 to cancellation in float32 (docs/verification-and-report.md),
+more than a threshold of 1e-3 allows. When a comparison fails, the graph is evaluated again in float64 (a double-typed
 copy under onnxruntime's CPU provider, where ops without a double kernel run in float32 between casts; onnx's
 ReferenceEvaluator when onnxruntime cannot run it at all) and each float32 side is measured against it, so a
 failure can be blamed on the side that is off.

@@ -1,6 +1,6 @@
 """The version of the code that produced an artifact: a digest of every module a stage imports.
 
-Part of every stage's key (DESIGN rule 3), so upgrading qnn-npu-compile reruns exactly the stages
+Part of every stage's key, so upgrading qnn-npu-compile reruns exactly the stages
 whose code changed, and a shared cache never hands out a result of other code. The modules are
 derived from the code, never listed by hand: a stage's entry module (its runner in the stage table)
 and everything it imports inside qnn_tasks, transitively, at module level or inside functions

@@ -1,6 +1,6 @@
 """specs x SoCs x toolchain -> build targets, their names and their places in the build tree.
 
-The build tree mirrors the graph (DESIGN rule 5, with a precision level so fp16 and w8a16
+The build tree mirrors the graph (docs/toolchains.md; with a precision level so fp16 and w8a16
 builds of one graph sit side by side):
     build/<model>/<graph>/<stage>/...                                      per-graph stages
     build/<model>/<graph>/<toolchain-id>/<precision>/<stage>/...           per-variant toolchain stages

@@ -251,7 +251,8 @@ def _convert(path: Path, info: QnnBinaryInfo) -> BinaryInfo:
     elif version == 3:
         body = info.contextBinaryInfoV3
     else:
-        raise QnnBinError(f"{path}: binary info version {version} is not supported; update qnn_tasks/qnnbin.py")
+        raise QnnBinError(f"{path}: binary info version {version}: not supported (fix: add its layout to "
+                          "qnn_tasks/qnn/binary_layout.py and read it in qnn_tasks/qnn/binary.py)")
     soc_model = metadata = None
     if version == 3:
         soc_model = body.socModel or None  # 0 = QNN_SOC_MODEL_UNKNOWN (no soc_model given)

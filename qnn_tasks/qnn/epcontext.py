@@ -2,7 +2,7 @@
 
 A context binary built by the SDK (qnn-context-binary-generator) is what a phone loads; onnxruntime's
 QNN execution provider loads the same binary through an ONNX model holding one `com.microsoft`
-EPContext node (the format ORT's own compile API writes, see SPEC 2b). With it, `simverify` runs an
+EPContext node (the format ORT's own compile API writes, see docs/toolchains.md). With it, `simverify` runs an
 SDK-built binary on the x86 HTP simulator exactly as it runs an ort-qnn build.
 
 The node: name and `partition_name` = the QNN graph's name in the binary (how the EP finds the

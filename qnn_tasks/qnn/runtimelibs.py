@@ -1,4 +1,4 @@
-"""The Android QNN runtime a phone needs to run a context binary (SPEC 4), and its QNN version.
+"""The Android QNN runtime a phone needs to run a context binary, and its QNN version (docs/shipping.md).
 
 For a chip of Hexagon arch v<NN> the phone needs, from ONE QNN/QAIRT version:
     libQnnHtp.so, libQnnSystem.so, libQnnHtpV<NN>Stub.so   (CPU side: LD_LIBRARY_PATH)

@@ -1,7 +1,7 @@
 """Confirm the SoC table: compile a tiny model for every row and compare what the binary records.
 
 `python -m qnn_tasks.qnn.socscheck [--json]` (also `doit socscheck`). QNN's own log and public
-tables disagree about some soc_model numbers (SPEC 1: 30 vs 35 for SM8350); the compiled
+tables disagree about some soc_model numbers (QNN 2.51's log says 30 for SM8350, sherpa-onnx's table 35); the compiled
 binary's socModel and arch are the ground truth for the toolchain in use. Each row is compiled at
 every precision it `runs:` (a float Conv+Relu for fp16, its QDQ w8a16 form for w8a16): a chip that
 runs only quantized graphs rejects the float one (QNN error 3110), so it is not asked to.

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.fileio import atomic_path, write_json
+from qnn_tasks.run.status import Status
 
 NOT_IN_SOCS = "not in socs"
 
@@ -42,7 +43,7 @@ def figure_groups(entries: list[dict[str, Any]], record_of, outputs_name: str,
     for entry in entries:
         files = (record_of(entry) or {}).get("files") or {}
         digest = next((f.get("sha256") for path, f in files.items() if path.endswith("/" + outputs_name)), None)
-        if digest and entry.get("status") not in ("stale", "skipped"):
+        if digest and entry.get("status") not in (Status.STALE, Status.SKIPPED):
             key = (entry["model"], entry["graph"], entry.get("precision"), entry.get("toolchain_id"), digest)
             groups.setdefault(key, []).append(entry)
     shared: dict[str, dict[str, Any]] = {}
@@ -77,7 +78,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines += ["", "## Recurrent graphs verified without a loop", ""]
         lines += [f"- **{g['model']}/{g['graph']}**: {g['recurrent']['note']}" for g in unlooped]
     lines += sizes_markdown(data) + pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
-    problems = [t for t in data["targets"] if t["status"] in ("failed", "stale", "skipped")]
+    problems = [t for t in data["targets"] if t["status"] in (Status.FAILED, Status.STALE, Status.SKIPPED)]
     if problems:
         lines += ["", "## Failed, stale and skipped", ""]
         lines += [f"- **{t['name']}** ({t['status']}): {t['reason']}" for t in problems]

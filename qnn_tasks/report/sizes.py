@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from qnn_tasks.plan.stages import CROSSSIZE, crosssize_chips, size_chips
+from qnn_tasks.plan.stages import CROSSSIZE, Planner, crosssize_chips, size_chips
 from qnn_tasks.report.upgrade_diff import target_figures
+from qnn_tasks.run.status import Status
 
 
-def entries(planner, targets: list[dict[str, Any]], read_checked: Callable[[str], dict | None],
+def entries(planner: Planner, targets: list[dict[str, Any]], read_checked: Callable[[str], dict | None],
             combine: Callable[[list], str]) -> list[dict[str, Any]]:
     """One entry per graph with sizes, precision, chip and toolchain: each size's figures and the cross-size verdict
     (records read and combined as gather reads every other record)."""
@@ -27,6 +28,6 @@ def entries(planner, targets: list[dict[str, Any]], read_checked: Callable[[str]
         status = combine([record])
         found.append({"name": f"{CROSSSIZE.name}:{ct.name}", "graph": ct.graph.size.graph, "model": ct.graph.model, "dim": ct.graph.size.dim,
                       "soc": ct.soc.name, "precision": ct.precision, "toolchain_id": ct.toolchain_id, "sizes": cells,
-                      "status": status, "reason": record.get("error") if record and status != "passed" else None,
+                      "status": status, "reason": record.get("error") if record and status != Status.PASSED else None,
                       "record": record})
     return found

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from qnn_tasks import envvalues
-from qnn_tasks.run.status import GOOD
+from qnn_tasks.run.status import GOOD, Status
 
 GATE_ENV = envvalues.UPGRADE_GATE
 
@@ -52,7 +52,7 @@ def upgrade_diff(data: dict[str, Any]) -> list[dict[str, Any]]:
             if chain != baseline["profile"]:
                 continue
             b = by_key.get((candidate["profile"], graph, precision, soc))
-            if b is None or a["status"] == "skipped":
+            if b is None or a["status"] == Status.SKIPPED:
                 continue
             fa, fb = target_figures(a), target_figures(b)
             why = regression(fa, fb, margins)

@@ -131,7 +131,7 @@ def _restore(call: StageCall, record: dict[str, Any], cache, start: float, task:
 
 
 def _failed(call: StageCall, record: dict[str, Any], outcome: Outcome, seconds: float, task: str) -> str:
-    record.update(status="failed", error=outcome.error, seconds=seconds)
+    record.update(status=Status.FAILED, error=outcome.error, seconds=seconds)
     record.pop("files", None)
     if outcome.traceback:
         log = Path(call.out_dir) / f"{call.stage}-error.log"

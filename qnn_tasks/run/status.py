@@ -15,6 +15,7 @@ class Status(str, Enum):
     SKIPPED = "skipped"     # visibly not built (e.g. no fp16 on this chip)
     STALE = "stale"         # a record whose outputs are gone or changed since
     PENDING = "pending"     # no verdict yet: not built, or its run was interrupted
+    RUNNING = "running"     # a device stage's record while its phones run (rewritten after every step)
 
     def __str__(self) -> str:
         return self.value

@@ -10,7 +10,10 @@ import os
 import pickle
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # spec/project.py reads and writes its cache through this module: importing it would be a cycle
+    from qnn_tasks.spec.project import Project
 
 CACHE = ".qnn-specs.cache"
 
@@ -35,7 +38,7 @@ def _fingerprint(root: Path, toolchain: str) -> tuple:
     return (sys.version_info[:2], toolchain, str(root), tuple(stats), codekeys.digest(("qnn_tasks.spec.load",)))
 
 
-def read(root: Path, toolchain: str) -> Any | None:
+def read(root: Path, toolchain: str) -> Project | None:
     try:
         with open(root / CACHE, "rb") as fh:
             fingerprint, project = pickle.load(fh)
@@ -44,7 +47,7 @@ def read(root: Path, toolchain: str) -> Any | None:
     return project if fingerprint == _fingerprint(root, toolchain) else None
 
 
-def write(root: Path, toolchain: str, project: Any) -> None:
+def write(root: Path, toolchain: str, project: Project) -> None:
     tmp = root / f"{CACHE}.{os.getpid()}.part"
     try:
         with open(tmp, "wb") as fh:

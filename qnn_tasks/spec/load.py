@@ -10,7 +10,7 @@ import math
 import re
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import porting as specport
@@ -38,6 +38,9 @@ from qnn_tasks.spec.yamlread import (
     installed_version,
     load_yaml,
 )
+
+if TYPE_CHECKING:
+    from qnn_tasks.spec.sizes import SizeSpec
 
 MAX_ELEMENTS = 2**31 - 1  # values in one declared tensor: QNN indexes tensors with 32 bits
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
@@ -215,7 +218,7 @@ def _stage_timeout(value: Any, path: Path) -> float | None:
 
 
 def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[str, Soc],
-                model_source: dict[str, Any], size: Any = None, key: str | None = None) -> GraphSpec:
+                model_source: dict[str, Any], size: SizeSpec | None = None, key: str | None = None) -> GraphSpec:
     key = key or f"graphs.{name}"
     data = as_mapping(data, path, key)
     precisions = data.get("precision", "fp16")

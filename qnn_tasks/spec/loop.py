@@ -21,7 +21,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # spec/project.py loads through this module: importing it here would be a cycle
+    from qnn_tasks.spec.pipeline import PipelineSpec
+    from qnn_tasks.spec.project import GraphSpec
+    from qnn_tasks.spec.sizes import SizeSpec
 
 LOOP_KEYS = {"graph", "feed", "steps", "step", "start", "verify"}
 MAX_STEPS = 100_000  # a bound on what a spec can ask the simulator for
@@ -43,7 +48,8 @@ class LoopSpec:
                 "start": self.start, "verify": self.verify[precision]}
 
 
-def load(data: Any, graphs: tuple, model: str, path: Path, pipeline: Any = None) -> LoopSpec | None:
+def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
+         pipeline: PipelineSpec | None = None) -> LoopSpec | None:
     from qnn_tasks.errors import SpecError
     from qnn_tasks.spec.checks import verify_section
     from qnn_tasks.spec.yamlread import as_int, as_mapping, check_keys
@@ -95,7 +101,8 @@ def load(data: Any, graphs: tuple, model: str, path: Path, pipeline: Any = None)
     return LoopSpec(model=model, graph=str(name), feed=feed, steps=steps, step=step, verify=verify, start=start)
 
 
-def _start(data: Any, graph, feed: dict[str, str], by_name: dict, pipeline: Any, path: Path) -> dict[str, str] | None:
+def _start(data: Any, graph: GraphSpec, feed: dict[str, str], by_name: dict[str, GraphSpec],
+           pipeline: PipelineSpec | None, path: Path) -> dict[str, str] | None:
     """`start: {<input>: <pipeline's last graph>.<output>}`, checked: names, shapes, a pipeline to start from."""
     from qnn_tasks.errors import SpecError
     from qnn_tasks.spec.yamlread import as_mapping
@@ -135,8 +142,9 @@ def _start(data: Any, graph, feed: dict[str, str], by_name: dict, pipeline: Any,
     return start or None
 
 
-def load_sized(data: Any, graphs: tuple, model: str, path: Path, pipeline: Any, sized: dict,
-               chain: Any = None, size_pipelines: tuple = ()) -> LoopSpec | None:
+def load_sized(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path, pipeline: PipelineSpec | None,
+               sized: dict[str, SizeSpec], chain: SizeSpec | None = None,
+               size_pipelines: tuple[PipelineSpec, ...] = ()) -> LoopSpec | None:
     """`loop:` in a model whose graphs may have sizes (`dims:`). A loop over a graph with sizes is checked at each
     size and runs on each size's chips (its `graph` is the declared name). With `start:`, the loop at size S starts
     from the pipeline at size S when the pipeline has sizes too (same dim and sizes), else from the one pipeline,

@@ -28,7 +28,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # spec/project.py loads through this module: importing it here would be a cycle
+    from qnn_tasks.spec.project import GraphSpec
 
 PIPELINE_KEYS = {"graphs", "feed", "verify"}
 GLUE_KEYS = {"from", "reshape", "scale", "offset", "stack"}
@@ -47,7 +50,7 @@ class PipelineSpec:
     size: str = ""                     # one chain of a pipeline over graphs with sizes: "<dim><size>" (name: <model>.<it>)
 
 
-def load(data: Any, graphs: tuple, model: str, path: Path) -> PipelineSpec | None:
+def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path) -> PipelineSpec | None:
     from qnn_tasks.errors import SpecError
     from qnn_tasks.spec.checks import verify_section
     from qnn_tasks.spec.yamlread import as_bool, as_mapping, as_number, check_keys
@@ -227,7 +230,7 @@ def _output(graph, name: str) -> tuple[str, tuple[int, ...]] | None:
     return (graph.name, tensor.shape) if tensor else None
 
 
-def source(graph: Any, tensor: str, feed: dict[str, Any], earlier: list[Any]) -> tuple[str, str]:
+def source(graph: GraphSpec, tensor: str, feed: dict[str, Any], earlier: list[GraphSpec]) -> tuple[str, str]:
     """(graph, output) feeding `graph`'s input `tensor`: the feed mapping, else the latest earlier output of that name."""
     declared = feed.get(f"{graph.name}.{tensor}")
     if declared:
@@ -240,7 +243,7 @@ def source(graph: Any, tensor: str, feed: dict[str, Any], earlier: list[Any]) ->
     raise StageError(f"pipeline: nothing produced input '{tensor}' of graph '{graph.name}'")
 
 
-def first_samples(graphs: list[Any], glue: dict[str, dict[str, Any]], feed: dict[str, Any],
+def first_samples(graphs: list[GraphSpec], glue: dict[str, dict[str, Any]], feed: dict[str, Any],
                   end_samples: int | None) -> int | None:
     """How many of the first graph's samples make `end_samples` runs of the last graph (None: all of them):
     every stack on the way back to the first graph needs (runs - 1) * hop + its runs of its source."""
@@ -259,7 +262,7 @@ def first_samples(graphs: list[Any], glue: dict[str, dict[str, Any]], feed: dict
     return needed
 
 
-def check_upstream(graphs: tuple, pipeline: Any, path: Path) -> None:
+def check_upstream(graphs: tuple[GraphSpec, ...], pipeline: PipelineSpec | None, path: Path) -> None:
     """Resolve every `samples: {from: <graph>.<output>}` once all graphs are loaded: an output of a graph declared
     before this one, fed through the pipeline's glue for that input when the pipeline feeds it from the same output
     (a stack of runs, a reshape, scale and offset), else of the input's shape or size (reshaped). Here, not in

@@ -9,14 +9,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec import ship as specship
 from qnn_tasks.spec.installed import version as installed_version
 
+if TYPE_CHECKING:  # annotations only: load_model imports these loaders where it uses them
+    from qnn_tasks.spec.loop import LoopSpec
+    from qnn_tasks.spec.pipeline import PipelineSpec
+    from qnn_tasks.spec.sizes import SizeSpec
+
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
-DEFAULT_CONTEXT_MB = 2048  # a row without context_mb: ~1B fp16 parameters per context (SPEC 0; an estimate)
+DEFAULT_CONTEXT_MB = 2048  # a row without context_mb: ~1B fp16 parameters per context (an estimate: docs/socs.md)
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
 
 
@@ -156,7 +161,7 @@ class GraphSpec:
     constant_inputs: dict[str, Any] = field(default_factory=dict)      # packaged ONNX inputs fixed to a value
     samples: dict[str, Any] | None = None  # declared samples: {"files": [patterns]} or media sources (specsamples)
     has_code: bool = True                  # models/<model>/export.py exists
-    size: Any = None                       # specsizes.SizeSpec: which size of a graph with `dims:` this one is
+    size: SizeSpec | None = None           # which size of a graph with `dims:` this one is
     split: dict[str, Any] | None = None    # `split:` ({"at": [...]} | {"parts": N}); a part: {"part", "of", "parts"}
 
     @property
@@ -190,11 +195,11 @@ class ModelSpec:
     description: str
     source: Source
     graphs: tuple[GraphSpec, ...]
-    pipeline: Any = None  # specpipeline.PipelineSpec: the graphs chained, verified end to end
-    loop: Any = None      # specloop.LoopSpec: one graph run repeatedly, outputs fed back
+    pipeline: PipelineSpec | None = None  # the graphs chained, verified end to end
+    loop: LoopSpec | None = None          # one graph run repeatedly, outputs fed back
     ship: dict[str, Any] = field(default_factory=specship.default)  # `ship:` precision_order, delivery (spec/ship.py)
     stage_timeout: float | None = None  # seconds any stage of this model may take (None: $QNN_STAGE_TIMEOUT or 4 h)
-    size_pipelines: tuple = ()  # a pipeline over graphs with sizes: one PipelineSpec per size (`pipeline` is None)
+    size_pipelines: tuple[PipelineSpec, ...] = ()  # over graphs with sizes: one pipeline per size (`pipeline`: None)
 
 
 @dataclass(frozen=True)

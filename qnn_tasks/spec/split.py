@@ -15,7 +15,12 @@ from __future__ import annotations
 
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # spec/project.py loads through this module: importing it here would be a cycle
+    from qnn_tasks.spec.loop import LoopSpec
+    from qnn_tasks.spec.pipeline import PipelineSpec
+    from qnn_tasks.spec.project import GraphSpec
 
 SPLIT_KEYS = {"at", "parts"}
 MAX_PARTS = 64
@@ -51,16 +56,16 @@ def part_name(graph: str, index: int) -> str:
     return f"{graph}.part{index}"
 
 
-def is_part(graph) -> bool:
+def is_part(graph: GraphSpec) -> bool:
     return bool(graph.split) and "part" in graph.split
 
 
-def is_whole(graph) -> bool:
+def is_whole(graph: GraphSpec) -> bool:
     """A graph that declares `split:`: built only up to the split; its parts go to the chips."""
     return bool(graph.split) and "part" not in graph.split
 
 
-def parts(graph) -> list:
+def parts(graph: GraphSpec) -> list[GraphSpec]:
     """The part GraphSpecs of a split graph (no I/O yet: the split stage finds the cut tensors)."""
     from qnn_tasks.spec.checks import verify_section
 
@@ -78,7 +83,7 @@ def parts(graph) -> list:
     return made
 
 
-def clashes(graphs: tuple, path: Path) -> None:
+def clashes(graphs: tuple[GraphSpec, ...], path: Path) -> None:
     """A part's generated name may not be a declared graph's."""
     from qnn_tasks.errors import SpecError
 
@@ -92,7 +97,8 @@ def clashes(graphs: tuple, path: Path) -> None:
                                     f"rename graph '{part_name(graph.name, index)}'")
 
 
-def not_chained(graphs: tuple, pipeline, loop, path: Path) -> None:
+def not_chained(graphs: tuple[GraphSpec, ...], pipeline: PipelineSpec | None, loop: LoopSpec | None,
+                path: Path) -> None:
     """A split graph is built as its parts: the model's own pipeline: or loop: cannot name it (it would never run)."""
     from qnn_tasks.errors import SpecError
 
@@ -105,7 +111,7 @@ def not_chained(graphs: tuple, pipeline, loop, path: Path) -> None:
                                 "compiled whole", f"remove split: from graphs.{name}, or leave it out of {key}")
 
 
-def pipeline(graph):
+def pipeline(graph: GraphSpec) -> PipelineSpec:
     """The split graph's parts chained on the simulator (inputs fed by name: each part's outputs are the next one's
     inputs), judged at the end with the graph's own verify settings."""
     from qnn_tasks.spec.pipeline import PipelineSpec

@@ -193,13 +193,6 @@ def check_keys(data: dict, allowed: set[str], path: Path, key: str) -> None:
             raise SpecError(path, where, "unknown key", f"remove it or use one of: {', '.join(sorted(allowed))}")
 
 
-def require_keys(data: dict, required: tuple[str, ...], path: Path, key: str) -> None:
-    for k in required:
-        if k not in data:
-            where = f"{key}.{k}" if key else k
-            raise SpecError(path, where, "required key is missing", "add it (see docs/model-yaml.md)")
-
-
 def as_int(value: Any, path: Path, key: str, low: int | None = None, high: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise SpecError(path, key, f"expected an integer, got '{value}'", f"write a whole number{span(low, high, ' ')}")

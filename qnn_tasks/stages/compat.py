@@ -5,7 +5,7 @@ ort-qnn runtime's x86 HTP simulator (each toolchain's own interpreter: pinned en
 included), on the first few verification inputs, judged by the graph's own thresholds. An ONNX
 Runtime older than the one that wrote the `_ctx.onnx` wrapper refuses its IR version before QNN
 ever sees the binary, so the wrapper is lowered to IR 10 in a temporary copy beside it. Measured
-here (SPEC 9): newer runtimes load older binaries, not the reverse. The table goes to
+here (docs/toolchains.md): newer runtimes load older binaries, not the reverse. The table goes to
 build/compat/compat.json and into the report; `doit verify` refuses phone runtime libs older than
 a binary's measured minimum runtime.
 """
@@ -21,16 +21,17 @@ from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import COMPAT
+from qnn_tasks.plan.stages import COMPAT, Planner
 from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import good
+from qnn_tasks.spec.project import GraphSpec
 
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
 
 
-def run_binary(graph, verify: dict[str, Any], ctx_onnx: Path, provider_options_file: Path, inputs_file: Path,
+def run_binary(graph: GraphSpec, verify: dict[str, Any], ctx_onnx: Path, provider_options_file: Path, inputs_file: Path,
                reference_file: Path, samples: int, out_dir: Path) -> dict[str, Any]:
     """In the runtime's own interpreter: load the binary, run `samples` inputs, judge. Never raises for a refusal."""
     import onnx
@@ -63,7 +64,7 @@ def run_binary(graph, verify: dict[str, Any], ctx_onnx: Path, provider_options_f
             "violations": violations, "samples": len(inputs)}
 
 
-def measure(planner, root: str) -> dict[str, Any]:
+def measure(planner: Planner, root: str) -> dict[str, Any]:
     """Every built binary x every ort-qnn runtime of this run -> build/compat/compat.json."""
     from qnn_tasks.run.calls import StageCall
     from qnn_tasks.run.executors import for_call

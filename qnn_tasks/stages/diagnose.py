@@ -489,15 +489,6 @@ def markdown(graph: GraphSpec, soc: Soc, record: dict[str, Any]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def failure_message(record: dict[str, Any], graph: GraphSpec, soc: Soc) -> str:
-    first = record["first_divergence"]
-    if not first:
-        return ""
-    fixes = "; ".join(f"{h['hazard']}: {h['fix']}" for h in first["hazards"])
-    return (f"{graph.name} on {soc.name} first diverges at {first['op_type']} node '{first['node']}' "
-            f"(relative max-abs {first['rel_max_abs']:.3g})" + (f" — {fixes}" if fixes else ""))
-
-
 def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run(calls.graph(a), a["verify"], calls.soc(a), toolchains_calls.toolchain(call), Path(a["model"]),

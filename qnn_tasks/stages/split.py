@@ -22,7 +22,6 @@ from qnn_tasks.judge import metrics
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec import split as specsplit
 from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.stages.cpucheck import DEFAULT_TOLERANCE, run_onnx_cpu
 
@@ -81,10 +80,6 @@ def _chain(parts: list[dict[str, str]], first: list[dict[str, np.ndarray]], outp
             run.update(values)
         last = out
     return last  # a split makes 2+ parts
-
-
-def part_names(graph: GraphSpec) -> list[str]:
-    return [specsplit.part_name(graph.name, i) for i in range(1, specsplit.count(graph.split) + 1)]
 
 
 def run_call(call: StageCall) -> dict[str, Any]:

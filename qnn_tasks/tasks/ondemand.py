@@ -16,6 +16,7 @@ from qnn_tasks.errors import QnnTasksError, machine_failure
 from qnn_tasks.plan import paths
 from qnn_tasks.plan.stages import DIAGNOSE, DIST, SOCSCHECK
 from qnn_tasks.plan.targets import ChipTarget
+from qnn_tasks.run.status import Status
 from qnn_tasks.tasks.uptodate import Fresh, key_of
 
 DEVICES_RECORD = Path(paths.DEVICES_RECORD)
@@ -104,14 +105,14 @@ class OnDemand:
                 record: dict[str, Any] = {"stage": "toolcheck", "target": name,
                                           "toolchain": {"id": binding.id, **binding.fingerprint}}
                 try:
-                    record.update(binding.toolchain.check(), status="passed")
+                    record.update(binding.toolchain.check(), status=Status.PASSED)
                 except QnnTasksError as err:
-                    record.update(getattr(err, "record", {}) or {}, status="failed", error=str(err))
+                    record.update(getattr(err, "record", {}) or {}, status=Status.FAILED, error=str(err))
                 try:
                     write_json(Path("build") / f"toolcheck{binding.suffix.replace('@', '-')}.json", record)
                 except OSError as err:
                     return TaskFailed(f"toolcheck:{name}: {machine_failure(err) or err}")
-                if record["status"] == "failed":
+                if record["status"] == Status.FAILED:
                     return TaskFailed(f"toolcheck:{name}: {binding.id}: {record['error']}")
                 print(f"toolcheck:{name}: {binding.id}: ok")
                 return None

@@ -34,6 +34,7 @@ from qnn_tasks.plan.stages import (
     targets_of,
 )
 from qnn_tasks.run import digests, interrupts, treelock
+from qnn_tasks.run.status import Status
 from qnn_tasks.spec.load import load_project
 from qnn_tasks.tasks import doithooks
 from qnn_tasks.tasks.doithooks import RUNS_LAST
@@ -309,7 +310,7 @@ class TaskFactory:
             from qnn_tasks.run.records import write
 
             try:
-                write(plan.record, {"stage": row.name, "target": plan.name, **plan.base(), "status": "skipped",
+                write(plan.record, {"stage": row.name, "target": plan.name, **plan.base(), "status": Status.SKIPPED,
                                     "reason": plan.skip, "seconds": 0.0})
             except OSError as err:  # a full disk: one line, as for any stage
                 return TaskFailed(f"{row.name}:{plan.name}: {machine_failure(err) or err}")

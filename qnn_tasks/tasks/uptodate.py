@@ -11,7 +11,7 @@ import json
 import os
 from typing import Any, Iterator
 
-from qnn_tasks.run.status import good
+from qnn_tasks.run.status import Status, good
 
 
 def key_of(data: dict[str, Any]) -> str:
@@ -130,7 +130,7 @@ class Fresh:
         stage, _, target = task_name.partition(":")
         if record is None or record.get("stage") != stage or record.get("target") != target:
             return False
-        if record.get("status") == "skipped":
+        if record.get("status") == Status.SKIPPED:
             return True
         outputs = [p for p in self.paths if p != self.record]
         files = record.get("files")

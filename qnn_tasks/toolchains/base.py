@@ -50,7 +50,7 @@ class Toolchain(Protocol):
     kind: str
 
     def id(self) -> str:
-        """Directory name for this toolchain's builds; carries its version (DESIGN rule 5)."""
+        """Directory name for this toolchain's builds; carries its version (docs/toolchains.md: the build tree)."""
 
     def fingerprint(self) -> dict[str, Any]:
         """Versions and options: part of the key of every toolchain stage, of no other."""

@@ -1,7 +1,7 @@
 """Pinned toolchain environments: a profile's `packages:` get an isolated interpreter of their own.
 
 Two onnxruntime-qnn versions cannot live in one interpreter (each needs its own onnxruntime;
-SPEC 9), so a profile such as
+docs/toolchains.md), so a profile such as
 
     kind: ort-qnn
     packages: [onnxruntime-qnn==2.3.0, onnxruntime==1.24.4]

@@ -1,7 +1,7 @@
 """ort-qnn: ONNX Runtime's QNN execution provider from pip (`onnxruntime-qnn`, Linux x86-64).
 
 Compiles a QNN context binary offline with onnxruntime's compile API and the wheel's HTP
-backend; the same wheel's x86 HTP simulator runs it for verification (SPEC 2b).
+backend; the same wheel's x86 HTP simulator runs it for verification (docs/toolchains.md).
 """
 from __future__ import annotations
 

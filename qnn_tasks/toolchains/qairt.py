@@ -1,4 +1,4 @@
-"""qairt: the QAIRT SDK's own tools, run exactly as the guide (SPEC 2a) and sherpa-onnx run them.
+"""qairt: the QAIRT SDK's own tools, run exactly as the guide (docs/toolchains.md) and sherpa-onnx run them.
 
 Per graph variant (once, not per chip):
     convert   python qnn-onnx-converter --input_network <simplified.onnx> --output_path <g>.cpp
@@ -222,7 +222,7 @@ class QairtToolchain:
                 "htp_config": htp_config}
 
     def _htp_config(self, name: str, soc: Soc, out_dir: Path) -> tuple[dict, dict]:
-        """SPEC 2c, as sherpa-onnx's generate_config.py writes them."""
+        """htp_backend_extensions.json and htp_config.json, as sherpa-onnx's generate_config.py writes them."""
         extensions = {"backend_extensions": {
             "shared_library_path": str(self.sdk.path(sdkmod.NETRUN_EXTENSIONS)),
             "config_file_path": str(out_dir.resolve() / CONFIG_FILES[2])}}

@@ -194,7 +194,7 @@ def environment(sdk: Sdk) -> dict[str, str]:
 # ------------------------------------------------------------------ what a phone needs
 
 def runtime_libs(sdk: Sdk, dsp_arch: str) -> dict[str, Any]:
-    """The Android libs a phone needs to run a context binary for `dsp_arch` (SPEC 4), with paths and sizes."""
+    """The Android libs (with paths and sizes) a phone needs to run a binary for `dsp_arch` (docs/shipping.md)."""
     arch = dsp_arch.lstrip("v")
     wanted = [
         ("libQnnHtp.so", f"lib/{ANDROID}", "HTP backend (CPU side): QnnConfig backendLib", "LD_LIBRARY_PATH"),

@@ -19,6 +19,7 @@ from typing import Any
 
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.outcome import Outcome
+from qnn_tasks.run.status import Status
 
 PACKAGE = Path(__file__).resolve().parents[2]  # qnn_tasks/
 
@@ -125,7 +126,7 @@ def _run_remote(call: StageCall, inputs: dict[str, str], store_url: str, key: st
         if missing:
             return Outcome.failure(f"the stage finished but wrote no {', '.join(missing)}", executor=executor)
         record = {"stage": call.stage, "target": call.target, **outcome.record, "executor": executor,
-                  "status": "warning" if outcome.record.get("warnings") else "passed",
+                  "status": Status.WARNING if outcome.record.get("warnings") else Status.PASSED,
                   "files": records.vouch(call.outputs, scratch)}
         try:
             store.put(key, call.stage, call.target, Path(call.out_dir), json.loads(json.dumps(record, default=str)),

@@ -1,4 +1,4 @@
-"""verify / power: run a chip target's context binary on attached phones over adb (SPEC 4 and 5).
+"""verify / power: run a chip target's context binary on attached phones over adb (docs/phones.md).
 
 `survey`        build/verify/devices.json: every attached device, its chip (ro.soc.model matched to
                 socs/socs.yaml) and which targets it runs; a phone whose chip has no build is listed as

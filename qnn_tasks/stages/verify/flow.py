@@ -16,6 +16,7 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.run.status import Status
 from qnn_tasks.stages.verify.choice import LoadFailed, decide, for_this_chip
 from qnn_tasks.stages.verify.device_run import cleanup, push_payload, require_ok, run_on_device, runner_args
 from qnn_tasks.stages.verify.measure import best_cpu, cpu_text, measure_latency, ms_text, num_text, real_time_factor
@@ -47,7 +48,7 @@ def power_target(job: Job) -> dict[str, Any]:
 def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
     start = time.perf_counter()
     record: dict[str, Any] = {"stage": job.stage, "target": job.target, **job.base, "kind": "device",
-                              "label": DEVICE_LABEL, "measured_at": now_iso(), "status": "running", "devices": []}
+                              "label": DEVICE_LABEL, "measured_at": now_iso(), "status": Status.RUNNING, "devices": []}
     if job.stage == "power":
         record["conditions"] = POWER_CONDITIONS
 
@@ -66,7 +67,7 @@ def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
                 raise
             print(f"{job.stage}:{job.target}: skipped: no usable adb server at {server.address} (the "
                   f"{job.stage}:devices line says how to start one)", flush=True)
-            return {"status": "skipped", "reason": "no adb server"}
+            return {"status": Status.SKIPPED, "reason": "no adb server"}
         serials = adb.serial_filter()
         attached = adb.list_devices(server)
         mine = [d for d in attached if d.usable and for_this_chip(job, d)  # the selector's rule 1
@@ -77,7 +78,7 @@ def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
             if job.required:
                 raise StageError(f"{reason}: {adb.ATTACH_HINT}")
             print(f"{job.stage}:{job.target}: skipped: {reason}", flush=True)
-            return {"status": "skipped", "reason": reason}  # an earlier record with results is left as it was
+            return {"status": Status.SKIPPED, "reason": reason}  # an earlier record with results is left as it was
         binary = binary_facts(job)
         libs = runtimelibs.resolve(job.profile.settings, job.profile.file, job.root, job.manifest, job.soc.dsp_arch,
                                    job.cache_dir)
@@ -86,36 +87,36 @@ def _on_devices(job: Job, run_one: Callable[..., None]) -> dict[str, Any]:
         for info in mine:
             entry: dict[str, Any] = {"serial": info.serial, "model": info.model, "android": info.android,
                                      "abi": info.abi, "soc_model": info.soc_model, "manufacturer": info.manufacturer,
-                                     "chip": job.soc.row(), "status": "running", "phase": "checks", "warnings": []}
+                                     "chip": job.soc.row(), "status": Status.RUNNING, "phase": "checks", "warnings": []}
             record["devices"].append(entry)
             save()
             try:
                 selection = refuse_incompatible(job, binary, libs, info, entry)
                 phone = adb.Phone(server, info)
                 run_one(job, phone, binary, libs, settings, entry, save, selection)
-                entry["status"] = "warning" if entry["warnings"] else "passed"
+                entry["status"] = Status.WARNING if entry["warnings"] else Status.PASSED
             except QnnTasksError as err:
-                entry.update(status="failed", error=str(err))
+                entry.update(status=Status.FAILED, error=str(err))
             except Exception as err:  # a bug or a tool crash on this phone: keep the traceback, go on with the others
                 log = job.record_path.with_name(f"{job.stage}-{safe_text(info.serial)}-error.log")
                 log.write_text(traceback.format_exc())
-                entry.update(status="failed", error=f"unexpected {type(err).__name__}: {err} (traceback: {log})")
-            if entry["status"] == "failed":
+                entry.update(status=Status.FAILED, error=f"unexpected {type(err).__name__}: {err} (traceback: {log})")
+            if entry["status"] == Status.FAILED:
                 short = entry["error"] if len(entry["error"]) < 200 else entry["error"][:200] + " ..."
                 print(f"{job.stage}:{job.target}: {info.label()}: FAILED: {short}", flush=True)
             save()
-        failed = [e for e in record["devices"] if e["status"] == "failed"]
+        failed = [e for e in record["devices"] if e["status"] == Status.FAILED]
         if failed:
-            record.update(status="failed", error="; ".join(f"{e['serial']}: {e['error']}" for e in failed))
+            record.update(status=Status.FAILED, error="; ".join(f"{e['serial']}: {e['error']}" for e in failed))
             save()
             raise _Recorded(record["error"])
-        record["status"] = "warning" if any(e["status"] == "warning" for e in record["devices"]) else "passed"
+        record["status"] = Status.WARNING if any(e["status"] == Status.WARNING for e in record["devices"]) else Status.PASSED
         save()
         return record
     except _Recorded:
         raise
     except QnnTasksError as err:
-        record.update(status="failed", error=str(err))
+        record.update(status=Status.FAILED, error=str(err))
         save()
         raise
     except Exception as err:

@@ -22,6 +22,7 @@ from qnn_tasks.devices import adb
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.plan.paths import DEVICE_STAMP
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.run.status import Status
 from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
 
 DEVICE_LABEL = "measured on an attached phone over adb (device results)"
@@ -137,7 +138,7 @@ def unexpected_error(record: dict[str, Any], record_path: Path, err: Exception, 
     log = record_path.with_name(f"{record.get('stage', 'verify')}-error.log")
     log.parent.mkdir(parents=True, exist_ok=True)
     log.write_text(traceback.format_exc())
-    record.update(status="failed", error=f"unexpected {type(err).__name__}: {err} (traceback: {log})",
+    record.update(status=Status.FAILED, error=f"unexpected {type(err).__name__}: {err} (traceback: {log})",
                   seconds=round(time.perf_counter() - start, 3))
     fileio.write_json(record_path, record)
     touch_stamp()

@@ -11,6 +11,7 @@ from typing import Any
 from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.run.status import Status
 from qnn_tasks.ship import select
 from qnn_tasks.spec.project import Soc
 from qnn_tasks.stages.verify.settings import now_iso, unexpected_error
@@ -43,11 +44,11 @@ def survey(socs: dict[str, Soc], targets: list[tuple[str, str, str | None]], rec
         if not runnable:
             why = "; ".join(f"{d['serial']}: {d['verdict']}" for d in record["devices"])
             raise StageError(f"none of the attached phones can run a build ({why})")
-        record.update(status="passed", seconds=round(time.perf_counter() - start, 3))
+        record.update(status=Status.PASSED, seconds=round(time.perf_counter() - start, 3))
         fileio.write_json(record_path, record)
         return record
     except QnnTasksError as err:
-        record.update(status="failed", error=str(err), seconds=round(time.perf_counter() - start, 3))
+        record.update(status=Status.FAILED, error=str(err), seconds=round(time.perf_counter() - start, 3))
         fileio.write_json(record_path, record)
         raise
     except Exception as err:

@@ -5,7 +5,8 @@ sample rate with an `If`. The export is the built-in one (model.yaml): it fixes 
 and every shape (batch 1, 576 samples = 64 context + 512 new, state [2,1,128]), `fold-if` keeps
 the 16 kHz branch only, and `pow-square` rewrites `Pow(x, 2)` as `Mul(x, x)`: HTP's fp16 Pow
 returns -4 when x underflows fp16 (quiet audio), which made the VAD disagree with the CPU on a
-third of the frames (SPEC 8). The reference is the built-in one too: the original ONNX on CPU,
+third of the frames (docs/rewrites.md: 63% -> 100% of speech decisions). The reference is the built-in
+one too: the original ONNX on CPU,
 `sr` fed as 16000. What stays here is the audio: real clips, chunked, with the recurrent state.
 """
 from __future__ import annotations

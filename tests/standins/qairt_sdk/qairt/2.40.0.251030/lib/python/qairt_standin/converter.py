@@ -22,7 +22,7 @@ from pathlib import Path
 
 from .common import PyLog, converter_graph_name, sdk_version, write_payload
 
-# Ops the real converters reject ("No translation registered for op type onnx_<op>"): SPEC 3 names Neg;
+# Ops the real converters reject ("No translation registered for op type onnx_<op>"): Neg (docs/rewrites.md, `neg`);
 # the others were seen in public QAIRT logs. Control flow is rejected too (QNN graphs are static).
 REJECTED_OPS = {"Neg", "If", "Loop", "Scan", "IsNaN", "IsInf", "DFT", "RandomNormal", "RandomNormalLike",
                 "RandomUniform", "RandomUniformLike", "Multinomial"}
