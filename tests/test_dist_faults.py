@@ -24,7 +24,8 @@ from conftest import Project, copy_project
 from test_full_disk import fill, tmpfs
 from tiny_project import tiny_project
 
-pytestmark = pytest.mark.slow
+from qnn_tasks.errors import QnnTasksError
+
 DISK = 4 << 20  # the tmpfs: the tiny package (0.8 MiB) and the filler
 
 
@@ -82,6 +83,7 @@ def test_qnn_dist_naming_a_file_is_one_line(tiny_built, tmp_path):
     assert not_a_folder.read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_a_full_disk_at_any_write_of_dist_is_one_line_and_keeps_the_package_before(tiny_built, tmp_path):
     with tmpfs(tmp_path / "disk", DISK) as disk:
         dest = disk / "packages"
@@ -118,6 +120,7 @@ def test_a_full_disk_at_any_write_of_dist_is_one_line_and_keeps_the_package_befo
         assert tree(package) == finished and hidden(dest) == []
 
 
+@pytest.mark.slow
 def test_a_read_only_qnn_dist_is_one_line(tiny_built, tmp_path):
     with tmpfs(tmp_path / "disk", DISK) as disk:
         dest = disk / "packages"
@@ -159,6 +162,7 @@ def half_written(project: Project, dest: Path) -> tuple[subprocess.Popen, Path]:
     pytest.fail("the dist finished five times before it could be stopped mid-package")
 
 
+@pytest.mark.slow
 def test_two_projects_sharing_one_qnn_dist_never_remove_each_others_work(tiny_built, tmp_path):
     first = copy_project(tmp_path / "first", source=tiny_built.root, with_build=True)
     second = copy_project(tmp_path / "second", source=tiny_built.root, with_build=True)
@@ -195,6 +199,7 @@ def test_two_projects_sharing_one_qnn_dist_never_remove_each_others_work(tiny_bu
         assert sorted(p.name for p in dest.iterdir()) == ["tiny"] and complete(dest / "tiny")
 
 
+@pytest.mark.slow
 def test_a_dead_owners_leftover_is_swept_and_a_live_or_foreign_one_kept(tiny_built, tmp_path):
     dest = tmp_path / "shared"
     proc, folder = half_written(tiny_built, dest)
@@ -215,3 +220,28 @@ def test_a_dead_owners_leftover_is_swept_and_a_live_or_foreign_one_kept(tiny_bui
                       (live, f"its owner, pid {os.getpid()} on this machine, is running"),
                       (legacy, "its name does not say which process wrote it")):
         assert f"dist:tiny: {kept.name} left in place ({why}); remove it once that dist has ended" in output, output
+
+
+def test_each_refused_write_names_the_package_path_and_its_fix(tmp_path):
+    """What the tmpfs cannot make here (EIO, EDQUOT, permission denied: the tests run as root), by its line: the
+    package's path, never the hidden folder's nor (for a full disk) the copy's source; other errors are not hidden."""
+    import errno
+
+    from qnn_tasks.ship import package
+
+    dest, tmp = tmp_path / "packages" / "tiny", tmp_path / "packages" / ".tiny.dist-host-1"
+    cases = [(OSError(errno.EIO, "Input/output error", str(tmp / "manifest.json")),
+              f"nothing shipped, no package was written: {dest}/manifest.json: input/output error"),
+             (OSError(errno.EDQUOT, "Disk quota exceeded", "build/tiny/x.bin", None, str(tmp / "SM8650/x.bin")),
+              f"{dest}/SM8650/x.bin: disk quota exceeded (fix: free space or raise your quota"),
+             (PermissionError(errno.EACCES, "Permission denied", str(tmp)),
+              f"{dest}: Permission denied (fix: set QNN_DIST to a folder you can write"),
+             (PermissionError(errno.EACCES, "Permission denied", str(tmp_path)),
+              f"{tmp_path}: Permission denied (fix: set QNN_DIST to a folder you can write"),
+             (PermissionError(errno.EACCES, "Permission denied", "build/tiny/x.bin"),
+              "build/tiny/x.bin: Permission denied (fix: check who may read it)")]
+    for err, said in cases:
+        line = package._refused(err, tmp, dest)
+        assert isinstance(line, QnnTasksError) and said in str(line) and "\n" not in str(line), (str(line), said)
+    bug = FileNotFoundError(errno.ENOENT, "No such file or directory", "x")
+    assert package._refused(bug, tmp, dest) is bug  # a bug keeps its traceback

@@ -25,7 +25,6 @@ from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError
 
 WAIT_ENV = envvalues.LOCK_WAIT  # the tree lock's wait applies to the dist folder's lock too (default 0: refuse)
-WORK_KINDS = ("dist", "old")    # .<model>.dist-<owner>: a package being written; .<model>.old-<owner>: one moved aside
 _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.EINVAL, errno.ENOSYS}  # a filesystem without flock
 
 

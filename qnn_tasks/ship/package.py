@@ -183,14 +183,17 @@ def _refused(err: OSError, tmp: Path, dest: Path) -> Exception:
         return err  # not the machine's nor the folder's: a bug, with its traceback
     named = err.filename2 if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and err.filename2 else None
     where = str(named or err.filename or dest)  # shutil's copy names its source first: the full disk is the target's
-    if where.startswith(f"{tmp}{os.sep}") or where == str(tmp):
-        where = str(dest / os.path.relpath(where, tmp)) if where != str(tmp) else str(dest)
+    if where == str(tmp) or where.startswith(f"{tmp}{os.sep}"):
+        where = str(dest / os.path.relpath(where, tmp))
     kept = "the package before is kept" if dest.is_dir() else "no package was written"
     failed = OSError(err.errno, err.strerror, where)
     if machine_failure(failed):
         return MachineError(failed, f"nothing shipped, {kept}")
-    return StageError(f"nothing shipped, {kept}: {where}: {err.strerror} (fix: set {ENV} to a folder you can "
-                      "write, or give yourself write access to this one)")
+    folder = dest.parent
+    ours = Path(where) in (folder, *folder.parents) or folder in Path(where).parents  # the packages' folder
+    fix = (f"set {ENV} to a folder you can write, or give yourself write access to this one" if ours
+           else "check who may read it")
+    return StageError(f"nothing shipped, {kept}: {where}: {err.strerror} (fix: {fix})")
 
 
 def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Path, cache_dir: Path):
