@@ -163,10 +163,6 @@ class OnDemand:
                     done = execute(call)
                 except QnnTasksError as err:
                     return TaskFailed(f"dist:{model}: {err}")
-                except OSError as err:  # a full or failing disk outside the package's writes (they say it themselves)
-                    if not machine_failure(err):
-                        raise
-                    return TaskFailed(f"dist:{model}: {machine_failure(err)}")
                 print(package.summary(done))
                 return None
 
