@@ -188,8 +188,14 @@ def test_runtime_libs_from_the_configured_source(verified, tmp_path):
 
 
 def test_an_interrupted_dist_leaves_no_package_that_looks_finished(verified, tmp_path, monkeypatch):
+    import subprocess
+
+    from qnn_tasks.ship import distlock
+
     dest = tmp_path / "dist"
-    (dest / ".silero-vad.dist-99999" / "SM8650").mkdir(parents=True)  # what a killed dist leaves: no manifest.json
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    killed = dest / f".silero-vad.dist-{distlock.host()}-{int(dead.stdout)}"  # a dead dist's folder: no manifest.json
+    (killed / "SM8650").mkdir(parents=True)
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -1,24 +1,28 @@
 """`doit dist`: dist/<model>/ from what was verified, and only that; whole or not at all; incremental.
 
 The package is assembled in a hidden folder beside its final place and renamed onto it at the end: an
-interrupted dist leaves a `.<model>.dist-<pid>` folder (removed by the next dist), never a package that looks
-finished. A file whose bytes the previous package already holds is hard-linked from it instead of copied
-(a binary unchanged since the last dist costs a link). Every copy is hashed against the digest its record
+interrupted dist leaves a `.<model>.dist-<host>-<pid>` folder (removed by the next dist once that process is gone),
+never a package that looks finished. One dist at a time writes a model's package into a folder (distlock.py): two
+projects sharing QNN_DIST wait for or refuse each other, in one line, instead of removing each other's work.
+A write the machine refuses is one line, the package before kept.
+A file whose bytes the previous package already holds is hard-linked from it instead of copied (a binary
+unchanged since the last dist costs a link). Every copy is hashed against the digest its record
 vouches for: a binary that changed since it was verified is left out (read as the report reads it: stale),
 and one that changes while being copied fails the dist. Package layout and fields: docs/shipping.md.
 """
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from qnn_tasks.errors import SpecError, StageError
+from qnn_tasks.errors import MachineError, SpecError, StageError, machine_failure
 from qnn_tasks.run import records
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.ship import aipack, runtime, verified
+from qnn_tasks.ship import aipack, distlock, runtime, verified
 from qnn_tasks.ship import manifest as mf
 from qnn_tasks.ship.card import card
 
@@ -89,43 +93,107 @@ class _Assembly:
         path = self._target(rel)
         sha = hashlib.sha256(data).hexdigest()
         if not self._reuse(rel, sha):
-            path.write_bytes(data)
+            write_bytes(path, data)
             self.copied += 1
         self.files[rel] = {"size": len(data), "sha256": sha}
         return self.files[rel]
 
 
+def write_bytes(path: Path, data: bytes) -> None:
+    """Path.write_bytes, whose error names the file (a full disk's write() error names none)."""
+    try:
+        path.write_bytes(data)
+    except OSError as err:
+        if err.filename is None:
+            err.filename = str(path)
+        raise
+
+
 def write(inventory: dict[str, Any], root: Path, dest_root: Path, cache_dir: Path) -> dict[str, Any]:
-    """Write dest_root/<model>/ from the inventory's verified targets; return what was done (for the one line)."""
+    """Write dest_root/<model>/ from the inventory's verified targets; return what was done (for the one line).
+
+    A write the machine refuses (ENOSPC, EDQUOT, EROFS, EIO) or the folder forbids (EACCES) anywhere here is one
+    line naming the path (the package's, not the hidden folder's), the reason and the fix; the package before
+    stays as it was."""
     model = inventory["model"]
     ship, omitted, graph_records = verified.sort_out(inventory)
     if not ship:
         reasons = "; ".join(f"{o['target']}: {o['reason']}" for o in omitted[:3]) or "no chip targets"
         raise StageError(f"nothing verified to ship for {model} ({reasons}) (fix: run doit until the report passes)")
     dest = dest_root / model
-    _check_replaceable(dest)
-    dest_root.mkdir(parents=True, exist_ok=True)
-    for leftover in dest_root.glob(f".{model}.dist-*"):  # an interrupted dist's folder: never a package
-        shutil.rmtree(leftover, ignore_errors=True)
-    previous = dest if dest.is_dir() else next(iter(sorted(dest_root.glob(f".{model}.old-*"))), None)
-    tmp = dest_root / f".{model}.dist-{os.getpid()}"
+    _check_folder(dest_root)
+    tmp = distlock.work_folder(dest_root, model, "dist")
+    try:
+        dest_root.mkdir(parents=True, exist_ok=True)
+        with distlock.ModelLock(dest_root, model, root):
+            _check_replaceable(dest)
+            return _write_locked(inventory, ship, omitted, graph_records, root, dest, tmp, cache_dir)
+    except OSError as err:
+        raise _refused(err, tmp, dest) from None
+
+
+def _write_locked(inventory, ship, omitted, graph_records, root: Path, dest: Path, tmp: Path,
+                  cache_dir: Path) -> dict[str, Any]:
+    """The package, written while this process holds the model's lock in its folder."""
+    dest_root, model = dest.parent, dest.name
+    notes = []
+    for leftover, why in distlock.leftovers(dest_root, model, "dist"):  # an interrupted dist's folder: no package
+        if why is None:
+            shutil.rmtree(leftover, ignore_errors=True)
+        else:
+            notes.append(f"{leftover.name} left in place ({why}); remove it once that dist has ended")
+    previous = dest if dest.is_dir() else next((old for old, why in distlock.leftovers(dest_root, model, "old")
+                                                 if why is None), None)  # killed between its two renames
     tmp.mkdir()
     try:
         work = _Assembly(tmp, previous)
         data, line = _assemble(inventory, ship, omitted, graph_records, work, root, cache_dir)
         rows = {soc: SimpleNamespace(platform=platform) for soc, platform in inventory["platforms"].items()}
         pack = aipack.write(data, tmp, tmp / "android", delivery=inventory["ship"]["delivery"], socs=rows)
-        _swap(tmp, dest, dest_root, model)
+        _swap(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for old in dest_root.glob(f".{model}.old-*"):
-        shutil.rmtree(old, ignore_errors=True)
+    for old, why in distlock.leftovers(dest_root, model, "old"):
+        if why is None:  # a dead dist's package moved aside: this package replaces it
+            shutil.rmtree(old, ignore_errors=True)
+    shutil.rmtree(distlock.work_folder(dest_root, model, "old"), ignore_errors=True)
     binaries = [b for g in data["graphs"].values() for b in g["binaries"]]
     return {"model": model, "dest": str(dest), "binaries": len(binaries),
             "socs": sorted({b["soc"] for b in binaries}), "omitted": data["omitted"], "runtime_line": line,
             "bytes": sum(f["size"] for f in data["files"].values()), "copied": work.copied, "linked": work.linked,
-            "aipack_line": aipack.summary(pack)}
+            "aipack_line": aipack.summary(pack), "notes": notes}
+
+
+def _check_folder(dest_root: Path) -> None:
+    """The packages' folder must be a folder, or a path where one can be made: not a file, nor below one."""
+    for path in (dest_root, *dest_root.parents):
+        if path.exists() or path.is_symlink():
+            if not path.is_dir():
+                kind = "a file" if path.exists() else "a symlink to nothing"
+                below = "" if path == dest_root else f" (the packages' folder {dest_root} would be below it)"
+                raise StageError(f"{path}: is {kind}, not a folder{below}: nothing was written (fix: set {ENV} to "
+                                 "a folder, made if missing; or move the file away)")
+            return
+
+
+def _refused(err: OSError, tmp: Path, dest: Path) -> Exception:
+    """A write dist could not make, as one line naming the package's path, the reason and the fix; else `err`."""
+    if err.errno not in (errno.EACCES, errno.EPERM) and not machine_failure(err):
+        return err  # not the machine's nor the folder's: a bug, with its traceback
+    named = err.filename2 if err.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS) and err.filename2 else None
+    where = str(named or err.filename or dest)  # shutil's copy names its source first: the full disk is the target's
+    if where == str(tmp) or where.startswith(f"{tmp}{os.sep}"):
+        where = str(dest / os.path.relpath(where, tmp))
+    kept = "the package before is kept" if dest.is_dir() else "no package was written"
+    failed = OSError(err.errno, err.strerror, where)
+    if machine_failure(failed):
+        return MachineError(failed, f"nothing shipped, {kept}")
+    folder = dest.parent
+    ours = Path(where) in (folder, *folder.parents) or folder in Path(where).parents  # the packages' folder
+    fix = (f"set {ENV} to a folder you can write, or give yourself write access to this one" if ours
+           else "check who may read it")
+    return StageError(f"nothing shipped, {kept}: {where}: {err.strerror} (fix: {fix})")
 
 
 def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Path, cache_dir: Path):
@@ -164,7 +232,7 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
     work.put(card(data).encode(), "MODEL_CARD.md")
     data["files"] = dict(sorted(work.files.items()))
     mf.validate(data)
-    (work.tmp / "manifest.json").write_bytes(mf.dumps(data))  # last: a folder without it is no package
+    write_bytes(work.tmp / "manifest.json", mf.dumps(data))  # last: a folder without it is no package
     return data, line
 
 
@@ -263,11 +331,19 @@ def _check_replaceable(dest: Path) -> None:
                          f"{mf.SCHEMA}): refusing to replace it (fix: move it away, or set {ENV}=<another folder>)")
 
 
-def _swap(tmp: Path, dest: Path, dest_root: Path, model: str) -> None:
-    """The finished folder takes the package's place; the old one is moved aside first, removed after."""
-    if dest.exists():
-        dest.rename(dest_root / f".{model}.old-{os.getpid()}")
-    tmp.rename(dest)
+def _swap(tmp: Path, dest: Path) -> None:
+    """The finished folder takes the package's place; the old one is moved aside first (back again when the new one
+    cannot take its place), removed after."""
+    if not dest.exists():
+        tmp.rename(dest)
+        return
+    aside = distlock.work_folder(dest.parent, dest.name, "old")
+    dest.rename(aside)
+    try:
+        tmp.rename(dest)
+    except BaseException:
+        aside.rename(dest)
+        raise
 
 
 def run_call(call: StageCall) -> dict[str, Any]:
@@ -289,4 +365,5 @@ def summary(done: dict[str, Any]) -> str:
         lines.append(f"dist:{done['model']}: {done['runtime_line']}")
     if done.get("aipack_line"):
         lines.append(f"dist:{done['model']}: {done['aipack_line']}")
+    lines.extend(f"dist:{done['model']}: {note}" for note in done.get("notes") or ())
     return "\n".join(lines)
