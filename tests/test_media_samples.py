@@ -379,6 +379,40 @@ def test_a_sparse_raw_file_is_read_only_where_limit_picks(tmp_path):
     assert peak < 4 << 20, f"peak {peak >> 20} MiB for 16 KiB of samples"
 
 
+def child_peak_mib(script: str) -> tuple[str, int]:
+    """(what `script` printed, its process's peak resident memory in MiB): run in a fresh interpreter, so the peak
+    is this script's alone (ru_maxrss of the child, read by the child)."""
+    import subprocess
+    import sys
+
+    code = script + "\nimport resource; print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    out, peak = done.stdout.rsplit("peak ", 1)
+    return out, int(peak)
+
+
+def test_a_sparse_gib_of_tiny_raw_samples_is_picked_without_listing_every_sample(tmp_path):
+    """1 GiB of 16-byte samples is 67 million samples; limit 4 reads four of them. Listing every index to pick four
+    took 2.6 GB (the child's ru_maxrss); now the peak is the interpreter's own."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 4], dtype: float32}", '{raw: {files: "big.bin", limit: 4}}')
+    with open(folder / "big.bin", "wb") as fh:
+        fh.truncate(1 << 30)
+        fh.seek((1 << 30) - 16)
+        fh.write(np.arange(4, dtype="<f4").tobytes())  # the last sample, which limit's spread includes
+    out, peak = child_peak_mib(f"""
+from pathlib import Path
+from qnn_tasks.judge.samples import read_declared
+from qnn_tasks.spec.project import load_model, load_socs
+socs = load_socs(Path("tests/examples/socs/socs.yaml"))
+samples = read_declared(load_model(Path({str(folder)!r}), socs).graphs[0])
+print(len(samples), samples[-1]["x"].tolist(), samples[0]["x"].tolist())
+""")
+    assert out.split() == ["4", "[[0.0,", "1.0,", "2.0,", "3.0]]", "[[0.0,", "0.0,", "0.0,", "0.0]]"], out
+    assert peak < 300, f"peak {peak} MiB to read 64 bytes of samples"
+
+
 def test_audio_windows_are_picked_before_they_are_made(tmp_path):
     """A 20 s clip cut every 20 samples gives 16 000 windows (25 MiB); limit 8 makes 8 of them."""
     folder = model_folder(tmp_path, "x: {shape: [1, 400], dtype: float32}",
