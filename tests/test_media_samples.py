@@ -512,3 +512,64 @@ def test_exif_orientation_is_applied_as_a_viewer_does(tmp_path):
     notes = {}
     media.load(graph(folder), notes)
     assert notes["image"]["orientation_applied"] == ["photo.png"]
+
+
+FROM_YAML = """\
+licence: test
+source: {file: model.onnx}
+graphs:
+  embed:
+    inputs: {x: {shape: [1, 16], dtype: float32}}
+    outputs: {y: {shape: [1, 1024]}, z: {shape: [1, 1024]}}
+    samples: {raw: {files: "w.bin"}}
+  classify:
+    inputs: {x: {shape: [1, 64, 1024], dtype: float32}}
+    outputs: {logits: {shape: [1, 5]}}
+    samples: {from: embed.y}
+pipeline:
+  graphs: [embed, classify]
+  feed: {classify.x: {from: embed.y, stack: {runs: 64, axis: 1, hop: 1}}}
+  verify:
+    samples: 1
+    checks:
+      - top1: {output: logits, min: 1.0}
+"""
+
+
+def test_samples_from_an_earlier_graph_are_bounded_before_they_are_stacked(tmp_path, monkeypatch):
+    """2 000 runs of embed (8 MiB of y) stacked 64 at a time every run are 1 937 windows, 484 MiB: refused before
+    one window is made (the whole stack was made, then refused), naming a fix `from:` accepts (it has no limit)."""
+    from qnn_tasks.stages.cpucheck import upstream_columns
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"")
+    (folder / "model.yaml").write_text(FROM_YAML)
+    (folder / "w.bin").write_bytes(bytes(64))
+    classify = load_model(folder, SOCS).graphs[1]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "build/m/embed/cpucheck").mkdir(parents=True)
+    y = np.random.default_rng(0).standard_normal((2000, 1, 1024)).astype(np.float32)
+    np.savez(tmp_path / "build/m/embed/cpucheck/reference.npz", y=y, z=y)  # z: read by nobody
+    monkeypatch.setattr(bounds, "MAX_SAMPLE_BYTES", 16 << 20)
+    refused = []
+
+    def refusal() -> None:
+        with pytest.raises(StageError) as info:
+            upstream_columns(classify)
+        refused.append(str(info.value))
+
+    _, peak = peak_bytes(refusal)
+    line = refused[0]
+    assert peak < 24 << 20, f"peak {peak >> 20} MiB: the windows were stacked before the bound refused them"
+    assert "graphs.classify.samples.from: 'embed' gives 1937 samples of 262144 bytes (windows of 64 of its 2000 " \
+           "runs, one every 1), 484.2 MiB, more than the bound of 16.0 MiB" in line and "\n" not in line, line
+    assert "(fix: give 'embed' at most 127 samples (limit: 127 on its samples source), or a larger hop in " \
+           "pipeline.feed.classify.x.stack)" in line, line
+    assert "limit:" not in line.split("(fix:")[0]
+    # the fix works: 127 runs give 64 windows, 16 MiB; only y is read, and the windows are glued as they are made
+    np.savez(tmp_path / "build/m/embed/cpucheck/reference.npz", y=y[:127], z=y[:127])
+    columns, peak = peak_bytes(lambda: upstream_columns(classify))
+    assert len(columns["x"]) == 64 and columns["x"][0].shape == (1, 64, 1024)
+    np.testing.assert_array_equal(columns["x"][63][0], y[63:127, 0])
+    assert peak < 24 << 20, f"peak {peak >> 20} MiB for 16 MiB of windows"
