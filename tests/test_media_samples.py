@@ -573,3 +573,21 @@ def test_samples_from_an_earlier_graph_are_bounded_before_they_are_stacked(tmp_p
     assert len(columns["x"]) == 64 and columns["x"][0].shape == (1, 64, 1024)
     np.testing.assert_array_equal(columns["x"][63][0], y[63:127, 0])
     assert peak < 24 << 20, f"peak {peak >> 20} MiB for 16 MiB of windows"
+
+
+def test_a_pad_min_that_drops_every_window_is_named_with_the_pad_min_that_keeps_one(tmp_path):
+    """Two clips of 1 000 and 600 samples, a frame of 1 600, pad_min 1 200: no window is kept. The stage said only "no
+    samples were produced"; now the line names pad_min and the largest value that keeps a sample."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 1600], dtype: float32}",
+                          '{audio: {files: "*.wav", rate: 16000, pad_min: 1200}}')
+    t = np.arange(1000) / 16000
+    write_wav(folder / "a.wav", 0.5 * np.sin(2 * np.pi * 300 * t), 16000)
+    write_wav(folder / "b.wav", 0.5 * np.sin(2 * np.pi * 300 * t[:600]), 16000)
+    with pytest.raises(StageError) as info:
+        read_declared(graph(folder))
+    line = str(info.value)
+    assert "graphs.g.samples.audio.pad_min: 1200 drops every window" in line and "\n" not in line, line
+    assert "(fix: pad_min: 1000 or less keeps 1 sample(s), or give longer clips)" in line, line
+    # the fix works: pad_min 1000 keeps a.wav's one window
+    (folder / "model.yaml").write_text((folder / "model.yaml").read_text().replace("pad_min: 1200", "pad_min: 1000"))
+    assert len(read_declared(graph(folder))) == 1

@@ -64,6 +64,8 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
             _confine(path, graph.model_dir, f"{where}.{kind}.files")
             planned.append(_guarded(PLANNERS[kind], path, options, spec, f"{where}.{kind}: {path.name}", kind))
         total = sum(p.count for p in planned)
+        if total == 0 and kind == "audio":  # every clip too short for one sample: say which key drops them
+            raise StageError(no_audio_samples(planned, options, spec, f"{where}.{kind}"))
         if total > MAX_SAMPLES and "limit" not in options:
             raise StageError(f"{where}.{kind}: the files give {total} samples, more than {MAX_SAMPLES} "
                              f"(fix: set graphs.{graph.name}.samples.{kind}.limit, or declare fewer files)")
@@ -326,6 +328,29 @@ def real_counts(plan: Planned, options: dict[str, Any], spec: TensorSpec, picks:
         starts = hop * np.arange((pick % per_gain) * per_sample, (pick % per_gain + 1) * per_sample)
         result.append(int(np.clip(length - starts, 0, frame).sum()))
     return result
+
+
+def no_audio_samples(planned: list[Planned], options: dict[str, Any], spec: TensorSpec, where: str) -> str:
+    """Why the clips give no sample, from their headers: `pad_min` drops every window (and the largest pad_min that
+    keeps one), or the clips are shorter than one sample's windows."""
+    per_sample = int(np.prod(spec.shape)) // options["frame"]
+
+    def samples(pad_min: int) -> int:
+        lengths = (target_length(int(p.info.frames), int(p.info.samplerate), options) for p in planned)
+        return sum(window_count(n, options["frame"], options["hop"], options["pad"], where, pad_min) // per_sample
+                   for n in lengths)
+
+    pad_min = options.get("pad_min", 1)
+    if pad_min > 1 and samples(1):
+        low, high = 1, pad_min - 1  # samples() falls as pad_min rises: the largest that keeps one
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if samples(middle) else (low, middle - 1)
+        return (f"{where}.pad_min: {pad_min} drops every window: no clip has {pad_min} real samples where a window "
+                f"would be padded, so no samples were produced (fix: pad_min: {low} or less keeps "
+                f"{samples(low) * len(options['gain'])} sample(s), or give longer clips)")
+    return (f"{where}: the clips give no sample: one takes {per_sample} window(s) of {options['frame']} every "
+            f"{options['hop']}, longer than every clip (fix: give longer clips, or a smaller frame or hop)")
 
 
 def padded_samples(real: list[tuple[Planned, int]], options: dict[str, Any], spec: TensorSpec) -> list[dict[str, Any]]:
