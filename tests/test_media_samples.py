@@ -130,6 +130,10 @@ def test_image_letterbox_pad_in_pixels_or_model_units(tmp_path):
      "samples.image.pad_normalised: both pad_value (pixels) and pad_normalised (model units) are given", "keep one"),
     ("x: {shape: [1, 3, 8, 8], dtype: uint8}", "resize: fit-height, pad_normalised: 0.0",
      "samples.image.pad_normalised: input 'x' is uint8: pixels are fed as they are", "pad_value"),
+    ("x: {shape: [1, 3, 8, 8], dtype: float32}", "resize: fit-height, pad_normalised: 1.0e300",
+     "samples.image.pad_normalised: 1e+300 is beyond the largest float32", "e.g. pad_normalised: 0.0"),
+    ("x: {shape: [1, 3, 8, 8], dtype: float16}", "resize: fit-height, pad_normalised: 70000.0",
+     "samples.image.pad_normalised: 70000.0 is beyond the largest float16 (+-65504)", "holds"),
 ])
 def test_image_pad_normalised_spec_errors(tmp_path, inputs, image, problem, fix):
     folder = model_folder(tmp_path, inputs, f'{{image: {{files: "*.png", {image}}}}}')
@@ -277,6 +281,7 @@ SPEC_CASES = [
     ('{image: {files: "*.png"}, fill: {x: 1}}', "samples.image.input: the graph has inputs ['x']: which one",
      "add input:"),
     ('{images: {files: "*.png"}}', "graphs.g.samples.images: unknown key", "image:"),
+    ('{fill: {x: 1.0e300}}', "graphs.g.samples.fill.x: 1e+300 is beyond the largest float32", "holds"),
 ]
 
 
