@@ -108,14 +108,10 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
             for i in range(count)]
 
 
-def spread(values: list, limit: int | None) -> list:
-    """`limit` samples spread evenly over all (every file, window and gain gets a say), in order."""
-    return [values[i] for i in picked(len(values), limit)]
-
-
 def picked(total: int, limit: int | None) -> list[int]:
-    """The indices of `limit` samples spread evenly over `total`, computed from the count alone: a 1 GiB raw file
-    of 16-byte samples is 67 million samples, and a list of every index took 2.6 GB to pick 4."""
+    """The indices of `limit` samples spread evenly over `total` (every file, window and gain gets a say), in order,
+    computed from the count alone: a 1 GiB raw file of 16-byte samples is 67 million samples, and listing every
+    index took 2.6 GB to pick 4."""
     if limit is None or total <= limit:
         return list(range(total))
     return [int(i) for i in np.linspace(0, total - 1, limit).round().astype(np.int64)]
