@@ -181,7 +181,7 @@ def _bounded_upstream(graph: GraphSpec, runs: dict[str, int]) -> None:
         raise StageError(f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples.from: '{source['graph']}' "
                          f"gives {made} samples of {per_sample} bytes{how}, {bounds.mib(made * per_sample)}, more "
                          f"than the bound of {bounds.mib(bounds.MAX_SAMPLE_BYTES)} (fix: give '{source['graph']}' at "
-                         f"most {upstream} samples (limit: {upstream} on its samples source){stack})")
+                         f"most {upstream} samples (a limit: on the media its samples come from){stack})")
 
 
 def run_onnx_cpu(model_path: Path, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
