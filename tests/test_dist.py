@@ -270,6 +270,23 @@ def test_dist_root_env_or_a_setting_inside_the_project(tmp_path):
         assert "(fix: " in str(err.value) and "\n" not in str(err.value)
 
 
+def test_a_dist_folder_that_is_a_symlink_out_of_the_project_is_named_with_qnn_dist(tmp_path):
+    """dist/ -> /elsewhere: the line names the symlink and QNN_DIST, not settings.dist of a profile nobody wrote."""
+    profile = tmp_path / "toolchain" / "ort-qnn.yaml"
+    project, elsewhere = tmp_path / "project", tmp_path / "elsewhere"
+    project.mkdir()
+    elsewhere.mkdir()
+    (project / "dist").symlink_to(elsewhere)
+    for settings in ({}, {"dist": "dist/pk"}):
+        with pytest.raises(SpecError) as err:
+            package.dist_root(settings, profile, project, env={})
+        line = str(err.value)
+        assert line.startswith(f"{project / 'dist'}: a symlink to {elsewhere}, outside the project folder"), line
+        assert f"(fix: remove the symlink, or set QNN_DIST={elsewhere.resolve()}" in line and "\n" not in line, line
+        assert "settings.dist" not in line and str(profile) not in line, line
+    assert package.dist_root({}, profile, project, env={"QNN_DIST": str(elsewhere)}) == elsewhere.resolve()
+
+
 def test_schema_refuses_what_the_selector_could_not_trust(shipped):
     data = read_manifest(shipped["dest"] / "silero-vad")
     schema = manifest.schema()

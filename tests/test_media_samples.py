@@ -130,6 +130,10 @@ def test_image_letterbox_pad_in_pixels_or_model_units(tmp_path):
      "samples.image.pad_normalised: both pad_value (pixels) and pad_normalised (model units) are given", "keep one"),
     ("x: {shape: [1, 3, 8, 8], dtype: uint8}", "resize: fit-height, pad_normalised: 0.0",
      "samples.image.pad_normalised: input 'x' is uint8: pixels are fed as they are", "pad_value"),
+    ("x: {shape: [1, 3, 8, 8], dtype: float32}", "resize: fit-height, pad_normalised: 1.0e300",
+     "samples.image.pad_normalised: 1e+300 is beyond the largest float32", "e.g. pad_normalised: 0.0"),
+    ("x: {shape: [1, 3, 8, 8], dtype: float16}", "resize: fit-height, pad_normalised: 70000.0",
+     "samples.image.pad_normalised: 70000.0 is beyond the largest float16 (+-65504)", "holds"),
 ])
 def test_image_pad_normalised_spec_errors(tmp_path, inputs, image, problem, fix):
     folder = model_folder(tmp_path, inputs, f'{{image: {{files: "*.png", {image}}}}}')
@@ -277,6 +281,7 @@ SPEC_CASES = [
     ('{image: {files: "*.png"}, fill: {x: 1}}', "samples.image.input: the graph has inputs ['x']: which one",
      "add input:"),
     ('{images: {files: "*.png"}}', "graphs.g.samples.images: unknown key", "image:"),
+    ('{fill: {x: 1.0e300}}', "graphs.g.samples.fill.x: 1e+300 is beyond the largest float32", "holds"),
 ]
 
 
@@ -379,6 +384,40 @@ def test_a_sparse_raw_file_is_read_only_where_limit_picks(tmp_path):
     assert peak < 4 << 20, f"peak {peak >> 20} MiB for 16 KiB of samples"
 
 
+def child_peak_mib(script: str) -> tuple[str, int]:
+    """(what `script` printed, its process's peak resident memory in MiB): run in a fresh interpreter, so the peak
+    is this script's alone (ru_maxrss of the child, read by the child)."""
+    import subprocess
+    import sys
+
+    code = script + "\nimport resource; print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)\n"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
+                          env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    out, peak = done.stdout.rsplit("peak ", 1)
+    return out, int(peak)
+
+
+def test_a_sparse_gib_of_tiny_raw_samples_is_picked_without_listing_every_sample(tmp_path):
+    """1 GiB of 16-byte samples is 67 million samples; limit 4 reads four of them. Listing every index to pick four
+    took 2.6 GB (the child's ru_maxrss); now the peak is the interpreter's own."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 4], dtype: float32}", '{raw: {files: "big.bin", limit: 4}}')
+    with open(folder / "big.bin", "wb") as fh:
+        fh.truncate(1 << 30)
+        fh.seek((1 << 30) - 16)
+        fh.write(np.arange(4, dtype="<f4").tobytes())  # the last sample, which limit's spread includes
+    out, peak = child_peak_mib(f"""
+from pathlib import Path
+from qnn_tasks.judge.samples import read_declared
+from qnn_tasks.spec.project import load_model, load_socs
+socs = load_socs(Path("tests/examples/socs/socs.yaml"))
+samples = read_declared(load_model(Path({str(folder)!r}), socs).graphs[0])
+print(len(samples), samples[-1]["x"].tolist(), samples[0]["x"].tolist())
+""")
+    assert out.split() == ["4", "[[0.0,", "1.0,", "2.0,", "3.0]]", "[[0.0,", "0.0,", "0.0,", "0.0]]"], out
+    assert peak < 300, f"peak {peak} MiB to read 64 bytes of samples"
+
+
 def test_audio_windows_are_picked_before_they_are_made(tmp_path):
     """A 20 s clip cut every 20 samples gives 16 000 windows (25 MiB); limit 8 makes 8 of them."""
     folder = model_folder(tmp_path, "x: {shape: [1, 400], dtype: float32}",
@@ -478,3 +517,81 @@ def test_exif_orientation_is_applied_as_a_viewer_does(tmp_path):
     notes = {}
     media.load(graph(folder), notes)
     assert notes["image"]["orientation_applied"] == ["photo.png"]
+
+
+FROM_YAML = """\
+licence: test
+source: {file: model.onnx}
+graphs:
+  embed:
+    inputs: {x: {shape: [1, 16], dtype: float32}}
+    outputs: {y: {shape: [1, 1024]}, z: {shape: [1, 1024]}}
+    samples: {raw: {files: "w.bin"}}
+  classify:
+    inputs: {x: {shape: [1, 64, 1024], dtype: float32}}
+    outputs: {logits: {shape: [1, 5]}}
+    samples: {from: embed.y}
+pipeline:
+  graphs: [embed, classify]
+  feed: {classify.x: {from: embed.y, stack: {runs: 64, axis: 1, hop: 1}}}
+  verify:
+    samples: 1
+    checks:
+      - top1: {output: logits, min: 1.0}
+"""
+
+
+def test_samples_from_an_earlier_graph_are_bounded_before_they_are_stacked(tmp_path, monkeypatch):
+    """2 000 runs of embed (8 MiB of y) stacked 64 at a time every run are 1 937 windows, 484 MiB: refused before
+    one window is made (the whole stack was made, then refused), naming a fix `from:` accepts (it has no limit)."""
+    from qnn_tasks.stages.cpucheck import upstream_columns
+
+    folder = tmp_path / "m"
+    folder.mkdir()
+    (folder / "model.onnx").write_bytes(b"")
+    (folder / "model.yaml").write_text(FROM_YAML)
+    (folder / "w.bin").write_bytes(bytes(64))
+    classify = load_model(folder, SOCS).graphs[1]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "build/m/embed/cpucheck").mkdir(parents=True)
+    y = np.random.default_rng(0).standard_normal((2000, 1, 1024)).astype(np.float32)
+    np.savez(tmp_path / "build/m/embed/cpucheck/reference.npz", y=y, z=y)  # z: read by nobody
+    monkeypatch.setattr(bounds, "MAX_SAMPLE_BYTES", 16 << 20)
+    refused = []
+
+    def refusal() -> None:
+        with pytest.raises(StageError) as info:
+            upstream_columns(classify)
+        refused.append(str(info.value))
+
+    _, peak = peak_bytes(refusal)
+    line = refused[0]
+    assert peak < 24 << 20, f"peak {peak >> 20} MiB: the windows were stacked before the bound refused them"
+    assert "graphs.classify.samples.from: 'embed' gives 1937 samples of 262144 bytes (windows of 64 of its 2000 " \
+           "runs, one every 1), 484.2 MiB, more than the bound of 16.0 MiB" in line and "\n" not in line, line
+    assert "(fix: give 'embed' at most 127 samples (a limit: on the media its samples come from), or a larger hop " \
+           "in pipeline.feed.classify.x.stack)" in line, line
+    # the fix works: 127 runs give 64 windows, 16 MiB; only y is read, and the windows are glued as they are made
+    np.savez(tmp_path / "build/m/embed/cpucheck/reference.npz", y=y[:127], z=y[:127])
+    columns, peak = peak_bytes(lambda: upstream_columns(classify))
+    assert len(columns["x"]) == 64 and columns["x"][0].shape == (1, 64, 1024)
+    np.testing.assert_array_equal(columns["x"][63][0], y[63:127, 0])
+    assert peak < 24 << 20, f"peak {peak >> 20} MiB for 16 MiB of windows"
+
+
+def test_a_pad_min_that_drops_every_window_is_named_with_the_pad_min_that_keeps_one(tmp_path):
+    """Two clips of 1 000 and 600 samples, a frame of 1 600, pad_min 1 200: no window is kept. The stage said only "no
+    samples were produced"; now the line names pad_min and the largest value that keeps a sample."""
+    folder = model_folder(tmp_path, "x: {shape: [1, 1600], dtype: float32}",
+                          '{audio: {files: "*.wav", rate: 16000, pad_min: 1200}}')
+    t = np.arange(1000) / 16000
+    write_wav(folder / "a.wav", 0.5 * np.sin(2 * np.pi * 300 * t), 16000)
+    write_wav(folder / "b.wav", 0.5 * np.sin(2 * np.pi * 300 * t[:600]), 16000)
+    with pytest.raises(StageError) as info:
+        read_declared(graph(folder))
+    line = str(info.value)
+    assert "graphs.g.samples.audio.pad_min: 1200 drops every window" in line and "\n" not in line, line
+    assert "(fix: pad_min: 1000 or less keeps 1 sample(s), or give longer clips)" in line, line
+    # the fix works: pad_min 1000 keeps a.wav's one window
+    (folder / "model.yaml").write_text((folder / "model.yaml").read_text().replace("pad_min: 1200", "pad_min: 1000"))
+    assert len(read_declared(graph(folder))) == 1

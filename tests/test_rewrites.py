@@ -441,7 +441,7 @@ def test_apply_runs_in_catalogue_order_whatever_the_declared_order():
     (["neg", "neg"], "declared twice"),
     ([{"finite-mask": {"value": float("-inf")}}], "finite-mask value must be a negative number >= -65504"),
     ([{"finite-mask": {"valu": -1.0}}], "unknown option 'valu'"),
-    ([{"neg": {"value": -1.0}}], "(its options: none)"),
+    ([{"neg": {"value": -1.0}}], "unknown option 'value' for rewrite 'neg'"),
     ("neg", "expected a list of rewrite names or a mapping"),
     ([["neg"]], "neither a rewrite name"),
 ])

@@ -257,7 +257,8 @@ def test_scale_input_refuses_a_factor_fp16_cannot_hold(factor, power):
     assert time.perf_counter() - start < 1.0
     assert str(info.value) == (f"scale-input factor {factor!r} ({power}) is outside fp16's range: the NPU computes the "
                                "scaled input in fp16, which holds powers of two from 2^-14 to 2^15 (2^40 gave all-zero "
-                               "outputs); use one in that range, as doit diagnose advises")
+                               "outputs)")
+    assert info.value.fix == "give a power of two from 2^-14 to 2^15, e.g. factor: 1/64 (doit diagnose advises one)"
     for edge in (2.0 ** -14, 2 ** 15):
         assert rewrites.normalize([{"scale-input": {"factor": edge}}])["scale-input"]["factor"] == edge
 

@@ -108,3 +108,34 @@ def test_any_number_of_signals_at_any_gap_end_the_run_and_the_next_run_repairs(t
     assert record["status"] == "passed"
     no_passed_without_outputs(tiny)
     assert json.loads(tiny.path("build/.qnn-lock").read_text())["clean"] is True
+
+
+DIST_SIGNALLED = """\
+import os, signal, sys, time
+from qnn_tasks.ship import package
+real_write = package.write
+
+def write(*args, **kwargs):  # the real dist, signalled once it is writing (when a user's Ctrl-C lands)
+    os.kill(os.getpid(), signal.{sig})
+    time.sleep(10)
+    return real_write(*args, **kwargs)
+
+package.write = write
+from doit.doit_cmd import DoitMain
+sys.exit(DoitMain().run(["dist"]))
+"""
+
+
+@pytest.mark.parametrize("sig, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_during_dist_says_dist_was_interrupted(tmp_path, sig, code):
+    """dist runs no stage: the line said "interrupted before any stage started"; it names dist and its model."""
+    import subprocess
+    import sys
+
+    project = tiny_project(tmp_path / "project")
+    done = subprocess.run([sys.executable, "-c", DIST_SIGNALLED.replace("{sig}", sig)], cwd=project.root,
+                          capture_output=True, text=True, timeout=120)
+    lines = [line for line in done.stderr.splitlines() if "interrupted" in line]
+    assert done.returncode == code, (done.returncode, done.stdout, done.stderr)
+    assert lines == ["interrupted during dist:tiny; nothing half-written kept"], done.stderr
+    assert "Traceback" not in done.stderr and not project.path("dist/tiny").exists(), done.stderr

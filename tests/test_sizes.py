@@ -86,6 +86,13 @@ def test_dims_make_one_graph_per_size(tmp_path):
     ("pad: {ids: 0, mask: 0}", "pad: {scale: 1}", ("graphs.enc.dims.seq.pad.scale", "not an input with dim 'seq'")),
     ("scale: {shape: [1, 1]", "scale: {shape: [1, len]", ("graphs.enc.inputs.scale.shape", "'len'", "dims:")),
     ("      seq: {sizes", "      n: [2]\n      seq: {sizes", ("graphs.enc.dims", "one dim")),
+    ("sizes: [8, 32]", f"sizes: {list(range(1, 66))}", ("graphs.enc.dims.seq.sizes: 65 items, more than the 64 "
+                                                        "accepted (fix: keep at most 64)",)),
+    ("pad: {ids: 0, mask: 0}", "pad: {ids: 0.5, mask: 0}", ("graphs.enc.dims.seq.pad.ids: 0.5 is not a whole number: a "
+                                                           "int32 input holds only whole numbers",
+                                                           "(fix: give a pad value that input 'ids' (int32) holds")),
+    ("pad: {ids: 0, mask: 0}", "pad: {ids: 0, mask: 4294967296}", ("graphs.enc.dims.seq.pad.mask: 4294967296 is out "
+                                                                  "of the range of int32 (-2147483648 to 2147483647)",)),
 ])
 def test_bad_dims_are_one_line(tmp_path, old, new, fragments):
     text = SIZED_YAML.replace(old, new)
@@ -93,6 +100,17 @@ def test_bad_dims_are_one_line(tmp_path, old, new, fragments):
     line = spec_error(tmp_path, text)
     for fragment in fragments:
         assert fragment in line, line
+
+
+def test_a_pad_a_float_input_cannot_hold_is_refused_at_load(tmp_path):
+    """1e300 pads a float32 input with Inf: refused at load naming the key (it was accepted, the samples padded Inf)."""
+    text = SIZED_YAML.replace("mask: {shape: [1, seq], dtype: int32}", "mask: {shape: [1, seq], dtype: float32}")
+    for pad, fragment in (("1.0e300", "1e+300 is beyond the largest float32 (+-3.40282e+38)"),
+                          ("-1.0e39", "-1e+39 is beyond the largest float32")):
+        line = spec_error(tmp_path, text.replace("mask: 0}", f"mask: {pad}}}"))
+        assert f"graphs.enc.dims.seq.pad.mask: {fragment}" in line, line
+        assert "(fix: give a pad value that input 'mask' (float32) holds exactly)" in line, line
+    assert load(tmp_path, text.replace("mask: 0}", "mask: -1.0e30}")).graphs[0].size.pad["mask"] == -1.0e30
 
 
 def test_a_size_name_that_clashes_with_a_graph_names_both(tmp_path):

@@ -417,6 +417,20 @@ def test_a_scale_input_power_is_bounded_before_it_is_computed(chain):
         "embed"].rewrites["scale-input"]["factor"] == 1 / 64
 
 
+def test_a_scale_input_factor_out_of_range_is_told_the_range_it_accepts(chain):
+    """A factor fp16 cannot hold, or one not a power of two, got the list of rewrite names as its fix; the fix now
+    gives the range, and an unknown option is told the rewrite's options."""
+    for bad, problem in (('"2^40"', "scale-input factor '2^40' (2^40) is outside fp16's range"),
+                         ("0.3", "scale-input factor must be a power of two other than 1, got 0.3"),
+                         ("1", "scale-input factor must be a power of two other than 1, got 1")):
+        line = refused(chain, 'factor: "2^-6"', f"factor: {bad}", "graphs.embed.rewrites", problem)
+        assert "(fix: give a power of two from 2^-14 to 2^15" in line and "e.g. factor: 1/64" in line, line
+        assert "use names from" not in line, line
+        load_chain(chain, f"factor: {bad}", 'factor: "2^-6"')
+    line = refused(chain, 'factor: "2^-6"', 'factor: "2^-6", gain: 2', "unknown option 'gain' for rewrite 'scale-input'")
+    assert line.endswith("(fix: use its options: input, factor)"), line
+
+
 def test_a_recursive_pattern_does_not_follow_symlinked_folders(chain):
     """`**` through two symlinks back into the model folder was an endless walk: now symlinked folders are not
     entered by `**` (each file is found once), in a subprocess bounded by a timeout."""

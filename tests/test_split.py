@@ -92,6 +92,25 @@ def test_balanced_parts_cut_where_one_tensor_crosses():
     assert split.balanced_cuts(model, 4) == [["b0.res"], ["b1.res"], ["b2.res"]]
 
 
+def test_parts_on_a_graph_with_no_place_to_cut_say_to_remove_split():
+    """Every node reads x: no cut leaves the later part free of a graph input. "Ask for at most 1 parts" was the fix;
+    one part is no split, so the fix is to remove split:."""
+    nodes = [helper.make_node("Add", ["x", "w0"], ["a"]), helper.make_node("Mul", ["a", "x"], ["y"])]
+    graph = helper.make_graph(nodes, "flat", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(np.ones((1, 4), np.float32), "w0")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    with pytest.raises(split.SplitError) as info:
+        split.balanced_cuts(model, 2, where="model.yaml: graphs.flat.split.parts")
+    line = str(info.value)
+    assert line.startswith("model.yaml: graphs.flat.split.parts: 2 parts asked, the graph has no place to cut"), line
+    assert "(fix: remove split: from the graph: it is built whole)" in line and "at most 1 parts" not in line, line
+    # a graph with places to cut still gets the number it can take
+    with pytest.raises(split.SplitError, match=r"1000 parts asked, the graph has \d+ places to cut \(fix: ask for at "
+                                                r"most \d+ parts"):
+        split.balanced_cuts(onnx.shape_inference.infer_shapes(stack_model()), 1000)
+
+
 @pytest.mark.parametrize("at, expected", [
     (["b9.res"], "split.at: 'b9.res' is not a tensor of the graph (fix: name a tensor computed inside the graph"),
     (["b0.res", "b0.down"], "split.at: 'b0.down' (cut 2) is computed in part 1, before cut 1 ('b0.res'), so part 1 "

@@ -176,6 +176,9 @@ def balanced_cuts(model, parts: int, precision: str = "fp16", where: str = "spli
             continue  # a later part would read a graph input, or an output would pass through
         if 0 < cumulative[i] < total:
             candidates.append((i, len(live), sorted(live)))
+    if not candidates:  # "at most 1 parts" is no split at all: the fix is to build it whole
+        raise SplitError(f"{where}: {parts} parts asked, the graph has no place to cut (every cut would leave a graph "
+                         "input or an output to pass into a later part) (fix: remove split: from the graph: it is built whole)")
     if parts < 2 or len(candidates) < parts - 1:
         raise SplitError(f"{where}: {parts} parts asked, the graph has {len(candidates)} places to cut "
                          f"(fix: ask for at most {len(candidates) + 1} parts, or cut at named tensors with split.at)")

@@ -64,10 +64,12 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
             _confine(path, graph.model_dir, f"{where}.{kind}.files")
             planned.append(_guarded(PLANNERS[kind], path, options, spec, f"{where}.{kind}: {path.name}", kind))
         total = sum(p.count for p in planned)
+        if total == 0 and kind == "audio":  # every clip too short for one sample: say which key drops them
+            raise StageError(no_audio_samples(planned, options, spec, f"{where}.{kind}"))
         if total > MAX_SAMPLES and "limit" not in options:
             raise StageError(f"{where}.{kind}: the files give {total} samples, more than {MAX_SAMPLES} "
                              f"(fix: set graphs.{graph.name}.samples.{kind}.limit, or declare fewer files)")
-        plans[spec.name] = (kind, planned, spread(list(range(total)), options.get("limit")))
+        plans[spec.name] = (kind, planned, picked(total, options.get("limit")))
     counts = {name: len(chosen) for name, (_, _, chosen) in plans.items()}
     counts.update({name: len(values) for name, values in (upstream or {}).items()})  # `from:` an earlier graph
     if not counts:  # `fill` alone: every input a constant, one sample
@@ -106,11 +108,13 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
             for i in range(count)]
 
 
-def spread(values: list, limit: int | None) -> list:
-    """`limit` samples spread evenly over all (every file, window and gain gets a say), in order."""
-    if limit is None or len(values) <= limit:
-        return values
-    return [values[i] for i in np.linspace(0, len(values) - 1, limit).round().astype(int)]
+def picked(total: int, limit: int | None) -> list[int]:
+    """The indices of `limit` samples spread evenly over `total` (every file, window and gain gets a say), in order,
+    computed from the count alone: a 1 GiB raw file of 16-byte samples is 67 million samples, and listing every
+    index took 2.6 GB to pick 4."""
+    if limit is None or total <= limit:
+        return list(range(total))
+    return [int(i) for i in np.linspace(0, total - 1, limit).round().astype(np.int64)]
 
 
 def decode(planned: list[Planned], chosen: list[int], read: Callable[[Planned, list[int]], list[np.ndarray]]
@@ -322,6 +326,29 @@ def real_counts(plan: Planned, options: dict[str, Any], spec: TensorSpec, picks:
     return result
 
 
+def no_audio_samples(planned: list[Planned], options: dict[str, Any], spec: TensorSpec, where: str) -> str:
+    """Why the clips give no sample, from their headers: `pad_min` drops every window (and the largest pad_min that
+    keeps one), or the clips are shorter than one sample's windows."""
+    per_sample = int(np.prod(spec.shape)) // options["frame"]
+
+    def samples(pad_min: int) -> int:
+        lengths = (target_length(int(p.info.frames), int(p.info.samplerate), options) for p in planned)
+        return sum(window_count(n, options["frame"], options["hop"], options["pad"], where, pad_min) // per_sample
+                   for n in lengths)
+
+    pad_min = options.get("pad_min", 1)
+    if pad_min > 1 and samples(1):
+        low, high = 1, pad_min - 1  # samples() falls as pad_min rises: the largest that keeps one
+        while low < high:
+            middle = (low + high + 1) // 2
+            low, high = (middle, high) if samples(middle) else (low, middle - 1)
+        return (f"{where}.pad_min: {pad_min} drops every window: no clip has {pad_min} real samples where a window "
+                f"would be padded, so no samples were produced (fix: pad_min: {low} or less keeps "
+                f"{samples(low) * len(options['gain'])} sample(s), or give longer clips)")
+    return (f"{where}: the clips give no sample: one takes {per_sample} window(s) of {options['frame']} every "
+            f"{options['hop']}, longer than every clip (fix: give longer clips, or a smaller frame or hop)")
+
+
 def padded_samples(real: list[tuple[Planned, int]], options: dict[str, Any], spec: TensorSpec) -> list[dict[str, Any]]:
     """The samples that hold padding: index, clip, real audio values of all values, and whether the window is the
     clip's only one (a clip shorter than a frame) rather than its last."""
@@ -406,7 +433,7 @@ def raw(path: Path, options: dict[str, Any], spec: TensorSpec, where: str, plan:
     with open(path, "rb") as fh:
         for pick in picks:
             fh.seek(options["offset"] + pick * count * dtype.itemsize)
-            values = np.fromfile(fh, dtype=dtype, count=count).astype(dtype.newbyteorder("="))
+            values = np.fromfile(fh, dtype=dtype, count=count).astype(dtype.newbyteorder("="), copy=False)
             if len(values) != count:
                 raise StageError(f"{where}: shorter than its size said (fix: replace the file)")
             result.append(cast_to(values.reshape((1,) + tuple(spec.shape)), spec, where)[0])

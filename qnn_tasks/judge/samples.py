@@ -41,11 +41,12 @@ def save(path: Path, samples: list[dict[str, np.ndarray]]) -> None:
             np.savez(fh, **stacked)
 
 
-def load(path: Path, limit: int | None = None) -> list[dict[str, np.ndarray]]:
+def load(path: Path, limit: int | None = None, names: list[str] | None = None) -> list[dict[str, np.ndarray]]:
+    """The samples of a saved set (`names`: only those arrays, the others are not read)."""
     if not Path(path).is_file():
         raise StageError(f"{path}: missing (rerun the cpucheck task that makes it)")
     with np.load(path) as data:
-        arrays = {name: data[name] for name in data.files}
+        arrays = {name: data[name] for name in data.files if names is None or name in names}
     count = len(next(iter(arrays.values())))
     count = count if limit is None else min(count, limit)
     return [{name: arr[i] for name, arr in arrays.items()} for i in range(count)]

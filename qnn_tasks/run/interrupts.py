@@ -150,7 +150,8 @@ def _exit_now() -> None:
             pass
     active, line = _what()
     for _, out_dir in active:
-        treelock.sweep(Path(out_dir))
+        if out_dir:  # a task that writes no stage folder (dist, report's checks) has nothing here to sweep
+            treelock.sweep(Path(out_dir))
     if next(_said) == 0:
         try:
             os.write(2, line.encode())
@@ -164,7 +165,8 @@ def finish() -> None:
     _stop_executors()
     active, line = _what()
     for _, out_dir in active:  # what the interrupted stages had begun (their records were removed first)
-        treelock.sweep(Path(out_dir))
+        if out_dir:  # dist and report's checks write no stage folder: Path("") would sweep the working directory
+            treelock.sweep(Path(out_dir))
     if next(_said) == 0:
         sys.stderr.write(line)
         sys.stderr.flush()

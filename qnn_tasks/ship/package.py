@@ -45,10 +45,24 @@ def dist_root(settings: dict[str, Any], profile_file: Path, root: Path, env: dic
         raise SpecError(profile_file, f"settings.{SETTING}", f"expected a folder inside the project, got {value!r}",
                         f"a relative path such as {DEFAULT}, or set {ENV}=<folder> for a place outside it")
     path = (root / value).resolve()
+    if path != root.resolve() and root.resolve() not in path.parents:
+        _symlink_out(root, value, path)
     if path == root.resolve() or root.resolve() not in path.parents:
         raise SpecError(profile_file, f"settings.{SETTING}", f"'{value}' leaves the project folder or is the folder "
                         "itself", f"a sub-folder such as {DEFAULT}, or set {ENV}=<folder> for a place outside it")
     return path
+
+
+def _symlink_out(root: Path, value: str, resolved: Path) -> None:
+    """A `dist/` (or a folder on the way to it) that is a symlink out of the project is the symlink's doing, not the
+    profile's: name the link and the two ways on (QNN_DIST for a place outside on purpose)."""
+    link = Path(root)
+    for part in Path(value).parts:
+        link = link / part
+        if link.is_symlink():
+            raise SpecError(link, "", f"a symlink to {os.readlink(link)}, outside the project folder: packages are "
+                            f"written only inside it unless {ENV} says where",
+                            f"remove the symlink, or set {ENV}={resolved} to write packages there on purpose")
 
 
 class _Assembly:

@@ -114,6 +114,10 @@ def verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tupl
             raise SpecError(where, f"{key}.{k}", "unknown key", f"use one of: {', '.join(sorted(VERIFY_KEYS))}")
     thresholds = {**DEFAULT_THRESHOLDS[precision], **(verify.get("thresholds") or {})}
     per_output = verify.get("per_output") or {}
+    for name, limits in per_output.items():  # `y:` with nothing after it is null: no thresholds, not "as before"
+        if not isinstance(limits, dict):
+            raise SpecError(where, f"{key}.per_output.{name}", f"expected a mapping of thresholds, got {limits!r}",
+                            f"give its thresholds, e.g. {name}: {{max_abs: 0.05}}, or remove the entry")
     for name, limits in [("thresholds", thresholds)] + [(f"per_output.{o}", v) for o, v in per_output.items()]:
         for metric in limits:
             if metric not in THRESHOLD_KEYS:

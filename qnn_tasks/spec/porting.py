@@ -122,6 +122,8 @@ def rewrites(data: Any, path: Path, key: str) -> dict[str, dict[str, Any]]:
 
     try:
         return rewrite_catalogue.normalize(data)
+    except rewrite_catalogue.OptionError as err:  # an option's own fix, not the list of rewrite names
+        raise SpecError(path, key, str(err), err.fix) from None
     except ValueError as err:
         raise SpecError(path, key, str(err),
                         f"use names from: {', '.join(rewrite_catalogue.NAMES)} "

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import SpecError
+from qnn_tasks.spec.sizes import pad_problem
 from qnn_tasks.spec.yamlread import as_bool, as_int, as_number
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
@@ -57,6 +58,10 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
         if name not in inputs:
             raise SpecError(path, f"{key}.fill.{name}", "not an input of the graph", f"use one of: {', '.join(inputs)}")
         as_number(value, path, f"{key}.fill.{name}")
+        problem = pad_problem(value, inputs[name][1])
+        if problem:  # a constant the input turns into Inf, rounds or wraps is not the constant written
+            raise SpecError(path, f"{key}.fill.{name}", f"{value!r} {problem}",
+                            f"give a value that input '{name}' ({inputs[name][1]}) holds, e.g. fill: {{{name}: 0.0}}")
     sources = {kind: data[kind] for kind in KINDS if kind in data}
     result: dict[str, Any] = {"fill": {str(k): float(v) for k, v in fill.items()}}
     fed: dict[str, str] = {}
@@ -165,7 +170,12 @@ def _pad_normalised(section: dict, path: Path, key: str, name: str, dtype: str) 
     if not dtype.startswith("float"):
         raise SpecError(path, f"{key}.pad_normalised", f"input '{name}' is {dtype}: pixels are fed as they are, "
                         "nothing is normalised", "give the padding in pixels with pad_value")
-    return as_number(section["pad_normalised"], path, f"{key}.pad_normalised")
+    value = as_number(section["pad_normalised"], path, f"{key}.pad_normalised")
+    problem = pad_problem(value, dtype)
+    if problem:  # 1e300 would pad a float32 input with Inf
+        raise SpecError(path, f"{key}.pad_normalised", f"{value!r} {problem}",
+                        f"give a padding that input '{name}' ({dtype}) holds, e.g. pad_normalised: 0.0")
+    return value
 
 
 def _audio(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:

@@ -204,10 +204,15 @@ class ListOf(Type):
     def check(self, value: Any, path: Path, key: str) -> None:
         if value is None:  # written with no value: as if not written (the loader's default, or its message)
             return
-        if not isinstance(value, list) or not self.min_items <= len(value) <= self.max_items:
-            size = "" if not isinstance(value, list) else f" of {len(value)} (from {self.min_items} to {self.max_items})"
-            raise SpecError(path, key, self.bad or f"expected a {self.describe()}{size}, got {show(value)}",
+        if not isinstance(value, list):
+            raise SpecError(path, key, self.bad or f"expected a {self.describe()}, got {show(value)}",
                             self.fix or f"write a YAML list, e.g. [a, b] ({self.item.describe()} each)")
+        if len(value) > self.max_items:  # the count is what is wrong: say the limit, not the type
+            raise SpecError(path, key, f"{len(value)} items, more than the {self.max_items} accepted",
+                            f"keep at most {self.max_items}")
+        if len(value) < self.min_items:
+            raise SpecError(path, key, f"{len(value)} items, fewer than the {self.min_items} needed",
+                            self.fix or f"give at least {self.min_items} ({self.item.describe()} each)")
         for i, item in enumerate(value):
             self.item.check(item, path, f"{key}[{i}]")
 

@@ -107,6 +107,11 @@ def expand(name: str, data: dict[str, Any], path: Path, key: str) -> list[tuple[
             raise SpecError(path, f"{dkey}.pad.{input_name}", f"not an input with dim '{dim}'",
                             f"give pad values for: {', '.join(inputs)}")
         as_number(value, path, f"{dkey}.pad.{input_name}")
+        dtype = (data["inputs"].get(input_name) or {}).get("dtype") if isinstance(data["inputs"], dict) else None
+        problem = pad_problem(value, str(dtype))
+        if problem:
+            raise SpecError(path, f"{dkey}.pad.{input_name}", f"{value!r} {problem}",
+                            f"give a pad value that input '{input_name}' ({dtype}) holds exactly")
     longer = section.get("longer", "skip")
     if longer not in LONGER:
         raise SpecError(path, f"{dkey}.longer", f"unknown value {longer!r}",
@@ -116,6 +121,26 @@ def expand(name: str, data: dict[str, Any], path: Path, key: str) -> list[tuple[
     return [(sized_name(name, dim, size), _written(body, dim, size),
              SizeSpec(graph=name, dim=dim, size=size, sizes=tuple(sizes), pad=pads, longer=longer, axes=axes))
             for size in sizes]
+
+
+# what each declared input dtype holds: (lowest, highest, whole numbers only); numpy is not imported at spec load
+FLOAT_MAX = {"float16": 65504.0, "float32": 3.4028234663852886e38}
+INT_RANGE = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767), "uint16": (0, 65535),
+             "int32": (-2**31, 2**31 - 1), "bool": (0, 1)}
+
+
+def pad_problem(value: float, dtype: str) -> str | None:
+    """Why an input of `dtype` cannot hold the pad `value` (None: it can): padding with a value the input turns into
+    Inf, wraps or rounds would verify a different input than the one declared."""
+    if dtype in FLOAT_MAX and abs(value) > FLOAT_MAX[dtype]:
+        return f"is beyond the largest {dtype} (+-{FLOAT_MAX[dtype]:g}): the input would be padded with Inf"
+    if dtype in INT_RANGE:
+        low, high = INT_RANGE[dtype]
+        if value != int(value):
+            return f"is not a whole number: a {dtype} input holds only whole numbers"
+        if not low <= value <= high:
+            return f"is out of the range of {dtype} ({low} to {high})"
+    return None
 
 
 def _axes(data: dict[str, Any], dim: str, path: Path, key: str) -> dict[str, tuple[int, ...]]:

@@ -134,26 +134,54 @@ def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext,
 
 def upstream_columns(graph: GraphSpec) -> dict[str, list[np.ndarray]]:
     """input -> its samples from an earlier graph's CPU outputs (`samples: {from: ...}`): that graph's cpucheck
-    reference, through the pipeline's glue for the input (stacked runs, reshape, scale, offset)."""
+    reference, through the pipeline's glue for the input (stacked runs, reshape, scale, offset). The samples'
+    bytes are checked against the bound before anything is stacked; windows are stacked and glued one at a time."""
     from qnn_tasks.plan.targets import upstream_references
     from qnn_tasks.stages import glue as glue_step
 
     files = upstream_references(graph)
-    produced = {name: sample_store.load(path) for name, path in files.items()}
+    wanted: dict[str, list[str]] = {}
+    for source in graph.samples["from"].values():
+        wanted.setdefault(source["graph"], []).append(source["output"])
+    produced = {name: sample_store.load(path, names=wanted[name]) for name, path in files.items()}
+    _bounded_upstream(graph, {name: len(produced[source["graph"]]) for name, source in graph.samples["from"].items()})
     columns = {}
     for name, source in graph.samples["from"].items():
         tensor = next(t for t in graph.inputs if t.name == name)
         values = [run[source["output"]] for run in produced[source["graph"]]]
         settings = source["glue"].get("stack")
         if settings:
-            values = glue_step.stack(values, settings["runs"], settings["axis"], settings["hop"],
-                                     glue_step.stack_rank(values, tensor, source["glue"]))
+            rank = glue_step.stack_rank(values, tensor, source["glue"])
+            values = glue_step.windows(values, settings["runs"], settings["axis"], settings["hop"], rank)
         columns[name] = [glue_step.glued(np.asarray(v), source["glue"], tensor) for v in values]
         if not columns[name]:
             raise StageError(f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples.from: graph "
-                             f"'{source['graph']}' gave {len(values)} runs, too few for one sample of '{name}' "
-                             f"(fix: give '{source['graph']}' more samples)")
+                             f"'{source['graph']}' gave {len(produced[source['graph']])} runs, too few for one sample "
+                             f"of '{name}' (fix: give '{source['graph']}' more samples)")
     return columns
+
+
+def _bounded_upstream(graph: GraphSpec, runs: dict[str, int]) -> None:
+    """The samples `from:` makes (input -> the earlier graph's run count), refused before stacking when they would
+    pass the byte bound, with a fix `from:` accepts: fewer samples upstream, or a larger hop of the stack."""
+    from qnn_tasks.judge import bounds
+
+    per_sample = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in graph.inputs)
+    most = max(1, bounds.MAX_SAMPLE_BYTES // per_sample)
+    for name, count in runs.items():
+        source = graph.samples["from"][name]
+        settings = source["glue"].get("stack")
+        made = count if not settings else max(0, (count - settings["runs"]) // settings["hop"] + 1)
+        if made * per_sample <= bounds.MAX_SAMPLE_BYTES:
+            continue
+        upstream = most if not settings else (most - 1) * settings["hop"] + settings["runs"]
+        how = "" if not settings else (f" (windows of {settings['runs']} of its {count} runs, one every "
+                                       f"{settings['hop']})")
+        stack = "" if not settings else f", or a larger hop in pipeline.feed.{graph.name}.{name}.stack"
+        raise StageError(f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples.from: '{source['graph']}' "
+                         f"gives {made} samples of {per_sample} bytes{how}, {bounds.mib(made * per_sample)}, more "
+                         f"than the bound of {bounds.mib(bounds.MAX_SAMPLE_BYTES)} (fix: give '{source['graph']}' at "
+                         f"most {upstream} samples (a limit: on the media its samples come from){stack})")
 
 
 def run_onnx_cpu(model_path: Path, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:

@@ -7,7 +7,7 @@ with its own outputs, so neither sees the other's numbers.
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -23,13 +23,19 @@ def stack(values: list[np.ndarray], runs: int, axis: int, hop: int, rank: int) -
     """Every window of `runs` consecutive values, one window every `hop` values, stacked for an input of `rank`
     dims: on a new `axis` when the input has one dim more than a value, else joined on that existing axis.
     Fewer values than `runs` give no window."""
+    return list(windows(values, runs, axis, hop, rank))
+
+
+def windows(values: list[np.ndarray], runs: int, axis: int, hop: int, rank: int) -> Iterator[np.ndarray]:
+    """The windows of `stack`, made one at a time (a caller that glues each keeps only the glued copies)."""
     if len(values) < runs:
-        return []
+        return
     ndim = np.ndim(values[0])
     if rank not in (ndim, ndim + 1):
         raise ValueError(f"values of rank {ndim} neither stack nor join into rank {rank}")
     join = np.stack if rank == ndim + 1 else np.concatenate
-    return [join(values[start:start + runs], axis=axis) for start in range(0, len(values) - runs + 1, hop)]
+    for start in range(0, len(values) - runs + 1, hop):
+        yield join(values[start:start + runs], axis=axis)
 
 
 def feed_runs(graph: GraphSpec, feed: dict[str, list[str]], glue: dict[str, dict[str, Any]],

@@ -150,10 +150,12 @@ class OnDemand:
                 continue
 
             def run(model=model.name) -> TaskFailed | None:
+                from qnn_tasks.run import interrupts
                 from qnn_tasks.run.calls import StageCall, execute
                 from qnn_tasks.ship import inventory, package
 
                 binding = self.planner.bindings[0]
+                interrupts.running(f"dist:{model}")  # Ctrl-C here: "interrupted during dist:<model>" (it runs no stage)
                 try:
                     dest_root = package.dist_root(binding.profile.settings, binding.profile.file, self.project.root)
                     call = StageCall(stage=DIST.name, target=model, args={
@@ -164,6 +166,8 @@ class OnDemand:
                     done = execute(call)
                 except QnnTasksError as err:
                     return TaskFailed(f"dist:{model}: {err}")
+                finally:
+                    interrupts.running(None)
                 print(package.summary(done))
                 return None
 

@@ -105,24 +105,37 @@ def normalize(declared: Iterable[str] | Mapping[str, Any] | None) -> dict[str, d
     return result
 
 
+class OptionError(ValueError):
+    """A rewrite's option is wrong: its `fix` says what that option accepts (not the list of rewrite names)."""
+
+    def __init__(self, problem: str, fix: str) -> None:
+        super().__init__(problem)
+        self.fix = fix
+
+
 def _options(rewrite: Rewrite, options: Any) -> dict[str, Any]:
     options = {} if options is None else options
     if not isinstance(options, Mapping):
-        raise ValueError(f"options of {rewrite.name!r} must be a mapping, got {options!r}")
+        shown = {k: v for k, v in rewrite.options.items() if v is not None} or {k: "..." for k in rewrite.options}
+        raise OptionError(f"options of {rewrite.name!r} must be a mapping, got {options!r}",
+                          f"write them as a mapping, e.g. {entry_yaml(rewrite.name, shown)}")
     unknown = set(options) - set(rewrite.options)
     if unknown:
-        known = ", ".join(rewrite.options) or "none"
-        raise ValueError(f"unknown option {sorted(unknown)[0]!r} for rewrite {rewrite.name!r} (its options: {known})")
+        raise OptionError(f"unknown option {sorted(unknown)[0]!r} for rewrite {rewrite.name!r}",
+                          f"use its options: {', '.join(rewrite.options)}" if rewrite.options
+                          else f"remove the options: {rewrite.name} takes none")
     merged = {**rewrite.options, **options}
     if rewrite.name == "finite-mask":
         value = merged["value"]
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not -FP16_MAX <= value < 0:
-            raise ValueError(f"finite-mask value must be a negative number >= -65504 (fp16's lowest), got {value!r}")
+            raise OptionError(f"finite-mask value must be a negative number >= -65504 (fp16's lowest), got {value!r}",
+                              "give a value from -65504 to just below 0, e.g. value: -10000.0")
         merged["value"] = float(value)
     if rewrite.name == "scale-input":
         merged["factor"] = power_of_two(merged["factor"])
         if merged["input"] is not None and not isinstance(merged["input"], str):
-            raise ValueError(f"scale-input input must be the name of a graph input, got {merged['input']!r}")
+            raise OptionError(f"scale-input input must be the name of a graph input, got {merged['input']!r}",
+                              "name a float input of the graph, e.g. input: x")
     return merged
 
 
@@ -135,17 +148,17 @@ def power_of_two(value: Any) -> float:
     """
     from fractions import Fraction
 
-    problem = (f"scale-input factor must be a power of two such as 1/64 (doit diagnose advises one), got {value!r}")
+    problem = f"scale-input factor must be a power of two other than 1, got {value!r}"
     if value is None:
-        raise ValueError("scale-input needs a factor: a power of two such as 1/64 (doit diagnose advises one)")
+        raise OptionError("scale-input needs a factor", _FACTOR_FIX)
     huge = None
     try:
         if isinstance(value, bool):
-            raise ValueError(problem)
+            raise OptionError(problem, _FACTOR_FIX)
         if isinstance(value, str):  # parsed within bounds: 2^1000000000 or Fraction("1e999999999") would be computed
             match = _FACTOR.fullmatch(value.strip())
             if not match:
-                raise ValueError(problem)
+                raise OptionError(problem, _FACTOR_FIX)
             base, exponent, top, bottom, decimal = match.groups()
             if base and abs(int(exponent)) > 64:  # far outside fp16 anyway: never evaluated (2^1000000000: 12 s, 441 MB)
                 huge, number = f"{base}^{exponent}", Fraction(0)
@@ -154,24 +167,30 @@ def power_of_two(value: Any) -> float:
                           else Fraction(int(top), int(bottom or 1)))
         else:
             number = Fraction(float(value) if isinstance(value, str) else value)  # float("1e999") is inf: refused
+    except OptionError:
+        raise
     except (TypeError, ValueError, ZeroDivisionError, OverflowError):
-        raise ValueError(problem) from None
+        raise OptionError(problem, _FACTOR_FIX) from None
     if huge:
-        raise ValueError(_outside(value, huge))
+        raise _outside(value, huge)
     if number <= 0 or number == 1 or not _is_power_of_two(number):
-        raise ValueError(problem)
+        raise OptionError(problem, _FACTOR_FIX)
     low, high = FP16_SCALES
     if not Fraction(2) ** low <= number <= Fraction(2) ** high:
         exponent = number.numerator.bit_length() - number.denominator.bit_length()
-        raise ValueError(_outside(value, f"2^{exponent}"))
+        raise _outside(value, f"2^{exponent}")
     return float(number)
 
 
-def _outside(value: Any, power: str) -> str:
+def _outside(value: Any, power: str) -> OptionError:
     low, high = FP16_SCALES
-    return (f"scale-input factor {value!r} ({power}) is outside fp16's range: the NPU computes the scaled input in fp16, "
-            f"which holds powers of two from 2^{low} to 2^{high} (2^40 gave all-zero outputs); use one in that range, "
-            "as doit diagnose advises")
+    return OptionError(f"scale-input factor {value!r} ({power}) is outside fp16's range: the NPU computes the scaled "
+                       f"input in fp16, which holds powers of two from 2^{low} to 2^{high} (2^40 gave all-zero outputs)",
+                       f"give a power of two from 2^{low} to 2^{high}, e.g. factor: 1/64 (doit diagnose advises one)")
+
+
+_FACTOR_FIX = (f"give a power of two from 2^{FP16_SCALES[0]} to 2^{FP16_SCALES[1]} other than 1, e.g. factor: 1/64 or "
+               "factor: \"2^-6\" (doit diagnose advises one)")
 
 
 # "2^-6" (a small base and exponent), "1/64", "64" or "0.015625": a factor written as text, bounded before anything is computed
