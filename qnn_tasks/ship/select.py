@@ -10,10 +10,10 @@ a `Decision`: the NPU binary to use, or the CPU fallback, always with the reason
 4. the first candidate left is loaded through `load` (None: loaded, else the error text); a failed load -> CPU.
 Before any rule the manifest is checked (`validate_manifest`: the fields these rules read, with the schema's
 shapes): a manifest that is no JSON, or has a field of the wrong shape, gives the CPU with the field in the reason
-("manifest.json: graphs.minilm.binaries[0].socs: expected a list, got a string (fix: ...)"), never a guess or a
-crash. A chip whose build `dist` left out as failed or stale (the manifest's `omitted`) is told so, not "no build".
-The Java reference (ship/java/.../Selector.java) follows the same rules word for word: the decision table in
-ship/java/selector_cases.json is run through both (tests/test_ship_select.py).
+("manifest.json: graphs.minilm.binaries[0].socs: expected a non-empty list, got a string (fix: ...)"), never a
+guess or a crash. A chip whose build `dist` left out as failed or stale (the manifest's `omitted`) is told so.
+The Java reference (ship/java/.../Selector.java) follows the same rules word for word: the decision tables in
+ship/java/src/test/resources (selector_cases.json, manifest_cases.json) run through both (tests/test_ship_select.py).
 `choose_size(manifest, graph, length)` comes first for a graph with sizes (model.yaml `dims:`): the smallest size
 the package ships a graph for that holds `length` positions along the dim ("smallest that fits", what the
 cross-size check vouches for), padded with the manifest's pad values; longer than every size: truncated to the
