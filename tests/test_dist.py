@@ -18,7 +18,7 @@ from standins.qnn_libs import make_qnn_libs  # noqa: E402
 
 from qnn_tasks.errors import QnnTasksError, SpecError, StageError  # noqa: E402
 from qnn_tasks.plan.stages import Planner  # noqa: E402
-from qnn_tasks.ship import inventory, manifest, package  # noqa: E402
+from qnn_tasks.ship import inventory, manifest, package, select  # noqa: E402
 from qnn_tasks.spec.load import load_project  # noqa: E402
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -338,6 +338,12 @@ def test_failed_stale_skipped_and_unbuilt_targets_are_left_out_and_named(damaged
     assert reasons["minilm-SM8550"].startswith("unbuilt: ")
     assert reasons["minilm-SM7550"].startswith("skipped: ") and "fp16" in reasons["minilm-SM7550"]
     assert [b["soc"] for b in data["graphs"]["minilm"]["binaries"]] == ["SM8650"]
+    # a phone of the stale chip is told so (omitted names the build), one of the unbuilt chip "no build"
+    assert {o["target"]: (o["graph"], o["soc"]) for o in data["omitted"]}["minilm-SM8750"] == ("minilm", "SM8750")
+    stale = select.choose(data, "minilm", "SM8750", "2.99.0", lambda b: None)
+    assert stale.rule == select.UNVERIFIED and stale.reason.startswith("the build for SM8750 is stale (")
+    assert select.choose(data, "minilm", "SM8550", "2.99.0", lambda b: None).rule == select.NO_BUILD
+    assert select.validate_manifest(data) is None
     assert not (minilm / "SM8750").exists() and "minilm-SM8750" in (minilm / "MODEL_CARD.md").read_text()
     printed = [x for x in run.stdout.splitlines() if x.startswith("dist:minilm: ")]
     assert "left out 3" in printed[0] and "minilm-SM8750 (stale" in printed[0]

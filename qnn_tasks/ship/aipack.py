@@ -326,9 +326,10 @@ android.system.Os.setenv("ADSP_LIBRARY_PATH",
 ```
 Without it the DSP cannot find the Skel (QNN error 14001 and the like). Then read `{model}/manifest.json` from the
 pack (install-time: the AssetManager; fast-follow/on-demand: `AiPackManager.getPackLocation("{pack}")
-.assetsPath()`) and let `qnntasks.ship.Selector.choose(manifest, graph, Build.SOC_MODEL, <the QNN version of the
-libraries above>, loader)` decide: it returns the NPU binary or the CPU fallback, always with the reason. The
-loader must report a missing file as a failed load: Play may put a device in another group than its chip's.
+.assetsPath()`) as text and let `qnntasks.ship.Selector.choose(manifestText, graph, Build.SOC_MODEL, <the QNN
+version of the libraries above>, loader)` decide: it returns the NPU binary or the CPU fallback, always with the
+reason (a truncated or edited manifest: the CPU, with the field that is wrong). The loader must report a missing
+file as a failed load: Play may put a device in another group than its chip's.
 {_size_note(sized)}"""
 
 

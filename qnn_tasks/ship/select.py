@@ -8,8 +8,12 @@ a `Decision`: the NPU binary to use, or the CPU fallback, always with the reason
 3. a binary whose `min_runtime_qnn` is newer than the device's runtime QNN is refused (the runtime would fail to
    load it: QNN error 5000/5005); an unknown runtime version (libraries absent) refuses them all;
 4. the first candidate left is loaded through `load` (None: loaded, else the error text); a failed load -> CPU.
-The Java reference (ship/java/.../Selector.java) follows the same rules word for word: the decision table in
-ship/java/selector_cases.json is run through both (tests/test_ship_select.py).
+Before any rule the manifest is checked (`validate_manifest`: the fields these rules read, with the schema's
+shapes): a manifest that is no JSON, or has a field of the wrong shape, gives the CPU with the field in the reason
+("manifest.json: graphs.minilm.binaries[0].socs: expected a non-empty list, got a string (fix: ...)"), never a
+guess or a crash. A chip whose build `dist` left out as failed or stale (the manifest's `omitted`) is told so.
+The Java reference (ship/java/.../Selector.java) follows the same rules word for word: the decision tables in
+ship/java/src/test/resources (selector_cases.json, manifest_cases.json) run through both (tests/test_ship_select.py).
 `choose_size(manifest, graph, length)` comes first for a graph with sizes (model.yaml `dims:`): the smallest size
 the package ships a graph for that holds `length` positions along the dim ("smallest that fits", what the
 cross-size check vouches for), padded with the manifest's pad values; longer than every size: truncated to the
@@ -18,10 +22,12 @@ No Android, no adb, no numpy here: `doit verify` calls it per phone and an app m
 """
 from __future__ import annotations
 
+import json
+import math
 import re
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
-from numbers import Integral
+from numbers import Integral, Real
 from typing import Any, Callable, Mapping, Sequence
 
 DEFAULT_PRECISION_ORDER = ("fp16", "w8a16")
@@ -35,6 +41,8 @@ NO_BUILD = "no-build"
 RUNTIME_UNKNOWN = "runtime-unknown"
 RUNTIME_OLDER = "runtime-older"
 LOAD_FAILED = "load-failed"
+UNVERIFIED = "unverified"      # the chip's build was left out by dist: it failed verification, or is stale
+BAD_MANIFEST = "bad-manifest"  # the manifest is no JSON or a field the rules read has the wrong shape (also SizeChoice)
 
 # SizeChoice.rule: which rule decided
 FITS = "fits"              # the smallest shipped size that holds the input (padded, or exactly its size)
@@ -52,7 +60,8 @@ class Decision:
     path: str | None            # the binary (npu) or the CPU fallback (cpu), relative to the package root
     precision: str | None       # the binary's precision; None on the CPU
     reason: str                 # one line, for people and logs
-    rule: str                   # npu | no-build | runtime-unknown | runtime-older | load-failed
+    rule: str                   # npu | no-build | unverified | runtime-unknown | runtime-older | load-failed |
+                                # bad-manifest
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -65,7 +74,7 @@ class SizeChoice:
     pad: int                    # positions to pad along the dim (each input with its value in pad_values)
     truncate: int               # positions to cut off the end (`longer: truncate`, longer than the largest size)
     reason: str                 # one line, for people and logs
-    rule: str                   # fits | truncate | too-long | none-shipped | no-sizes
+    rule: str                   # fits | truncate | too-long | none-shipped | no-sizes | bad-manifest
     pad_values: dict[str, float] = field(default_factory=dict)  # input -> its pad value (the manifest's `pad`)
 
     def as_dict(self) -> dict[str, Any]:
@@ -85,8 +94,8 @@ def older(a: tuple[int, ...], b: tuple[int, ...]) -> bool:
 
 
 def candidates(binaries: Sequence[Mapping[str, Any]], soc: str | None) -> list[Mapping[str, Any]]:
-    """Rule 1: the binaries whose `socs` lists this exact ro.soc.model."""
-    return [b for b in binaries if soc and soc in (b.get("socs") or ())]
+    """Rule 1: the binaries whose `socs` lists this exact ro.soc.model (a list of names: never a substring)."""
+    return [b for b in binaries if soc and isinstance(b.get("socs"), (list, tuple)) and soc in b["socs"]]
 
 
 def in_order(found: Sequence[Mapping[str, Any]], precision_order: Sequence[str]) -> list[Mapping[str, Any]]:
@@ -126,17 +135,233 @@ def number(value: Any) -> str:
     return format(Decimal(repr(value)).normalize(), "f")
 
 
+# --- the manifest's shape, checked before any rule (Selector.validate says the same, word for word) ---------------
+FIX = "(fix: rebuild the package with doit dist)"
+NOT_JSON = f"manifest.json: not valid JSON: the file is truncated or was edited {FIX}"
+MAX_SIZE = 2**31 - 1  # a size along a dim: a Java int (Selector.chooseSize takes an int length)
+
+
+class _Bad(Exception):
+    """The first field of the wrong shape (internal: validate_manifest returns it as its one line)."""
+
+
+def read_manifest(manifest: Mapping[str, Any] | str | bytes) -> tuple[Any, str | None]:
+    """(the manifest, its first problem or None): manifest.json's text is parsed as strict JSON (no NaN or
+    Infinity, nothing after the object: what dist writes and org.json reads), a mapping is taken as is; a newer
+    schema_version raises (this selector cannot read it: an error of the app, not of the package)."""
+    if isinstance(manifest, (str, bytes, bytearray)):
+        try:
+            manifest = _strict_json(manifest)
+        except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+            return None, NOT_JSON
+    if isinstance(manifest, Mapping):
+        _schema(manifest)
+    return manifest, validate_manifest(manifest)
+
+
+def _strict_json(text: str | bytes | bytearray) -> Any:
+    """json.loads as Android's org.json reads numbers: an integer beyond a long is a double, and a value that is
+    no finite double (NaN, Infinity, 1e400) is refused."""
+    def refuse(literal: str) -> Any:
+        raise ValueError(f"not a finite number: {literal}")
+
+    def floating(literal: str) -> float:
+        value = float(literal)
+        return value if math.isfinite(value) else refuse(literal)
+
+    def integer(literal: str) -> int | float:
+        value = int(literal)
+        return value if -2**63 <= value < 2**63 else floating(literal)
+
+    return json.loads(text, parse_constant=refuse, parse_float=floating, parse_int=integer)
+
+
+def validate_manifest(manifest: Any) -> str | None:
+    """The first field the selector reads that has the wrong shape, as one line ("manifest.json: <field>: expected
+    ..., got ... (fix: ...)"); None when every one is as the schema (manifest.schema.json) says. Checked: the
+    types, a non-empty `socs` of chip names, binaries' path, precision, soc and min_runtime_qnn, the fallback's
+    path, `selection.precision_order` and `sizes` (whole sizes, finite pad values, `longer`), `omitted`."""
+    try:
+        _check_manifest(manifest)
+    except _Bad as bad:
+        return f"manifest.json: {bad} {FIX}"
+    return None
+
+
+def _check_manifest(m: Any) -> None:
+    _mapping(m, "(root)")
+    if "schema_version" in m:
+        _expect(m["schema_version"], "schema_version", "an integer", ("integer",))
+    _string(_field(m, "model", "model"), "model")
+    if "selection" in m:
+        selection = _mapping(m["selection"], "selection")
+        if "precision_order" in selection:
+            order = _list(selection["precision_order"], "selection.precision_order")
+            for i, precision in enumerate(order):
+                _string(precision, f"selection.precision_order[{i}]")
+        if "sizes" in selection:
+            for i, entry in enumerate(_list(selection["sizes"], "selection.sizes", empty=True)):
+                _size_entry(entry, f"selection.sizes[{i}]")
+    graphs = _mapping(_field(m, "graphs", "graphs"), "graphs")
+    _expect(graphs, "graphs", "a non-empty mapping", ("mapping",), ok=len(graphs) > 0)
+    for name, entry in graphs.items():
+        _graph_entry(entry, f"graphs.{name}")
+    if "omitted" in m:
+        for i, entry in enumerate(_list(m["omitted"], "omitted", empty=True)):
+            key = f"omitted[{i}]"
+            _mapping(entry, key)
+            for name in ("target", "reason"):
+                _string(_field(entry, name, f"{key}.{name}"), f"{key}.{name}")
+            for name in ("graph", "soc", "precision"):
+                if name in entry:
+                    _string(entry[name], f"{key}.{name}")
+
+
+def _size_entry(entry: Any, key: str) -> None:
+    _mapping(entry, key)
+    for name in ("graph", "dim"):
+        _string(_field(entry, name, f"{key}.{name}"), f"{key}.{name}")
+    for i, size in enumerate(_list(_field(entry, "sizes", f"{key}.sizes"), f"{key}.sizes")):
+        _size(size, f"{key}.sizes[{i}]")
+    for size, graph in _mapping(_field(entry, "graphs", f"{key}.graphs"), f"{key}.graphs").items():
+        _string(graph, f"{key}.graphs.{size}")
+    for name, value in _mapping(_field(entry, "pad", f"{key}.pad"), f"{key}.pad").items():
+        _expect(value, f"{key}.pad.{name}", "a finite number", ("integer", "number"), ok=_finite(value))
+    longer = _field(entry, "longer", f"{key}.longer")
+    _expect(longer, f"{key}.longer", "skip or truncate", ("string",), ok=longer in ("skip", "truncate"))
+
+
+def _graph_entry(entry: Any, key: str) -> None:
+    _mapping(entry, key)
+    if entry.get("fallback") is not None:  # none: the decision says "no CPU fallback in the manifest"
+        fallback = _mapping(entry["fallback"], f"{key}.fallback")
+        _string(_field(fallback, "path", f"{key}.fallback.path"), f"{key}.fallback.path")
+    for i, binary in enumerate(_list(_field(entry, "binaries", f"{key}.binaries"), f"{key}.binaries", empty=True)):
+        at = f"{key}.binaries[{i}]"
+        _mapping(binary, at)
+        for j, soc in enumerate(_list(_field(binary, "socs", f"{at}.socs"), f"{at}.socs")):
+            _string(soc, f"{at}.socs[{j}]")
+        for name in ("soc", "precision", "path"):
+            _string(_field(binary, name, f"{at}.{name}"), f"{at}.{name}")
+        _expect(_field(binary, "min_runtime_qnn", f"{at}.min_runtime_qnn"), f"{at}.min_runtime_qnn",
+                "a string or null", ("string", "null"))
+        _string(_field(binary, "min_runtime_from", f"{at}.min_runtime_from"), f"{at}.min_runtime_from")
+    if "size" in entry:
+        size = _mapping(entry["size"], f"{key}.size")
+        for name in ("of", "dim"):
+            _string(_field(size, name, f"{key}.size.{name}"), f"{key}.size.{name}")
+        _size(_field(size, "size", f"{key}.size.size"), f"{key}.size.size")
+
+
+def _kind(value: Any) -> str:
+    """A value's JSON kind, in the words of the reasons (Selector.kind gives the same)."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, Integral):
+        return "integer"
+    if isinstance(value, Real):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, Mapping):
+        return "mapping"
+    if isinstance(value, (list, tuple)):
+        return "list"
+    return type(value).__name__
+
+
+def _a(kind: str) -> str:
+    return kind if kind == "null" else ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
+def _expect(value: Any, key: str, what: str, kinds: tuple[str, ...], ok: bool = True) -> Any:
+    """`value` is one of `kinds` and `ok`, else the field's one line: "expected <what>[, got <kind>]"."""
+    kind = _kind(value)
+    if kind not in kinds:
+        raise _Bad(f"{key}: expected {what}, got {_a(kind)}")
+    if not ok:
+        raise _Bad(f"{key}: expected {what}")
+    return value
+
+
+def _field(obj: Mapping[str, Any], name: str, key: str) -> Any:
+    if name not in obj:
+        raise _Bad(f"{key}: missing")
+    return obj[name]
+
+
+def _mapping(value: Any, key: str) -> Mapping[str, Any]:
+    return _expect(value, key, "a mapping", ("mapping",))
+
+
+def _list(value: Any, key: str, empty: bool = False) -> Sequence[Any]:
+    if empty:
+        return _expect(value, key, "a list", ("list",))
+    return _expect(value, key, "a non-empty list", ("list",), ok=_kind(value) == "list" and len(value) > 0)
+
+
+def _string(value: Any, key: str) -> str:
+    return _expect(value, key, "a non-empty string", ("string",), ok=value != "")
+
+
+def _size(value: Any, key: str) -> int:
+    whole = _kind(value) == "integer" and 1 <= value <= MAX_SIZE
+    return _expect(value, key, f"an integer from 1 to {MAX_SIZE}", ("integer",), ok=whole)
+
+
+def _finite(value: Any) -> bool:
+    try:
+        return math.isfinite(float(value))
+    except (OverflowError, TypeError, ValueError):
+        return False
+
+
+def _fallback_of(manifest: Any, graph: str | None) -> str | None:
+    """The graph's CPU fallback as far as a bad manifest still names one (a non-empty string), else None."""
+    graphs = manifest.get("graphs") if isinstance(manifest, Mapping) else None
+    entry = graphs.get(graph) if isinstance(graphs, Mapping) and isinstance(graph, str) else None
+    fallback = entry.get("fallback") if isinstance(entry, Mapping) else None
+    path = fallback.get("path") if isinstance(fallback, Mapping) else None
+    return path if isinstance(path, str) and path else None
+
+
+def cpu_decision(fallback: str | None, rule: str, why: str) -> Decision:
+    """The CPU, with why and what it runs."""
+    where = f"the CPU runs {fallback}" if fallback else "no CPU fallback in the manifest"
+    return Decision("cpu", fallback, None, f"{why}; {where}", rule)
+
+
+def unverified(manifest: Mapping[str, Any], graph: str, soc: str | None) -> str | None:
+    """Why this chip has no build of `graph` when dist left it out as failed or stale (the manifest's `omitted`),
+    e.g. "the build for SM8650 failed verification (minilm-SM8650: failed: simverify: ...)"; None otherwise."""
+    found = [o for o in manifest.get("omitted") or () if soc and o.get("graph") == graph and o.get("soc") == soc
+             and o["reason"].startswith(("failed:", "stale:"))]
+    if not found:
+        return None
+    how = "failed verification" if any(o["reason"].startswith("failed:") for o in found) else \
+        "is stale (it changed since it was verified)"
+    details = "; ".join(f"{o['target']}: {o['reason']}" for o in found)
+    return f"the build for {soc} {how} ({details})"
+
+
 def _schema(manifest: Mapping[str, Any]) -> None:
-    if manifest.get("schema_version", SCHEMA_VERSION) != SCHEMA_VERSION:
+    found = manifest.get("schema_version", SCHEMA_VERSION)
+    if isinstance(found, Integral) and not isinstance(found, bool) and found != SCHEMA_VERSION:
         raise ValueError(f"manifest of {manifest.get('model')}: schema_version {manifest.get('schema_version')}, this "
                          f"selector reads {SCHEMA_VERSION} (fix: use the selector of the qnn-npu-compile that wrote it)")
 
 
-def choose_size(manifest: Mapping[str, Any], graph: str, length: int) -> SizeChoice:
+def choose_size(manifest: Mapping[str, Any] | str | bytes, graph: str, length: int) -> SizeChoice:
     """Which size of `graph` (a declared graph with sizes, e.g. "minilm") takes an input holding `length` positions
     along its dim: the smallest size whose graph the package ships that holds it, padded; longer than every shipped
-    size: the largest, truncated (`longer: truncate`), or none (`longer: skip`). A graph without sizes as is."""
-    _schema(manifest)
+    size: the largest, truncated (`longer: truncate`), or none (`longer: skip`). A graph without sizes as is.
+    `manifest`: the parsed manifest.json or its text; a bad one: no graph (rule bad-manifest, the field in the
+    reason); `choose` then gives the CPU with the same reason."""
+    manifest, problem = read_manifest(manifest)
+    if problem:
+        return SizeChoice(None, None, 0, 0, problem, BAD_MANIFEST)
     graphs = manifest.get("graphs") or {}
     declared: dict[Any, Mapping[str, Any]] = {}
     for entry in (manifest.get("selection") or {}).get("sizes") or ():
@@ -183,24 +408,29 @@ def choose_size(manifest: Mapping[str, Any], graph: str, length: int) -> SizeCho
                                         f"skip): the app must refuse or split the input", TOO_LONG)
 
 
-def choose(manifest: Mapping[str, Any], graph: str, soc: str | None, runtime_qnn: str | None,
+def choose(manifest: Mapping[str, Any] | str | bytes, graph: str | None, soc: str | None, runtime_qnn: str | None,
            load: Callable[[Mapping[str, Any]], str | None]) -> Decision:
     """The decision for `graph` on a device whose ro.soc.model is `soc` and whose runtime libraries are QNN
     `runtime_qnn` (None: unknown or absent); `load(binary)` returns None when the context loaded, else the error.
-    For a graph with sizes, pass the graph `choose_size` returned."""
-    _schema(manifest)
-    graphs = manifest.get("graphs") or {}
+    For a graph with sizes, pass the graph `choose_size` returned. `manifest`: the parsed manifest.json or its
+    text; a bad one gives the CPU (rule bad-manifest) with the field that is wrong in the reason."""
+    manifest, problem = read_manifest(manifest)
+    if problem:
+        return cpu_decision(_fallback_of(manifest, graph), BAD_MANIFEST, problem)
+    graphs = manifest["graphs"]
     if graph not in graphs:
         raise KeyError(f"manifest of {manifest.get('model')}: no graph '{graph}' (graphs: {', '.join(graphs)})")
     entry = graphs[graph]
     fallback = (entry.get("fallback") or {}).get("path")
 
     def cpu(rule: str, why: str) -> Decision:
-        where = f"the CPU runs {fallback}" if fallback else "no CPU fallback in the manifest"
-        return Decision("cpu", fallback, None, f"{why}; {where}", rule)
+        return cpu_decision(fallback, rule, why)
 
-    binaries = list(entry.get("binaries") or [])
+    binaries = list(entry["binaries"])
     found = candidates(binaries, soc)
+    failed = unverified(manifest, graph, soc) if not found else None
+    if failed:
+        return cpu(UNVERIFIED, failed)
     if not found:
         built = sorted({s for b in binaries for s in (b.get("socs") or ())})
         return cpu(NO_BUILD, f"no build for {soc or 'an empty ro.soc.model'} (builds for: "

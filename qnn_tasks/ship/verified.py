@@ -22,7 +22,8 @@ class Shippable:
 
 
 def sort_out(inventory: dict[str, Any]) -> tuple[list[Shippable], list[dict[str, str]], dict[str, dict]]:
-    """(targets to ship, [{target, reason}] left out, graph name -> its believed graph-stage records)."""
+    """(targets to ship, [{target, reason, graph, soc, precision}] left out, graph name -> its believed graph-stage
+    records)."""
     graph_records = {g["name"]: {stage: read_checked(path) for stage, path in g["records"].items()}
                      for g in inventory["graphs"]}
     pipelines = {p["name"]: (p, read_checked(p["record"])) for p in inventory["pipelines"]}
@@ -30,16 +31,23 @@ def sort_out(inventory: dict[str, Any]) -> tuple[list[Shippable], list[dict[str,
     for chip in inventory["chips"]:
         target = chip["target"]
         if chip["skip"]:
-            omitted.append({"target": target, "reason": f"skipped: {chip['skip']}"})
+            omitted.append(left_out(chip, f"skipped: {chip['skip']}"))
             continue
         own = {stage: read_checked(path) for stage, path in chip["records"].items()}
         links = [(name, record) for name, (p, record) in pipelines.items() if target in p["targets"]]
         reason = _why_not(graph_records[chip["graph"]], own, links)
         if reason:
-            omitted.append({"target": target, "reason": reason})
+            omitted.append(left_out(chip, reason))
         else:
             ship.append(Shippable(chip=chip, records=own, pipelines=[r for _, r in links]))
     return ship, omitted, graph_records
+
+
+def left_out(chip: dict[str, Any], reason: str) -> dict[str, str]:
+    """An `omitted` entry: the target, why, and which build it is (graph, chip, precision), so that the selectors
+    tell a phone of that chip "the build for <chip> failed verification" rather than "no build"."""
+    return {"target": chip["target"], "reason": reason, "graph": chip["graph"], "soc": chip["soc"]["name"],
+            "precision": chip["precision"]}
 
 
 def _why_not(graph: dict[str, Any], own: dict[str, Any], links: list[tuple[str, Any]]) -> str | None:

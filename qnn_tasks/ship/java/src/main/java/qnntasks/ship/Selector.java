@@ -10,6 +10,11 @@
  *   3. a binary whose min_runtime_qnn is newer than the runtime libraries' QNN version is refused (it would fail to
  *      load: QNN error 5000/5005); an unknown runtime version refuses them all;
  *   4. the first candidate left is loaded through the caller's Loader; a failed load: the CPU, with its error.
+ * Before any rule the manifest is checked (validate: the fields these rules read, with the schema's shapes): a
+ * manifest that is no JSON, or has a field of the wrong shape, gives the CPU (rule bad-manifest) with the field in
+ * the reason, the same line select.py writes (src/test/resources/manifest_cases.json holds the cases). A chip whose
+ * build dist left out as failed or stale (the manifest's "omitted") is told so (rule unverified), not "no build".
+ * Pass manifest.json's text (choose(String, ...), chooseSize(String, ...)) so that a truncated file is one too.
  * chooseSize(manifest, graph, length) comes first for a graph with sizes (model.yaml dims:): the smallest size the
  * package ships a graph for that holds the input's length along the dim ("smallest that fits"), padded with the
  * manifest's pad values; longer than every size: truncated to the largest, or none (longer: skip). Its graph is the
@@ -21,6 +26,7 @@
 package qnntasks.ship;
 
 import java.math.BigDecimal;
+import java.math.BigInteger;
 import java.util.ArrayList;
 import java.util.Arrays;
 import java.util.Collections;
@@ -36,6 +42,7 @@ import java.util.regex.Pattern;
 import org.json.JSONArray;
 import org.json.JSONException;
 import org.json.JSONObject;
+import org.json.JSONTokener;
 
 public final class Selector {
     public static final String CODE = "5000/5005";
@@ -47,6 +54,12 @@ public final class Selector {
     public static final String RUNTIME_UNKNOWN = "runtime-unknown";
     public static final String RUNTIME_OLDER = "runtime-older";
     public static final String LOAD_FAILED = "load-failed";
+    public static final String UNVERIFIED = "unverified";
+    public static final String BAD_MANIFEST = "bad-manifest";
+    public static final String FIX = "(fix: rebuild the package with doit dist)";
+    public static final String NOT_JSON = "manifest.json: not valid JSON: the file is truncated or was edited " + FIX;
+    /** A size along a dim: an int (chooseSize takes an int length). */
+    public static final long MAX_SIZE = Integer.MAX_VALUE;
 
     public static final String RULE_SIZES = "smallest that fits";
     public static final String FITS = "fits";
@@ -170,7 +183,10 @@ public final class Selector {
      * the largest, truncated (longer: truncate), or none (longer: skip). A graph without sizes as is.
      */
     public static SizeChoice chooseSize(JSONObject manifest, String graph, int length) {
-        checkSchema(manifest);
+        String problem = problem(manifest);
+        if (problem != null) {
+            return new SizeChoice(null, null, 0, 0, problem, BAD_MANIFEST, new LinkedHashMap<String, Double>());
+        }
         JSONObject graphs = manifest.optJSONObject("graphs");
         graphs = graphs == null ? new JSONObject() : graphs;
         JSONObject selection = manifest.optJSONObject("selection");
@@ -254,6 +270,16 @@ public final class Selector {
                 + " (" + note + "; longer: skip): the app must refuse or split the input", TOO_LONG, none);
     }
 
+    /** chooseSize on manifest.json's text: a text that is no JSON object gives no graph (rule bad-manifest). */
+    public static SizeChoice chooseSize(String manifestJson, String graph, int length) {
+        Object manifest = parse(manifestJson);
+        if (!(manifest instanceof JSONObject)) {
+            String problem = manifest == null ? NOT_JSON : validate(manifest);
+            return new SizeChoice(null, null, 0, 0, problem, BAD_MANIFEST, new LinkedHashMap<String, Double>());
+        }
+        return chooseSize((JSONObject) manifest, graph, length);
+    }
+
     /** The first selection.sizes entry of a declared graph (as the Python selector reads it), or null. */
     private static JSONObject sizesOf(JSONObject selection, String graph) {
         for (JSONObject s : objects(selection == null ? null : selection.optJSONArray("sizes"))) {
@@ -265,7 +291,8 @@ public final class Selector {
     }
 
     private static void checkSchema(JSONObject manifest) {
-        if (manifest.has("schema_version") && manifest.optInt("schema_version", -1) != SCHEMA_VERSION) {
+        Object found = manifest.opt("schema_version");
+        if (kind(found).equals("integer") && ((Number) found).longValue() != SCHEMA_VERSION) {
             throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": schema_version "
                     + manifest.opt("schema_version") + ", this selector reads " + SCHEMA_VERSION
                     + " (fix: use the selector of the qnn-npu-compile that wrote it)");
@@ -274,9 +301,12 @@ public final class Selector {
 
     /** The decision for graph on this device; for a graph with sizes, pass the graph chooseSize returned. */
     public static Decision choose(JSONObject manifest, String graph, String soc, String runtimeQnn, Loader load) {
-        checkSchema(manifest);
+        String problem = problem(manifest);
+        if (problem != null) {
+            return cpu(BAD_MANIFEST, problem, fallbackOf(manifest, graph));
+        }
         JSONObject graphs = manifest.optJSONObject("graphs");
-        if (graphs == null || !graphs.has(graph)) {
+        if (graphs == null || graph == null || !graphs.has(graph)) {
             throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": no graph '" + graph + "'");
         }
         JSONObject entry = graphs.optJSONObject(graph);
@@ -292,6 +322,10 @@ public final class Selector {
             if (soc != null && !soc.isEmpty() && socs.contains(soc)) {
                 found.add(b);
             }
+        }
+        String failed = found.isEmpty() ? unverified(manifest, graph, soc) : null;
+        if (failed != null) {
+            return cpu(UNVERIFIED, failed, fallback);
         }
         if (found.isEmpty()) {
             String chip = soc == null || soc.isEmpty() ? "an empty ro.soc.model" : soc;
@@ -339,6 +373,280 @@ public final class Selector {
         }
         return new Decision("npu", pick.isNull("path") ? null : pick.optString("path"),
                 pick.isNull("precision") ? null : pick.optString("precision"), reason, NPU);
+    }
+
+    /** choose on manifest.json's text: a text that is no JSON object gives the CPU (rule bad-manifest). */
+    public static Decision choose(String manifestJson, String graph, String soc, String runtimeQnn, Loader load) {
+        Object manifest = parse(manifestJson);
+        if (!(manifest instanceof JSONObject)) {
+            return cpu(BAD_MANIFEST, manifest == null ? NOT_JSON : validate(manifest), null);
+        }
+        return choose((JSONObject) manifest, graph, soc, runtimeQnn, load);
+    }
+
+    /**
+     * Why this chip has no build of graph when dist left it out as failed or stale (the manifest's omitted), e.g.
+     * "the build for SM8650 failed verification (minilm-SM8650: failed: simverify: ...)"; null otherwise.
+     */
+    public static String unverified(JSONObject manifest, String graph, String soc) {
+        List<String> details = new ArrayList<>();
+        boolean failed = false;
+        for (JSONObject o : objects(manifest.optJSONArray("omitted"))) {
+            String reason = o.optString("reason");
+            if (soc != null && !soc.isEmpty() && graph != null && graph.equals(o.opt("graph"))
+                    && soc.equals(o.opt("soc")) && (reason.startsWith("failed:") || reason.startsWith("stale:"))) {
+                failed |= reason.startsWith("failed:");
+                details.add(o.optString("target") + ": " + reason);
+            }
+        }
+        if (details.isEmpty()) {
+            return null;
+        }
+        return "the build for " + soc + " " + (failed ? "failed verification" : "is stale (it changed since it was"
+                + " verified)") + " (" + String.join("; ", details) + ")";
+    }
+
+    // --- the manifest's shape, checked before any rule (select.py's validate_manifest says the same, word for word)
+
+    /** A field of the wrong shape: its one line (internal to validate). */
+    private static final class Bad extends RuntimeException {
+        private static final long serialVersionUID = 1L;
+
+        Bad(String message) {
+            super(message);
+        }
+    }
+
+    /**
+     * manifest.json's text as strict JSON (nothing after the value; org.json refuses NaN and Infinity): the value
+     * (a JSONObject, or whatever else the text holds), or null when it is no JSON.
+     */
+    public static Object parse(String json) {
+        if (json == null) {
+            return null;
+        }
+        try {
+            JSONTokener tokens = new JSONTokener(json);
+            Object value = tokens.nextValue();
+            return tokens.nextClean() == 0 ? value : null;
+        } catch (JSONException | RuntimeException | StackOverflowError e) {  // select.py: ValueError, RecursionError
+            return null;
+        }
+    }
+
+    /** The problem choose and chooseSize fall back on, or null; a newer schema_version is an error (this app's). */
+    private static String problem(JSONObject manifest) {
+        if (manifest != null) {
+            checkSchema(manifest);
+        }
+        return validate(manifest);
+    }
+
+    /**
+     * The first field the selector reads that has the wrong shape, as one line ("manifest.json: field: expected
+     * ..., got ... (fix: ...)"); null when every one is as the schema (manifest.schema.json) says. Checked: the types,
+     * a non-empty socs of chip names, binaries' path, precision, soc and min_runtime_qnn, the fallback's path,
+     * selection.precision_order and sizes (whole sizes, finite pad values, longer), omitted.
+     */
+    public static String validate(Object manifest) {
+        try {
+            checkManifest(manifest);
+        } catch (Bad bad) {
+            return "manifest.json: " + bad.getMessage() + " " + FIX;
+        }
+        return null;
+    }
+
+    private static void checkManifest(Object value) {
+        JSONObject m = mapping(value, "(root)");
+        if (m.has("schema_version")) {
+            expect(m.opt("schema_version"), "schema_version", "an integer", true, "integer");
+        }
+        string(field(m, "model", "model"), "model");
+        if (m.has("selection")) {
+            JSONObject selection = mapping(m.opt("selection"), "selection");
+            if (selection.has("precision_order")) {
+                JSONArray order = list(selection.opt("precision_order"), "selection.precision_order", false);
+                for (int i = 0; i < order.length(); i++) {
+                    string(order.opt(i), "selection.precision_order[" + i + "]");
+                }
+            }
+            if (selection.has("sizes")) {
+                JSONArray sizes = list(selection.opt("sizes"), "selection.sizes", true);
+                for (int i = 0; i < sizes.length(); i++) {
+                    sizeEntry(sizes.opt(i), "selection.sizes[" + i + "]");
+                }
+            }
+        }
+        JSONObject graphs = mapping(field(m, "graphs", "graphs"), "graphs");
+        expect(graphs, "graphs", "a non-empty mapping", graphs.length() > 0, "mapping");
+        for (Iterator<String> names = graphs.keys(); names.hasNext();) {
+            String name = names.next();
+            graphEntry(graphs.opt(name), "graphs." + name);
+        }
+        if (m.has("omitted")) {
+            JSONArray omitted = list(m.opt("omitted"), "omitted", true);
+            for (int i = 0; i < omitted.length(); i++) {
+                String key = "omitted[" + i + "]";
+                JSONObject entry = mapping(omitted.opt(i), key);
+                for (String name : new String[] {"target", "reason"}) {
+                    string(field(entry, name, key + "." + name), key + "." + name);
+                }
+                for (String name : new String[] {"graph", "soc", "precision"}) {
+                    if (entry.has(name)) {
+                        string(entry.opt(name), key + "." + name);
+                    }
+                }
+            }
+        }
+    }
+
+    private static void sizeEntry(Object value, String key) {
+        JSONObject entry = mapping(value, key);
+        for (String name : new String[] {"graph", "dim"}) {
+            string(field(entry, name, key + "." + name), key + "." + name);
+        }
+        JSONArray sizes = list(field(entry, "sizes", key + ".sizes"), key + ".sizes", false);
+        for (int i = 0; i < sizes.length(); i++) {
+            size(sizes.opt(i), key + ".sizes[" + i + "]");
+        }
+        JSONObject graphs = mapping(field(entry, "graphs", key + ".graphs"), key + ".graphs");
+        for (Iterator<String> names = graphs.keys(); names.hasNext();) {
+            String name = names.next();
+            string(graphs.opt(name), key + ".graphs." + name);
+        }
+        JSONObject pad = mapping(field(entry, "pad", key + ".pad"), key + ".pad");
+        for (Iterator<String> names = pad.keys(); names.hasNext();) {
+            String name = names.next();
+            Object v = pad.opt(name);
+            expect(v, key + ".pad." + name, "a finite number", finite(v), "integer", "number");
+        }
+        Object longer = field(entry, "longer", key + ".longer");
+        expect(longer, key + ".longer", "skip or truncate", "skip".equals(longer) || "truncate".equals(longer),
+                "string");
+    }
+
+    private static void graphEntry(Object value, String key) {
+        JSONObject entry = mapping(value, key);
+        if (!entry.isNull("fallback")) {  // none: the decision says "no CPU fallback in the manifest"
+            JSONObject fallback = mapping(entry.opt("fallback"), key + ".fallback");
+            string(field(fallback, "path", key + ".fallback.path"), key + ".fallback.path");
+        }
+        JSONArray binaries = list(field(entry, "binaries", key + ".binaries"), key + ".binaries", true);
+        for (int i = 0; i < binaries.length(); i++) {
+            String at = key + ".binaries[" + i + "]";
+            JSONObject binary = mapping(binaries.opt(i), at);
+            JSONArray socs = list(field(binary, "socs", at + ".socs"), at + ".socs", false);
+            for (int j = 0; j < socs.length(); j++) {
+                string(socs.opt(j), at + ".socs[" + j + "]");
+            }
+            for (String name : new String[] {"soc", "precision", "path"}) {
+                string(field(binary, name, at + "." + name), at + "." + name);
+            }
+            expect(field(binary, "min_runtime_qnn", at + ".min_runtime_qnn"), at + ".min_runtime_qnn",
+                    "a string or null", true, "string", "null");
+            string(field(binary, "min_runtime_from", at + ".min_runtime_from"), at + ".min_runtime_from");
+        }
+        if (entry.has("size")) {
+            JSONObject size = mapping(entry.opt("size"), key + ".size");
+            for (String name : new String[] {"of", "dim"}) {
+                string(field(size, name, key + ".size." + name), key + ".size." + name);
+            }
+            size(field(size, "size", key + ".size.size"), key + ".size.size");
+        }
+    }
+
+    /** A value's JSON kind, in the words of the reasons (select.py's _kind gives the same). */
+    public static String kind(Object value) {
+        if (value == null || value == JSONObject.NULL) {
+            return "null";
+        }
+        if (value instanceof Boolean) {
+            return "boolean";
+        }
+        if (value instanceof Integer || value instanceof Long || value instanceof Short || value instanceof Byte
+                || value instanceof BigInteger) {
+            return "integer";
+        }
+        if (value instanceof Number) {
+            return "number";
+        }
+        if (value instanceof String) {
+            return "string";
+        }
+        if (value instanceof JSONObject) {
+            return "mapping";
+        }
+        if (value instanceof JSONArray) {
+            return "list";
+        }
+        return value.getClass().getSimpleName();
+    }
+
+    private static String a(String kind) {
+        return kind.equals("null") ? kind : ("aeiou".indexOf(kind.charAt(0)) >= 0 ? "an " : "a ") + kind;
+    }
+
+    /** value is one of kinds and ok, else the field's one line: "expected what[, got kind]". */
+    private static Object expect(Object value, String key, String what, boolean ok, String... kinds) {
+        String kind = kind(value);
+        if (!Arrays.asList(kinds).contains(kind)) {
+            throw new Bad(key + ": expected " + what + ", got " + a(kind));
+        }
+        if (!ok) {
+            throw new Bad(key + ": expected " + what);
+        }
+        return value;
+    }
+
+    private static Object field(JSONObject o, String name, String key) {
+        if (!o.has(name)) {
+            throw new Bad(key + ": missing");
+        }
+        return o.opt(name);
+    }
+
+    private static JSONObject mapping(Object value, String key) {
+        return (JSONObject) expect(value, key, "a mapping", true, "mapping");
+    }
+
+    private static JSONArray list(Object value, String key, boolean empty) {
+        if (empty) {
+            return (JSONArray) expect(value, key, "a list", true, "list");
+        }
+        return (JSONArray) expect(value, key, "a non-empty list", value instanceof JSONArray
+                && ((JSONArray) value).length() > 0, "list");
+    }
+
+    private static void string(Object value, String key) {
+        expect(value, key, "a non-empty string", !"".equals(value), "string");
+    }
+
+    private static void size(Object value, String key) {
+        boolean whole = false;
+        if (kind(value).equals("integer")) {
+            BigInteger v = value instanceof BigInteger ? (BigInteger) value
+                    : BigInteger.valueOf(((Number) value).longValue());
+            whole = v.signum() > 0 && v.compareTo(BigInteger.valueOf(MAX_SIZE)) <= 0;
+        }
+        expect(value, key, "an integer from 1 to " + MAX_SIZE, whole, "integer");
+    }
+
+    private static boolean finite(Object value) {
+        if (!(value instanceof Number)) {
+            return false;
+        }
+        double v = ((Number) value).doubleValue();
+        return !Double.isNaN(v) && !Double.isInfinite(v);
+    }
+
+    /** The graph's CPU fallback as far as a bad manifest still names one (a non-empty string), else null. */
+    private static String fallbackOf(Object manifest, String graph) {
+        Object graphs = manifest instanceof JSONObject ? ((JSONObject) manifest).opt("graphs") : null;
+        Object entry = graphs instanceof JSONObject && graph != null ? ((JSONObject) graphs).opt(graph) : null;
+        Object fallback = entry instanceof JSONObject ? ((JSONObject) entry).opt("fallback") : null;
+        Object path = fallback instanceof JSONObject ? ((JSONObject) fallback).opt("path") : null;
+        return path instanceof String && !((String) path).isEmpty() ? (String) path : null;
     }
 
     /** Rule 3 for one binary: why this runtime cannot load it, or null. */

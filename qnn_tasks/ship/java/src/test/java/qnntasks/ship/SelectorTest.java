@@ -1,7 +1,8 @@
 /*
  * JUnit 4 tests of the app-side Selector: the shared decision table (selector_cases.json, which the Python selector
  * must pass too: its cases for choose, its size_cases for chooseSize), plus the version arithmetic, the pad values'
- * text and a graph the manifest lacks.
+ * text and a graph the manifest lacks; and the bad manifests and left-out builds of manifest_cases.json (the system
+ * property selector.manifest_cases, beside selector_cases.json by default), which select.py must pass too.
  * Run: javac -cp <org.json jar>:<junit4 jar> ... then org.junit.runner.JUnitCore qnntasks.ship.SelectorTest, with the
  * system property selector.cases pointing at the JSON (tests/test_ship_select.py does this with Debian's jars).
  */
@@ -31,6 +32,103 @@ public class SelectorTest {
     private static JSONObject table() throws Exception {
         String path = System.getProperty("selector.cases", "src/test/resources/selector_cases.json");
         return new JSONObject(new String(Files.readAllBytes(Paths.get(path)), StandardCharsets.UTF_8));
+    }
+
+    private static JSONObject manifestTable() throws Exception {
+        String path = System.getProperty("selector.manifest_cases", "src/test/resources/manifest_cases.json");
+        return new JSONObject(new String(Files.readAllBytes(Paths.get(path)), StandardCharsets.UTF_8));
+    }
+
+    /** A deep copy that keeps every value's type (toString and back would turn 0.0 into 0). */
+    private static Object copy(Object value) throws Exception {
+        if (value instanceof JSONObject) {
+            JSONObject from = (JSONObject) value;
+            JSONObject out = new JSONObject();
+            for (Iterator<String> keys = from.keys(); keys.hasNext();) {
+                String key = keys.next();
+                out.put(key, copy(from.get(key)));
+            }
+            return out;
+        }
+        if (value instanceof JSONArray) {
+            JSONArray from = (JSONArray) value;
+            JSONArray out = new JSONArray();
+            for (int i = 0; i < from.length(); i++) {
+                out.put(copy(from.get(i)));
+            }
+            return out;
+        }
+        return value;
+    }
+
+    /** The holder of a path's last step (keys and list indexes), walked from root. */
+    private static Object holder(Object root, JSONArray path) throws Exception {
+        Object at = root;
+        for (int i = 0; i < path.length() - 1; i++) {
+            Object step = path.get(i);
+            at = step instanceof String ? ((JSONObject) at).get((String) step) : ((JSONArray) at).get((Integer) step);
+        }
+        return at;
+    }
+
+    /** A manifest_cases.json case's manifest: its base (selector_cases.json) with set and delete applied. */
+    private static JSONObject mutated(JSONObject table, JSONObject c) throws Exception {
+        JSONObject manifest = (JSONObject) copy(table.getJSONObject("manifests").getJSONObject(c.getString("base")));
+        JSONArray set = c.optJSONArray("set");
+        for (int i = 0; set != null && i < set.length(); i++) {
+            JSONArray path = set.getJSONArray(i).getJSONArray(0);
+            Object value = copy(set.getJSONArray(i).get(1));
+            Object last = path.get(path.length() - 1);
+            Object at = holder(manifest, path);
+            if (last instanceof String) {
+                ((JSONObject) at).put((String) last, value);
+            } else {
+                ((JSONArray) at).put((Integer) last, value);
+            }
+        }
+        JSONArray delete = c.optJSONArray("delete");
+        for (int i = 0; delete != null && i < delete.length(); i++) {
+            JSONArray path = delete.getJSONArray(i);
+            Object last = path.get(path.length() - 1);
+            Object at = holder(manifest, path);
+            if (last instanceof String) {
+                ((JSONObject) at).remove((String) last);
+            } else {
+                ((JSONArray) at).remove((Integer) last);
+            }
+        }
+        return manifest;
+    }
+
+    private static void assertDecision(String name, JSONObject e, Selector.Decision d, List<String> loaded)
+            throws Exception {
+        assertEquals(name + ": target", e.getString("target"), d.target);
+        assertEquals(name + ": precision", optText(e, "precision"), d.precision);
+        assertEquals(name + ": path", optText(e, "path"), d.path);
+        assertEquals(name + ": rule", e.getString("rule"), d.rule);
+        assertEquals(name + ": reason", e.getString("reason"), d.reason);
+        List<String> expectedLoads = new ArrayList<>();
+        for (int j = 0; j < e.getJSONArray("loaded").length(); j++) {
+            expectedLoads.add(e.getJSONArray("loaded").getString(j));
+        }
+        assertEquals(name + ": binaries the loader was asked for", expectedLoads, loaded);
+    }
+
+    /** choose on a manifest_cases.json case: its text, or its mutated base; the loads it asked for in loaded. */
+    private static Selector.Decision chooseCase(JSONObject table, JSONObject c, List<String> loaded)
+            throws Exception {
+        JSONObject errors = c.getJSONObject("load_errors");
+        Selector.Loader load = binary -> {
+            String path = binary.optString("path");
+            loaded.add(path);
+            return errors.has(path) ? errors.optString(path) : null;
+        };
+        if (c.has("text")) {
+            return Selector.choose(c.getString("text"), c.getString("graph"), optText(c, "soc"),
+                    optText(c, "runtime_qnn"), load);
+        }
+        return Selector.choose(mutated(table, c), c.getString("graph"), optText(c, "soc"), optText(c, "runtime_qnn"),
+                load);
     }
 
     private static String optText(JSONObject o, String key) {
@@ -113,6 +211,65 @@ public class SelectorTest {
             assertEquals(name + ": pad values in the manifest's order", new ArrayList<>(values.keySet()),
                     new ArrayList<>(d.padValues.keySet()));
         }
+    }
+
+    @Test
+    public void everyBadManifestOfTheSharedTable() throws Exception {
+        JSONObject table = table();
+        for (JSONObject c : cases(manifestTable(), "bad")) {
+            String name = c.getString("name");
+            List<String> loaded = new ArrayList<>();
+            assertDecision(name, c.getJSONObject("expect"), chooseCase(table, c, loaded), loaded);
+            Selector.SizeChoice size = c.has("text") ? Selector.chooseSize(c.getString("text"), c.getString("graph"), 5)
+                    : Selector.chooseSize(mutated(table, c), c.getString("graph"), 5);
+            assertNull(name + ": no size graph", size.graph);
+            assertEquals(name + ": size rule", Selector.BAD_MANIFEST, size.rule);
+            assertEquals(name + ": size reason", c.getString("problem"), size.reason);
+            if (!c.has("text")) {
+                assertEquals(name + ": validate", c.getString("problem"), Selector.validate(mutated(table, c)));
+            }
+        }
+    }
+
+    @Test
+    public void everyLeftOutBuildOfTheSharedTable() throws Exception {
+        JSONObject table = table();
+        JSONArray left = manifestTable().getJSONArray("left_out");
+        assertTrue("the table has left_out cases", left.length() >= 5);
+        for (int i = 0; i < left.length(); i++) {
+            JSONObject c = left.getJSONObject(i);
+            List<String> loaded = new ArrayList<>();
+            assertDecision(c.getString("name"), c.getJSONObject("expect"), chooseCase(table, c, loaded), loaded);
+        }
+    }
+
+    @Test
+    public void aNanPadInAJsonObjectBuiltFromAMapIsNamed() throws Exception {
+        // org.json's parser refuses NaN (a text with one is "not valid JSON"), a Map can still hold one
+        JSONObject manifest = (JSONObject) copy(table().getJSONObject("manifests").getJSONObject("sized"));
+        JSONObject entry = manifest.getJSONObject("selection").getJSONArray("sizes").getJSONObject(0);
+        Map<String, Object> pad = new LinkedHashMap<>();
+        pad.put("input_ids", Double.NaN);
+        pad.put("attention_mask", 0.0);
+        entry.put("pad", new JSONObject(pad));
+        String expected = "manifest.json: selection.sizes[0].pad.input_ids: expected a finite number (fix: rebuild"
+                + " the package with doit dist)";
+        assertEquals(expected, Selector.validate(manifest));
+        Selector.Decision d = Selector.choose(manifest, "minilm.seq16", "SM8650", "2.41.0", binary -> null);
+        assertEquals("cpu/minilm.seq16.onnx", d.path);
+        assertEquals(Selector.BAD_MANIFEST, d.rule);
+        assertEquals(expected, Selector.chooseSize(manifest, "minilm", 5).reason);
+    }
+
+    @Test
+    public void aTextReadsAsItsObjectDoes() throws Exception {
+        JSONObject manifest = table().getJSONObject("manifests").getJSONObject("main");
+        Selector.Decision fromText = Selector.choose(manifest.toString(), "minilm", "SM8650", "2.41.0", b -> null);
+        Selector.Decision fromObject = Selector.choose(manifest, "minilm", "SM8650", "2.41.0", b -> null);
+        assertEquals(fromObject.reason, fromText.reason);
+        assertEquals("SM8650/minilm.fp16.bin", fromText.path);
+        assertNull(Selector.parse("{\"a\": 1} {\"b\": 2}"));
+        assertNull(Selector.parse("{\"a\": NaN}"));
     }
 
     @Test
