@@ -409,7 +409,7 @@ def test_a_sparse_gib_of_tiny_raw_samples_is_picked_without_listing_every_sample
     out, peak = child_peak_mib(f"""
 from pathlib import Path
 from qnn_tasks.judge.samples import read_declared
-from qnn_tasks.spec.project import load_model, load_socs
+from qnn_tasks.spec.load import load_model, load_socs
 socs = load_socs(Path("tests/examples/socs/socs.yaml"))
 samples = read_declared(load_model(Path({str(folder)!r}), socs).graphs[0])
 print(len(samples), samples[-1]["x"].tolist(), samples[0]["x"].tolist())
