@@ -10,6 +10,7 @@ a `Decision`: the NPU binary to use, or the CPU fallback, always with the reason
 4. the first candidate left is loaded through `load` (None: loaded, else the error text); a failed load -> CPU.
 The Java reference (ship/java/.../Selector.java) follows the same rules word for word: the decision table in
 ship/java/selector_cases.json is run through both (tests/test_ship_select.py).
+`chain(manifest, graph)` lists the graphs to choose for a split graph (model.yaml `split:`): its parts, in order.
 `choose_size(manifest, graph, length)` comes first for a graph with sizes (model.yaml `dims:`): the smallest size
 the package ships a graph for that holds `length` positions along the dim ("smallest that fits", what the
 cross-size check vouches for), padded with the manifest's pad values; longer than every size: truncated to the
@@ -183,6 +184,31 @@ def choose_size(manifest: Mapping[str, Any], graph: str, length: int) -> SizeCho
                                         f"skip): the app must refuse or split the input", TOO_LONG)
 
 
+def chain(manifest: Mapping[str, Any], graph: str) -> list[str]:
+    """The graphs that run `graph`, in order: a split graph's parts (model.yaml `split:`, the manifest's
+    selection.splits), each fed the previous part's outputs by name; any other graph alone. `choose` each of them
+    on the device (a part the chip has no verified build of runs its CPU fallback)."""
+    _schema(manifest)
+    split = _split_of(manifest, graph)
+    if split is not None:
+        return [str(p) for p in split.get("parts") or ()]
+    graphs = manifest.get("graphs") or {}
+    if graph not in graphs:
+        raise KeyError(f"manifest of {manifest.get('model')}: no graph '{graph}' (graphs: {', '.join(graphs)})")
+    return [graph]
+
+
+def _split_of(manifest: Mapping[str, Any], graph: str) -> Mapping[str, Any] | None:
+    """The first selection.splits entry of `graph` (as the Java reference reads it), or None."""
+    return next((s for s in (manifest.get("selection") or {}).get("splits") or () if s.get("graph") == graph), None)
+
+
+def _split_message(manifest: Mapping[str, Any], graph: str, split: Mapping[str, Any]) -> str:
+    return (f"manifest of {manifest.get('model')}: '{graph}' is split into parts "
+            f"({', '.join(map(str, split.get('parts') or ()))}): choose each part, run in order (fix: "
+            f"chain(manifest, \"{graph}\") lists them)")
+
+
 def choose(manifest: Mapping[str, Any], graph: str, soc: str | None, runtime_qnn: str | None,
            load: Callable[[Mapping[str, Any]], str | None]) -> Decision:
     """The decision for `graph` on a device whose ro.soc.model is `soc` and whose runtime libraries are QNN
@@ -191,6 +217,9 @@ def choose(manifest: Mapping[str, Any], graph: str, soc: str | None, runtime_qnn
     _schema(manifest)
     graphs = manifest.get("graphs") or {}
     if graph not in graphs:
+        split = _split_of(manifest, graph)
+        if split is not None:
+            raise KeyError(_split_message(manifest, graph, split))
         raise KeyError(f"manifest of {manifest.get('model')}: no graph '{graph}' (graphs: {', '.join(graphs)})")
     entry = graphs[graph]
     fallback = (entry.get("fallback") or {}).get("path")
