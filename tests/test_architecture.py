@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -140,6 +141,69 @@ def test_private_use_finder_finds_both_shapes(tmp_path: Path) -> None:
     assert private_uses(package) == ["pkg/sub/rel.py:1: from pkg.sub.lib import _helper",
                                      "pkg/user.py:1: from pkg.sub.lib import _helper",
                                      "pkg/user.py:7: pkg.sub.lib._helper", "pkg/user.py:7: pkg.sub.lib._helper"]
+
+
+# Every stage's name (the built-in rows, the toolchains' variant stages, the project-wide on-demand ones)
+STAGE_NAMES = {r.name for r in stages.GRAPH_STAGES + stages.CHIP_STAGES + stages.ON_DEMAND} | {
+    stages.PIPELINE.name, stages.LOOP.name, stages.CROSSSIZE.name, "quantize", "convert", "modellib"}
+
+
+def hand_built_records(package: Path, names: set[str] = STAGE_NAMES) -> list[str]:
+    """Strings outside plan/ that make a stage record's path themselves, as `file:line: text`: a literal ending in
+    `<stage>.json` (e.g. "cpucheck.json", "build/x/simverify/simverify.json"), or an f-string ending in `{E}.json`
+    whose E names a stage (`{stage}.json`, `{s.name}.json`) or repeats the folder before it (`{x}/{x}.json`).
+    Docstrings are prose, not paths: they are not read."""
+    literal = re.compile(rf"(^|/)({'|'.join(sorted(map(re.escape, names)))})\.json$")
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path.relative_to(package).parts[0] == "plan":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        prose = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        inner = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+        for node in ast.walk(tree):
+            text = None
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose | inner:
+                text = node.value if literal.search(node.value) else None
+            elif isinstance(node, ast.JoinedStr) and len(node.values) >= 2:
+                last, named = node.values[-1], node.values[-2]
+                if isinstance(last, ast.Constant) and literal.search(last.value):
+                    text = ast.unparse(node)
+                elif isinstance(last, ast.Constant) and last.value == ".json" and isinstance(named, ast.FormattedValue):
+                    expr = ast.unparse(named.value)
+                    before = [ast.unparse(v.value) for v in node.values[:-2] if isinstance(v, ast.FormattedValue)]
+                    text = ast.unparse(node) if ("stage" in expr or expr.endswith(".name") or expr in before) else None
+            if text:
+                found.append((str(path.relative_to(package.parent)), node.lineno, text))
+    return [f"{file}:{line}: {text}" for file, line, text in sorted(found)]
+
+
+def test_record_paths_are_made_only_by_the_plan() -> None:
+    """A stage record's path is plan/stages.py `record_path` (or a row's `record_of`): a split part's export ..
+    cpucheck facts are its graph's split record, and a module that builds `<dir>/<stage>/<stage>.json` itself
+    looks for a record that is not there (dist once listed every part as unbuilt)."""
+    assert hand_built_records(ROOT / "qnn_tasks") == []
+
+
+def test_hand_built_record_finder_finds_each_shape(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    (package / "plan").mkdir(parents=True)
+    (package / "plan" / "ok.py").write_text('A = f"{d}/{stage}/{stage}.json"\n')  # the plan may
+    (package / "user.py").write_text(textwrap.dedent('''\
+        """Reads <dir>/cpucheck/cpucheck.json (prose)."""
+        A = d / "cpucheck.json"
+        B = f"{ct.dir_str}/simverify/simverify.json"
+        C = f"{d}/{stage}/{stage}.json"
+        D = f"{d}/{s.name}/{s.name}.json"
+        E = f"{folder}/{x}/{x}.json"
+        F = f"{root}/ac/{key[:2]}/{key}.json"
+        G = "provider_options.json"
+        H = f"{stem}.provider_options.json"
+        '''))
+    assert hand_built_records(package) == [
+        "pkg/user.py:2: cpucheck.json", "pkg/user.py:3: f'{ct.dir_str}/simverify/simverify.json'",
+        "pkg/user.py:4: f'{d}/{stage}/{stage}.json'", "pkg/user.py:5: f'{d}/{s.name}/{s.name}.json'",
+        "pkg/user.py:6: f'{folder}/{x}/{x}.json'"]
 
 
 def test_cycle_finder_finds_a_cycle() -> None:

@@ -291,7 +291,7 @@ def test_kept_first_link_outputs_are_checked_and_timed(tmp_path):
     runs, seconds = kept_outputs(kept, 2, front, "chain-SM8650")
     assert [run["mel"][0, 0] for run in runs] == [0, 1] and seconds == [0.0, 0.0]  # no record: no time claimed
     (kept.parent / "simulate.json").write_text(json.dumps({"timing": {"total_s": 6.0, "runs": 3}}))
-    assert kept_outputs(kept, 2, front, "chain-SM8650")[1] == [2.0, 2.0]
+    assert kept_outputs(kept, 2, front, "chain-SM8650", kept.parent / "simulate.json")[1] == [2.0, 2.0]
     with pytest.raises(StageError, match=r"holds 3 runs of \['mel'\], not 4 runs .*\(rerun its simulate task\)"):
         kept_outputs(kept, 4, front, "chain-SM8650")
     other = _graph("front", {"audio": (1, 4)}, {"spectrum": (1, 2)})

@@ -243,3 +243,21 @@ def test_a_split_graph_in_the_models_own_loop_is_a_spec_error(tmp_path):
         load_model(project.path("models/stack"), load_soc_table(project.root)[0])
     assert "model.yaml: loop.graph: 'net' is split into parts (graphs.net.split), so it is never compiled whole " \
            "(fix: remove split: from graphs.net, or leave it out of loop.graph)" in str(err.value), str(err.value)
+
+
+def test_a_split_graph_with_sizes_is_refused_at_load_in_one_line(tmp_path):
+    """`split:` with `dims:` was accepted at load and then crashed the cross-size check (an unexpected KeyError):
+    refused at load, naming the file, the key and what to do instead."""
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.project import load_model, load_soc_table
+
+    project = stack_project(tmp_path / "p")
+    project.edit(YAML, "    socs: [SM8650]\n", "    socs: [SM8650]\n    split: {parts: 2}\n    dims: {seq: [8, 16]}\n")
+    for shape in ("inputs: {x: {shape: [1, 16, 256]", "outputs: {y: {shape: [1, 16, 256]"):
+        project.edit(YAML, shape, shape.replace("16", "seq"))
+    with pytest.raises(SpecError) as err:
+        load_model(project.path("models/stack"), load_soc_table(project.root)[0])
+    message = str(err.value)
+    assert message.endswith("model.yaml: graphs.net.split: a graph with sizes (dims:) cannot be split (fix: remove "
+                            "split: or dims:, or declare each size as a graph of its own with its shapes written out "
+                            "and split: on each)") and "\n" not in message, message

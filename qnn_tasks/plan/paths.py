@@ -6,3 +6,9 @@ DEVICE_STAMP = f"{BUILD}/verify/records.stamp"   # rewritten by stages/verify wi
 DEVICES_RECORD = f"{BUILD}/verify/devices.json"  # the attached phones and what they run
 COMPAT_RECORD = f"{BUILD}/compat/compat.json"    # written by `doit compat`, read by the report and `doit verify`
 REPORT_DIR = f"{BUILD}/report"
+
+
+def project_record(stage: str, suffix: str = "") -> str:
+    """The record of a project-wide on-demand stage (socscheck, toolcheck) for one toolchain of the run:
+    build/<stage>.json for the first, build/<stage>-<profile>.json for the others (suffix "@<profile>")."""
+    return f"{BUILD}/{stage}{suffix.replace('@', '-')}.json"

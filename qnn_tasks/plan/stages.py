@@ -73,9 +73,24 @@ class StageDef:
     column: bool = True                        # a column of the report's stage table
 
     def record_of(self, target: Any) -> str:
-        """Where this stage's record for a target goes (the stage's own folder, named after the stage)."""
-        folder = f"{target.dir_str}/{self.name}" if isinstance(target, ChipTarget) else str(target.stage_dir(self.name))
-        return f"{folder}/{self.name}.json"
+        """Where this stage's record for a target is (`record_path`: the one place a record path is made)."""
+        return record_path(self.name, target)
+
+
+SPLIT_MADE = ("export", "simplify", "cpucheck", "calibrate")  # what a split part's graph's split stage made for it
+
+
+def record_path(stage: str, target: Any) -> str:
+    """The record of `stage` for a target (graph, variant, chip or pipeline): <target dir>/<stage>/<stage>.json.
+
+    A split part (`<graph>.part<N>`) has no export, simplify, cpucheck or calibrate of its own: its graph's split
+    stage made its ONNX, inputs, reference and calibration set, so those facts are the graph's split record. The
+    report, dist, the cache and the stages all ask here, so a part's records are found the same way by everyone.
+    """
+    if stage in SPLIT_MADE and isinstance(target, GraphTarget) and specsplit.is_part(target.graph):
+        return f"{target.dir.parent / target.graph.split['of']}/split/split.json"
+    folder = target.dir_str if isinstance(target, ChipTarget) else str(target.dir)
+    return f"{folder}/{stage}/{stage}.json"
 
 
 @dataclass
@@ -440,7 +455,7 @@ def plan_simulate(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
 def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     gt = ct.graph_target
     outputs = f"{ct.dir_str}/simulate/outputs.npz"
-    simulation = f"{ct.dir_str}/simulate/simulate.json"
+    simulation = record_path("simulate", ct)
     settings = p.cached_json("verify", ct.variant.name, lambda: ct.verify)
     # Records are not dependencies: their volatile parts (seconds, where it ran) would change the cache key
     # of an identical judgement. The outputs are; the simulate record only lends its timing, and lint's
@@ -452,7 +467,8 @@ def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
                       p.key(stage, None, ct.precision, settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
                                "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision,
-                               "lint": str(gt.lint_record), "inputs": str(gt.inputs), "simplified": str(gt.simplified)},
+                               "lint": str(gt.lint_record), "inputs": str(gt.inputs), "simplified": str(gt.simplified),
+                               "cpucheck": record_path("cpucheck", gt)},
                       f"judge {ct.graph.name} on {ct.soc.name}: simulator outputs vs CPU (metrics, thresholds, checks)")
     plan.heavy = True if runs_code else None  # decoding speech is work for a child process
     return plan
@@ -466,14 +482,14 @@ def plan_diagnose(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
     source = p.compile_source(ct.variant)  # w8a16: the quantized (QDQ) model the binary was compiled from
     model = source if source.endswith(".onnx") else str(gt.simplified)
     binary = next((f for f in p.context_files(ct) if f.endswith(".bin")), None)
-    verdict = f"{ct.dir_str}/simverify/simverify.json"
+    verdict = record_path("simverify", ct)
     inputs = [model, config, str(gt.inputs), str(gt.reference)] + ([binary] if binary else [])
     return chip_plan(p, stage, ct, inputs, [f"{ct.dir_str}/diagnose/diagnose.md"],
                       p.chip_key(stage, ct, verify=ct.verify),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "soc": specjson.soc_to_dict(ct.soc),
                                "model": model, "provider_options": config, "inputs": str(gt.inputs),
                                "reference": str(gt.reference), "shipped_failed": _failed(verdict), "binary": binary,
-                               "precision": ct.variant.precision},
+                               "precision": ct.variant.precision, "cpucheck": record_path("cpucheck", gt)},
                       f"find where {ct.graph.name} diverges on {ct.soc.name}: per-node CPU vs NPU error")
 
 
@@ -501,7 +517,8 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                               "binaries": [[next((f for f in link["ctx"] if f.endswith(".bin")), None), link["target"]]
                                            for link in chain],
                               **({"glue": spec.glue} if spec.glue else {}),
-                              **({"first_outputs": first_outputs} if first_outputs else {})},
+                              **({"first_outputs": first_outputs, "first_record": record_path("simulate", pt.chips[0])}
+                                 if first_outputs else {})},
                 base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),
                               "toolchain": {"id": binding.id, "profile": binding.profile.name, **binding.fingerprint}},
                 binding=binding)
@@ -751,11 +768,11 @@ def all_outputs(planner: Planner) -> list[str]:
 
 def record_paths(planner: Planner) -> list[str]:
     """Every record the report reads, as strings: the report's up-to-date check stats them on each run."""
-    paths = [f"{gt.dir}/{stage}/{stage}.json" for gt in planner.graphs for stage in report_columns("graph")]
-    paths += sorted({f"{ct.variant.dir}/{s.name}/{s.name}.json" for ct in planner.chips
+    paths = list(dict.fromkeys(record_path(stage, gt) for gt in planner.graphs for stage in report_columns("graph")))
+    paths += sorted({record_path(s.name, ct.variant) for ct in planner.chips
                      for s in planner.binding(ct).toolchain.graph_stages(ct.precision)})
-    paths += [f"{ct.dir_str}/{stage.name}/{stage.name}.json" for ct in planner.chips for stage in CHIP_STAGES + (DIAGNOSE,)]
-    paths += [f"{pt.dir}/{PIPELINE.name}/{PIPELINE.name}.json" for pt in planner.pipelines]
-    paths += [f"{ct.dir_str}/{LOOP.name}/{LOOP.name}.json" for ct in loop_chips(planner)]
+    paths += [record_path(stage.name, ct) for ct in planner.chips for stage in CHIP_STAGES + (DIAGNOSE,)]
+    paths += [PIPELINE.record_of(pt) for pt in planner.pipelines]
+    paths += [LOOP.record_of(ct) for ct in loop_chips(planner)]
     paths += [CROSSSIZE.record_of(ct) for ct in crosssize_chips(planner)]
     return paths + [DEVICE_STAMP, COMPAT_RECORD]  # one file for all device records (not 2 stats per target)

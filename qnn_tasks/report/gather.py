@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import loop_chips, report_columns, runs_loop
+from qnn_tasks.plan.stages import loop_chips, record_path, report_columns, runs_loop
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
 from qnn_tasks.run.status import BAD, NO_VERDICT, good
@@ -29,23 +29,21 @@ DEVICE_STAGES = ("verify", "power")
 
 
 def graph_record_paths(gt: GraphTarget) -> dict[str, Path]:
-    if specsplit.is_part(gt.graph):  # made by its graph's split stage (ONNX, inputs, reference), then linted
-        split = gt.dir.parent / gt.graph.split["of"] / "split" / "split.json"
-        return {stage: split if stage != "lint" else gt.stage_dir(stage) / f"{stage}.json" for stage in GRAPH_STAGES}
-    return {stage: gt.stage_dir(stage) / f"{stage}.json" for stage in GRAPH_STAGES}
+    """A split part's export .. cpucheck are its graph's split record (record_path says so), its lint its own."""
+    return {stage: Path(record_path(stage, gt)) for stage in GRAPH_STAGES}
 
 
 def chip_record_paths(ct: ChipTarget) -> dict[str, Path]:
-    return {stage: ct.stage_dir(stage) / f"{stage}.json" for stage in CHIP_STAGES}
+    return {stage: Path(record_path(stage, ct)) for stage in CHIP_STAGES}
 
 
 def diagnosis_path(ct: ChipTarget) -> Path:
-    return ct.stage_dir("diagnose") / "diagnose.json"
+    return Path(record_path("diagnose", ct))
 
 
 def variant_record_path(ct: ChipTarget, stage: str) -> str:
     """Record of a toolchain graph stage (quantize, convert, modellib) of the target's variant."""
-    return f"{ct.variant.dir}/{stage}/{stage}.json"
+    return record_path(stage, ct.variant)
 
 
 def _variant_stages(planner, ct: ChipTarget) -> tuple[str, ...]:
@@ -125,7 +123,7 @@ def _splits(planner) -> dict[str, list[dict[str, Any]]]:
     """Each split graph's parts with their cut tensors and sizes (from its split record), by graph name."""
     found = {}
     for gt in planner.graphs:
-        record = read_checked(gt.stage_dir("split") / "split.json") if specsplit.is_whole(gt.graph) else None
+        record = read_checked(record_path("split", gt)) if specsplit.is_whole(gt.graph) else None
         if record and good(record.get("status")):
             found[gt.name] = record.get("parts", [])
     return found
@@ -168,7 +166,7 @@ def recurrence(planner, gt: GraphTarget, lint: dict[str, Any] | None) -> dict[st
 
 def pipeline_entry(pt) -> dict[str, Any]:
     """A pipeline on one chip: its end-to-end record (links' metrics, final metrics and checks)."""
-    record = read_checked(pt.stage_dir("pipeline") / "pipeline.json")
+    record = read_checked(record_path("pipeline", pt))
     return {"name": pt.name, "model": pt.pipeline.model, "graphs": list(pt.pipeline.graphs), "soc": pt.soc.row(),
             "toolchain_id": pt.chips[0].toolchain_id, "status": combine([record]),
             "reason": _first_error([record]), "record": record}
@@ -176,7 +174,7 @@ def pipeline_entry(pt) -> dict[str, Any]:
 
 def loop_entry(ct: ChipTarget) -> dict[str, Any]:
     """A graph's loop on one chip: its record (per-step error against the CPU loop, the run's metrics and checks)."""
-    record = read_checked(ct.stage_dir("loop") / "loop.json")
+    record = read_checked(record_path("loop", ct))
     return {"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
             "precision": ct.precision, "toolchain_id": ct.toolchain_id,
             "status": "skipped" if ct.skip_reason else combine([record]),
@@ -216,7 +214,7 @@ def diagnosis(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any] 
 def current_inputs_sha256(ct: ChipTarget) -> str | None:
     """The digest of the graph's current verification inputs, as its cpucheck record vouches for them."""
     inputs = str(ct.graph_target.inputs)
-    cpucheck = records.read(ct.graph_target.stage_dir("cpucheck") / "cpucheck.json") or {}
+    cpucheck = records.read(record_path("cpucheck", ct.graph_target)) or {}  # a part's: its graph's split record
     return ((cpucheck.get("files") or {}).get(inputs) or {}).get("sha256")
 
 
@@ -266,7 +264,7 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
 # ------------------------------------------------------------------ device results (doit verify / doit power)
 
 def device_record_paths(ct: ChipTarget) -> dict[str, Path]:
-    return {stage: ct.stage_dir(stage) / f"{stage}.json" for stage in DEVICE_STAGES}
+    return {stage: Path(record_path(stage, ct)) for stage in DEVICE_STAGES}
 
 
 def device_results(ct: ChipTarget) -> dict[str, Any] | None:

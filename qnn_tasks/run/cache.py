@@ -222,13 +222,15 @@ class Store:
         return manifest
 
     def put(self, key: str, stage: str, target: str, out_dir: Path, record: dict[str, Any],
-            root: Path = Path(".")) -> dict[str, Any]:
+            root: Path = Path("."), record_file: str | None = None) -> dict[str, Any]:
         """Store what the stage vouches for and the files its record names (not the record itself) under `key`.
 
-        `out_dir` is project-relative; files are read under `root` (a worker's scratch copy of the project).
+        `out_dir` is project-relative; files are read under `root` (a worker's scratch copy of the project);
+        `record_file` is the record's own path (the call's, as the plan names it): never stored as a file.
         """
         files = {}
-        for name in stage_files(root, out_dir, record, record_name=f"{stage}.json"):
+        record_name = Path(record_file).name if record_file else ""
+        for name in stage_files(root, out_dir, record, record_name=record_name):
             files[name] = {"sha256": self.upload(root / name), "size": (root / name).stat().st_size}
         manifest = {"schema": SCHEMA, "key": key, "stage": stage, "target": target, "files": files,
                     "record": record, "built_at": _now(), "built_by": socket.gethostname()}

@@ -77,7 +77,7 @@ def _run(call: StageCall, base: dict[str, Any], root: str, cache, task: str) -> 
         from qnn_tasks.run.cache import StoreUnreachable
 
         try:  # a full, read-only or unreachable store costs the cache entry, not the build: said once per run
-            cache.put(cache_key, call.stage, call.target, out_dir, record)
+            cache.put(cache_key, call.stage, call.target, out_dir, record, record_file=call.record)
         except StoreUnreachable as err:
             cache.go_offline(err)
         except OSError as err:

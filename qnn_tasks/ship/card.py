@@ -19,9 +19,12 @@ def card(data: dict[str, Any]) -> str:
              f"- Compiled with: {chain['id']} (QNN {chain.get('qnn')}); packaged by {data['tool']['name']} "
              f"{data['tool']['version']}",
              f"- Choosing per device: {data['selection']['rule']}; precision order "
-             f"{', '.join(data['selection']['precision_order'])}", *_sizes(data['selection'].get("sizes") or ()), ""]
+             f"{', '.join(data['selection']['precision_order'])}", *_sizes(data['selection'].get("sizes") or ()),
+             *_splits(data['selection'].get("splits") or ()), ""]
     for name, graph in data["graphs"].items():
-        lines += [f"## Graph `{name}`", "",
+        part = graph.get("part")
+        lines += [f"## Graph `{name}`" + (f" (part {part['index']} of {part['parts']} of `{part['of']}`)" if part else ""),
+                  "",
                   "Inputs: " + ", ".join(_tensor(t) for t in graph["inputs"]),
                   "Outputs: " + ", ".join(_tensor(t) for t in graph["outputs"]), "",
                   f"CPU fallback: `{graph['fallback']['path']}` ({_mb(graph['fallback']['size'])}), checked against "
@@ -77,6 +80,19 @@ def _sizes(sizes: Any) -> list[str]:
                      f"pad {pads}; longer: {s['longer']}): the app calls `Selector.chooseSize(manifest, "
                      f"\"{s['graph']}\", length)` (Python `select.choose_size`), then `choose` on the size's graph it "
                      f"names")
+    return lines
+
+
+def _splits(splits: Any) -> list[str]:
+    """A line per split graph: its parts in order, the tensors each feeds the next, how the app runs them."""
+    lines = []
+    for s in splits:
+        chain = " -> ".join(f"`{p}`" for p in s["parts"])
+        feeds = "; ".join(f"{f['from']} feeds {f['to']} {', '.join(f['tensors'])}" for f in s["feeds"])
+        lines.append(f"- `{s['graph']}` is split into {len(s['parts'])} parts, run in order: {chain} ({feeds}); the "
+                     f"app calls `Selector.chain(manifest, \"{s['graph']}\")` (Python `select.chain`), then `choose` "
+                     f"on each part (a part without a verified build for the chip runs its CPU fallback); the parts "
+                     f"chained on CPU against the unsplit graph: {_numbers(s['chained_on_cpu']['metrics'])}")
     return lines
 
 

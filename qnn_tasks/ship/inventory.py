@@ -7,9 +7,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from qnn_tasks.plan.stages import CHIP_STAGES, CROSSSIZE, LOOP, loop_chips, report_columns, size_chips
-from qnn_tasks.plan.targets import ChipTarget
+from qnn_tasks.plan.stages import (
+    CHIP_STAGES,
+    CROSSSIZE,
+    LOOP,
+    PIPELINE,
+    loop_chips,
+    record_path,
+    report_columns,
+    size_chips,
+)
+from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.spec import sizes as specsizes
+from qnn_tasks.spec import split as specsplit
 
 
 def of_model(planner, model: str) -> dict[str, Any]:
@@ -24,25 +34,38 @@ def of_model(planner, model: str) -> dict[str, Any]:
         "platforms": {ct.soc.name: ct.soc.platform for ct in chips},  # the AI pack leaves non-phone chips out
         "toolchain": {"id": binding.id, "profile": binding.profile.name, "file": str(binding.profile.file),
                       "settings": binding.profile.settings, **binding.fingerprint},
-        "graphs": [{"name": gt.name, "io": gt.graph.io(), "precisions": list(gt.graph.precisions),
-                    "simplified": str(gt.simplified), "source_file": planner.source(gt.graph),
-                    **({"sizes": specsizes.facts(gt.graph)} if gt.graph.size else {}),
-                    "records": {stage: str(gt.stage_dir(stage) / f"{stage}.json") for stage in report_columns("graph")}}
-                   for gt in graphs],
+        "graphs": [_graph(planner, gt) for gt in graphs],
         "chips": [_chip(planner, ct, ct.name in loops) for ct in chips],
         "pipelines": [{"name": pt.name, "soc": pt.soc.name, "graphs": list(pt.pipeline.graphs),
                        "targets": [ct.name for ct in pt.chips],
-                       "record": str(pt.stage_dir("pipeline") / "pipeline.json")}
+                       "record": PIPELINE.record_of(pt)}
                       for pt in binding.pipelines if pt.pipeline.model == model],
     }
 
 
+def _graph(planner, gt: GraphTarget) -> dict[str, Any]:
+    """A graph's facts; a split graph names its parts (and its split record), a part which graph it is part of and
+    its I/O: the cut tensors, known from the split stage's parts.json (Planner.graph_dict)."""
+    g = gt.graph
+    io = {k: planner.graph_dict(g)[k] for k in ("inputs", "outputs")} if specsplit.is_part(g) else g.io()
+    records = {stage: record_path(stage, gt) for stage in report_columns("graph")}
+    facts: dict[str, Any] = {}
+    if specsplit.is_whole(g):
+        records["split"] = record_path("split", gt)
+        facts["split"] = {"parts": [specsplit.part_name(g.name, i) for i in range(1, specsplit.count(g.split) + 1)]}
+    elif specsplit.is_part(g):
+        facts["part"] = {"of": g.split["of"], "index": g.split["part"], "parts": g.split["parts"]}
+    return {"name": gt.name, "io": io, "precisions": list(g.precisions), "simplified": str(gt.simplified),
+            "source_file": planner.source(g), **({"sizes": specsizes.facts(g)} if g.size else {}), **facts,
+            "records": records}
+
+
 def _chip(planner, ct: ChipTarget, has_loop: bool) -> dict[str, Any]:
     binding = planner.binding(ct)
-    records = {s.name: f"{ct.variant.dir}/{s.name}/{s.name}.json" for s in binding.toolchain.graph_stages(ct.precision)}
-    records.update({s.name: f"{ct.dir_str}/{s.name}/{s.name}.json" for s in CHIP_STAGES})
+    records = {s.name: record_path(s.name, ct.variant) for s in binding.toolchain.graph_stages(ct.precision)}
+    records.update({s.name: s.record_of(ct) for s in CHIP_STAGES})
     if has_loop:
-        records[LOOP.name] = f"{ct.dir_str}/{LOOP.name}/{LOOP.name}.json"
+        records[LOOP.name] = LOOP.record_of(ct)
     sizes = size_chips(planner, ct)
     if len(sizes) > 1:  # a size ships only when padding a shorter input into the larger sizes changes nothing
         records[CROSSSIZE.name] = CROSSSIZE.record_of(sizes[-1])
@@ -53,4 +76,4 @@ def _chip(planner, ct: ChipTarget, has_loop: bool) -> dict[str, Any]:
             "ctx_onnx": next((f for f in context if f.endswith(".onnx")), None),
             "provider_options": planner.config_files(ct)[0],
             "runtime_manifest": next((f for f in context if f.endswith("runtime_libs.json")), None),
-            "device_records": {s: f"{ct.dir_str}/{s}/{s}.json" for s in ("verify",)}}
+            "device_records": {s: record_path(s, ct) for s in ("verify",)}}

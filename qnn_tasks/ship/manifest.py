@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 from importlib import metadata, resources
-from typing import Any
+from typing import Any, Callable
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.qnn import runtimelibs
@@ -18,6 +18,7 @@ SCHEMA = "qnn-npu-compile/manifest"
 SCHEMA_VERSION = 1
 SCHEMA_FILE = "manifest.schema.json"
 RULE = "exact chip, then precision order, runtime >= binary, load or CPU"
+RULE_SPLIT = "every part in order, each chosen per device; each part's outputs feed the next by name"
 SIMULATOR = "x86 HTP simulator"
 PHONE = "phone"
 CPU = "x86 CPU (onnxruntime)"
@@ -59,6 +60,36 @@ def sizes(graphs: list[dict[str, Any]]) -> dict[str, Any]:
 
     found = selection(g["sizes"] for g in graphs if g.get("sizes"))
     return {"sizes": found} if found else {}
+
+
+def splits(graphs: list[dict[str, Any]], records: dict[str, dict[str, Any]],
+           verified: Callable[[dict[str, Any]], bool]) -> list[dict[str, Any]]:
+    """`selection.splits`: each split graph (model.yaml `split:`) whose parts all ship, as the app runs it: its
+    parts in order, which tensors each part feeds the next (by name: a part's inputs are the previous part's
+    outputs), and the parts chained on CPU against the unsplit graph (the split record's end_to_end_cpu)."""
+    by_name = {g["name"]: g for g in graphs}
+    found = []
+    for g in graphs:
+        names = (g.get("split") or {}).get("parts") or []
+        if not names or not all(n in by_name and verified(records[n]) for n in names):
+            continue  # a part not verified: none of them ships (verified.whole_chains left their binaries out)
+        io = [by_name[n]["io"] for n in names]
+        feeds = [{"from": a, "to": b, "tensors": [t["name"] for t in b_io["inputs"]
+                                                   if t["name"] in {o["name"] for o in a_io["outputs"]}]}
+                 for a, b, a_io, b_io in zip(names, names[1:], io, io[1:])]
+        chained = (records[g["name"]].get("split") or {}).get("end_to_end_cpu")
+        found.append({"graph": g["name"], "parts": names, "feeds": feeds, "rule": RULE_SPLIT,
+                      "inputs": [t["name"] for t in io[0]["inputs"]], "outputs": [t["name"] for t in io[-1]["outputs"]],
+                      "chained_on_cpu": {"measured_on": CPU, "metrics": _metrics(chained)}})
+    return found
+
+
+def ships_alone(graph: dict[str, Any], splits: list[dict[str, Any]]) -> bool:
+    """A graph that is its own entry of `graphs`: not a split graph (its parts are), not a part of a split that does
+    not ship whole."""
+    if graph.get("split"):
+        return False
+    return not graph.get("part") or any(graph["name"] in s["parts"] for s in splits)
 
 
 def size_of(facts: dict[str, Any]) -> dict[str, Any]:

@@ -214,8 +214,10 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
     """Every file of the package into `work`, manifest.json last; returns (manifest, the runtime libs' line)."""
     toolchain = inventory["toolchain"]
     compiler_qnn = compiler_version(toolchain, ship)
+    splits = mf.splits(inventory["graphs"], graph_records, verified.graph_ok)
     graphs = {g["name"]: _graph(g, graph_records[g["name"]], work, root) for g in inventory["graphs"]
-              if verified.graph_ok(graph_records[g["name"]])}  # else its chips are in `omitted` with the reason
+              if verified.graph_ok(graph_records[g["name"]]) and mf.ships_alone(g, splits)}
+    # else its chips are in `omitted` with the reason; a split graph ships as its parts (selection.splits)
     archs, manifests = set(), {}
     for item in sorted(ship, key=lambda s: (s.chip["graph"], s.chip["soc"]["name"], s.chip["precision"])):
         graph = next(g for g in inventory["graphs"] if g["name"] == item.chip["graph"])
@@ -236,7 +238,7 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
             "tool": {"name": "qnn-npu-compile", "version": mf.tool_version()},
             "toolchain": toolchain_facts(toolchain, compiler_qnn),
             "selection": {"precision_order": mf.precision_order(inventory.get("ship") or {}), "rule": mf.RULE,
-                          **mf.sizes(inventory["graphs"])},
+                          **mf.sizes(inventory["graphs"]), **({"splits": splits} if splits else {})},
             "graphs": graphs, "runtime_libs": libs, "omitted": sorted(omitted, key=lambda o: o["target"])}
     size_notes = [{"graph": name, **note} for name in graphs
                   for note in (graph_records[name].get("export") or {}).get("size_notes") or ()]
@@ -257,7 +259,8 @@ def _graph(g: dict[str, Any], stages: dict[str, Any], work: _Assembly, root: Pat
     return {"inputs": mf.tensors(g["io"]["inputs"]), "outputs": mf.tensors(g["io"]["outputs"]),
             "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU", "when": FALLBACK_WHEN,
                          "verified_against": mf.cpu_reference(stages.get("cpucheck"))},
-            "binaries": [], **({"size": mf.size_of(g["sizes"])} if g.get("sizes") else {})}
+            "binaries": [], **({"size": mf.size_of(g["sizes"])} if g.get("sizes") else {}),
+            **({"part": g["part"]} if g.get("part") else {})}
 
 
 def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, root: Path,

@@ -14,6 +14,7 @@ shapes): a manifest that is no JSON, or has a field of the wrong shape, gives th
 guess or a crash. A chip whose build `dist` left out as failed or stale (the manifest's `omitted`) is told so.
 The Java reference (ship/java/.../Selector.java) follows the same rules word for word: the decision tables in
 ship/java/src/test/resources (selector_cases.json, manifest_cases.json) run through both (tests/test_ship_select.py).
+`chain(manifest, graph)` lists the graphs to choose for a split graph (model.yaml `split:`): its parts, in order.
 `choose_size(manifest, graph, length)` comes first for a graph with sizes (model.yaml `dims:`): the smallest size
 the package ships a graph for that holds `length` positions along the dim ("smallest that fits", what the
 cross-size check vouches for), padded with the manifest's pad values; longer than every size: truncated to the
@@ -180,7 +181,8 @@ def validate_manifest(manifest: Any) -> str | None:
     """The first field the selector reads that has the wrong shape, as one line ("manifest.json: <field>: expected
     ..., got ... (fix: ...)"); None when every one is as the schema (manifest.schema.json) says. Checked: the
     types, a non-empty `socs` of chip names, binaries' path, precision, soc and min_runtime_qnn, the fallback's
-    path, `selection.precision_order` and `sizes` (whole sizes, finite pad values, `longer`), `omitted`."""
+    path, `selection.precision_order`, `sizes` (whole sizes, finite pad values, `longer`) and `splits` (a graph's
+    parts), `omitted`."""
     try:
         _check_manifest(manifest)
     except _Bad as bad:
@@ -202,6 +204,13 @@ def _check_manifest(m: Any) -> None:
         if "sizes" in selection:
             for i, entry in enumerate(_list(selection["sizes"], "selection.sizes", empty=True)):
                 _size_entry(entry, f"selection.sizes[{i}]")
+        if "splits" in selection:
+            for i, entry in enumerate(_list(selection["splits"], "selection.splits", empty=True)):
+                key = f"selection.splits[{i}]"
+                _mapping(entry, key)
+                _string(_field(entry, "graph", f"{key}.graph"), f"{key}.graph")
+                for j, part in enumerate(_list(_field(entry, "parts", f"{key}.parts"), f"{key}.parts")):
+                    _string(part, f"{key}.parts[{j}]")
     graphs = _mapping(_field(m, "graphs", "graphs"), "graphs")
     _expect(graphs, "graphs", "a non-empty mapping", ("mapping",), ok=len(graphs) > 0)
     for name, entry in graphs.items():
@@ -408,6 +417,34 @@ def choose_size(manifest: Mapping[str, Any] | str | bytes, graph: str, length: i
                                         f"skip): the app must refuse or split the input", TOO_LONG)
 
 
+def chain(manifest: Mapping[str, Any] | str | bytes, graph: str) -> list[str]:
+    """The graphs that run `graph`, in order: a split graph's parts (model.yaml `split:`, the manifest's
+    selection.splits), each fed the previous part's outputs by name; any other graph alone. `choose` each of them
+    on the device (a part the chip has no verified build of runs its CPU fallback). A bad manifest: the graph
+    alone (`choose` then gives the CPU with the field that is wrong in the reason)."""
+    manifest, problem = read_manifest(manifest)
+    if problem:
+        return [graph]
+    split = _split_of(manifest, graph)
+    if split is not None:
+        return [str(p) for p in split.get("parts") or ()]
+    graphs = manifest.get("graphs") or {}
+    if graph not in graphs:
+        raise KeyError(f"manifest of {manifest.get('model')}: no graph '{graph}' (graphs: {', '.join(graphs)})")
+    return [graph]
+
+
+def _split_of(manifest: Mapping[str, Any], graph: str) -> Mapping[str, Any] | None:
+    """The first selection.splits entry of `graph` (as the Java reference reads it), or None."""
+    return next((s for s in (manifest.get("selection") or {}).get("splits") or () if s.get("graph") == graph), None)
+
+
+def _split_message(manifest: Mapping[str, Any], graph: str, split: Mapping[str, Any]) -> str:
+    return (f"manifest of {manifest.get('model')}: '{graph}' is split into parts "
+            f"({', '.join(map(str, split.get('parts') or ()))}): choose each part, run in order (fix: "
+            f"chain(manifest, \"{graph}\") lists them)")
+
+
 def choose(manifest: Mapping[str, Any] | str | bytes, graph: str | None, soc: str | None, runtime_qnn: str | None,
            load: Callable[[Mapping[str, Any]], str | None]) -> Decision:
     """The decision for `graph` on a device whose ro.soc.model is `soc` and whose runtime libraries are QNN
@@ -419,6 +456,9 @@ def choose(manifest: Mapping[str, Any] | str | bytes, graph: str | None, soc: st
         return cpu_decision(_fallback_of(manifest, graph), BAD_MANIFEST, problem)
     graphs = manifest["graphs"]
     if graph not in graphs:
+        split = _split_of(manifest, graph)
+        if split is not None:
+            raise KeyError(_split_message(manifest, graph, split))
         raise KeyError(f"manifest of {manifest.get('model')}: no graph '{graph}' (graphs: {', '.join(graphs)})")
     entry = graphs[graph]
     fallback = (entry.get("fallback") or {}).get("path")

@@ -40,7 +40,31 @@ def sort_out(inventory: dict[str, Any]) -> tuple[list[Shippable], list[dict[str,
             omitted.append(left_out(chip, reason))
         else:
             ship.append(Shippable(chip=chip, records=own, pipelines=[r for _, r in links]))
-    return ship, omitted, graph_records
+    return whole_chains(inventory, ship, omitted) + (graph_records,)
+
+
+def whole_chains(inventory: dict[str, Any], ship: list[Shippable],
+                 omitted: list[dict[str, str]]) -> tuple[list[Shippable], list[dict[str, str]]]:
+    """A split graph's part ships on a chip only with every other part there (at its precision): one part alone
+    runs nothing. The others are left out, naming the part that is not verified and why."""
+    parts = {g["name"]: g["part"]["of"] for g in inventory["graphs"] if g.get("part")}
+    chips = {c["target"]: c for c in inventory["chips"]}
+
+    def chain(chip: dict[str, Any]) -> tuple[str, str, str] | None:
+        of = parts.get(chip["graph"])
+        return (of, chip["soc"]["name"], chip["precision"]) if of else None
+
+    missing = {chain(chips[o["target"]]): o for o in omitted if o["target"] in chips and chain(chips[o["target"]])}
+    kept = []
+    for item in ship:
+        why = missing.get(chain(item.chip))
+        if why is None:
+            kept.append(item)
+            continue
+        word, _, rest = why["reason"].partition(": ")
+        omitted.append({"target": item.chip["target"], "reason": f"{word}: {why['target']}, another part of the split "
+                                                                    f"graph {parts[item.chip['graph']]}: {rest}"})
+    return kept, omitted
 
 
 def left_out(chip: dict[str, Any], reason: str) -> dict[str, str]:

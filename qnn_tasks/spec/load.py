@@ -186,6 +186,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     from qnn_tasks.spec import split as specsplit
 
     specsplit.clashes(graphs, path)
+    specsplit.not_sized(graphs, path)
     sized = {g.size.graph: g.size for g in graphs if g.size}
     pipeline_data, loop_data, size_pipelines = data.get("pipeline"), data.get("loop"), ()
     chain = specsizes.chain_sizes(pipeline_data.get("graphs") or [], sized, path, "pipeline.graphs") \

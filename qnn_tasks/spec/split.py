@@ -97,6 +97,18 @@ def clashes(graphs: tuple[GraphSpec, ...], path: Path) -> None:
                                     f"rename graph '{part_name(graph.name, index)}'")
 
 
+def not_sized(graphs: tuple[GraphSpec, ...], path: Path) -> None:
+    """`split:` and `dims:` on one graph are refused: the cross-size check compares whole graphs of each size, and a
+    split graph is never built whole (each size would need its own cuts, parts and chain)."""
+    from qnn_tasks.errors import SpecError
+
+    for graph in graphs:
+        if graph.split and graph.size:
+            raise SpecError(path, f"graphs.{graph.size.graph}.split", "a graph with sizes (dims:) cannot be split",
+                            "remove split: or dims:, or declare each size as a graph of its own with its shapes "
+                            "written out and split: on each")
+
+
 def not_chained(graphs: tuple[GraphSpec, ...], pipeline: PipelineSpec | None, loop: LoopSpec | None,
                 path: Path) -> None:
     """A split graph is built as its parts: the model's own pipeline: or loop: cannot name it (it would never run)."""

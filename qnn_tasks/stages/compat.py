@@ -21,7 +21,7 @@ from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import COMPAT, Planner
+from qnn_tasks.plan.stages import COMPAT, Planner, record_path
 from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
@@ -80,7 +80,7 @@ def measure(planner: Planner, root: str) -> dict[str, Any]:
                                           for b in runtimes], "binaries": []}
     for ct in planner.chips:
         binding = planner.binding(ct)
-        context = f"{ct.dir_str}/context/context.json"
+        context = record_path("context", ct)
         record = records.read(context)
         if ct.skip_reason or not record or not good(record.get("status")) \
                 or records.problems(record, context):

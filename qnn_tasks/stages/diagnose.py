@@ -38,7 +38,7 @@ CAVEAT = ("Exposing every intermediate tensor as an output can change how QNN fu
 def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplified: Path, provider_options_file: Path, inputs_file: Path,
         reference_file: Path, out_dir: Path, shipped_failed: bool | None = None,
         threshold: float = DEFAULT_THRESHOLD, limit: int | None = None, binary: str | None = None,
-        precision: str = "fp16") -> dict[str, Any]:
+        precision: str = "fp16", cpucheck_record: Path | None = None) -> dict[str, Any]:
     """Diagnose `graph` on `soc`; `toolchain` compiles variants with the chip's provider options.
 
     `shipped_failed` is the shipped binary's simverify verdict when known: if it failed and the
@@ -75,7 +75,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     if detail and precision == "fp16":
         advise_scale_input(model, detail, [{**i, **c} for i, c in zip(inputs, cpu)], graph)
     if detail:
-        blame_padding(graph, detail, cpu, npu, threshold, records.read(Path(inputs_file).with_name("cpucheck.json")))
+        blame_padding(graph, detail, cpu, npu, threshold, records.read(cpucheck_record) if cpucheck_record else None)
     record = {"threshold_rel_max_abs": threshold, "jump_factor": JUMP, "samples": len(inputs), "method": method,
               "shipped_binary_failed": shipped_failed,
               "diagnostic_reproduces_failure": reproduced, "final_output_violations": final_violations,
@@ -493,4 +493,5 @@ def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run(calls.graph(a), a["verify"], calls.soc(a), toolchains_calls.toolchain(call), Path(a["model"]),
                Path(a["provider_options"]), Path(a["inputs"]), Path(a["reference"]), Path(call.out_dir),
-               shipped_failed=a["shipped_failed"], binary=a.get("binary"), precision=a.get("precision", "fp16"))
+               shipped_failed=a["shipped_failed"], binary=a.get("binary"), precision=a.get("precision", "fp16"),
+               cpucheck_record=calls.path(a, "cpucheck"))

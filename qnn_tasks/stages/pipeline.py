@@ -34,7 +34,7 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
         feed: dict[str, list[str]], verify: dict[str, Any], target: str, out_dir: Path,
         glue: dict[str, dict[str, Any]] | None = None,
         binaries: list[tuple[Path, str]] | None = None, soc: Soc | None = None,
-        first_outputs: Path | None = None) -> dict[str, Any]:
+        first_outputs: Path | None = None, first_record: Path | None = None) -> dict[str, Any]:
     if soc is not None:  # every link's binary (and its chip target) must be this chip's before any of them runs
         for binary, chip_target in binaries or []:
             binchip.refuse_other_chip(binary, soc, chip_target)
@@ -58,7 +58,7 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
         cpu_out = run_onnx_cpu(onnx_file, cpu_in)
         kept = first_outputs if index == 0 else None  # the first graph's simulate stage ran these very runs
         if kept is not None:
-            npu_out, seconds = kept_outputs(kept, len(npu_in), graph, target)
+            npu_out, seconds = kept_outputs(kept, len(npu_in), graph, target, first_record)
         else:
             npu_out, seconds = simulator.run(ctx, fileio.read_json(config), npu_in, log, graph.allow_cpu_fallback)[:2]
         links.append({"graph": graph.name, "runs": len(npu_in), "seconds": float(np.sum(seconds)),
@@ -97,7 +97,8 @@ def weakness(link: dict[str, Any]) -> float:
     return float("-inf") if any(c != c for c in cosines) else min(cosines, default=1.0)
 
 
-def kept_outputs(outputs_file: Path, runs: int, graph: GraphSpec, target: str) -> tuple[glue_step.Runs, list[float]]:
+def kept_outputs(outputs_file: Path, runs: int, graph: GraphSpec, target: str,
+                 record: Path | None = None) -> tuple[glue_step.Runs, list[float]]:
     """The first `runs` outputs the first graph's simulate stage kept, and its seconds for them (from its record,
     when there is one: timing only, never a verdict)."""
     kept = sample_store.load(outputs_file, limit=runs)
@@ -105,7 +106,7 @@ def kept_outputs(outputs_file: Path, runs: int, graph: GraphSpec, target: str) -
         raise StageError(f"pipeline {target}: {outputs_file} holds {len(kept)} runs of {sorted(kept[0]) if kept else []}, "
                          f"not {runs} runs of the outputs of graph '{graph.name}' (rerun its simulate task)")
     try:
-        timing = fileio.read_json(outputs_file.parent / "simulate.json")["timing"]
+        timing = fileio.read_json(record)["timing"]
         per_run = timing["total_s"] / timing["runs"]
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         per_run = 0.0
@@ -118,4 +119,5 @@ def run_call(call: StageCall) -> dict[str, Any]:
                [Path(p) for p in a["configs"]], [Path(p) for p in a["simplified"]], Path(a["inputs"]), a["feed"],
                a["verify"], call.target, Path(call.out_dir), glue=a.get("glue"),
                binaries=[(Path(b), target) for b, target in a.get("binaries") or [] if b],
-               soc=calls.soc(a) if a.get("soc") else None, first_outputs=calls.path(a, "first_outputs"))
+               soc=calls.soc(a) if a.get("soc") else None, first_outputs=calls.path(a, "first_outputs"),
+               first_record=calls.path(a, "first_record"))

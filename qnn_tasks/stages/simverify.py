@@ -33,12 +33,12 @@ def quantized_hint(graph: GraphSpec) -> str:
 
 def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_file: Path, simulation: Path,
         target: str, precision: str, lint_record: Path | None = None, inputs_file: Path | None = None,
-        simplified: Path | None = None) -> dict[str, Any]:
+        simplified: Path | None = None, cpucheck_record: Path | None = None) -> dict[str, Any]:
     sim = records.trusted(simulation, f"doit simulate:{target}")
     outputs = sample_store.load(outputs_file)
     reference = sample_store.load(reference_file, limit=len(outputs))
     result, violations = verification.judge(graph, verify, reference, outputs)
-    cpucheck = records.read(Path(reference_file).with_name("cpucheck.json"))  # the record beside the reference
+    cpucheck = records.read(cpucheck_record) if cpucheck_record else None  # the record that made the reference
     made_by = reference_from(cpucheck)
     truth: dict[str, Any] = {}
     if violations and "float64" not in made_by and inputs_file and simplified and precision != "w8a16":
@@ -140,4 +140,5 @@ def accuracy_hints(lint_record: Path) -> str:
 def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run(calls.graph(a), a["verify"], Path(a["outputs"]), Path(a["reference"]), Path(a["simulation"]),
-               call.target, a["precision"], calls.path(a, "lint"), calls.path(a, "inputs"), calls.path(a, "simplified"))
+               call.target, a["precision"], calls.path(a, "lint"), calls.path(a, "inputs"), calls.path(a, "simplified"),
+               calls.path(a, "cpucheck"))

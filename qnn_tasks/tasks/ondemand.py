@@ -14,7 +14,7 @@ from doit.exceptions import TaskFailed
 
 from qnn_tasks.errors import QnnTasksError, machine_failure
 from qnn_tasks.plan import paths
-from qnn_tasks.plan.stages import DIAGNOSE, DIST, SOCSCHECK
+from qnn_tasks.plan.stages import DIAGNOSE, DIST, SOCSCHECK, record_path
 from qnn_tasks.plan.targets import ChipTarget
 from qnn_tasks.run.status import Status
 from qnn_tasks.tasks.uptodate import Fresh, key_of
@@ -67,7 +67,7 @@ class OnDemand:
         rows = [soc.row() for soc in self.project.socs.values()]
         for binding in self.planner.bindings:
             name = binding.profile.name
-            record = Path("build") / f"socscheck{binding.suffix.replace('@', '-')}.json"
+            record = Path(paths.project_record(SOCSCHECK.name, binding.suffix))
 
             def check(binding=binding, record=record, name=name) -> TaskFailed | None:
                 from qnn_tasks.fileio import write_json
@@ -109,7 +109,7 @@ class OnDemand:
                 except QnnTasksError as err:
                     record.update(getattr(err, "record", {}) or {}, status=Status.FAILED, error=str(err))
                 try:
-                    write_json(Path("build") / f"toolcheck{binding.suffix.replace('@', '-')}.json", record)
+                    write_json(Path(paths.project_record("toolcheck", binding.suffix)), record)
                 except OSError as err:
                     return TaskFailed(f"toolcheck:{name}: {machine_failure(err) or err}")
                 if record["status"] == Status.FAILED:
@@ -138,7 +138,7 @@ class OnDemand:
             print(compat.summary(table))
             return None
 
-        return {"actions": [run], "uptodate": [False], "verbosity": 2, "targets": ["build/compat/compat.json"],
+        return {"actions": [run], "uptodate": [False], "verbosity": 2, "targets": [paths.COMPAT_RECORD],
                 "doc": "load every built binary on every configured runtime's simulator (build/compat/compat.json)"}
 
     # ---------------------------------------------------------- dist
@@ -184,8 +184,9 @@ class OnDemand:
         return _stage("verify").Job(
             stage=stage, target=ct.name, graph=ct.graph, verify=ct.verify, soc=ct.soc, precision=ct.precision,
             binary=context_dir / next(n for n in names if n.endswith(".bin")), manifest=manifest,
-            context_record=context_dir / "context.json", inputs=ct.graph_target.inputs,
-            reference=ct.graph_target.reference, out_dir=ct.stage_dir(stage), profile=binding.profile,
+            context_record=Path(record_path("context", ct)), inputs=ct.graph_target.inputs,
+            reference=ct.graph_target.reference, out_dir=ct.stage_dir(stage), record=Path(record_path(stage, ct)),
+            profile=binding.profile,
             root=self.project.root, base=self.planner.chip_base(ct), required=_asked_by_name(stage, ct.name),
             toolchains=[(b.profile.name, b.fingerprint.get("qnn")) for b in self.planner.bindings],
             fallback=ct.graph_target.simplified)
@@ -214,5 +215,5 @@ class OnDemand:
                 continue
             yield {"name": ct.name, "actions": [_device_action(stage, ct.name, lambda ct=ct: getattr(
                        _stage("verify"), f"{stage}_target")(self._device_job(ct, stage)))],
-                   "targets": [str(ct.stage_dir(stage) / f"{stage}.json")], "uptodate": [False], "verbosity": 2,
+                   "targets": [record_path(stage, ct)], "uptodate": [False], "verbosity": 2,
                    "clean": True, "doc": doc.format(graph=ct.graph.name, soc=ct.soc.name)}

@@ -130,7 +130,7 @@ def _run_remote(call: StageCall, inputs: dict[str, str], store_url: str, key: st
                   "files": records.vouch(call.outputs, scratch)}
         try:
             store.put(key, call.stage, call.target, Path(call.out_dir), json.loads(json.dumps(record, default=str)),
-                      root=scratch)
+                      root=scratch, record_file=call.record)
         except OSError as err:  # the client restores from the store: without the entry, the call did not happen
             return Outcome.failure(f"Dask worker {worker} could not store its outputs in {store_url}: {err}",
                                    executor=executor)

@@ -103,6 +103,7 @@ class Job:
     inputs: Path
     reference: Path
     out_dir: Path
+    record: Path                    # the stage's record (as the plan names it), rewritten after every step
     profile: ToolchainProfile
     root: Path
     base: dict[str, Any]
@@ -113,7 +114,7 @@ class Job:
 
     @property
     def record_path(self) -> Path:
-        return self.out_dir / f"{self.stage}.json"
+        return self.record
 
 
 def device_folder(root: Path, target: str) -> str:

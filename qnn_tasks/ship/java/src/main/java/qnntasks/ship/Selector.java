@@ -18,7 +18,8 @@
  * chooseSize(manifest, graph, length) comes first for a graph with sizes (model.yaml dims:): the smallest size the
  * package ships a graph for that holds the input's length along the dim ("smallest that fits"), padded with the
  * manifest's pad values; longer than every size: truncated to the largest, or none (longer: skip). Its graph is the
- * one to pass to choose. The same table holds its cases (size_cases).
+ * one to pass to choose. The same table holds its cases (size_cases). chain(manifest, graph) lists the graphs to
+ * choose for a split graph (model.yaml split:): its parts, in order.
  * No Android dependency in the logic: the caller passes android.os.Build.SOC_MODEL (API 31+), the QNN version of the
  * runtime libraries it ships, and a Loader that creates the QNN context (or the ONNX Runtime session) from the file.
  * JSON: org.json, which Android itself provides (the tests here use Debian's libandroid-json-java, the same code).
@@ -299,6 +300,41 @@ public final class Selector {
         }
     }
 
+    /**
+     * The graphs that run graph, in order: a split graph's parts (model.yaml split:, the manifest's selection.splits),
+     * each fed the previous part's outputs by name; any other graph alone. Choose each of them on the device.
+     */
+    public static List<String> chain(JSONObject manifest, String graph) {
+        if (problem(manifest) != null) {
+            return Collections.singletonList(graph);  // choose then gives the CPU with the field that is wrong
+        }
+        JSONObject split = splitOf(manifest.optJSONObject("selection"), graph);
+        if (split != null) {
+            return strings(split.optJSONArray("parts"));
+        }
+        JSONObject graphs = manifest.optJSONObject("graphs");
+        if (graphs == null || !graphs.has(graph)) {
+            throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": no graph '" + graph + "'");
+        }
+        return Collections.singletonList(graph);
+    }
+
+    /** The first selection.splits entry of graph (as the Python selector reads it), or null. */
+    private static JSONObject splitOf(JSONObject selection, String graph) {
+        for (JSONObject s : objects(selection == null ? null : selection.optJSONArray("splits"))) {
+            if (graph != null && graph.equals(s.optString("graph", null))) {
+                return s;
+            }
+        }
+        return null;
+    }
+
+    private static String splitMessage(JSONObject manifest, String graph, JSONObject split) {
+        return "manifest of " + text(manifest, "model") + ": '" + graph + "' is split into parts ("
+                + String.join(", ", strings(split.optJSONArray("parts"))) + "): choose each part, run in order (fix: "
+                + "chain(manifest, \"" + graph + "\") lists them)";
+    }
+
     /** The decision for graph on this device; for a graph with sizes, pass the graph chooseSize returned. */
     public static Decision choose(JSONObject manifest, String graph, String soc, String runtimeQnn, Loader load) {
         String problem = problem(manifest);
@@ -307,6 +343,10 @@ public final class Selector {
         }
         JSONObject graphs = manifest.optJSONObject("graphs");
         if (graphs == null || graph == null || !graphs.has(graph)) {
+            JSONObject split = splitOf(manifest.optJSONObject("selection"), graph);
+            if (split != null) {
+                throw new IllegalArgumentException(splitMessage(manifest, graph, split));
+            }
             throw new IllegalArgumentException("manifest of " + text(manifest, "model") + ": no graph '" + graph + "'");
         }
         JSONObject entry = graphs.optJSONObject(graph);
@@ -446,7 +486,7 @@ public final class Selector {
      * The first field the selector reads that has the wrong shape, as one line ("manifest.json: field: expected
      * ..., got ... (fix: ...)"); null when every one is as the schema (manifest.schema.json) says. Checked: the types,
      * a non-empty socs of chip names, binaries' path, precision, soc and min_runtime_qnn, the fallback's path,
-     * selection.precision_order and sizes (whole sizes, finite pad values, longer), omitted.
+     * selection.precision_order, sizes (whole sizes, finite pad values, longer) and splits (a graph's parts), omitted.
      */
     public static String validate(Object manifest) {
         try {
@@ -475,6 +515,18 @@ public final class Selector {
                 JSONArray sizes = list(selection.opt("sizes"), "selection.sizes", true);
                 for (int i = 0; i < sizes.length(); i++) {
                     sizeEntry(sizes.opt(i), "selection.sizes[" + i + "]");
+                }
+            }
+            if (selection.has("splits")) {
+                JSONArray splits = list(selection.opt("splits"), "selection.splits", true);
+                for (int i = 0; i < splits.length(); i++) {
+                    String key = "selection.splits[" + i + "]";
+                    JSONObject entry = mapping(splits.opt(i), key);
+                    string(field(entry, "graph", key + ".graph"), key + ".graph");
+                    JSONArray parts = list(field(entry, "parts", key + ".parts"), key + ".parts", false);
+                    for (int j = 0; j < parts.length(); j++) {
+                        string(parts.opt(j), key + ".parts[" + j + "]");
+                    }
                 }
             }
         }
