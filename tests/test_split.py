@@ -249,7 +249,7 @@ def test_a_split_graph_with_sizes_is_refused_at_load_in_one_line(tmp_path):
     """`split:` with `dims:` was accepted at load and then crashed the cross-size check (an unexpected KeyError):
     refused at load, naming the file, the key and what to do instead."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.project import load_model, load_soc_table
+    from qnn_tasks.spec.load import load_model, load_soc_table
 
     project = stack_project(tmp_path / "p")
     project.edit(YAML, "    socs: [SM8650]\n", "    socs: [SM8650]\n    split: {parts: 2}\n    dims: {seq: [8, 16]}\n")
