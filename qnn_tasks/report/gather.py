@@ -123,8 +123,9 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
     upgrade comparison): every count, `complete`, and `ok`, the one field the documented gate reads."""
     targets, pipelines = data["targets"], data.get("pipelines", [])
     loops, sizes = data.get("loops", []), data.get("sizes", [])
-    # complete: every expected (not skipped) target and pipeline has a verdict its outputs still back
-    no_verdict = [t for t in targets + pipelines + loops + sizes if t["status"] in NO_VERDICT]
+    # complete: every graph and expected (not skipped) target, pipeline, loop and size check has a verdict its
+    # outputs still back
+    no_verdict = [t for t in data.get("graphs", []) + targets + pipelines + loops + sizes if t["status"] in NO_VERDICT]
     summary = {"targets": len(targets), **{s: sum(1 for t in targets if t["status"] == s) for s in STATUSES},
                "graphs_failed": sum(1 for g in data.get("graphs", []) if g["status"] in BAD),
                "from_cache": sum(1 for t in targets if (t.get("provenance") or {}).get("from_cache")),
@@ -294,9 +295,11 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
     if pending:
         problems.append(f"{len(pending)} target(s) not verified (no verdict: not built, or their run was interrupted "
                         f"or lost: {_names(pending)}); run doit to build them")
-    if not problems:  # a count no line above explains yet: still a failure, named by its field
-        counts = ", ".join(f"summary.{k} {v}" for k, v in failing_counts(summary).items()) or "summary.ok false"
-        problems.append(f"{counts} (the report says why)")
+    if not problems:  # what no line above explains yet (a graph without a verdict, a new count): named by its field
+        facts = [f"summary.{k} {v}" for k, v in failing_counts(summary).items()]
+        facts += ["summary.complete false (something expected has no verdict: run doit to build it)"
+                  if not summary.get("complete") else "summary.ok false"][: 1 if not facts else 0]
+        problems.append(f"{', '.join(facts)} (the report says why)")
     return problems
 
 
