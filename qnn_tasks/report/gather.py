@@ -297,8 +297,9 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
                         f"or lost: {_names(pending)}); run doit to build them")
     if not problems:  # what no line above explains yet (a graph without a verdict, a new count): named by its field
         facts = [f"summary.{k} {v}" for k, v in failing_counts(summary).items()]
-        facts += ["summary.complete false (something expected has no verdict: run doit to build it)"
-                  if not summary.get("complete") else "summary.ok false"][: 1 if not facts else 0]
+        if not facts:
+            facts = ["summary.complete false (something expected has no verdict: run doit to build it)"
+                     if not summary.get("complete") else "summary.ok false"]
         problems.append(f"{', '.join(facts)} (the report says why)")
     return problems
 
