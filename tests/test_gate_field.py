@@ -173,6 +173,15 @@ def test_a_size_whose_cross_size_check_failed_ships_for_its_exact_length_only(fa
     # where the check passed the claim stands
     pool = json.loads(failing.path("dist/pool/manifest.json").read_text())["selection"]["sizes"][0]
     assert pool["rule"] == "smallest that fits" and "why" not in pool
+    # a check that has not run (its record gone) vouches for nothing either
+    unchecked = copy_project(tmp_path / "unchecked", source=failing.root, with_build=True)
+    [record] = unchecked.root.glob("build/pool/pool.seq32/*/fp16/SM8650/crosssize/crosssize.json")
+    record.unlink()
+    assert unchecked.doit("dist:pool").returncode == 0
+    [sizes] = json.loads(unchecked.path("dist/pool/manifest.json").read_text())["selection"]["sizes"]
+    assert (sizes["rule"], sizes["why"]) == ("exact length only", "padding is not vouched for: the cross-size check "
+                                             "has not run on SM8650 (run doit); run a size only on an input of "
+                                             "exactly its length"), sizes
     # the Java selector on this very manifest: the shared table plus these cases, through SelectorTest
     java_follows(tmp_path, manifest, [3, 16, 20, 32, 40])
 
