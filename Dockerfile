@@ -27,12 +27,13 @@ ENV DEBIAN_FRONTEND=noninteractive \
 # - gcc: the stand-in SDK the tests use; curl/unzip: the NDK download
 # - alsa-utils, espeak-ng, sox: real audio for the silero-vad example
 # - default-jdk-headless, junit4, libandroid-json-java: the Java selector for apps (qnn_tasks/ship/java) and its tests
+# - jq: the documented CI gate on build/report/report.json (docs/team.md)
 RUN apt-get update \
  && apt-get install -y --no-install-recommends \
       binutils adb clang make libc++-dev libc++abi-dev gcc libc6-dev \
       curl ca-certificates unzip \
       alsa-utils espeak-ng sox \
-      default-jdk-headless junit4 libandroid-json-java \
+      default-jdk-headless junit4 libandroid-json-java jq \
  && rm -rf /var/lib/apt/lists/*
 
 # Android NDK r26+ for the aarch64-android model libraries (the modellib stage links them with

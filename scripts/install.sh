@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Install everything qnn-npu-compile and its examples/tests need, on Debian/Ubuntu x86-64 (Python >= 3.11).
 #   - Debian packages: real audio for the VAD example (alsa-utils sounds, espeak-ng, sox),
-#     chromium (the report's headless-browser check), adb (doit verify; its tests), a JDK with JUnit 4 and
-#     Android's org.json (the Java selector's tests).
+#     chromium (the report's headless-browser check), adb (doit verify; its tests), jq (the documented CI gate), a JDK
+#     with JUnit 4 and Android's org.json (the Java selector's tests).
 #   - Python packages: this project with its example models, Dask, test tools and mkdocs (the docs). torch is pinned
 #     first: an unpinned torch would pull a multi-GB CUDA build.
 #   - The pinned environment of the packaged toolchain profile ort-qnn-2.47 (an older onnxruntime-qnn, made with uv).
@@ -16,6 +16,7 @@ command -v espeak-ng >/dev/null || need+=(espeak-ng)
 command -v sox >/dev/null || need+=(sox)
 command -v chromium >/dev/null || need+=(chromium)
 command -v adb >/dev/null || need+=(adb)
+command -v jq >/dev/null || need+=(jq)   # the documented CI gate (docs/team.md), run by the tests
 # the Java selector for apps (qnn_tasks/ship/java): compiled and unit-tested by tests/test_ship_select.py
 command -v javac >/dev/null || need+=(default-jdk-headless)
 [ -f /usr/share/java/junit4.jar ] || need+=(junit4)

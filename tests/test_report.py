@@ -105,11 +105,13 @@ REPORT_SCHEMA = {  # docs/verification-and-report.md
         "summary": {"type": "object", "additionalProperties": False,
                     "required": ["targets", *STATUSES, "graphs_failed", "from_cache", "pipelines_failed", "complete",
                                  "current", "superseded_by", "models_not_buildable", "loops_failed",
-                                 "crosssize_failed"],
+                                 "crosssize_failed", "upgrade_regressions", "ok"],
                     "properties": {**{k: {"type": "integer", "minimum": 0}
                                       for k in ["targets", *STATUSES, "graphs_failed", "from_cache", "pipelines_failed",
-                                                "models_not_buildable", "loops_failed", "crosssize_failed"]},
+                                                "models_not_buildable", "loops_failed", "crosssize_failed",
+                                                "upgrade_regressions"]},
                                    "complete": {"type": "boolean"}, "current": {"type": "boolean"},
+                                   "ok": {"type": "boolean"},
                                    "superseded_by": STRING_OR_NULL}},
         "models_not_buildable": {"type": "array", "items": {"type": "object", "required": ["model", "status", "error"]}},
         "pipelines": {"type": "array", "items": {"type": "object", "required": ["name", "model", "graphs", "soc",
@@ -204,8 +206,9 @@ def test_report_json_matches_the_documented_schema(verified):
     assert report_problems(data, verified) == []
     assert data["summary"] == {"targets": 4, "passed": 4, "warning": 0, "failed": 0, "stale": 0, "skipped": 0,
                                "pending": 0, "graphs_failed": 0, "from_cache": 0, "pipelines_failed": 0,
-                               "models_not_buildable": 0, "loops_failed": 0, "crosssize_failed": 0, "complete": True,
-                               "current": True, "superseded_by": None}
+                               "models_not_buildable": 0, "loops_failed": 0, "crosssize_failed": 0,
+                               "upgrade_regressions": 0, "complete": True, "current": True, "superseded_by": None,
+                               "ok": True}
     assert {t["name"] for t in data["targets"]} == {f"{g}-{s}" for g in GRAPHS for s in SOCS}
     assert {g["graph"]: g["model"] for g in data["graphs"]} == {g: m for g, (m, _) in GRAPHS.items()}
     for t in data["targets"]:

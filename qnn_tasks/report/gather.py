@@ -3,8 +3,9 @@
 A record is believed only while the files it vouches for are there with the size and digest it
 names (records.problems); otherwise its stage shows `stale`, the target is `stale` (counted, and
 failing the report task: the gate). `summary.complete` says whether every expected target has a
-verdict (none pending or stale); the report task fails on any target not verified (gate_problems),
-and report/mark.py marks a report superseded while a run that may change it has not finished.
+verdict (none pending or stale); `summary.ok` (holds) whether everything the run promised holds: the documented
+CI gate reads only it, and the report task fails exactly when it is false (gate_problems says why).
+report/mark.py marks a report superseded (not ok) while a run that may change it has not finished.
 Rendering (report.md, index.html, plots) is report/render.py.
 report.json has one stable schema for CI gates (docs/verification-and-report.md).
 """
@@ -84,7 +85,6 @@ def collect(planner) -> dict[str, Any]:
                                       if r and r.get("status") in BAD), f"graph {g['graph']} failed")
                     for g in graph_entries}
     targets = [_target(planner, ct, graph_status, graph_errors) for ct in planner.chips]
-    summary = {s: sum(1 for t in targets if t["status"] == s) for s in STATUSES}
     variants = []
     for t in targets:
         if not any(v["name"] == t["variant"] for v in variants):
@@ -98,17 +98,8 @@ def collect(planner) -> dict[str, Any]:
 
     sizes = size_report.entries(planner, targets, read_checked, combine)
     broken = [{"model": model, "status": "not buildable", "error": problem} for model, problem in planner.project.broken]
-    # complete: every expected (not skipped) target and pipeline has a verdict its outputs still back
-    no_verdict = [t["name"] for t in targets + pipelines + loops + sizes if t["status"] in NO_VERDICT]
     data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-            "summary": {"targets": len(targets), **summary,
-                        "graphs_failed": sum(1 for g in graph_entries if g["status"] in BAD),
-                        "from_cache": sum(1 for t in targets if t["provenance"].get("from_cache")),
-                        "pipelines_failed": sum(1 for p in pipelines if p["status"] in BAD),
-                        "models_not_buildable": len(broken),
-                        "loops_failed": sum(1 for p in loops if p["status"] in BAD),
-                        "crosssize_failed": sum(1 for p in sizes if p["status"] in BAD),
-                        "complete": not no_verdict and not broken, "current": True, "superseded_by": None},
+            "summary": {},  # filled last, from the entries below (summarize)
             "toolchains": [{"profile": b.profile.name, "id": b.id, "suffix": b.suffix, "qnn": b.fingerprint.get("qnn"),
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
             "graphs": graph_entries, "splits": _splits(planner), "variants": variants, "targets": targets,
@@ -116,7 +107,48 @@ def collect(planner) -> dict[str, Any]:
             "precision_comparison": precision_comparison(targets)}
     data["comparison"] = compare.upgrade_diff(data)
     data["compatibility"] = records.read(COMPAT_RECORD)
+    data["summary"] = summarize(data)
     return data
+
+
+# counts that say what there is, never what failed; every other count of the summary must be 0 for `ok`, so a
+# count added later fails the gate until it is declared here
+INFORMATIONAL = frozenset({"targets", "passed", "warning", "skipped", "from_cache"})
+
+
+def summarize(data: dict[str, Any]) -> dict[str, Any]:
+    """report.json's `summary`, from its entries alone (targets, graphs, pipelines, loops, sizes, unbuildable models,
+    upgrade comparison): every count, `complete`, and `ok`, the one field the documented gate reads."""
+    targets, pipelines = data["targets"], data.get("pipelines", [])
+    loops, sizes = data.get("loops", []), data.get("sizes", [])
+    # complete: every graph and expected (not skipped) target, pipeline, loop and size check has a verdict its
+    # outputs still back
+    no_verdict = [t for t in data.get("graphs", []) + targets + pipelines + loops + sizes if t["status"] in NO_VERDICT]
+    summary = {"targets": len(targets), **{s: sum(1 for t in targets if t["status"] == s) for s in STATUSES},
+               "graphs_failed": sum(1 for g in data.get("graphs", []) if g["status"] in BAD),
+               "from_cache": sum(1 for t in targets if (t.get("provenance") or {}).get("from_cache")),
+               "pipelines_failed": sum(1 for p in pipelines if p["status"] in BAD),
+               "models_not_buildable": len(data.get("models_not_buildable", [])),
+               "loops_failed": sum(1 for p in loops if p["status"] in BAD),
+               "crosssize_failed": sum(1 for p in sizes if p["status"] in BAD),
+               "upgrade_regressions": sum(len(b.get("regressions") or []) for b in data.get("comparison") or []
+                                          if b.get("gate")),
+               "complete": not no_verdict and not data.get("models_not_buildable"), "current": True,
+               "superseded_by": None}
+    summary["ok"] = holds(summary)
+    return summary
+
+
+def failing_counts(summary: dict[str, Any]) -> dict[str, int]:
+    """The summary's non-zero counts of what does not hold (every count but the INFORMATIONAL ones)."""
+    return {k: v for k, v in summary.items() if type(v) is int and k not in INFORMATIONAL and v}
+
+
+def holds(summary: dict[str, Any]) -> bool:
+    """`summary.ok`: everything the run promised holds (every target, graph, pipeline, loop and size check passed,
+    no gating upgrade regressed, nothing stale or pending, the report current). The documented CI gate reads only
+    this field and `doit report`'s exit code is this same function (gate_problems says why)."""
+    return summary.get("complete") is True and summary.get("current") is True and not failing_counts(summary)
 
 
 def _splits(planner) -> dict[str, list[dict[str, Any]]]:
@@ -238,8 +270,11 @@ def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def gate_problems(data: dict[str, Any]) -> list[str]:
-    """What fails the report task itself (the documented CI gate): any expected target, pipeline or loop that is not
-    verified (stale, failed or pending), and upgrade regressions of a gating toolchain."""
+    """Why `summary.ok` is false, one line each; empty exactly when it is true (the report task fails on a
+    non-empty list: the documented CI gate and `doit report`'s exit code agree by construction)."""
+    summary = data["summary"]
+    if summary.get("ok"):
+        return []
     problems = [f"model {b['model']} is not buildable: {b['error']}" for b in data.get("models_not_buildable", [])]
     entries = data["targets"] + data.get("pipelines", []) + data.get("loops", []) + data.get("sizes", [])
     stale = [t["name"] for t in entries if t["status"] == "stale"]
@@ -258,6 +293,12 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
     if pending:
         problems.append(f"{len(pending)} target(s) not verified (no verdict: not built, or their run was interrupted "
                         f"or lost: {_names(pending)}); run doit to build them")
+    if not problems:  # what no line above explains yet (a graph without a verdict, a new count): named by its field
+        facts = [f"summary.{k} {v}" for k, v in failing_counts(summary).items()]
+        if not facts:
+            facts = ["summary.complete false (something expected has no verdict: run doit to build it)"
+                     if not summary.get("complete") else "summary.ok false"]
+        problems.append(f"{', '.join(facts)} (the report says why)")
     return problems
 
 

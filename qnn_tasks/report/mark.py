@@ -1,7 +1,7 @@
 """A report never looks current while a run that may change its verdict has not finished.
 
 Before the first stage of a `doit` runs, the previous build/report/report.json is marked
-superseded (`summary.current` and `summary.complete` false, `summary.superseded_by` naming the
+superseded (`summary.ok`, `summary.current` and `summary.complete` false, `summary.superseded_by` naming the
 run), so a gate that reads it after that run was killed (SIGTERM, a lost CI runner) fails. The
 report task of a run that finishes writes a new, current report; a run that only builds some
 stages (`doit simulate:x`) leaves the mark until `doit report` re-renders it. A no-op `doit`
@@ -48,7 +48,7 @@ def supersede(root: Path | str = ".", why: str = "") -> None:
             return
         since = _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
         command = " ".join(["doit", *sys.argv[1:]])
-        summary.update(current=False, complete=False,
+        summary.update(ok=False, current=False, complete=False,
                        superseded_by=f"{command} (pid {os.getpid()}, started stages at {since}){why}; the records may "
                                      f"have changed since this report was written: rerun doit (or doit report) to "
                                      f"refresh it")

@@ -369,6 +369,8 @@ def summary_line(data: dict[str, Any]) -> str:
         line += f", {s['stale']} STALE"
     if s.get("crosssize_failed"):
         line += f"; {s['crosssize_failed']} cross-size check(s) FAILED"
+    if s.get("upgrade_regressions"):
+        line += f"; {s['upgrade_regressions']} upgrade regression(s) of a gating toolchain"
     if s.get("from_cache"):
         line += f"; {s['from_cache']} restored from the cache"
     return line + "."

@@ -60,6 +60,8 @@ def card(data: dict[str, Any]) -> str:
         state = "in this package" if libs["shipped"] else "NOT in this package: the app must ship them"
         lines.append(f"- {arch}: QNN {libs['qnn_version']} ({state}): "
                      + ", ".join(f"{f['name']} ({f['search_path']})" for f in libs["files"]))
+    if data.get("pipelines"):
+        lines += ["", "## Pipelines (per chip)", "", *_chains(data["pipelines"])]
     if data.get("size_notes"):
         lines += ["", "## Size notes", ""]
         lines += [f"- {n['graph']}: {n['what']}: {_mb(n['bytes'])} ({n['option']})" for n in data["size_notes"]]
@@ -77,9 +79,23 @@ def _sizes(sizes: Any) -> list[str]:
     for s in sizes:
         pads = ", ".join(f"{n} {number(v)}" for n, v in sorted(s["pad"].items())) or "none"
         lines.append(f"- Sizes of `{s['graph']}` along {s['dim']}: {', '.join(map(str, s['sizes']))} ({s['rule']}; "
-                     f"pad {pads}; longer: {s['longer']}): the app calls `Selector.chooseSize(manifest, "
-                     f"\"{s['graph']}\", length)` (Python `select.choose_size`), then `choose` on the size's graph it "
-                     f"names")
+                     f"pad {pads}; longer: {s['longer']})" + (f"; NOT padded: {s['why']}" if s.get("why") else "")
+                     + f": the app calls `Selector.chooseSize(manifest, \"{s['graph']}\", length)` (Python "
+                     f"`select.choose_size`), then `choose` on the size's graph it names")
+    return lines
+
+
+def _chains(chains: Any) -> list[str]:
+    """A line per pipeline and chip: whole there, or which graph is missing and why."""
+    lines = []
+    for chain in chains:
+        for soc, state in chain["chips"].items():
+            head = f"- `{' -> '.join(chain['graphs'])}` on {soc}: "
+            if state["complete"]:
+                lines.append(head + "complete (every graph's binary is here and the chain was verified on the simulator)")
+                continue
+            why = [state["why"], *(f"{m['graph']}: {m['reason']}" for m in state["missing"])]
+            lines.append(head + "INCOMPLETE: " + "; ".join(why))
     return lines
 
 

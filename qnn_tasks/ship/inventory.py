@@ -40,6 +40,9 @@ def of_model(planner, model: str) -> dict[str, Any]:
                        "targets": [ct.name for ct in pt.chips],
                        "record": PIPELINE.record_of(pt)}
                       for pt in binding.pipelines if pt.pipeline.model == model],
+        # the model's declared chains (one per size over graphs with sizes), whichever chips they run on
+        "chains": [{"name": p.name or p.model, "graphs": list(p.graphs)}
+                   for p in ([spec.pipeline] if spec.pipeline else []) + list(spec.size_pipelines)],
     }
 
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.qnn import runtimelibs
-from qnn_tasks.ship.select import DEFAULT_PRECISION_ORDER
+from qnn_tasks.ship.select import DEFAULT_PRECISION_ORDER, RULE_EXACT
 
 SCHEMA = "qnn-npu-compile/manifest"
 SCHEMA_VERSION = 1
@@ -53,12 +53,17 @@ def precision_order(ship: dict[str, Any]) -> list[str]:
     return list(dict.fromkeys(list(ship.get("precision_order") or ()) + list(DEFAULT_PRECISION_ORDER)))
 
 
-def sizes(graphs: list[dict[str, Any]]) -> dict[str, Any]:
+def sizes(graphs: list[dict[str, Any]], unpadded: dict[str, str]) -> dict[str, Any]:
     """`selection.sizes` when the model has graphs with sizes (model.yaml `dims:`): each graph's dim, sizes, the
-    graph of each size and the rule "smallest that fits" with the pad values; {} when it has none."""
+    graph of each size and the rule "smallest that fits" with the pad values; {} when it has none. A graph in
+    `unpadded` (graph -> why its padding is not vouched for) gets the rule "exact length only" and the why."""
     from qnn_tasks.spec.sizes import selection
 
     found = selection(g["sizes"] for g in graphs if g.get("sizes"))
+    for entry in found:
+        if entry["graph"] in unpadded:
+            entry.update(rule=RULE_EXACT, why=f"padding is not vouched for: {unpadded[entry['graph']]}; run a size "
+                                              "only on an input of exactly its length")
     return {"sizes": found} if found else {}
 
 

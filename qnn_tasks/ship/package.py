@@ -22,7 +22,7 @@ from typing import Any
 from qnn_tasks.errors import MachineError, SpecError, StageError, machine_failure
 from qnn_tasks.run import records
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.ship import aipack, distlock, runtime, verified
+from qnn_tasks.ship import aipack, claims, distlock, runtime, verified
 from qnn_tasks.ship import manifest as mf
 from qnn_tasks.ship.card import card
 
@@ -238,8 +238,12 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
             "tool": {"name": "qnn-npu-compile", "version": mf.tool_version()},
             "toolchain": toolchain_facts(toolchain, compiler_qnn),
             "selection": {"precision_order": mf.precision_order(inventory.get("ship") or {}), "rule": mf.RULE,
-                          **mf.sizes(inventory["graphs"]), **({"splits": splits} if splits else {})},
+                          **mf.sizes(inventory["graphs"], claims.unpadded(inventory)),
+                          **({"splits": splits} if splits else {})},
             "graphs": graphs, "runtime_libs": libs, "omitted": sorted(omitted, key=lambda o: o["target"])}
+    chains = claims.chains(inventory, [s.chip for s in ship], omitted)
+    if chains:  # which chains run whole on which chip; an incomplete one says which graph is missing and why
+        data["pipelines"] = chains
     size_notes = [{"graph": name, **note} for name in graphs
                   for note in (graph_records[name].get("export") or {}).get("size_notes") or ()]
     if size_notes:  # what a size of a graph comes from and which option changed it (the export record's notes)

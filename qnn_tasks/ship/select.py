@@ -18,7 +18,8 @@ ship/java/src/test/resources (selector_cases.json, manifest_cases.json) run thro
 `choose_size(manifest, graph, length)` comes first for a graph with sizes (model.yaml `dims:`): the smallest size
 the package ships a graph for that holds `length` positions along the dim ("smallest that fits", what the
 cross-size check vouches for), padded with the manifest's pad values; longer than every size: truncated to the
-largest, or none (`longer: skip`). Its `graph` is then the one to pass to `choose`.
+largest, or none (`longer: skip`). Its `graph` is then the one to pass to `choose`. Where the manifest's rule is
+"exact length only" (the check did not pass) a shorter input takes only a size of exactly its length, else none.
 No Android, no adb, no numpy here: `doit verify` calls it per phone and an app may vendor this file.
 """
 from __future__ import annotations
@@ -34,6 +35,7 @@ from typing import Any, Callable, Mapping, Sequence
 DEFAULT_PRECISION_ORDER = ("fp16", "w8a16")
 SCHEMA_VERSION = 1  # the manifest.json these rules read
 RULE_SIZES = "smallest that fits"  # the manifest's selection.sizes[].rule: what choose_size follows
+RULE_EXACT = "exact length only"  # the same when padding is not vouched for (its cross-size check did not pass)
 CODE = "5000/5005"  # QNN's errors for a context binary newer than the runtime libraries
 
 # Decision.rule: which rule decided
@@ -51,6 +53,7 @@ TRUNCATE = "truncate"      # longer than every shipped size, `longer: truncate`:
 TOO_LONG = "too-long"      # longer than every shipped size, `longer: skip`: no graph; the app refuses or splits
 NONE_SHIPPED = "none-shipped"  # the package holds no graph of any size
 NO_SIZES = "no-sizes"      # a graph without sizes: run as is
+NOT_EXACT = "not-exact"    # `rule: exact length only` and no shipped size is the input's length: no graph
 
 _VERSION = re.compile(r"^v?([0-9]+(?:\.[0-9]+)*)")
 
@@ -75,7 +78,7 @@ class SizeChoice:
     pad: int                    # positions to pad along the dim (each input with its value in pad_values)
     truncate: int               # positions to cut off the end (`longer: truncate`, longer than the largest size)
     reason: str                 # one line, for people and logs
-    rule: str                   # fits | truncate | too-long | none-shipped | no-sizes | bad-manifest
+    rule: str                   # fits | truncate | too-long | none-shipped | no-sizes | not-exact | bad-manifest
     pad_values: dict[str, float] = field(default_factory=dict)  # input -> its pad value (the manifest's `pad`)
 
     def as_dict(self) -> dict[str, Any]:
@@ -400,6 +403,12 @@ def choose_size(manifest: Mapping[str, Any] | str | bytes, graph: str, length: i
         return SizeChoice(None, None, 0, 0, f"no size of {graph} is in the package (declared "
                                             f"{', '.join(map(str, sizes))}): {what} runs nowhere", NONE_SHIPPED)
     pad_values = {name: float(value) for name, value in (entry.get("pad") or {}).items()}
+    if entry.get("rule") != RULE_SIZES and length <= shipped[-1]:  # padding not vouched for: only an exact length
+        if length in shipped:
+            return SizeChoice(by_size[str(length)], length, 0, 0, f"{RULE_EXACT}: {what} -> {by_size[str(length)]} "
+                                                                  f"({note}; no padding)", FITS, pad_values)
+        return SizeChoice(None, None, 0, 0, f"{RULE_EXACT}: {what} is no size's length ({note}): "
+                                            f"{text(entry, 'why')}: the app must refuse the input", NOT_EXACT)
     fits = next((s for s in shipped if s >= length), None)
     if fits is not None:
         run = by_size[str(fits)]

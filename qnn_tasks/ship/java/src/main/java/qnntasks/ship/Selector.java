@@ -18,8 +18,10 @@
  * chooseSize(manifest, graph, length) comes first for a graph with sizes (model.yaml dims:): the smallest size the
  * package ships a graph for that holds the input's length along the dim ("smallest that fits"), padded with the
  * manifest's pad values; longer than every size: truncated to the largest, or none (longer: skip). Its graph is the
- * one to pass to choose. The same table holds its cases (size_cases). chain(manifest, graph) lists the graphs to
- * choose for a split graph (model.yaml split:): its parts, in order.
+ * one to pass to choose. Where the manifest's rule is "exact length only" (padding not vouched for: the cross-size
+ * check did not pass) a shorter input takes only a size of exactly its length, else none. The same table holds its
+ * cases (size_cases). chain(manifest, graph) lists the graphs to choose for a split graph (model.yaml split:): its
+ * parts, in order.
  * No Android dependency in the logic: the caller passes android.os.Build.SOC_MODEL (API 31+), the QNN version of the
  * runtime libraries it ships, and a Loader that creates the QNN context (or the ONNX Runtime session) from the file.
  * JSON: org.json, which Android itself provides (the tests here use Debian's libandroid-json-java, the same code).
@@ -63,11 +65,13 @@ public final class Selector {
     public static final long MAX_SIZE = Integer.MAX_VALUE;
 
     public static final String RULE_SIZES = "smallest that fits";
+    public static final String RULE_EXACT = "exact length only";
     public static final String FITS = "fits";
     public static final String TRUNCATE = "truncate";
     public static final String TOO_LONG = "too-long";
     public static final String NONE_SHIPPED = "none-shipped";
     public static final String NO_SIZES = "no-sizes";
+    public static final String NOT_EXACT = "not-exact";
 
     private static final Pattern VERSION = Pattern.compile("^v?([0-9]+(?:\\.[0-9]+)*)");
 
@@ -250,6 +254,16 @@ public final class Selector {
             String name = keys.next();
             padValues.put(name, pads.optDouble(name));
             values.add(name + " " + number(pads.optDouble(name)));
+        }
+        // padding not vouched for (its cross-size check did not pass): a shorter input takes only its exact length
+        if (!RULE_SIZES.equals(entry.optString("rule", null)) && length <= shippedSizes.get(shippedSizes.size() - 1)) {
+            if (shippedSizes.contains(length)) {
+                String run = bySize.optString(String.valueOf(length));
+                return new SizeChoice(run, length, 0, 0, RULE_EXACT + ": " + what + " -> " + run + " (" + note
+                        + "; no padding)", FITS, padValues);
+            }
+            return new SizeChoice(null, null, 0, 0, RULE_EXACT + ": " + what + " is no size's length (" + note + "): "
+                    + text(entry, "why") + ": the app must refuse the input", NOT_EXACT, none);
         }
         for (Integer fits : shippedSizes) {
             if (fits >= length) {
