@@ -386,11 +386,13 @@ def test_a_sparse_raw_file_is_read_only_where_limit_picks(tmp_path):
 
 def child_peak_mib(script: str) -> tuple[str, int]:
     """(what `script` printed, its process's peak resident memory in MiB): run in a fresh interpreter, so the peak
-    is this script's alone (ru_maxrss of the child, read by the child)."""
+    is this script's alone. VmHWM of the child's own memory map, read by the child: not ru_maxrss, which Linux carries
+    over exec from the parent (an xdist worker of 445 MB made a 35 MB child report 445)."""
     import subprocess
     import sys
 
-    code = script + "\nimport resource; print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss >> 10)\n"
+    code = script + ("\nimport re; hwm = re.search(r'VmHWM:\\s+(\\d+) kB', open('/proc/self/status').read())"
+                     "\nprint('peak', int(hwm.group(1)) >> 10)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120,
                           env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
