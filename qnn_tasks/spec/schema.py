@@ -210,8 +210,9 @@ class ListOf(Type):
         if len(value) > self.max_items:  # the count is what is wrong: say the limit, not the type
             raise SpecError(path, key, f"{len(value)} items, more than the {self.max_items} accepted",
                             f"keep at most {self.max_items}")
-        if len(value) < self.min_items:
-            raise SpecError(path, key, f"{len(value)} items, fewer than the {self.min_items} needed",
+        if len(value) < self.min_items:  # the field's own words where it has them ("needs two or more ...")
+            count = f"{len(value)} item{'' if len(value) == 1 else 's'}"
+            raise SpecError(path, key, self.bad or f"{count}, fewer than the {self.min_items} needed",
                             self.fix or f"give at least {self.min_items} ({self.item.describe()} each)")
         for i, item in enumerate(value):
             self.item.check(item, path, f"{key}[{i}]")
