@@ -398,3 +398,59 @@ def test_quantized_binary_io_carries_the_scale_the_app_applies():
     assert found["inputs"][0]["quantization"] == {"encoding": "scale_offset", "scale": 0.000152587890625,
                                                   "offset": -32768, "formula": "real = scale * (q + offset)"}
     assert found["outputs"][0]["quantization"] is None
+
+
+def _external_model(folder: Path, name: str, location: str, scale: float) -> Path:
+    """A real ONNX (y = x @ w) whose weight lives in a data file beside it, as a graph over 2 GB is saved."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = numpy_helper.from_array((np.eye(8, dtype=np.float32) * scale), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], name,
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    folder.mkdir(parents=True, exist_ok=True)
+    onnx.save(model, str(folder / f"{name}.onnx"), save_as_external_data=True, location=location,
+              all_tensors_to_one_file=True, size_threshold=0)
+    return folder / f"{name}.onnx"
+
+
+def _fallback(work: "package._Assembly", root: Path, path: Path, name: str) -> dict:
+    g = {"name": name, "simplified": str(path.relative_to(root)), "io": {"inputs": [], "outputs": []}}
+    stages = {"simplify": {"files": {g["simplified"]: {"sha256": package.records.sha256(path)}}}}
+    return package._graph(g, stages, work, root)
+
+
+def test_a_fallback_with_external_data_ships_its_data_file_and_runs_from_the_package(tmp_path):
+    """A graph over 2 GB keeps its weights beside its .onnx: the CPU fallback was shipped without them (an ONNX
+    Runtime session on the package's cpu/ failed). Now the data file goes beside it, listed in `files`."""
+    import onnxruntime as ort
+
+    root = tmp_path / "project"
+    big = _external_model(root / "build/m/big/simplify", "big", "big.onnx.data", 2.0)
+    work = package._Assembly(tmp_path / "pkg", None)
+    entry = _fallback(work, root, big, "big")
+    assert entry["fallback"]["path"] == "cpu/big.onnx" and "cpu/big.onnx.data" in work.files
+    session = ort.InferenceSession(str(tmp_path / "pkg/cpu/big.onnx"), providers=["CPUExecutionProvider"])
+    [y] = session.run(None, {"x": np.ones((1, 8), np.float32)})
+    assert y.tolist() == [[2.0] * 8]  # the weights came with it
+
+
+def test_a_fallback_whose_data_location_leaves_its_folder_or_clashes_is_refused(tmp_path):
+    root = tmp_path / "project"
+    work = package._Assembly(tmp_path / "pkg", None)
+    _fallback(work, root, _external_model(root / "build/m/a/simplify", "a", "weights.bin", 1.0), "a")
+    clash = _external_model(root / "build/m/b/simplify", "b", "weights.bin", 3.0)  # same name, other bytes
+    with pytest.raises(StageError, match="another graph of the package has a different file of that name"):
+        _fallback(work, root, clash, "b")
+    import onnx
+
+    outside = _external_model(root / "build/m/c/simplify", "c", "c.data", 1.0)
+    model = onnx.load(str(outside), load_external_data=False)
+    for entry in model.graph.initializer[0].external_data:
+        if entry.key == "location":
+            entry.value = "../../../../secret.data"  # an untrusted model folder's ONNX
+    onnx.save(model, str(outside))
+    with pytest.raises(StageError, match="is not a file beside it"):
+        _fallback(work, root, outside, "c")

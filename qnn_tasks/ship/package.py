@@ -260,11 +260,42 @@ def _graph(g: dict[str, Any], stages: dict[str, Any], work: _Assembly, root: Pat
     """A verified graph's entry: its tensors and its CPU fallback (the simplified ONNX its binaries were judged by)."""
     simplified = stages["simplify"]["files"][g["simplified"]]
     fallback = work.copy(root / g["simplified"], f"cpu/{g['name']}.onnx", simplified["sha256"])
+    for name in external_data(root / g["simplified"]):  # a graph over 2 GB keeps its weights beside its .onnx
+        _same_bytes(work, (root / g["simplified"]).parent / name, f"cpu/{name}", g["name"])
     return {"inputs": mf.tensors(g["io"]["inputs"]), "outputs": mf.tensors(g["io"]["outputs"]),
             "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU", "when": FALLBACK_WHEN,
                          "verified_against": mf.cpu_reference(stages.get("cpucheck"))},
             "binaries": [], **({"size": mf.size_of(g["sizes"])} if g.get("sizes") else {}),
             **({"part": g["part"]} if g.get("part") else {})}
+
+
+def external_data(onnx_path: Path) -> list[str]:
+    """The files an ONNX keeps its weights in (`location` of its external tensors), each a plain name beside it:
+    the CPU fallback is unusable without them. A location that is a path (`../x`, `a/b`) is refused: an ONNX from a
+    model folder is untrusted, and the package holds only files of its own."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+    names = sorted({e.value for t in model.graph.initializer if uses_external_data(t) for e in t.external_data
+                    if e.key == "location"})
+    for name in names:
+        if not name or Path(name).name != name or name in (".", ".."):
+            raise StageError(f"dist: {onnx_path}: its weights' location '{name}' is not a file beside it: refused "
+                             "(fix: save the model with its external data in one file beside the .onnx)")
+    return names
+
+
+def _same_bytes(work: _Assembly, src: Path, rel: str, graph: str) -> None:
+    """Copy a fallback's data file; two graphs naming one data file must mean the same bytes (one copy serves both).
+    No stage record names this file's digest: it is hashed as it is copied."""
+    before = work.files.get(rel)
+    if before is None:
+        work.copy(src, rel)
+    elif records.sha256(src) != before["sha256"]:
+        raise StageError(f"dist: {graph}'s CPU fallback keeps its weights in '{Path(rel).name}', and another graph "
+                         "of the package has a different file of that name (fix: give each graph's external data "
+                         "its own file name at export)")
 
 
 def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, root: Path,
