@@ -100,6 +100,9 @@ def reason(record: dict[str, Any], facts: dict[str, Any]) -> str | None:
         return "made before this version recorded what it was made from (rerun doit)"
     place = facts.get("where") or {}
     if made.get("key") != facts["key"]:
+        if made.get("code") != facts["code"]:  # first: new code may label its settings anew, never the user's edit
+            return f"the code of stage {record.get('stage')} changed since it was {verb} (another version of " \
+                   "qnn-npu-compile) (rerun doit)"
         changed = list(_changed(made.get("settings"), facts["settings"]))
         if changed:
             names = [_named(path, place) for path in changed[:FIRST]]
@@ -108,9 +111,6 @@ def reason(record: dict[str, Any], facts: dict[str, Any]) -> str | None:
             said = ", ".join(names) + more
             return (f"{place['file']}: {said}" if spec and place.get("file") else said) \
                 + f" changed since it was {verb} (rerun doit)"
-        if made.get("code") != facts["code"]:
-            return f"the code of stage {record.get('stage')} changed since it was {verb} (another version of " \
-                   "qnn-npu-compile) (rerun doit)"
         old, new = made.get("toolchain") or {}, facts.get("toolchain") or {}
         if old != new:
             ids = f" ({old.get('id')} -> {new.get('id')})" if old.get("id") != new.get("id") else ""
