@@ -550,6 +550,9 @@ def test_report_rerenders_when_a_record_changes(own_copy):
     assert after["generated"] >= before["generated"]
     page = Page(own_copy.path("build/report/index.html").read_text())
     assert "max-abs ≤ 0.04" in page.text["vad-SM8650"] and "max-abs ≤ 0.05" in page.text["vad-SM8750"]
+    judged = own_copy.doit("simverify", "report")  # the other chip judged under today's threshold too
+    assert judged.returncode == 0 and "simverify:vad-SM8750" in judged.executed, judged.stdout + judged.stderr
+    assert "vad-SM8650" not in str(judged.executed)
     assert own_copy.doit("report").executed == set()
 
 
