@@ -57,7 +57,8 @@ def where(planner: Planner, target: Any) -> dict[str, Any]:
         graph = target.graph
         soc = target.soc if isinstance(target, ChipTarget) else None
         found["model"] = graph.model
-        found["graph"] = graph.size.graph if graph.size else graph.split["of"] if specsplit.is_part(graph) else graph.name
+        declared = graph.size.graph if graph.size else graph.split["of"] if specsplit.is_part(graph) else graph.name
+        found["graph"] = declared  # model.yaml's name: a size's or a part's settings are its declared graph's
         if isinstance(target, (ChipTarget, VariantTarget)):
             found["precision"] = target.precision
     spec = planner.model_named(found["model"])
