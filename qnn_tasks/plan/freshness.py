@@ -204,6 +204,8 @@ def _named(path: tuple, place: dict[str, Any]) -> str:
     if not path:
         return "its settings"
     top, rest = path[0], path[1:]
+    if isinstance(top, str) and top.startswith("part") and top[4:].isdigit():  # a key part no label names
+        return "the settings its key is made of"
     if top == "soc":
         return place.get("soc") or "the chip's SoC row"
     if top == "budgets":
@@ -213,6 +215,8 @@ def _named(path: tuple, place: dict[str, Any]) -> str:
     if top == "pipeline":
         return _dotted(("pipeline",) + rest)
     graph = place.get("graph")
+    if top == "io" and rest:  # model.yaml's inputs/outputs are mappings by name: the list index means nothing there
+        top, rest = rest[0], ()
     name = _dotted((GRAPH_KEYS.get(top, top),) + rest)
     if top == "precision" and not rest:
         name = "precision"
