@@ -149,6 +149,13 @@ def test_reasons_name_the_setting_the_code_or_the_toolchain(tiny, monkeypatch):
     assert "the code of stage simulate changed since it was simulated" in freshness.reason(record, code)
     chain = {**facts, "key": "other", "toolchain": {"id": "ort-qnn-9", "fingerprint": {}}}
     assert freshness.reason(record, chain).startswith("the toolchain changed since it was simulated (")
+    cpucheck = tiny.one_json("build/tiny/tiny/cpucheck/cpucheck.json")
+    facts = json.loads(json.dumps(cpucheck["made_from"]))
+    facts["settings"]["io"]["inputs"][0]["shape"][1] = 64
+    facts["settings"]["tolerance"] = {"max_abs": 0.5}
+    assert freshness.reason(cpucheck, {**facts, "key": "other"}) == (
+        "models/tiny/model.yaml: graphs.tiny.inputs, graphs.tiny.cpucheck.max_abs changed since it was checked on "
+        "CPU (rerun doit)")
 
 
 def scores_model() -> onnx.ModelProto:
