@@ -91,7 +91,7 @@ def collect(planner) -> dict[str, Any]:
         stages = {stage: read_current(path, expect.of(stage, gt)) for stage, path in graph_record_paths(gt).items()}
         export = stages.get("export") or {}
         entry = {"model": gt.graph.model, "graph": gt.name, "precision": gt.graph.precision,
-                 "source": export.get("source"), "status": combine(stages.values()), "stages": stages}
+                 "source": export.get("source"), "status": in_order(stages.values()), "stages": stages}
         recurrent = recurrence(planner, gt, stages.get("lint"))
         if recurrent:
             entry["recurrent"] = recurrent
@@ -157,9 +157,11 @@ def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: d
     own = [*toolchain_stages.values(), *stages.values()]
     upstream = graph_status[ct.graph.name]
     # a graph's lint warnings are shown with the graph; they do not make a cleanly verified target a "warning"
-    status = "skipped" if ct.skip_reason else combine(own + [{"status": upstream if upstream != "warning" else "passed"}])
+    status = "skipped" if ct.skip_reason else in_order([{"status": upstream if upstream != "warning" else "passed"}]
+                                                        + own)
     graph_failed = upstream in BAD
-    reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else _first_error(own))
+    reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else
+                                _first_error(own) if status in BAD else None)
     if status == "warning" and not reason:
         reason = "; ".join(w for r in own if r for w in r.get("warnings") or [])
     if graph_failed:
@@ -309,6 +311,16 @@ def combine(stage_records) -> str:
         if status in statuses:
             return status
     return "passed"
+
+
+def in_order(stage_records) -> str:
+    """A chain's status in build order: the first stage without a passing verdict decides (a later record made from
+    an earlier stage's outputs that are gone or rebuilt says nothing of its own); all passing: warning or passed."""
+    for record in stage_records:
+        status = combine([record])
+        if not good(status):
+            return status
+    return combine(stage_records)
 
 
 def _names(names: list[str], first: int = 5) -> str:
