@@ -273,6 +273,8 @@ def all_socs(verified, tmp_path_factory) -> Project:
         project.path(yaml).write_text(text.replace(restricted, ""))
     project.report_only = project.doit("report")
     project.report_only_json = load_report(project)
+    # the new chips' context budgets are in lint's key: its verdicts were made without them (stale) until re-linted
+    project.relint = project.doit("lint")
     project.skip_run = project.doit("config:vad-SM8350", "context:vad-SM8350", "simulate:vad-SM8350",
                                     "simverify:vad-SM8350", "report")
     return project
@@ -318,6 +320,10 @@ def test_report_rerenders_when_targets_are_added(all_socs):
     assert "report" in all_socs.report_only.executed, all_socs.report_only.stdout
     socs = load_socs(all_socs.path("socs/socs.yaml"))
     assert all_socs.report_only_json["summary"]["targets"] == len(GRAPHS) * len(socs)
+    built = {t["name"]: t for t in all_socs.report_only_json["targets"]}["vad-SM8650"]
+    assert built["status"] == "stale" and "context budget (context_mb) of a chip it is built for changed since it " \
+        "was linted (rerun doit)" in built["reason"], built["reason"]
+    assert all_socs.relint.returncode == 0 and all_socs.relint.executed == {"lint:vad", "lint:minilm"}
 
 
 def test_skip_records_have_every_documented_field(all_socs):
@@ -535,15 +541,21 @@ def test_report_rerenders_when_a_record_changes(own_copy):
     before = load_report(own_copy)
     own_copy.edit(VAD_YAML, "output: {max_abs: 0.05}", "output: {max_abs: 0.04}")
     result = own_copy.doit("simverify:vad-SM8650", "report")
-    assert result.returncode == 0, result.stderr
     assert result.executed == {"simverify:vad-SM8650", "report"}
     after = load_report(own_copy)
     targets = {t["name"]: t for t in after["targets"]}
     assert targets["vad-SM8650"]["stages"]["simverify"]["metrics"]["output"]["thresholds"]["max_abs"] == 0.04
+    # SM8750 was judged under the old threshold and not again: its verdict is not today's (and fails the report)
     assert targets["vad-SM8750"]["stages"]["simverify"]["metrics"]["output"]["thresholds"]["max_abs"] == 0.05
+    assert result.returncode == 1 and targets["vad-SM8750"]["status"] == "stale", result.stdout
+    assert targets["vad-SM8750"]["stages"]["simverify"]["stale"] == [
+        f"{VAD_YAML}: graphs.vad.verify.per_output.output.max_abs changed since it was verified (rerun doit)"]
     assert after["generated"] >= before["generated"]
     page = Page(own_copy.path("build/report/index.html").read_text())
     assert "max-abs ≤ 0.04" in page.text["vad-SM8650"] and "max-abs ≤ 0.05" in page.text["vad-SM8750"]
+    judged = own_copy.doit("simverify", "report")  # the other chip judged under today's threshold too
+    assert judged.returncode == 0 and "simverify:vad-SM8750" in judged.executed, judged.stdout + judged.stderr
+    assert "vad-SM8650" not in str(judged.executed)
     assert own_copy.doit("report").executed == set()
 
 

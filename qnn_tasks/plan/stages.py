@@ -37,6 +37,10 @@ from qnn_tasks.spec.pipeline import first_samples
 from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
 from qnn_tasks.spec.yamlread import as_name
 
+# In every key: records name what they were made from (`made_from`) since this format, so a record of before,
+# which the report cannot compare with today's spec, is built again once rather than believed.
+RECORD_FORMAT = "made_from/1"
+
 
 @dataclass
 class Plan:
@@ -138,7 +142,8 @@ class Planner:
         self._models = {m.name: m for m in project.models}  # a scan per graph grew with models x graphs
         self._json: dict[tuple, str] = {}
         self._sources: dict[str, str] = {}
-        self._key_prefixes: dict[tuple[str, int], str] = {}
+        self._key_prefixes: dict[tuple[str, int], tuple[str, str]] = {}
+        self._made_of: dict[str, tuple[str, Binding | None, tuple[str, ...], tuple[str, ...]]] = {}
         self._model_code: dict[Path, list[str]] = {}
 
     # ------------------------------------------------------------ shared pieces
@@ -163,15 +168,26 @@ class Planner:
             self._json[key] = json.dumps(make(), sort_keys=True)
         return self._json[key]
 
-    def key(self, stage: StageDef, binding: Binding | None, *parts: str) -> str:
+    def key(self, stage: StageDef, binding: Binding | None, *parts: str, labels: tuple[str, ...] = ()) -> str:
+        """The digest of the stage's code, its toolchain (toolchain stages) and `parts`, the settings it reads.
+
+        `labels` name the parts (not digested) for plan/freshness.py, which says which setting changed; "" for a
+        part that is a JSON mapping of labelled settings itself."""
         keyed_binding = binding if binding and stage.toolchain else None
-        prefix = self._key_prefixes.get((stage.name, id(keyed_binding)))
-        if prefix is None:  # once per (stage, toolchain): the same for its thousands of targets
+        cached = self._key_prefixes.get((stage.name, id(keyed_binding)))
+        if cached is None:  # once per (stage, toolchain): the same for its thousands of targets
             entries = (stage.runner,) + ((type(keyed_binding.toolchain).__module__,) if keyed_binding else ())
             code = codekeys.digest(entries)
-            prefix = "|".join((stage.name, code, keyed_binding.fingerprint_json if keyed_binding else ""))
-            self._key_prefixes[(stage.name, id(keyed_binding))] = prefix
-        return hashlib.md5("|".join((prefix,) + parts).encode()).hexdigest()
+            cached = ("|".join((stage.name, code, keyed_binding.fingerprint_json if keyed_binding else "",
+                                RECORD_FORMAT)), code)
+            self._key_prefixes[(stage.name, id(keyed_binding))] = cached
+        digest = hashlib.md5("|".join((cached[0],) + parts).encode()).hexdigest()
+        self._made_of[digest] = (cached[1], keyed_binding, labels, parts)  # references only: no copy, no parsing
+        return digest
+
+    def made_of(self, key: str) -> tuple[str, Binding | None, tuple[str, ...], tuple[str, ...]] | None:
+        """(code version, keyed toolchain, labels, parts) of a key this planner made (None: another's)."""
+        return self._made_of.get(key)
 
     def graph_dict(self, graph: GraphSpec) -> dict[str, Any]:
         data = specjson.graph_to_dict(graph, self.root)
@@ -263,7 +279,7 @@ class Planner:
     def chip_key(self, stage: StageDef, ct: ChipTarget, **extra: Any) -> str:
         soc = self.cached_json("soc", ct.soc.name, ct.soc.row)
         settings = self.cached_json(f"extra:{stage.name}", ct.variant.name, lambda: extra)
-        return self.key(stage, self.binding(ct), soc, ct.precision, settings)
+        return self.key(stage, self.binding(ct), soc, ct.precision, settings, labels=("soc", "precision", ""))
 
     def chip_base(self, ct: ChipTarget) -> dict[str, Any]:
         binding = self.binding(ct)
@@ -284,7 +300,8 @@ def graph_plan(p: Planner, stage: StageDef, gt: GraphTarget, file_dep: list[str]
                 task_dep: list[str] | None = None) -> Plan:
     g = gt.graph
     return Plan(name=gt.name, out_dir=str(gt.stage_dir(stage.name)), file_dep=file_dep,
-                outputs=[str(o) for o in outputs], key=p.key(stage, None, json.dumps(key, sort_keys=True)),
+                outputs=[str(o) for o in outputs],
+                key=p.key(stage, None, json.dumps(key, sort_keys=True), labels=("",)),
                 doc=doc, args=args, base=lambda: base or {"graph": g.name}, task_dep=task_dep or [], model=g.model)
 
 
@@ -397,7 +414,7 @@ def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan |
             calibration = str(gt.calibration) if graph_stage.needs_calibration else None
             key = {"precision": vt.precision, "io": g.io(), "calibration": g.calibration if calibration else None}
             return Plan(name=vt.name, out_dir=out, file_dep=[source] + ([calibration] if calibration else []),
-                        outputs=outputs, key=p.key(stage, binding, json.dumps(key, sort_keys=True)),
+                        outputs=outputs, key=p.key(stage, binding, json.dumps(key, sort_keys=True), labels=("",)),
                         doc=f"{stage.name} {g.name} ({vt.precision}) with {vt.toolchain_id}",
                         args=lambda g=g, vt=vt, source=source, calibration=calibration: {
                             "graph": p.graph_dict(g), "precision": vt.precision, "source": source,
@@ -444,7 +461,7 @@ def plan_simulate(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     config = p.config_files(ct)[0]
     return chip_plan(p, stage, ct, ctx_files + [config, str(gt.inputs), str(gt.reference)],
                       [f"{ct.dir_str}/simulate/outputs.npz", f"{ct.dir_str}/simulate/cpu_vs_npu.png"],
-                      p.chip_key(stage, ct, samples=ct.verify["samples"]),
+                      p.chip_key(stage, ct, verify={"samples": ct.verify["samples"]}),
                       lambda: {"graph": p.graph_dict(ct.graph), "ctx_onnx": ctx_files[0], "provider_options": config,
                                "inputs": str(gt.inputs), "samples": ct.verify["samples"], "reference": str(gt.reference),
                                "title": ct.name, "soc_name": ct.soc.name, "soc": specjson.soc_to_dict(ct.soc),
@@ -464,7 +481,7 @@ def plan_simverify(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     runs_code = any(check["kind"] in MODEL_CHECKS for check in ct.verify["checks"])
     plan = chip_plan(p, stage, ct, [outputs, str(gt.reference)] + (p.code_deps(ct.graph) if runs_code else [])
                       + p.check_deps(ct.graph, ct.verify), [],
-                      p.key(stage, None, ct.precision, settings),
+                      p.key(stage, None, ct.precision, settings, labels=("precision", "verify")),
                       lambda: {"graph": p.graph_dict(ct.graph), "verify": ct.verify, "outputs": outputs,
                                "reference": str(gt.reference), "simulation": simulation, "precision": ct.precision,
                                "lint": str(gt.lint_record), "inputs": str(gt.inputs), "simplified": str(gt.simplified),
@@ -507,7 +524,8 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
     soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
     binding = p.binding(pt)
     return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep, model=spec.model,
-                outputs=[f"{pt.stage_dir(stage.name)}/outputs.npz"], key=p.key(stage, binding, soc, settings),
+                outputs=[f"{pt.stage_dir(stage.name)}/outputs.npz"],
+                key=p.key(stage, binding, soc, settings, labels=("soc", "pipeline")),
                 doc=f"chain {' -> '.join(spec.graphs)} on {pt.soc.name}'s simulator; judge the end against the CPU chain",
                 args=lambda: {"graphs": [p.graph_dict(link["graph"]) for link in chain],
                               "ctx": [link["ctx"][0] for link in chain], "configs": [link["config"] for link in chain],
@@ -603,7 +621,8 @@ def plan_crosssize(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
     runs_code = any(check["kind"] in MODEL_CHECKS for check in ct.verify["checks"])
     return chip_plan(p, stage, ct, inputs + outputs + (p.code_deps(ct.graph) if runs_code else [])
                      + p.check_deps(ct.graph, ct.verify), [],
-                     p.key(stage, None, ct.precision, settings, json.dumps(ct.graph.size.as_dict(), sort_keys=True)),
+                     p.key(stage, None, ct.precision, settings, json.dumps(ct.graph.size.as_dict(), sort_keys=True),
+                           labels=("precision", "verify", "dims")),
                      lambda: {"graphs": [p.graph_dict(c.graph) for c in sizes], "verify": ct.verify, "inputs": inputs,
                               "outputs": outputs, "soc_name": ct.soc.name},
                      f"cross-size check of {ct.graph.size.graph} on {ct.soc.name}: a sample that fits "

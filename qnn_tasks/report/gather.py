@@ -1,11 +1,13 @@
 """The report's content: report.json assembled from stage records, never by rerunning a tool.
 
 A record is believed only while the files it vouches for are there with the size and digest it
-names (records.problems); otherwise its stage shows `stale`, the target is `stale` (counted, and
-failing the report task: the gate). `summary.complete` says whether every expected target has a
-verdict (none pending or stale); `summary.ok` (holds) whether everything the run promised holds: the documented
-CI gate reads only it, and the report task fails exactly when it is false (gate_problems says why).
-report/mark.py marks a report superseded (not ok) while a run that may change it has not finished.
+names (records.problems), and while what it was made from is what today's spec and files say
+(plan/freshness.py: settings, inputs, code, toolchain); otherwise its stage shows `stale` with the
+reason, the target is `stale` (counted, and failing the report task: the gate). `summary.complete` says whether
+every expected target has a verdict (none pending or stale); `summary.ok` (holds) whether everything the run
+promised holds: the documented CI gate reads only it, and the report task fails exactly when it is false
+(gate_problems says why). report/mark.py marks a report superseded (not ok) while a run that may change it has not
+finished.
 Rendering (report.md, index.html, plots) is report/render.py.
 report.json has one stable schema for CI gates (docs/verification-and-report.md).
 """
@@ -15,8 +17,18 @@ import datetime as _dt
 from pathlib import Path
 from typing import Any
 
+from qnn_tasks.plan import freshness
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import loop_chips, record_path, report_columns, runs_loop
+from qnn_tasks.plan.stages import (
+    CROSSSIZE,
+    LOOP,
+    PIPELINE,
+    crosssize_chips,
+    loop_chips,
+    record_path,
+    report_columns,
+    runs_loop,
+)
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
 from qnn_tasks.run.status import BAD, NO_VERDICT, good
@@ -26,6 +38,7 @@ SCHEMA = "qnn-npu-compile/report/v1"
 GRAPH_STAGES = report_columns("graph")
 CHIP_STAGES = report_columns("chip")
 STATUSES = ("passed", "warning", "failed", "stale", "skipped", "pending")
+JUDGED = ("passed", "warning", "failed")  # verdicts that hold only under the spec they were made under
 DEVICE_STAGES = ("verify", "power")
 
 
@@ -67,14 +80,27 @@ def read_checked(path: Path | str) -> dict[str, Any] | None:
     return record
 
 
+def read_current(path: Path | str, facts: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A record as read_checked shows it, and `stale` (with why) when it was made from other settings or files
+    than today's (`facts`: freshness.Expected's; None: nothing to compare, e.g. no plan for it today)."""
+    record = read_checked(path)
+    if record is None or facts is None or record.get("status") not in JUDGED:
+        return record
+    why = freshness.reason(record, facts)
+    if why is None:
+        return record
+    return {**record, "status": "stale", "stale": [why], "error": f"stale: {why}"}
+
+
 def collect(planner) -> dict[str, Any]:
     """Assemble report.json's content from the records on disk."""
+    expect = freshness.Expected(planner)
     graph_entries = []
     for gt in planner.graphs:
-        stages = {stage: read_checked(path) for stage, path in graph_record_paths(gt).items()}
+        stages = {stage: read_current(path, expect.of(stage, gt)) for stage, path in graph_record_paths(gt).items()}
         export = stages.get("export") or {}
         entry = {"model": gt.graph.model, "graph": gt.name, "precision": gt.graph.precision,
-                 "source": export.get("source"), "status": combine(stages.values()), "stages": stages}
+                 "source": export.get("source"), "status": in_order(stages.values()), "stages": stages}
         recurrent = recurrence(planner, gt, stages.get("lint"))
         if recurrent:
             entry["recurrent"] = recurrent
@@ -84,7 +110,7 @@ def collect(planner) -> dict[str, Any]:
                                       for stage, r in g["stages"].items()
                                       if r and r.get("status") in BAD), f"graph {g['graph']} failed")
                     for g in graph_entries}
-    targets = [_target(planner, ct, graph_status, graph_errors) for ct in planner.chips]
+    targets = [_target(planner, expect, ct, graph_status, graph_errors) for ct in planner.chips]
     variants = []
     for t in targets:
         if not any(v["name"] == t["variant"] for v in variants):
@@ -92,11 +118,13 @@ def collect(planner) -> dict[str, Any]:
                              "toolchain_id": t["toolchain_id"]})
     from qnn_tasks.report import upgrade_diff as compare
 
-    pipelines = [pipeline_entry(pt) for pt in planner.pipelines]
-    loops = [loop_entry(ct) for ct in loop_chips(planner)]
+    pipelines = [pipeline_entry(pt, expect.of(PIPELINE.name, pt)) for pt in planner.pipelines]
+    loops = [loop_entry(ct, expect.of(LOOP.name, ct)) for ct in loop_chips(planner)]
     from qnn_tasks.report import sizes as size_report
 
-    sizes = size_report.entries(planner, targets, read_checked, combine)
+    checked = {CROSSSIZE.record_of(ct): ct for ct in crosssize_chips(planner)}
+    sizes = size_report.entries(planner, targets, lambda path: read_current(
+        path, expect.of(CROSSSIZE.name, checked[path]) if path in checked else None), combine)
     broken = [{"model": model, "status": "not buildable", "error": problem} for model, problem in planner.project.broken]
     data = {"schema": SCHEMA, "generated": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "summary": {},  # filled last, from the entries below (summarize)
@@ -161,15 +189,19 @@ def _splits(planner) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def _target(planner, ct: ChipTarget, graph_status: dict[str, str], graph_errors: dict[str, str]) -> dict[str, Any]:
-    stages = {stage: read_checked(path) for stage, path in chip_record_paths(ct).items()}
-    toolchain_stages = {stage: read_checked(variant_record_path(ct, stage)) for stage in _variant_stages(planner, ct)}
+def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: dict[str, str],
+            graph_errors: dict[str, str]) -> dict[str, Any]:
+    stages = {stage: read_current(path, expect.of(stage, ct)) for stage, path in chip_record_paths(ct).items()}
+    toolchain_stages = {stage: read_current(variant_record_path(ct, stage), expect.of(stage, ct.variant))
+                        for stage in _variant_stages(planner, ct)}
     own = [*toolchain_stages.values(), *stages.values()]
     upstream = graph_status[ct.graph.name]
     # a graph's lint warnings are shown with the graph; they do not make a cleanly verified target a "warning"
-    status = "skipped" if ct.skip_reason else combine(own + [{"status": upstream if upstream != "warning" else "passed"}])
+    status = "skipped" if ct.skip_reason else in_order([{"status": upstream if upstream != "warning" else "passed"}]
+                                                        + own)
     graph_failed = upstream in BAD
-    reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else _first_error(own))
+    reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else
+                                _first_error(own) if status in BAD else None)
     if status == "warning" and not reason:
         reason = "; ".join(w for r in own if r for w in r.get("warnings") or [])
     if graph_failed:
@@ -196,17 +228,18 @@ def recurrence(planner, gt: GraphTarget, lint: dict[str, Any] | None) -> dict[st
     return {"feed": feed, "loop": looped, "note": note}
 
 
-def pipeline_entry(pt) -> dict[str, Any]:
-    """A pipeline on one chip: its end-to-end record (links' metrics, final metrics and checks)."""
-    record = read_checked(record_path("pipeline", pt))
+def pipeline_entry(pt, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A pipeline on one chip: its end-to-end record (links' metrics, final metrics and checks); `stale` when it
+    chained other graphs, feeds or checks than today's declaration."""
+    record = read_current(record_path("pipeline", pt), facts)
     return {"name": pt.name, "model": pt.pipeline.model, "graphs": list(pt.pipeline.graphs), "soc": pt.soc.row(),
             "toolchain_id": pt.chips[0].toolchain_id, "status": combine([record]),
             "reason": _first_error([record]), "record": record}
 
 
-def loop_entry(ct: ChipTarget) -> dict[str, Any]:
+def loop_entry(ct: ChipTarget, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     """A graph's loop on one chip: its record (per-step error against the CPU loop, the run's metrics and checks)."""
-    record = read_checked(record_path("loop", ct))
+    record = read_current(record_path("loop", ct), facts)
     return {"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
             "precision": ct.precision, "toolchain_id": ct.toolchain_id,
             "status": "skipped" if ct.skip_reason else combine([record]),
@@ -279,8 +312,8 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
     entries = data["targets"] + data.get("pipelines", []) + data.get("loops", []) + data.get("sizes", [])
     stale = [t["name"] for t in entries if t["status"] == "stale"]
     if stale:
-        problems.append(f"{len(stale)} target(s) stale (outputs missing or changed since their records: "
-                        f"{_names(stale)}); run doit to rebuild them")
+        problems.append(f"{len(stale)} target(s) stale (made from other settings or files than today's, or their "
+                        f"outputs changed since: {_names(stale)}; the report says why); run doit to rebuild them")
     for block in data.get("comparison") or []:
         if block.get("gate") and block.get("regressions"):
             names = ", ".join(r["target"] for r in block["regressions"][:5])
@@ -327,6 +360,16 @@ def combine(stage_records) -> str:
         if status in statuses:
             return status
     return "passed"
+
+
+def in_order(stage_records) -> str:
+    """A chain's status in build order: the first stage without a passing verdict decides (a later record made from
+    an earlier stage's outputs that are gone or rebuilt says nothing of its own); all passing: warning or passed."""
+    for record in stage_records:
+        status = combine([record])
+        if not good(status):
+            return status
+    return combine(stage_records)
 
 
 def _names(names: list[str], first: int = 5) -> str:

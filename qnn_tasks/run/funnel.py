@@ -4,6 +4,8 @@ In order: the tree lock must be ours; the old record is removed (a record never 
 that made it, interrupted or not; removing needs no disk space, so it is first); the previous
 report is marked superseded (report/mark.py); leftovers of killed runs in the stage's folder are
 swept; a cache hit restores the outputs byte-identically; otherwise the executor runs the call.
+Every record says what it was made from (`made_from`: the key's labelled settings, code version,
+toolchain, and each file read with its digest; plan/freshness.py compares it with today's spec).
 A success writes the record last, naming the size and digest of each output it vouches for, and
 puts the outputs in the cache; a failure writes a failed record and comes back as one line. A write
 the machine refuses anywhere here (ENOSPC, EDQUOT, EROFS, EIO) leaves no record and one line.
@@ -46,6 +48,9 @@ def _run(call: StageCall, base: dict[str, Any], root: str, cache, task: str) -> 
     treelock.sweep(out_dir)
     interrupts.running(task, call.out_dir)
     record: dict[str, Any] = {"stage": call.stage, "target": call.target, **base}
+    made = record.get("made_from")
+    if isinstance(made, dict) and isinstance(made.get("inputs"), list):  # the files it reads, as they are now
+        record["made_from"] = {**made, "inputs": records.digests(made["inputs"])}
     if cache is not None and cache.offline:  # it stopped answering earlier in this run (said then)
         cache = None
     try:

@@ -18,12 +18,23 @@ from qnn_tasks.fileio import read_json, write_json
 from qnn_tasks.run.digests import sha256
 from qnn_tasks.run.status import good
 
-__all__ = ["damage", "problems", "read", "sha256", "trusted", "vouch", "write"]
+__all__ = ["damage", "digests", "problems", "read", "sha256", "trusted", "vouch", "write"]
 
 
 def vouch(paths: list[str], root: Path | str = ".") -> dict[str, dict[str, Any]]:
     """Size and digest of each output (project-relative path -> {size, sha256}); files are looked up under root."""
     return {p: {"size": os.stat(Path(root) / p).st_size, "sha256": sha256(Path(root) / p)} for p in paths}
+
+
+def digests(paths: list[str]) -> dict[str, str | None]:
+    """Each file's SHA-256 (None for one that is not there): what a stage read, as `made_from` names it."""
+    found: dict[str, str | None] = {}
+    for path in paths:
+        try:
+            found[path] = sha256(path)
+        except (FileNotFoundError, NotADirectoryError, IsADirectoryError):
+            found[path] = None
+    return found
 
 
 def write(path: Path | str, record: dict[str, Any]) -> None:

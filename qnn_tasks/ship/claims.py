@@ -1,7 +1,7 @@
 """What a package claims beyond each binary, only where it holds: padding between sizes, and chains per chip.
 
 A graph with sizes is shipped "smallest that fits, padded" only while its cross-size check passed on every chip
-it is built for (read as the report reads it); else each size is shipped for inputs of exactly its length, and
+it is built for (read as the report reads it: stale too when made under other settings than today's); else each size is shipped for inputs of exactly its length, and
 the manifest says why. A pipeline is listed per chip with whether every graph of its chain ships a binary there
 and the chain was verified there; an incomplete one names each graph that is not shipped and why (a decoder is
 never shipped without a word about the encoder that feeds it).
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qnn_tasks.report.gather import combine, read_checked
+from qnn_tasks.report.gather import combine, read_current
 from qnn_tasks.run.status import good
 
 
@@ -24,7 +24,7 @@ def unpadded(inventory: dict[str, Any]) -> dict[str, str]:
         if chip["skip"] or chip["graph"] not in sized or not path or path in seen:
             continue
         seen.add(path)
-        record = read_checked(path)
+        record = read_current(path, (inventory.get("expected") or {}).get(path))
         status, soc = combine([record]), chip["soc"]["name"]
         if good(status):
             continue
@@ -50,7 +50,8 @@ def chains(inventory: dict[str, Any], shipped: list[dict[str, Any]], omitted: li
             missing = [{"graph": g, "reason": _why_missing(inventory, reasons, g, soc)} for g in graphs
                        if (g, soc) not in on_chip]
             run = next((p for p in inventory["pipelines"] if p["soc"] == soc and p["graphs"] == graphs), None)
-            verified = run is not None and good(combine([read_checked(run["record"])]))
+            verified = run is not None and good(combine([read_current(run["record"],
+                                                                      (inventory.get("expected") or {}).get(run["record"]))]))
             if not missing and verified:
                 chips[soc] = {"complete": True}
                 continue

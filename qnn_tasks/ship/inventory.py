@@ -1,12 +1,15 @@
 """What the plan expects of one model, as plain JSON: the input of a `dist` stage call.
 
-Paths are project-relative; nothing here reads a record (verified.py does). Only the run's first
+Paths are project-relative; nothing here reads a record (verified.py does). `expected` holds, per record
+path, what today's spec says the record must have been made from (plan/freshness.py): a record made under
+other settings or from other files is stale, and its target is left out. Only the run's first
 toolchain ships: a package holds one QNN version, the one its runtime libraries must match.
 """
 from __future__ import annotations
 
 from typing import Any
 
+from qnn_tasks.plan import freshness
 from qnn_tasks.plan.stages import (
     CHIP_STAGES,
     CROSSSIZE,
@@ -29,6 +32,7 @@ def of_model(planner, model: str) -> dict[str, Any]:
     loops = {ct.name for ct in loop_chips(planner)}
     chips = [ct for ct in binding.chips if ct.graph.model == model]
     graphs = [gt for gt in planner.graphs if gt.graph.model == model]
+    pipelines = [pt for pt in binding.pipelines if pt.pipeline.model == model]
     return {
         "model": model, "licence": spec.licence, "description": spec.description, "ship": dict(spec.ship),
         "platforms": {ct.soc.name: ct.soc.platform for ct in chips},  # the AI pack leaves non-phone chips out
@@ -39,10 +43,11 @@ def of_model(planner, model: str) -> dict[str, Any]:
         "pipelines": [{"name": pt.name, "soc": pt.soc.name, "graphs": list(pt.pipeline.graphs),
                        "targets": [ct.name for ct in pt.chips],
                        "record": PIPELINE.record_of(pt)}
-                      for pt in binding.pipelines if pt.pipeline.model == model],
+                      for pt in pipelines],
         # the model's declared chains (one per size over graphs with sizes), whichever chips they run on
         "chains": [{"name": p.name or p.model, "graphs": list(p.graphs)}
                    for p in ([spec.pipeline] if spec.pipeline else []) + list(spec.size_pipelines)],
+        "expected": expected(planner, graphs, chips, pipelines),
     }
 
 
@@ -61,6 +66,30 @@ def _graph(planner, gt: GraphTarget) -> dict[str, Any]:
     return {"name": gt.name, "io": io, "precisions": list(g.precisions), "simplified": str(gt.simplified),
             "source_file": planner.source(g), **({"sizes": specsizes.facts(g)} if g.size else {}), **facts,
             "records": records}
+
+
+def expected(planner, graphs: list[GraphTarget], chips: list[ChipTarget], pipelines: list) -> dict[str, dict[str, Any]]:
+    """Record path -> what today's spec says it was made from, for every record dist reads (none for a record
+    today's plan has no task for: a split part's export .. cpucheck are its graph's split record, judged there)."""
+    expect = freshness.Expected(planner)
+    found: dict[str, Any] = {}
+
+    def add(path: str, stage: str, target: Any) -> None:
+        facts = expect.of(stage, target)
+        if facts is not None:
+            found[path] = facts
+
+    for gt in graphs:
+        for stage, path in _graph(planner, gt)["records"].items():
+            add(path, stage, gt)
+    loops = {ct.name for ct in loop_chips(planner)}
+    for ct in chips:
+        for stage, path in _chip(planner, ct, ct.name in loops)["records"].items():
+            variant = stage not in {s.name for s in CHIP_STAGES} and stage not in (LOOP.name, CROSSSIZE.name)
+            add(path, stage, ct.variant if variant else size_chips(planner, ct)[-1] if stage == CROSSSIZE.name else ct)
+    for pt in pipelines:
+        add(PIPELINE.record_of(pt), PIPELINE.name, pt)
+    return found
 
 
 def _chip(planner, ct: ChipTarget, has_loop: bool) -> dict[str, Any]:

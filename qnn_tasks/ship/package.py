@@ -234,7 +234,7 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
     source_file = next((g["source_file"] for g in inventory["graphs"] if g.get("source_file")), None)
     data = {"schema": mf.SCHEMA, "schema_version": mf.SCHEMA_VERSION, "model": inventory["model"],
             "description": inventory["description"], "licence": inventory["licence"],
-            "source": mf.source(export, records.sha256(root / source_file) if source_file else None),
+            "source": mf.source(export, source_read(export, source_file)),
             "tool": {"name": "qnn-npu-compile", "version": mf.tool_version()},
             "toolchain": toolchain_facts(toolchain, compiler_qnn),
             "selection": {"precision_order": mf.precision_order(inventory.get("ship") or {}), "rule": mf.RULE,
@@ -254,6 +254,13 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
     mf.validate(data)
     write_bytes(work.tmp / "manifest.json", mf.dumps(data))  # last: a folder without it is no package
     return data, line
+
+
+def source_read(export: dict[str, Any] | None, source_file: str | None) -> str | None:
+    """The source file's SHA-256 as the export read it (its record's `made_from`), never today's file's: a file
+    edited since is another model than the one the binaries were made from."""
+    read = ((export or {}).get("made_from") or {}).get("inputs")
+    return read.get(source_file) if isinstance(read, dict) and source_file else None
 
 
 def _graph(g: dict[str, Any], stages: dict[str, Any], work: _Assembly, root: Path) -> dict[str, Any]:

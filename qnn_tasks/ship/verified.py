@@ -1,7 +1,9 @@
 """Which of a model's targets were verified, read the way the report reads records (report/gather.py).
 
-A record is believed only while the files it vouches for are there with their digests: a binary
-changed since its context record makes that record `stale`, and the target is left out. A target
+A record is believed only while the files it vouches for are there with their digests (a binary
+changed since its context record makes that record `stale`), and while it was made from the settings
+and files today's spec names (the inventory's `expected`: a source edited or a threshold raised since
+makes it `stale` with the reason); the target is then left out. A target
 ships only when every stage it depends on passed: its graph's stages, its toolchain and chip
 stages, its loop, and every pipeline it is a link of. Everything else is named with its reason.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from qnn_tasks.report.gather import combine, read_checked
+from qnn_tasks.report.gather import combine, read_current
 from qnn_tasks.run.status import BAD, good
 
 
@@ -24,16 +26,21 @@ class Shippable:
 def sort_out(inventory: dict[str, Any]) -> tuple[list[Shippable], list[dict[str, str]], dict[str, dict]]:
     """(targets to ship, [{target, reason, graph, soc, precision}] left out, graph name -> its believed graph-stage
     records)."""
-    graph_records = {g["name"]: {stage: read_checked(path) for stage, path in g["records"].items()}
+    expected = inventory.get("expected") or {}
+
+    def read(path: str) -> dict[str, Any] | None:
+        return read_current(path, expected.get(path))
+
+    graph_records = {g["name"]: {stage: read(path) for stage, path in g["records"].items()}
                      for g in inventory["graphs"]}
-    pipelines = {p["name"]: (p, read_checked(p["record"])) for p in inventory["pipelines"]}
+    pipelines = {p["name"]: (p, read(p["record"])) for p in inventory["pipelines"]}
     ship, omitted = [], []
     for chip in inventory["chips"]:
         target = chip["target"]
         if chip["skip"]:
             omitted.append(left_out(chip, f"skipped: {chip['skip']}"))
             continue
-        own = {stage: read_checked(path) for stage, path in chip["records"].items()}
+        own = {stage: read(path) for stage, path in chip["records"].items()}
         links = [(name, record) for name, (p, record) in pipelines.items() if target in p["targets"]]
         reason = _why_not(graph_records[chip["graph"]], own, links)
         if reason:

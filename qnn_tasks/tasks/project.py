@@ -223,6 +223,9 @@ class TaskFactory:
         self.root = str(planner.root)
         self._cache: list[Any] = []
         self.checks = ChecksThisRun()  # the build tasks' checkers tell the report's that outputs were checked
+        from qnn_tasks.plan.freshness import SpecFacts
+
+        self.spec = SpecFacts()  # the build tasks' keys and inputs, as they are planned: the report's check reads them
         self._cache_lock = threading.Lock()  # `-n 8 -P thread`: opened (and an unreachable store said) once
 
     def cache(self) -> Any:
@@ -276,9 +279,10 @@ class TaskFactory:
         for target in targets_of(self.planner, row):
             plan = row.plan(self.planner, row, target)
             if plan is not None:
-                yield self.task(row, plan)
+                self.spec.add(row.name, plan)
+                yield self.task(row, plan, target)
 
-    def task(self, row: StageDef, plan: Plan) -> dict[str, Any]:
+    def task(self, row: StageDef, plan: Plan, target: Any = None) -> dict[str, Any]:
         if plan.skip:
             return self._skip(row, plan)
         record = plan.record
@@ -297,7 +301,12 @@ class TaskFactory:
                              toolchain=profile, heavy=row.heavy if plan.heavy is None else plan.heavy,
                              remote=row.remote, runner=row.runner, time_limit=limit, time_limit_from=limit_from)
 
-        task = {"name": plan.name, "actions": [stage_action(call, plan.base, self.root, self.cache)],
+        def base(plan: Plan = plan) -> dict[str, Any]:
+            from qnn_tasks.plan import freshness  # what the record is made from: the report compares it with today's
+
+            return {**plan.base(), "made_from": freshness.expected(self.planner, plan, target)}
+
+        task = {"name": plan.name, "actions": [stage_action(call, base, self.root, self.cache)],
                 "file_dep": plan.file_dep, "targets": plan.outputs + [record],
                 "uptodate": [Fresh(plan.key, plan.outputs + [record], record, self.checks)], "doc": plan.doc, "clean": True}
         if plan.task_dep:
@@ -402,14 +411,23 @@ class TaskFactory:
             interrupts.running(None)
             targets = "\n".join([f"{ct.name}:{ct.skip_reason}" for ct in planner.chips]  # added/removed targets too
                                 + [f"broken {m}: {e}" for m, e in planner.project.broken])
-            context = f"{renderer_code()}:{key_of({'targets': targets})}"
+            from qnn_tasks.plan import freshness
+
+            # what the verdicts are judged against: every task's key (settings, code, toolchain) and the files they
+            # read, so an edited threshold or source re-renders the report (to show `stale`) without a build
+            keys, inputs = self.spec.facts() if self.spec.count else freshness.spec_facts(planner)
+            input_stamps, input_content = content_signature_by_stamp(inputs, values.get("inputs_stamp"),
+                                                                     values.get("inputs_content"))
+            context = f"{renderer_code()}:{key_of({'targets': targets})}:{keys}:{input_content}"
             stamps, records = content_signature_by_stamp(record_paths(planner), values.get("records_stamp"),
                                                          values.get("records_content"))
             signature = f"{records}:{context}"
 
             def save() -> dict[str, str]:
                 report_stamp, report = content_signature_by_stamp([str(REPORT_JSON)], None, None)
+                inputs_now = content_signature_by_stamp(inputs, input_stamps, input_content)
                 return {"records": signature, "records_stamp": stamps, "records_content": records,
+                        "inputs_stamp": inputs_now[0], "inputs_content": inputs_now[1],
                         "outputs": outputs_signature(), "report": report, "report_stamp": report_stamp}
 
             task.value_savers.append(save)
