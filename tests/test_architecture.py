@@ -348,3 +348,60 @@ def test_a_stage_is_one_row_and_one_module(tmp_path: Path) -> None:
     assert record["status"] == "passed" and record["nodes"] > 10
     again = project.doit("nodecount", check=True)
     assert "nodecount:vad" in again.uptodate
+
+
+BUDGET_STAGE = '''
+"""A test-only stage with a report column: the simplified graph must have at most LIMIT nodes."""
+from qnn_tasks.errors import StageError
+from qnn_tasks.plan.stages import StageDef, graph_plan, register
+
+LIMIT = 10
+
+
+def plan(p, stage, gt):
+    return graph_plan(p, stage, gt, [str(gt.simplified)], [], {}, lambda: {"simplified": str(gt.simplified)},
+                      f"at most {LIMIT} nodes in {gt.simplified}")
+
+
+def run_call(call):
+    import onnx
+
+    nodes = len(onnx.load(call.args["simplified"]).graph.node)
+    if nodes > LIMIT:
+        raise StageError(f"{nodes} nodes, more than {LIMIT}")
+    return {"nodes": nodes}
+
+
+register(StageDef("nodebudget", "graph", "Refuse a graph of more than LIMIT nodes.", "nodebudget:run_call", plan,
+                  heavy=False))
+'''
+
+
+@pytest.mark.slow
+def test_a_registered_stage_reaches_the_report_and_dist(tmp_path: Path) -> None:
+    """A project's own stage (register) is a column of the report, and its verdict is the graph's: a failing one
+    fails the report and keeps the graph's binaries out of the package."""
+    from tiny_project import tiny_project
+
+    project = tiny_project(tmp_path / "p", samples=2)
+    stage = project.root / "nodebudget.py"
+    stage.write_text(textwrap.dedent(BUDGET_STAGE))
+    dodo = project.root / "dodo.py"
+    dodo.write_text("import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\nimport nodebudget"
+                    "  # noqa: F401\n" + dodo.read_text())
+    assert project.doit().returncode == 0
+    report = project.one_json("build/report/report.json")
+    [graph] = report["graphs"]
+    assert graph["stages"]["nodebudget"]["status"] == "passed" and report["summary"]["ok"]
+    assert "<th>nodebudget</th>" in project.path("build/report/index.html").read_text()
+    assert project.doit("dist").returncode == 0
+    assert project.path("dist/tiny/manifest.json").is_file()
+
+    stage.write_text(stage.read_text().replace("LIMIT = 10", "LIMIT = 2"))  # its code changed: it runs again, fails
+    assert project.doit().returncode == 1
+    report = project.one_json("build/report/report.json")
+    [graph] = report["graphs"]
+    assert graph["stages"]["nodebudget"]["status"] == "failed" and not report["summary"]["ok"]
+    assert report["targets"][0]["status"] == "failed"
+    refused = project.doit("dist")
+    assert refused.returncode != 0 and "nodebudget" in refused.stdout + refused.stderr

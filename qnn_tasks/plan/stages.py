@@ -739,8 +739,10 @@ def registered(scope: str) -> list[StageDef]:
 
 
 def report_columns(scope: str) -> tuple[str, ...]:
-    """The stages the report shows a column for, per target kind ("graph" or "chip")."""
-    return tuple(row.name for row in (GRAPH_STAGES if scope == "graph" else CHIP_STAGES) if row.column)
+    """The stages the report shows a column for, per target kind ("graph" or "chip"): the built-in rows', then those
+    a project registered (asked at report and dist time, after dodo.py's `register` calls)."""
+    built_in = GRAPH_STAGES if scope == "graph" else CHIP_STAGES
+    return tuple(row.name for row in built_in + tuple(registered(scope)) if row.column)
 
 
 def variant_stage_defs(planner: Planner) -> list[StageDef]:

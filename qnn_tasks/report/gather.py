@@ -35,8 +35,6 @@ from qnn_tasks.run.status import BAD, NO_VERDICT, good
 from qnn_tasks.spec import split as specsplit
 
 SCHEMA = "qnn-npu-compile/report/v1"
-GRAPH_STAGES = report_columns("graph")
-CHIP_STAGES = report_columns("chip")
 STATUSES = ("passed", "warning", "failed", "stale", "skipped", "pending")
 JUDGED = ("passed", "warning", "failed")  # verdicts that hold only under the spec they were made under
 DEVICE_STAGES = ("verify", "power")
@@ -44,11 +42,11 @@ DEVICE_STAGES = ("verify", "power")
 
 def graph_record_paths(gt: GraphTarget) -> dict[str, Path]:
     """A split part's export .. cpucheck are its graph's split record (record_path says so), its lint its own."""
-    return {stage: Path(record_path(stage, gt)) for stage in GRAPH_STAGES}
+    return {stage: Path(record_path(stage, gt)) for stage in report_columns("graph")}
 
 
 def chip_record_paths(ct: ChipTarget) -> dict[str, Path]:
-    return {stage: Path(record_path(stage, ct)) for stage in CHIP_STAGES}
+    return {stage: Path(record_path(stage, ct)) for stage in report_columns("chip")}
 
 
 def diagnosis_path(ct: ChipTarget) -> Path:

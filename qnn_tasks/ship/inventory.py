@@ -11,7 +11,6 @@ from typing import Any
 
 from qnn_tasks.plan import freshness
 from qnn_tasks.plan.stages import (
-    CHIP_STAGES,
     CROSSSIZE,
     LOOP,
     PIPELINE,
@@ -85,7 +84,7 @@ def expected(planner, graphs: list[GraphTarget], chips: list[ChipTarget], pipeli
     loops = {ct.name for ct in loop_chips(planner)}
     for ct in chips:
         for stage, path in _chip(planner, ct, ct.name in loops)["records"].items():
-            variant = stage not in {s.name for s in CHIP_STAGES} and stage not in (LOOP.name, CROSSSIZE.name)
+            variant = stage not in report_columns("chip") and stage not in (LOOP.name, CROSSSIZE.name)
             add(path, stage, ct.variant if variant else size_chips(planner, ct)[-1] if stage == CROSSSIZE.name else ct)
     for pt in pipelines:
         add(PIPELINE.record_of(pt), PIPELINE.name, pt)
@@ -95,7 +94,7 @@ def expected(planner, graphs: list[GraphTarget], chips: list[ChipTarget], pipeli
 def _chip(planner, ct: ChipTarget, has_loop: bool) -> dict[str, Any]:
     binding = planner.binding(ct)
     records = {s.name: record_path(s.name, ct.variant) for s in binding.toolchain.graph_stages(ct.precision)}
-    records.update({s.name: s.record_of(ct) for s in CHIP_STAGES})
+    records.update({name: record_path(name, ct) for name in report_columns("chip")})  # a project's own stages too
     if has_loop:
         records[LOOP.name] = LOOP.record_of(ct)
     sizes = size_chips(planner, ct)
