@@ -361,8 +361,13 @@ def combine(stage_records) -> str:
 
 
 def in_order(stage_records) -> str:
-    """A chain's status in build order: the first stage without a passing verdict decides (a later record made from
-    an earlier stage's outputs that are gone or rebuilt says nothing of its own); all passing: warning or passed."""
+    """A chain's status: failed where a stage failed on today's inputs (read_current: a failure made from other
+    inputs is stale, not failed), else in build order, the first stage without a passing verdict decides (a later
+    record made from an earlier stage's outputs that are gone or rebuilt says nothing of its own); all passing:
+    warning or passed. A failed cpucheck fails its graph though lint, which it does not read, has not run."""
+    stage_records = list(stage_records)
+    if any(r and r.get("status") == "failed" for r in stage_records):
+        return "failed"
     for record in stage_records:
         status = combine([record])
         if not good(status):
