@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qnn_tasks.plan.stages import report_columns
+from qnn_tasks.plan.stages import build_stage_defs, report_columns, targets_of
 
 ROOT = Path(__file__).resolve().parent.parent
 # The suite's own copy of the example project (specs, toolchain profiles, model code): tests never read
@@ -274,3 +274,14 @@ def verified(built_graphs, session_store, tmp_path_factory, worker_id) -> Projec
 def own_copy(verified, tmp_path) -> Project:
     """A private copy of the verified build, with its doit state, to edit and rebuild."""
     return copy_project(tmp_path / "project", source=verified.root, with_build=True)
+
+
+def plans_of(planner) -> dict:
+    """Every plan of the default run by task name (`<stage>:<target>`): planning alone, no build."""
+    found = {}
+    for row in build_stage_defs(planner):
+        for target in targets_of(planner, row):
+            plan = row.plan(planner, row, target)
+            if plan is not None:
+                found[f"{row.name}:{plan.name}"] = plan
+    return found

@@ -8,12 +8,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
-from conftest import copy_project
+from conftest import copy_project, plans_of
 
-from qnn_tasks.plan.stages import GRAPH_STAGES, Planner, build_stage_defs, targets_of
+from qnn_tasks.plan.stages import GRAPH_STAGES, Planner
 from qnn_tasks.run import executors, funnel, treelock
 from qnn_tasks.run.cache import Store
 from qnn_tasks.run.calls import StageCall
@@ -26,18 +25,8 @@ def _planner(root: Path) -> Planner:
     return Planner(load_project(root))
 
 
-def _plans(planner: Planner) -> dict[str, Any]:
-    found = {}
-    for row in build_stage_defs(planner):
-        for target in targets_of(planner, row):
-            plan = row.plan(planner, row, target)
-            if plan is not None:
-                found[f"{row.name}:{plan.name}"] = plan
-    return found
-
-
 def test_plan_names_every_stage_of_every_target(tmp_path: Path) -> None:
-    plans = _plans(_planner(copy_project(tmp_path / "p").root))
+    plans = plans_of(_planner(copy_project(tmp_path / "p").root))
     assert {"export:vad", "simplify:vad", "lint:vad", "cpucheck:vad", "context:vad-SM8650", "simverify:vad-SM8650",
             "export:minilm", "context:minilm-SM8750"} <= set(plans)
     context = plans["context:vad-SM8650"]
@@ -47,11 +36,11 @@ def test_plan_names_every_stage_of_every_target(tmp_path: Path) -> None:
 
 def test_a_setting_changes_only_the_keys_it_belongs_to(tmp_path: Path) -> None:
     project = copy_project(tmp_path / "p")
-    before = {name: plan.key for name, plan in _plans(_planner(project.root)).items()}
+    before = {name: plan.key for name, plan in plans_of(_planner(project.root)).items()}
     yaml_path = project.root / "models" / "silero-vad" / "model.yaml"
     yaml_path.write_text(yaml_path.read_text().replace("    precision: fp16\n", "    precision: fp16\n"
                                                        "    simplify: {skip_optimizers: [fuse_bn_into_conv]}\n", 1))
-    after = {name: plan.key for name, plan in _plans(_planner(project.root)).items()}
+    after = {name: plan.key for name, plan in plans_of(_planner(project.root)).items()}
     changed = {name for name in before if before[name] != after.get(name)}
     assert "simplify:vad" in changed
     assert not {n for n in changed if n.startswith(("export:", "simplify:minilm", "lint:minilm", "context:minilm"))}
@@ -61,7 +50,7 @@ def test_model_code_beside_export_py_is_a_dependency_of_the_stages_that_run_it(t
     """export.py may import helpers from its own folder: an edit to one must rebuild like an edit to export.py."""
     project = copy_project(tmp_path / "p")
     (project.root / "models" / "silero-vad" / "vad_helpers.py").write_text("SCALE = 1.0\n")
-    plans = _plans(_planner(project.root))
+    plans = plans_of(_planner(project.root))
     for task in ("export:vad", "cpucheck:vad"):
         assert {"models/silero-vad/export.py", "models/silero-vad/vad_helpers.py"} <= set(plans[task].file_dep), task
     assert "models/silero-vad/vad_helpers.py" not in plans["export:minilm"].file_dep

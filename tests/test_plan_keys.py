@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 import pytest
-from conftest import copy_project
+from conftest import copy_project, plans_of
 
 from qnn_tasks.plan.stages import Planner, build_stage_defs, targets_of
 from qnn_tasks.spec.load import load_project
@@ -20,14 +20,7 @@ SOCS_YAML = "socs/socs.yaml"
 def _plans(root: Path) -> dict[str, Any]:
     project = load_project(root)
     assert not project.broken, project.broken  # an edit that breaks a model would drop its targets, not rekey them
-    planner = Planner(project)
-    found = {}
-    for row in build_stage_defs(planner):
-        for target in targets_of(planner, row):
-            plan = row.plan(planner, row, target)
-            if plan is not None:
-                found[f"{row.name}:{plan.name}"] = plan
-    return found
+    return plans_of(Planner(project))
 
 
 def _edit(root: Path, rel: str, old: str, new: str) -> None:

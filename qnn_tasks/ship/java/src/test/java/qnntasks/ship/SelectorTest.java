@@ -163,17 +163,7 @@ public class SelectorTest {
                         loaded.add(path);
                         return errors.has(path) ? errors.optString(path) : null;
                     });
-            JSONObject e = c.getJSONObject("expect");
-            assertEquals(name + ": target", e.getString("target"), d.target);
-            assertEquals(name + ": precision", optText(e, "precision"), d.precision);
-            assertEquals(name + ": path", optText(e, "path"), d.path);
-            assertEquals(name + ": rule", e.getString("rule"), d.rule);
-            assertEquals(name + ": reason", e.getString("reason"), d.reason);
-            List<String> expectedLoads = new ArrayList<>();
-            for (int j = 0; j < e.getJSONArray("loaded").length(); j++) {
-                expectedLoads.add(e.getJSONArray("loaded").getString(j));
-            }
-            assertEquals(name + ": binaries the loader was asked for", expectedLoads, loaded);
+            assertDecision(name, c.getJSONObject("expect"), d, loaded);
         }
     }
 
