@@ -101,6 +101,26 @@ def test_funnel_success_writes_a_record_vouching_for_the_outputs(tree: Path, mon
     assert set(record["files"]) == {"build/m/g/stage/out.txt"} and len(record["files"]["build/m/g/stage/out.txt"]["sha256"]) == 64
 
 
+def test_funnel_vouches_for_a_file_a_stage_also_wrote_beside_its_outputs_only(tree: Path, monkeypatch) -> None:
+    """A stage that writes a file whose name it learns as it runs (a > 2 GB model's weights) names it in
+    `also_wrote`: the record vouches for it when it lies beside a declared output, never for one elsewhere."""
+    (tree / "elsewhere.txt").write_text("not the stage's")
+
+    class Writes(FakeExecutor):
+        def run(self, call, sink):
+            outcome = super().run(call, sink)
+            Path(call.out_dir, "out.txt.data").write_text("weights")
+            return outcome
+
+    fake = Writes(Outcome.success({"also_wrote": ["build/m/g/stage/out.txt.data", "elsewhere.txt",
+                                                  "build/m/g/stage/../../../../elsewhere.txt"]}))
+    monkeypatch.setattr(executors, "for_call", lambda call, root, cache=None: fake)
+    assert funnel.run(_call(), {}, str(tree)) is None
+    record = json.loads((tree / "build/m/g/stage/stage.json").read_text())
+    assert set(record["files"]) == {"build/m/g/stage/out.txt", "build/m/g/stage/out.txt.data"}
+    assert "also_wrote" not in record
+
+
 def test_funnel_failure_is_one_line_and_a_failed_record(tree: Path, monkeypatch) -> None:
     fake = FakeExecutor(Outcome.failure("model.yaml: x: bad (fix: y)", {"partial": 1}, traceback="Traceback ..."),
                         write=False)

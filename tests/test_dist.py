@@ -418,10 +418,13 @@ def _external_model(folder: Path, name: str, location: str, scale: float) -> Pat
     return folder / f"{name}.onnx"
 
 
-def _fallback(work: "package._Assembly", root: Path, path: Path, name: str) -> dict:
+def _fallback(work: "package._Assembly", root: Path, path: Path, name: str, vouch_data: bool = True) -> dict:
+    """package._graph on `path` with a simplify record that vouches for the .onnx (and, as the funnel writes it
+    since the stage names it in `also_wrote`, for every file beside it)."""
     g = {"name": name, "simplified": str(path.relative_to(root)), "io": {"inputs": [], "outputs": []}}
-    stages = {"simplify": {"files": {g["simplified"]: {"sha256": package.records.sha256(path)}}}}
-    return package._graph(g, stages, work, root)
+    beside = [f for f in path.parent.iterdir() if f != path] if vouch_data else []
+    files = {str(f.relative_to(root)): {"sha256": package.records.sha256(f)} for f in [path, *beside]}
+    return package._graph(g, {"simplify": {"files": files}}, work, root)
 
 
 def test_a_fallback_with_external_data_ships_its_data_file_and_runs_from_the_package(tmp_path):
@@ -456,3 +459,12 @@ def test_a_fallback_whose_data_location_leaves_its_folder_or_clashes_is_refused(
     onnx.save(model, str(outside))
     with pytest.raises(StageError, match="is not a file beside it"):
         _fallback(work, root, outside, "c")
+    unvouched = _external_model(root / "build/m/d/simplify", "d", "d.data", 1.0)
+    with pytest.raises(StageError, match="no record vouches for that file"):
+        _fallback(work, root, unvouched, "d", vouch_data=False)
+    changed = _external_model(root / "build/m/e/simplify", "e", "e.data", 1.0)
+    g = {"name": "e", "simplified": str(changed.relative_to(root)), "io": {"inputs": [], "outputs": []}}
+    files = {g["simplified"]: {"sha256": package.records.sha256(changed)},
+             "build/m/e/simplify/e.data": {"sha256": hashlib.sha256(b"what it was").hexdigest()}}
+    with pytest.raises(StageError, match="not the file its record vouches for"):  # edited since it was simplified
+        package._graph(g, {"simplify": {"files": files}}, work, root)

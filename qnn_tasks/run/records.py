@@ -18,12 +18,26 @@ from qnn_tasks.fileio import read_json, write_json
 from qnn_tasks.run.digests import sha256
 from qnn_tasks.run.status import good
 
-__all__ = ["damage", "digests", "problems", "read", "sha256", "trusted", "vouch", "write"]
+__all__ = ["beside", "damage", "digests", "problems", "read", "sha256", "trusted", "vouch", "write"]
 
 
 def vouch(paths: list[str], root: Path | str = ".") -> dict[str, dict[str, Any]]:
     """Size and digest of each output (project-relative path -> {size, sha256}); files are looked up under root."""
     return {p: {"size": os.stat(Path(root) / p).st_size, "sha256": sha256(Path(root) / p)} for p in paths}
+
+
+def beside(extra: Any, outputs: list[str]) -> list[str]:
+    """The files a stage says it also wrote (`also_wrote`: names known only once it ran, as the weights file of a
+    model over 2 GB) that its record may vouch for: existing files in the folder of one of its declared outputs, no
+    link and nothing elsewhere (a stage's word is not trusted to name another's files)."""
+    folders = {os.path.dirname(os.path.normpath(o)) for o in outputs}
+    found = []
+    for path in extra if isinstance(extra, list) else ():
+        if not isinstance(path, str) or ".." in Path(path).parts or Path(path).is_absolute():
+            continue
+        if os.path.dirname(os.path.normpath(path)) in folders and os.path.isfile(path) and not os.path.islink(path):
+            found.append(os.path.normpath(path))
+    return sorted(set(found) - set(outputs))
 
 
 def digests(paths: list[str]) -> dict[str, str | None]:

@@ -268,7 +268,11 @@ def _graph(g: dict[str, Any], stages: dict[str, Any], work: _Assembly, root: Pat
     simplified = stages["simplify"]["files"][g["simplified"]]
     fallback = work.copy(root / g["simplified"], f"cpu/{g['name']}.onnx", simplified["sha256"])
     for name in external_data(root / g["simplified"]):  # a graph over 2 GB keeps its weights beside its .onnx
-        _same_bytes(work, (root / g["simplified"]).parent / name, f"cpu/{name}", g["name"])
+        vouched = stages["simplify"]["files"].get(str(Path(g["simplified"]).parent / name))
+        if not vouched:
+            raise StageError(f"dist: {g['simplified']} keeps its weights in {name}, and no record vouches for that "
+                             "file (fix: rerun doit, then doit dist)")
+        _same_bytes(work, (root / g["simplified"]).parent / name, f"cpu/{name}", g["name"], vouched["sha256"])
     return {"inputs": mf.tensors(g["io"]["inputs"]), "outputs": mf.tensors(g["io"]["outputs"]),
             "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU", "when": FALLBACK_WHEN,
                          "verified_against": mf.cpu_reference(stages.get("cpucheck"))},
@@ -293,13 +297,13 @@ def external_data(onnx_path: Path) -> list[str]:
     return names
 
 
-def _same_bytes(work: _Assembly, src: Path, rel: str, graph: str) -> None:
-    """Copy a fallback's data file; two graphs naming one data file must mean the same bytes (one copy serves both).
-    No stage record names this file's digest: it is hashed as it is copied."""
+def _same_bytes(work: _Assembly, src: Path, rel: str, graph: str, sha: str) -> None:
+    """Copy a fallback's data file, whose bytes must be the ones its stage record vouches for (`sha`); two graphs
+    naming one data file must mean the same bytes (one copy serves both)."""
     before = work.files.get(rel)
     if before is None:
-        work.copy(src, rel)
-    elif records.sha256(src) != before["sha256"]:
+        work.copy(src, rel, sha)
+    elif sha != before["sha256"]:
         raise StageError(f"dist: {graph}'s CPU fallback keeps its weights in '{Path(rel).name}', and another graph "
                          "of the package has a different file of that name (fix: give each graph's external data "
                          "its own file name at export)")

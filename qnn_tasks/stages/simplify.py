@@ -85,7 +85,8 @@ def _large(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
     return {"nodes_before": len(light.graph.node), "nodes_after": len(inferred.graph.node), "skipped_optimizers": [],
             "onnxsim": "skipped: the model is over 2 GB (external data) and onnxsim loads it as one protobuf; shapes "
                        "inferred with onnx.shape_inference.infer_shapes_path instead",
-            "external_data": files, "io": onnxinfo.graph_io(inferred)}
+            "external_data": files, "io": onnxinfo.graph_io(inferred),
+            "also_wrote": [str(out_onnx.parent / name) for name in files]}  # its record vouches for the weights too
 
 
 def onnxsim_simplify() -> Callable[..., tuple[Any, bool]]:

@@ -56,7 +56,8 @@ def run(graph: GraphSpec, simplified: Path, inputs: Path, reference: Path, calib
     for name in whole[0]:
         end[name] = metrics.compare(np.stack([w[name] for w in whole]), np.stack([c[name] for c in chained]))
         problems += metrics.violations(name, end[name], DEFAULT_TOLERANCE)
-    record = {"cuts": cuts, "parts": rows, "end_to_end_cpu": end, "thresholds": DEFAULT_TOLERANCE}
+    record = {"cuts": cuts, "parts": rows, "end_to_end_cpu": end, "thresholds": DEFAULT_TOLERANCE,
+              "also_wrote": [f"{row['file']}.data" for row in rows if row["external_data"]]}  # a large part's weights
     if problems:
         raise StageError(f"{where}: the parts chained on CPU differ from the unsplit graph: " + "; ".join(problems)
                          + " (fix: cut elsewhere; report this graph if it persists)", record)
