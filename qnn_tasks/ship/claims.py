@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from qnn_tasks.report.gather import combine, read_current
+from qnn_tasks.report.gather import combine
 from qnn_tasks.run.status import good
+from qnn_tasks.ship import verified
 
 
 def unpadded(inventory: dict[str, Any]) -> dict[str, str]:
@@ -24,7 +25,7 @@ def unpadded(inventory: dict[str, Any]) -> dict[str, str]:
         if chip["skip"] or chip["graph"] not in sized or not path or path in seen:
             continue
         seen.add(path)
-        record = read_current(path, (inventory.get("expected") or {}).get(path))
+        record = verified.read(inventory, path)
         status, soc = combine([record]), chip["soc"]["name"]
         if good(status):
             continue
@@ -50,9 +51,8 @@ def chains(inventory: dict[str, Any], shipped: list[dict[str, Any]], omitted: li
             missing = [{"graph": g, "reason": _why_missing(inventory, reasons, g, soc)} for g in graphs
                        if (g, soc) not in on_chip]
             run = next((p for p in inventory["pipelines"] if p["soc"] == soc and p["graphs"] == graphs), None)
-            verified = run is not None and good(combine([read_current(run["record"],
-                                                                      (inventory.get("expected") or {}).get(run["record"]))]))
-            if not missing and verified:
+            checked = run is not None and good(combine([verified.read(inventory, run["record"])]))
+            if not missing and checked:
                 chips[soc] = {"complete": True}
                 continue
             names = ", ".join(m["graph"] for m in missing)

@@ -23,24 +23,25 @@ class Shippable:
     pipelines: list[dict[str, Any]] = field(default_factory=list)  # pipeline records this target is a link of
 
 
+def read(inventory: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """A record as dist believes it: as the report reads it, and stale when made from other settings or files than
+    today's spec states (the inventory's `expected`)."""
+    return read_current(path, (inventory.get("expected") or {}).get(path))
+
+
 def sort_out(inventory: dict[str, Any]) -> tuple[list[Shippable], list[dict[str, str]], dict[str, dict]]:
     """(targets to ship, [{target, reason, graph, soc, precision}] left out, graph name -> its believed graph-stage
     records)."""
-    expected = inventory.get("expected") or {}
-
-    def read(path: str) -> dict[str, Any] | None:
-        return read_current(path, expected.get(path))
-
-    graph_records = {g["name"]: {stage: read(path) for stage, path in g["records"].items()}
+    graph_records = {g["name"]: {stage: read(inventory, path) for stage, path in g["records"].items()}
                      for g in inventory["graphs"]}
-    pipelines = {p["name"]: (p, read(p["record"])) for p in inventory["pipelines"]}
+    pipelines = {p["name"]: (p, read(inventory, p["record"])) for p in inventory["pipelines"]}
     ship, omitted = [], []
     for chip in inventory["chips"]:
         target = chip["target"]
         if chip["skip"]:
             omitted.append(left_out(chip, f"skipped: {chip['skip']}"))
             continue
-        own = {stage: read(path) for stage, path in chip["records"].items()}
+        own = {stage: read(inventory, path) for stage, path in chip["records"].items()}
         links = [(name, record) for name, (p, record) in pipelines.items() if target in p["targets"]]
         reason = _why_not(graph_records[chip["graph"]], own, links)
         if reason:
