@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from qnn_tasks.plan.stages import build_stage_defs, report_columns, targets_of
+from qnn_tasks.plan.stages import plans, report_columns
 
 ROOT = Path(__file__).resolve().parent.parent
 # The suite's own copy of the example project (specs, toolchain profiles, model code): tests never read
@@ -278,10 +278,4 @@ def own_copy(verified, tmp_path) -> Project:
 
 def plans_of(planner) -> dict:
     """Every plan of the default run by task name (`<stage>:<target>`): planning alone, no build."""
-    found = {}
-    for row in build_stage_defs(planner):
-        for target in targets_of(planner, row):
-            plan = row.plan(planner, row, target)
-            if plan is not None:
-                found[f"{row.name}:{plan.name}"] = plan
-    return found
+    return {f"{row.name}:{plan.name}": plan for row, plan in plans(planner)}

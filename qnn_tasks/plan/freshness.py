@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from qnn_tasks.plan.stages import Plan, Planner, build_stage_defs, targets_of
+from qnn_tasks.plan.stages import Plan, Planner, build_stage_defs, plans
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget, PipelineTarget, VariantTarget
 from qnn_tasks.spec import split as specsplit
 
@@ -166,11 +166,8 @@ class SpecFacts:
 def spec_facts(planner: Planner) -> tuple[str, list[str]]:
     """SpecFacts of every build task, planned here (when the tasks were not planned in this process)."""
     found = SpecFacts()
-    for row in build_stage_defs(planner):
-        for target in targets_of(planner, row):
-            plan = row.plan(planner, row, target)
-            if plan is not None:
-                found.add(row.name, plan)
+    for row, plan in plans(planner):
+        found.add(row.name, plan)
     return found.facts()
 
 

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from qnn_tasks import toolchains
 from qnn_tasks.plan import codekeys
@@ -774,15 +774,18 @@ def targets_of(planner: Planner, stage: StageDef) -> list:
             "pipeline": planner.pipelines}[stage.scope]
 
 
-def all_outputs(planner: Planner) -> list[str]:
-    """Every file the default run's stages write (what the report vouches for when run alone)."""
-    found = []
+def plans(planner: Planner) -> Iterator[tuple[StageDef, Plan]]:
+    """Every (row, plan) of the default run, in build order: planning alone, no build."""
     for row in build_stage_defs(planner):
         for target in targets_of(planner, row):
             plan = row.plan(planner, row, target)
-            if plan is not None and not plan.skip:
-                found += plan.outputs
-    return found
+            if plan is not None:
+                yield row, plan
+
+
+def all_outputs(planner: Planner) -> list[str]:
+    """Every file the default run's stages write (what the report vouches for when run alone)."""
+    return [out for _, plan in plans(planner) if not plan.skip for out in plan.outputs]
 
 
 
