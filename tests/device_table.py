@@ -105,7 +105,7 @@ def decide(m: dict[str, Any], graph: str, length: int | None, row: dict[str, Any
         graph = choice.graph
     errors: dict[str, str] = {}
     for b in m["graphs"][graph]["binaries"]:
-        error = loadoracle.load_callback((), row, runtime)(b)
+        error = loadoracle.load_callback(row, runtime)(b)
         if error is not None and row["name"] in b["socs"]:
             errors[b["path"]] = error
     tried: list[str] = []

@@ -17,7 +17,7 @@ vtcm_mb it is told); the chip rules are predictions.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from qnn_tasks.ship import select
 
@@ -250,10 +250,9 @@ def _chip(path: str, name: str, soc_id: Any, arch: int, vtcm: int, b_soc: int | 
     return "match", f"{built} on {there}: built for this chip, runtime QNN {runtime_qnn} >= {qnn}"
 
 
-def load_callback(manifest_binaries: Iterable[Mapping[str, Any]], soc: Mapping[str, Any],
-                  runtime_qnn: str | None) -> Callable[[Mapping[str, Any]], str | None]:
-    """A `load` for `select.choose`: None when the oracle predicts the binary loads on this device, else why not."""
-    del manifest_binaries  # every binary is judged on its own fields
+def load_callback(soc: Mapping[str, Any], runtime_qnn: str | None) -> Callable[[Mapping[str, Any]], str | None]:
+    """A `load` for `select.choose`: None when the oracle predicts the binary loads on this device, else why not
+    (each binary judged on its own fields)."""
 
     def load(binary: Mapping[str, Any]) -> str | None:
         p = predict(manifest_facts(binary), soc, runtime_qnn, str(binary.get("path")))
@@ -264,8 +263,7 @@ def load_callback(manifest_binaries: Iterable[Mapping[str, Any]], soc: Mapping[s
 
 def choose(manifest: Mapping[str, Any], graph: str, soc: Mapping[str, Any], runtime_qnn: str | None) -> select.Decision:
     """The selectors' decision with the oracle's prediction standing in for the phone's load."""
-    binaries = ((manifest.get("graphs") or {}).get(graph) or {}).get("binaries") or ()
-    return select.choose(manifest, graph, soc.get("name"), runtime_qnn, load_callback(binaries, soc, runtime_qnn))
+    return select.choose(manifest, graph, soc.get("name"), runtime_qnn, load_callback(soc, runtime_qnn))
 
 
 def matrix(f: BinaryFacts, socs: Sequence[Mapping[str, Any]], versions: Sequence[str], path: str
@@ -278,6 +276,16 @@ def matrix(f: BinaryFacts, socs: Sequence[Mapping[str, Any]], versions: Sequence
             p = predict(f, row, qnn, path)
             out[row["name"]][qnn] = {"outcome": p.outcome, "code": p.code, "rule": p.rule}
     return out
+
+
+def tally(matrices: Sequence[Mapping[str, Mapping[str, Mapping[str, Any]]]]) -> dict[str, int]:
+    """How many predictions of these matrices give each outcome."""
+    counts = {LOADS: 0, RECOMPILE: 0, REFUSED: 0}
+    for m in matrices:
+        for by_version in m.values():
+            for p in by_version.values():
+                counts[p["outcome"]] += 1
+    return counts
 
 
 def agrees(prediction: Mapping[str, Any], measured: Mapping[str, Any]) -> bool:

@@ -181,6 +181,12 @@ def summary(table: dict[str, Any]) -> str:
         lines.append(f"  {entry['target']}: minimum runtime {entry['minimum_runtime'] or 'none measured to work'}")
     line = oracle_line(table)
     if line:
+        counts = loadoracle.tally([e.get("matrix") or {} for e in table["binaries"]])
+        rows = len(next((e["matrix"] for e in table["binaries"] if e.get("matrix")), {}))
+        lines.append(f"  oracle, unmeasured: {len(table['binaries'])} binaries x {rows} SoC rows x runtime QNN "
+                     f"{', '.join(table['oracle']['versions'])}: {counts[loadoracle.LOADS]} load, "
+                     f"{counts[loadoracle.RECOMPILE]} load with recompilation preferred, "
+                     f"{counts[loadoracle.REFUSED]} refused")
         lines.append(line)
         for c in table["oracle"]["disagreements"]:
             lines.append(f"  DISAGREE {c['target']} on runtime QNN {c['runtime_qnn']}: measured {c['measured']}; "
