@@ -281,9 +281,10 @@ def test_java_reference_compiles_and_passes_the_same_table(tmp_path):
                               capture_output=True, text=True, timeout=300)
     assert compiled.returncode == 0, compiled.stderr
     run = subprocess.run(["java", f"-Dselector.cases={CASES}", f"-Dselector.manifest_cases={MANIFEST_CASES}",
+                          f"-Dselector.device_cases={CASES.with_name('device_cases.json')}",
                           "-cp", f"{tmp_path}:{classpath}", "org.junit.runner.JUnitCore", "qnntasks.ship.SelectorTest"],
                          capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0 and "OK (10 tests)" in run.stdout, run.stdout + run.stderr
+    assert run.returncode == 0 and "OK (11 tests)" in run.stdout, run.stdout + run.stderr
 
 
 def test_java_logic_has_no_android_dependency():

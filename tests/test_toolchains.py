@@ -122,8 +122,27 @@ def test_compat_table_measures_which_runtime_loads_which_binary(both, tmp_path):
     assert old["runs"]["ort-qnn"]["loads"] and old["runs"]["ort-qnn"]["matches"]  # newer runtime, older binary
     assert old["runs"]["ort-qnn-2.47"]["loads"] and old["runs"]["ort-qnn-2.47"]["matches"]
     assert new["minimum_runtime"] == "2.51.0" and old["minimum_runtime"] == "2.47.0"
+    # the load oracle beside each measurement, from the binary's own ep_compatibility_info (qnn/loadoracle.py)
+    assert "predicted vs measured: 4 cases, 0 disagree" in result.stdout, result.stdout
+    assert table["oracle"]["cases"] == 4 and table["oracle"]["disagree"] == 0 and table["oracle"]["disagreements"] == []
+    assert new["facts"]["qnn_version"] == "2.51.0" and old["facts"]["qnn_version"] == "2.47.0"
+    assert new["facts"]["soc_models"] == [57] and new["facts"]["bin_arch"] == 75
+    predicted = refused["predicted"]
+    assert (predicted["outcome"], predicted["rule"], predicted["code"]) == ("refused", "runtime-older", "5000/5005")
+    assert "needs QNN 2.51.0 or newer" in predicted["reason"]
+    for run in (new["runs"]["ort-qnn"], old["runs"]["ort-qnn-2.47"]):
+        assert (run["predicted"]["outcome"], run["predicted"]["rule"]) == ("loads", "match")
+    assert old["runs"]["ort-qnn"]["predicted"]["loads"] is True  # an older binary on a newer runtime
+    # every SoC row x every known runtime version, predicted (the chip rules are not measurable on the simulator)
+    assert new["matrix"]["SM8550"]["2.51.0"]["rule"] == "arch-newer"  # v75 binary, v73 chip
+    assert new["matrix"]["SM8750"]["2.51.0"]["rule"] == "arch-older"
+    assert new["matrix"]["QCS8300"]["2.51.0"]["rule"] == "soc-model"  # another v75 chip
+    assert old["matrix"]["SM8650"]["2.51.0"]["outcome"] == "loads"
+    assert set(table["oracle"]["versions"]) >= {"2.47.0", "2.51.0"}
     project.doit("report", env={"QNN_TOOLCHAIN": BOTH})
-    assert "## Runtime compatibility" in project.path("build/report/report.md").read_text()
+    markdown = project.path("build/report/report.md").read_text()
+    assert "## Runtime compatibility" in markdown and "predicted vs measured: 4 cases, 0 disagree" in markdown
+    assert "/ predicted refused (5000/5005)" in markdown
     # a package of the QNN 2.47 build (the run's first toolchain ships) names the measured minimum runtime
     shipped = project.doit("dist:silero-vad", env={"QNN_TOOLCHAIN": "ort-qnn-2.47,ort-qnn"})
     assert shipped.returncode == 0, shipped.stdout + shipped.stderr

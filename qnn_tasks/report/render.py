@@ -192,15 +192,25 @@ def compat_markdown(data: dict[str, Any]) -> list[str]:
         cells = [compat_cell(entry["runs"].get(r["profile"])) for r in runtimes]
         lines.append(f"| {entry['target']} ({entry['built_with']}) | " + " | ".join(cells)
                      + f" | {entry.get('minimum_runtime') or '-'} |")
+    oracle = table.get("oracle")
+    if oracle:  # the load oracle's prediction beside each measurement (qnn/loadoracle.py)
+        lines += ["", f"predicted vs measured: {oracle['cases']} cases, {oracle['disagree']} disagree "
+                      f"(each cell: measured / predicted; {oracle.get('note', '')})"]
+        for c in oracle.get("disagreements") or ():
+            lines.append(f"- DISAGREE {c['target']} on runtime QNN {c['runtime_qnn']}: measured {c['measured']}; "
+                         f"predicted {c['predicted']}")
     return lines
 
 
 def compat_cell(run: dict[str, Any] | None) -> str:
     if not run:
         return "-"
+    predicted = run.get("predicted")
+    guess = f" / predicted {predicted['outcome']}" + (f" ({predicted['code']})" if predicted.get("code") else "") \
+        if predicted else ""
     if not run.get("loads"):
-        return "refused" + (f" ({run['error_code']})" if run.get("error_code") else "")
-    return "loads, matches" if run.get("matches") else "loads, DIFFERS"
+        return "refused" + (f" ({run['error_code']})" if run.get("error_code") else "") + guess
+    return ("loads, matches" if run.get("matches") else "loads, DIFFERS") + guess
 
 
 def device_markdown(data: dict[str, Any]) -> list[str]:

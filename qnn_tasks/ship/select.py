@@ -13,7 +13,9 @@ shapes): a manifest that is no JSON, or has a field of the wrong shape, gives th
 ("manifest.json: graphs.minilm.binaries[0].socs: expected a non-empty list, got a string (fix: ...)"), never a
 guess or a crash. A chip whose build `dist` left out as failed or stale (the manifest's `omitted`) is told so.
 The Java reference (ship/java/.../Selector.java) follows the same rules word for word: the decision tables in
-ship/java/src/test/resources (selector_cases.json, manifest_cases.json) run through both (tests/test_ship_select.py).
+ship/java/src/test/resources (selector_cases.json, manifest_cases.json) run through both (tests/test_ship_select.py);
+so does device_cases.json, generated (tests/device_table.py) with the load oracle's predictions (qnn/loadoracle.py,
+whose version rule is runtime_refusal below) as the loads.
 `chain(manifest, graph)` lists the graphs to choose for a split graph (model.yaml `split:`): its parts, in order.
 `choose_size(manifest, graph, length)` comes first for a graph with sizes (model.yaml `dims:`): the smallest size
 the package ships a graph for that holds `length` positions along the dim ("smallest that fits", what the

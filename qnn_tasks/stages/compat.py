@@ -8,6 +8,11 @@ ever sees the binary, so the wrapper is lowered to IR 10 in a temporary copy bes
 here (docs/toolchains.md): newer runtimes load older binaries, not the reverse. The table goes to
 build/compat/compat.json and into the report; `doit verify` refuses phone runtime libs older than
 a binary's measured minimum runtime.
+
+Beside each measurement stands the load oracle's prediction (qnn/loadoracle.py) for the same binary on the same
+runtime, on its own chip's row (the simulator loads a binary under any soc_model it is told, so only the version
+rule is measured here), and the line `predicted vs measured: N cases, K disagree`; the oracle's predictions for
+every SoC row x every known runtime QNN version go into the table too (`oracle.matrix`), unmeasured.
 """
 from __future__ import annotations
 
@@ -22,12 +27,13 @@ from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.plan.stages import COMPAT, Planner, record_path
-from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.qnn import loadoracle, runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import good
 from qnn_tasks.spec.project import GraphSpec
 
+TABLE_VERSIONS = ("2.47.0", "2.51.0")  # socs.yaml's measurements (QNN 2.51) and toolchain/ort-qnn-2.47.yaml
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
 
 
@@ -78,6 +84,9 @@ def measure(planner: Planner, root: str) -> dict[str, Any]:
                              "samples": samples,
                              "runtimes": [{"profile": b.profile.name, "id": b.id, "qnn": b.fingerprint.get("qnn")}
                                           for b in runtimes], "binaries": []}
+    versions = known_versions(table["runtimes"])
+    rows = [soc.row() for soc in planner.project.socs.values()]
+    cases: list[dict[str, Any]] = []
     for ct in planner.chips:
         binding = planner.binding(ct)
         context = record_path("context", ct)
@@ -89,6 +98,8 @@ def measure(planner: Planner, root: str) -> dict[str, Any]:
         entry = {"target": ct.name, "toolchain": binding.profile.name, "built_with": (record.get("binary") or {}).get(
                      "build_id"), "binary_sha256": next((f["sha256"] for n, f in record.get("files", {}).items()
                                                          if n.endswith(".bin")), None), "runs": {}}
+        facts = binary_facts(Path(ctx_files[0]), record.get("binary") or {})
+        entry["facts"] = facts.as_dict()
         for runtime in runtimes:
             call = StageCall(stage="compat", target=ct.name, args={
                 "graph": planner.graph_dict(ct.graph), "verify": ct.verify, "ctx_onnx": ctx_files[0],
@@ -98,13 +109,54 @@ def measure(planner: Planner, root: str) -> dict[str, Any]:
                 toolchain=runtime.profile_dict(planner.root), runner=COMPAT.runner)
             outcome = for_call(call, root).run(call, None)
             run = outcome.record if outcome.ok else {"loads": False, "error": outcome.error}
-            entry["runs"][runtime.profile.name] = {**run, "runtime_qnn": runtime.fingerprint.get("qnn")}
-            print(f"compat: {ct.name} ({entry['built_with']}) on runtime QNN {runtime.fingerprint.get('qnn')}: "
-                  f"{_verdict(entry['runs'][runtime.profile.name])}", flush=True)
+            qnn = runtime.fingerprint.get("qnn")
+            predicted = loadoracle.predict(facts, ct.soc.row(), qnn, Path(ctx_files[0]).name).as_dict()
+            measured = entry["runs"][runtime.profile.name] = {**run, "runtime_qnn": qnn, "predicted": predicted}
+            agree = loadoracle.agrees(predicted, measured)
+            cases.append({"target": ct.name, "runtime": runtime.profile.name, "runtime_qnn": qnn, "agree": agree,
+                          "measured": _verdict(measured), "predicted": _predicted(predicted)})
+            print(f"compat: {ct.name} ({entry['built_with']}) on runtime QNN {qnn}: {_verdict(measured)}; "
+                  f"predicted {_predicted(predicted)}{'' if agree else ' DISAGREE'}", flush=True)
         entry["minimum_runtime"] = minimum_runtime(entry["runs"])
+        entry["matrix"] = loadoracle.matrix(facts, rows, versions, Path(ctx_files[0]).name)
         table["binaries"].append(entry)
+    table["oracle"] = {"cases": len(cases), "disagree": sum(not c["agree"] for c in cases), "versions": versions,
+                       "disagreements": [c for c in cases if not c["agree"]],
+                       "note": "measured: version ordering on the simulator, each binary on its own chip's row; "
+                               "the chip rules (arch, VTCM, soc_model) are predictions (the simulator loads a "
+                               "binary under any soc_model it is told)"}
     write_json(Path(COMPAT_RECORD), table)
     return table
+
+
+def binary_facts(ctx_onnx: Path, binary_info: dict[str, Any]) -> loadoracle.BinaryFacts:
+    """The oracle's facts of a built binary: its `_ctx.onnx`'s ep_compatibility_info over the context record's
+    reading of the `.bin` (qnn/binary.py)."""
+    import onnx
+
+    model = onnx.load(str(ctx_onnx), load_external_data=False)
+    meta = {p.key: p.value for p in model.metadata_props}
+    return loadoracle.facts(meta.get(loadoracle.EP_KEY), binary_info, f"{ctx_onnx.name} ep_compatibility_info")
+
+
+def known_versions(runtimes: list[dict[str, Any]]) -> list[str]:
+    """The runtime QNN versions the oracle predicts for: the installed runtimes', then the SoC table's (measured with
+    QNN 2.51) and the pinned older toolchain's, oldest first."""
+    found = {str(r["qnn"]) for r in runtimes if r.get("qnn")} | set(TABLE_VERSIONS)
+    return sorted(found, key=lambda v: runtimelibs.version_tuple(v) or (0, 0, 0))
+
+
+
+def oracle_line(table: dict[str, Any]) -> str | None:
+    """`predicted vs measured: N cases, K disagree`, or None when the table predates the oracle."""
+    oracle = table.get("oracle")
+    if not oracle:
+        return None
+    return f"predicted vs measured: {oracle['cases']} cases, {oracle['disagree']} disagree"
+
+
+def _predicted(p: dict[str, Any]) -> str:
+    return p["outcome"] + (f" ({p['code']})" if p.get("code") else "") + f" [{p['rule']}]"
 
 
 def minimum_runtime(runs: dict[str, dict[str, Any]]) -> str | None:
@@ -127,6 +179,18 @@ def summary(table: dict[str, Any]) -> str:
              f"({', '.join('QNN ' + str(r['qnn']) for r in table['runtimes'])}) -> {COMPAT_RECORD}"]
     for entry in table["binaries"]:
         lines.append(f"  {entry['target']}: minimum runtime {entry['minimum_runtime'] or 'none measured to work'}")
+    line = oracle_line(table)
+    if line:
+        counts = loadoracle.tally([e.get("matrix") or {} for e in table["binaries"]])
+        rows = len(next((e["matrix"] for e in table["binaries"] if e.get("matrix")), {}))
+        lines.append(f"  oracle, unmeasured: {len(table['binaries'])} binaries x {rows} SoC rows x runtime QNN "
+                     f"{', '.join(table['oracle']['versions'])}: {counts[loadoracle.LOADS]} load, "
+                     f"{counts[loadoracle.RECOMPILE]} load with recompilation preferred, "
+                     f"{counts[loadoracle.REFUSED]} refused")
+        lines.append(line)
+        for c in table["oracle"]["disagreements"]:
+            lines.append(f"  DISAGREE {c['target']} on runtime QNN {c['runtime_qnn']}: measured {c['measured']}; "
+                         f"predicted {c['predicted']}")
     return "\n".join(lines)
 
 

@@ -303,4 +303,44 @@ public class SelectorTest {
             assertTrue(expected.getMessage().contains("no graph 'nope'"));
         }
     }
+
+    /**
+     * The generated device table (device_cases.json, tests/device_table.py; the system property
+     * selector.device_cases): chip x runtime QNN x precision order x graph and input length, each load answered as
+     * the load oracle predicts. The same size, decision and reason as the Python selector and the oracle, per case.
+     */
+    @Test
+    public void everyCaseOfTheGeneratedDeviceTable() throws Exception {
+        String path = System.getProperty("selector.device_cases", "src/test/resources/device_cases.json");
+        JSONObject table = new JSONObject(new String(Files.readAllBytes(Paths.get(path)), StandardCharsets.UTF_8));
+        JSONArray array = table.getJSONArray("cases");
+        assertTrue("at least 200 device cases", array.length() >= 200);
+        for (int i = 0; i < array.length(); i++) {
+            JSONObject c = array.getJSONObject(i);
+            String name = c.getString("name");
+            JSONObject manifest = manifestOf(table, c);
+            String graph = c.getString("graph");
+            if (!c.isNull("length")) {
+                Selector.SizeChoice size = Selector.chooseSize(manifest, graph, c.getInt("length"));
+                JSONObject e = c.getJSONObject("size");
+                assertEquals(name + ": size graph", optText(e, "graph"), size.graph);
+                assertEquals(name + ": size rule", e.getString("rule"), size.rule);
+                assertEquals(name + ": size reason", e.getString("reason"), size.reason);
+                graph = size.graph;
+            }
+            if (graph == null) {
+                assertTrue(name + ": no decision expected", c.isNull("expect"));
+                continue;
+            }
+            JSONObject errors = c.getJSONObject("load_errors");
+            List<String> loaded = new ArrayList<>();
+            Selector.Decision d = Selector.choose(manifest, graph, optText(c, "soc"), optText(c, "runtime_qnn"),
+                    binary -> {
+                        String at = binary.optString("path");
+                        loaded.add(at);
+                        return errors.has(at) ? errors.optString(at) : null;
+                    });
+            assertDecision(name, c.getJSONObject("expect"), d, loaded);
+        }
+    }
 }
