@@ -61,8 +61,8 @@ MIN_MODELS = 15  # a chip is fitted when this many rebuilt models have a publish
 
 
 def measurements(feats: dict, precision: str) -> list[dict]:
-    """One published time per (model, chip): the first runtime of RUNTIMES that has one, of our chips that run
-    the precision."""
+    """One published time per (model, chip): the first runtime of RUNTIMES that has one on the NPU, of our chips
+    that run the precision."""
     import yaml
     from latency_archs import ARCHS
 
@@ -76,6 +76,8 @@ def measurements(feats: dict, precision: str) -> list[dict]:
             continue
         if (component and r["component"] != component) or precision not in runs.get(r["chip"], []):
             continue
+        if not r["layers_npu"] or int(r["layers_npu"]) == 0:
+            continue  # ran on the CPU (e.g. a w8a16 onnx graph on a 7 Gen 4): not an NPU time
         key = (r["model"], r["chip"])
         if key not in best or RUNTIMES.index(r["runtime"]) < RUNTIMES.index(best[key]["runtime"]):
             best[key] = r
