@@ -59,7 +59,7 @@ def estimate(features: dict[str, Any], chip: str, precision: str,
     if p is None:
         return {"estimate": None, "refused": f"no published {precision} timings were fitted "
                 f"(fitted: {', '.join(sorted(c['precisions']))})", "basis": "not estimated"}
-    shown = {"basis": basis(c, precision), "fit_error": p["fit_error"]}
+    shown = {"basis": basis(c, precision), "fit_error": dict(p["fit_error"])}  # a copy: the fit is shared
     if chip not in p["chip_scale"]:
         return {"estimate": None, "refused": f"no published timings on {chip} were fitted "
                 f"(fitted: {', '.join(sorted(p['chip_scale']))})", **shown}

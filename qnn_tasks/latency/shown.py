@@ -28,7 +28,10 @@ def latency_ms(lint: dict[str, Any] | None, soc: str, precision: str,
     features = (lint or {}).get(LINT_KEY)
     if not features:
         return None
-    found = estimate(features, soc, precision)
+    try:
+        found = estimate(features, soc, precision)
+    except (OSError, ValueError):  # no readable fit.json (a broken install): no estimate, the build goes on
+        return None
     rtf = realtime_factor(found, audio_seconds)
     if rtf is not None:
         found["realtime_factor"] = {"estimate": rtf, "audio_seconds_per_inference": audio_seconds}
