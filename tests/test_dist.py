@@ -111,6 +111,17 @@ def test_package_holds_every_verified_binary_and_its_proof(shipped, verified):
     assert "| SM8650 | v75 | fp16 | `SM8650/vad.fp16.bin`" in card and "NOT in this package" in card
 
 
+def test_each_binary_carries_its_latency_estimate_never_a_measurement(shipped):
+    """manifest.json's binaries[].latency_ms (docs/latency.md): an estimate from published timings, with its basis."""
+    for model in ("minilm", "silero-vad"):
+        data = read_manifest(shipped["dest"] / model)
+        binaries = [b for g in data["graphs"].values() for b in g["binaries"]]
+        assert binaries, model
+        for b in binaries:
+            assert b["latency_ms"]["basis"].startswith("estimated from "), (model, b["soc"])
+            assert (b["latency_ms"]["estimate"] is None) == ("refused" in b["latency_ms"]), (model, b["soc"])
+
+
 def test_runtime_libs_listed_when_no_source_is_configured(shipped):
     data = read_manifest(shipped["dest"] / "minilm")
     assert sorted(data["runtime_libs"]) == ["v75", "v79"]

@@ -89,6 +89,7 @@ def test_wheel_installs_inits_and_builds_a_packaged_onnx(venv, tmp_path):
     assert listing.returncode == 0 and listing.stderr == "", listing.stderr
     docs = dict(line.split(None, 1) for line in listing.stdout.splitlines())
     assert docs["context:tiny-SM8650"].startswith("compile tiny (fp16) for SM8650 with ort-qnn-")
+    assert "phone" in docs["context:tiny-SM8650"]  # the wheel's latency fit was read: an estimate or why none
     assert docs["simverify:tiny-SM8650"].startswith("judge tiny on SM8650")
     assert all(doc.strip() for doc in docs.values()) and not any("example" in name for name in docs)
     assert run([python, "-m", "doit"], project, env).stdout.count("passed") == 0  # a second run does nothing

@@ -451,8 +451,16 @@ def plan_context(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
                       p.chip_key(stage, ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
                       lambda: {"graph": p.graph_dict(ct.graph), "soc": specjson.soc_to_dict(ct.soc), "source": source,
                                "config_dir": f"{ct.dir_str}/config"},
-                      f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}",
-                      task_dep=[f"lint:{ct.graph.name}"])
+                      f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}"
+                      + _estimated(ct), task_dep=[f"lint:{ct.graph.name}"])
+
+
+def _estimated(ct: ChipTarget) -> str:
+    """`; phone ~1.2 ms, estimated ...` from the graph's last lint, for `doit list`: step 0 before a compile."""
+    from qnn_tasks.latency.shown import doc_text
+
+    said = doc_text(ct.graph_target.lint_record, ct.soc.name, ct.precision)
+    return f"; {said}" if said else ""
 
 
 def plan_simulate(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:

@@ -208,7 +208,17 @@ def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: d
             "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "toolchain": planner.binding(ct).profile.name,
             "precision": ct.precision, "status": status, "reason": reason, "toolchain_stages": toolchain_stages,
             "stages": stages, "provenance": provenance(stages), "diagnosis": diagnosis(ct, stages.get("context")),
-            "device": device_results(ct)}
+            "device": device_results(ct), "latency_ms": latency(ct)}
+
+
+def latency(ct: ChipTarget) -> dict[str, Any] | None:
+    """The phone-time estimate from the graph's lint record (qnn_tasks/latency: an estimate, never a measurement),
+    with what `doit verify` measured on phones beside it when it ran."""
+    from qnn_tasks.latency import shown
+
+    found = shown.latency_ms(read_checked(record_path("lint", ct.graph_target)), ct.soc.name, ct.precision,
+                             ct.graph.options.get("audio_seconds_per_sample"))
+    return shown.with_phone(found, (device_results(ct) or {}).get("verify"))
 
 
 def recurrence(planner, gt: GraphTarget, lint: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -232,7 +242,15 @@ def pipeline_entry(pt, facts: dict[str, Any] | None = None) -> dict[str, Any]:
     record = read_current(record_path("pipeline", pt), facts)
     return {"name": pt.name, "model": pt.pipeline.model, "graphs": list(pt.pipeline.graphs), "soc": pt.soc.row(),
             "toolchain_id": pt.chips[0].toolchain_id, "status": combine([record]),
-            "reason": _first_error([record]), "record": record}
+            "reason": _first_error([record]), "record": record, "latency_ms": _chained(pt.chips)}
+
+
+def _chained(chips: list[ChipTarget]) -> dict[str, Any] | None:
+    """A pipeline's estimated phone time: its graphs' estimates added, once per run of the chain."""
+    from qnn_tasks.latency.estimate import chain
+
+    found = [latency(ct) for ct in chips]
+    return None if any(f is None for f in found) else {**chain(found), "per": "run of the chain"}
 
 
 def loop_entry(ct: ChipTarget, facts: dict[str, Any] | None = None) -> dict[str, Any]:
@@ -241,7 +259,8 @@ def loop_entry(ct: ChipTarget, facts: dict[str, Any] | None = None) -> dict[str,
     return {"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
             "precision": ct.precision, "toolchain_id": ct.toolchain_id,
             "status": "skipped" if ct.skip_reason else combine([record]),
-            "reason": ct.skip_reason or _first_error([record]), "record": record}
+            "reason": ct.skip_reason or _first_error([record]), "record": record,
+            "latency_ms": None if (found := latency(ct)) is None else {**found, "per": "step"}}
 
 
 def provenance(stages: dict[str, Any]) -> dict[str, Any]:

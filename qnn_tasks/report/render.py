@@ -78,6 +78,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines += ["", "## Recurrent graphs verified without a loop", ""]
         lines += [f"- **{g['model']}/{g['graph']}**: {g['recurrent']['note']}" for g in unlooped]
     lines += sizes_markdown(data) + pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
+    lines += latency_markdown(data)
     problems = [t for t in data["targets"] if t["status"] in (Status.FAILED, Status.STALE, Status.SKIPPED)]
     if problems:
         lines += ["", "## Failed, stale and skipped", ""]
@@ -211,6 +212,34 @@ def compat_cell(run: dict[str, Any] | None) -> str:
     if not run.get("loads"):
         return "refused" + (f" ({run['error_code']})" if run.get("error_code") else "") + guess
     return ("loads, matches" if run.get("matches") else "loads, DIFFERS") + guess
+
+
+def latency_markdown(data: dict[str, Any]) -> list[str]:
+    """Estimated phone time per target, pipeline and loop (docs/latency.md), with the phone's where it was measured."""
+    rows = [(t["name"], t.get("latency_ms")) for t in data["targets"]]
+    rows += [(f"pipeline {p['name']}", p.get("latency_ms")) for p in data.get("pipelines", [])]
+    rows += [(f"loop {p['name']}", p.get("latency_ms")) for p in data.get("loops", [])]
+    rows = [(name, lat) for name, lat in rows if lat]
+    if not rows:
+        return []
+    lines = ["", "## Phone time, estimated before the phone (not measured: docs/latency.md)", "",
+             "| target | estimate | band | per | real-time factor | measured on a phone | basis |",
+             "|---|---|---|---|---|---|---|"]
+    for name, lat in rows:
+        phone = ", ".join(f"{p['median_ms']:g} ms ({p['device']})" for p in lat.get("phone") or []) or "-"
+        rtf = (lat.get("realtime_factor") or {}).get("estimate")
+        if lat.get("estimate") is None:
+            lines.append(f"| {name} | refused: {lat.get('refused')} | - | - | - | {phone} | {lat.get('basis')} |")
+            continue
+        wide = " (widened)" if lat.get("widened") else ""
+        lines.append(f"| {name} | ~{lat['estimate']:g} ms | {lat['low']:g}-{lat['high']:g} ms{wide} | "
+                     f"{lat.get('per', 'inference')} | {num(rtf)} | {phone} | {lat['basis']} |")
+    error = next((lat["fit_error"] for _, lat in rows if lat.get("fit_error")), None)
+    if error:
+        lines += ["", f"Leave-one-model-out error of the fit: median {error['median_pct']:g}%, p90 "
+                      f"{error['p90_pct']:g}% over {error['models']} models x {error['chips']} chips. AI Hub's numbers "
+                      "are one device each under AI Hub's settings; apps have reported 2x slower and more."]
+    return lines
 
 
 def device_markdown(data: dict[str, Any]) -> list[str]:

@@ -64,6 +64,7 @@ def _graph(planner, gt: GraphTarget) -> dict[str, Any]:
         facts["part"] = {"of": g.split["of"], "index": g.split["part"], "parts": g.split["parts"]}
     return {"name": gt.name, "io": io, "precisions": list(g.precisions), "simplified": str(gt.simplified),
             "source_file": planner.source(g), **({"sizes": specsizes.facts(g)} if g.size else {}), **facts,
+            **({"audio_seconds_per_sample": audio} if (audio := g.options.get("audio_seconds_per_sample")) else {}),
             "records": records}
 
 

@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from qnn_tasks.errors import MachineError, SpecError, StageError, machine_failure
+from qnn_tasks.latency import shown as latency_shown
 from qnn_tasks.run import records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.ship import aipack, claims, distlock, runtime, verified
@@ -221,7 +222,12 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
     archs, manifests = set(), {}
     for item in sorted(ship, key=lambda s: (s.chip["graph"], s.chip["soc"]["name"], s.chip["precision"])):
         graph = next(g for g in inventory["graphs"] if g["name"] == item.chip["graph"])
-        graphs[graph["name"]]["binaries"].append(_binary(item, graph, work, root, compiler_qnn))
+        entry = _binary(item, graph, work, root, compiler_qnn)
+        latency = latency_shown.latency_ms((graph_records[graph["name"]] or {}).get("lint"), item.chip["soc"]["name"],
+                                           item.chip["precision"], graph.get("audio_seconds_per_sample"))
+        if latency:  # an estimate from published phone timings (docs/latency.md), never a measurement
+            entry["latency_ms"] = latency
+        graphs[graph["name"]]["binaries"].append(entry)
         archs.add(item.chip["soc"]["dsp_arch"])
         if item.chip.get("runtime_manifest"):
             manifests.setdefault(item.chip["soc"]["dsp_arch"], root / item.chip["runtime_manifest"])

@@ -17,6 +17,7 @@ from typing import Any
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import onnxinfo, split
+from qnn_tasks.latency import shown as latency_shown
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec import split as specsplit
@@ -96,7 +97,8 @@ def run(graph: GraphSpec, simplified: Path, loop_feed: dict[str, str] | None = N
               "context_budgets": budgets or {},
               "op_counts": _op_counts(model),
               "findings": [asdict(f) for f in findings],
-              "warnings": summary_lines([f for f in findings if f.severity == "warning"])}  # a hint once per rule
+              "warnings": summary_lines([f for f in findings if f.severity == "warning"]),  # a hint once per rule
+              **latency_shown.lint_fields(model)}  # MACs, op mix: the phone-time estimate before a compile
     feed = recurrent_feed(model)
     if feed:  # the report marks a recurrent graph verified without its loop
         record["recurrent"] = {"feed": feed, "loop": dict(loop_feed or {})}
