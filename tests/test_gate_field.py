@@ -203,7 +203,8 @@ def java_follows(tmp_path, manifest: dict, lengths: list[int]) -> None:
                               timeout=300)
     assert compiled.returncode == 0, compiled.stderr
     run = subprocess.run(["java", f"-Dselector.cases={cases}",
-                          f"-Dselector.manifest_cases={CASES.with_name('manifest_cases.json')}", "-cp", f"{classes}:{classpath}",
+                          f"-Dselector.manifest_cases={CASES.with_name('manifest_cases.json')}",
+                          f"-Dselector.device_cases={CASES.with_name('device_cases.json')}", "-cp", f"{classes}:{classpath}",
                           "org.junit.runner.JUnitCore", "qnntasks.ship.SelectorTest"],
                          capture_output=True, text=True, timeout=300)
     assert run.returncode == 0 and "OK (" in run.stdout, run.stdout + run.stderr
