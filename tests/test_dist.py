@@ -139,13 +139,13 @@ def test_two_dists_are_byte_identical_and_the_second_copies_nothing(shipped):
     for model, before in shipped["snapshot"].items():
         assert tree(shipped["dest"] / model) == before
         second = shipped["second"][model]
-        listed = [rel for rel in before if not rel.startswith("android/")]  # the AI pack is laid out from these
+        listed = [rel for rel in before if not rel.startswith(("android/", "onnxruntime/"))]  # laid out from these
         assert second["copied"] == 0 and second["linked"] == len(listed) - 1  # all but manifest.json kept
         for rel in listed:
             if rel != "manifest.json":  # an unchanged binary is linked from the last package, not copied again
                 assert (shipped["dest"] / model / rel).stat().st_ino == shipped["inodes"][model][rel], rel
         package = shipped["dest"] / model
-        for packed in (package / "android").rglob("*.bin"):  # the AI pack's binaries are the package's, linked
+        for packed in [*(package / "android").rglob("*.bin"), *(package / "onnxruntime").rglob("*.bin")]:  # linked
             assert packed.stat().st_ino in {(package / rel).stat().st_ino for rel in listed if rel.endswith(".bin")}
     assert tree(shipped["fresh"] / "silero-vad") == shipped["snapshot"]["silero-vad"]  # linked or copied: same bytes
     assert sorted(p.name for p in shipped["dest"].iterdir()) == ["minilm", "silero-vad"]  # no temp or old folder left

@@ -101,7 +101,7 @@ def write(manifest: Mapping[str, Any], package_root: Path, dest: Path, *, delive
         for group, files in contents.items():
             folder = assets / f"{model}#group_{group}"
             for rel, path in files:
-                _place(path, folder / rel)
+                place(path, folder / rel)
             (folder / "manifest.json").write_bytes(manifest_text)
         (work / pack / "build.gradle.kts").write_text(gradle(pack, delivery))
         (work / "device_targeting_configuration.xml").write_bytes(targeting_xml(groups))
@@ -229,7 +229,7 @@ def _runtime_module(module: Path, libs: list[dict[str, Any]], scanned: Callable[
                                  f"libraries of one QNN version for every arch)")
             continue
         placed[lib["name"]] = lib["source"]
-        _place(lib["source"], jni / lib["name"])
+        place(lib["source"], jni / lib["name"])
     if missing:
         lines = [f"{m['name']}  (QNN {m['qnn_version']}, arch {m['arch']})" for m in missing]
         (module / "RUNTIME_LIBS_REQUIRED.txt").write_text(
@@ -259,7 +259,7 @@ def _confined(root: Path, rel: str, key: str) -> Path:
     return path
 
 
-def _place(source: Path, target: Path) -> None:
+def place(source: Path, target: Path) -> None:
     """A hard link where the file system allows (a binary is not copied again), else a copy."""
     target.parent.mkdir(parents=True, exist_ok=True)
     try:

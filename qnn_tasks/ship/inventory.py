@@ -44,10 +44,31 @@ def of_model(planner, model: str) -> dict[str, Any]:
                        "record": PIPELINE.record_of(pt)}
                       for pt in pipelines],
         # the model's declared chains (one per size over graphs with sizes), whichever chips they run on
-        "chains": [{"name": p.name or p.model, "graphs": list(p.graphs)}
+        "chains": [{"name": p.name or p.model, "graphs": list(p.graphs), "feeds": _feeds(p, graphs)}
                    for p in ([spec.pipeline] if spec.pipeline else []) + list(spec.size_pipelines)],
+        # the graph run step after step and what it feeds back (input <- output), for the app that runs it
+        "loop": None if spec.loop is None else {"graph": spec.loop.graph, "feed": dict(spec.loop.feed),
+                                                "start": dict(spec.loop.start or {}), "steps": spec.loop.steps},
         "expected": expected(planner, graphs, chips, pipelines),
     }
+
+
+def _feeds(pipeline, graphs: list[GraphTarget]) -> list[dict[str, Any]]:
+    """Each later graph's inputs of a chain and the earlier output feeding each (with its glue: reshape, scale,
+    offset, stack), as the pipeline stage feeds them (spec/pipeline.py `source`)."""
+    from qnn_tasks.spec.pipeline import source
+
+    by_name = {gt.graph.name: gt.graph for gt in graphs}
+    chain = [by_name[name] for name in pipeline.graphs if name in by_name]
+    if len(chain) != len(pipeline.graphs):
+        return []
+    found = []
+    for position, graph in enumerate(chain[1:], start=1):
+        for tensor in graph.inputs:
+            origin, output = source(graph, tensor.name, pipeline.feed, chain[:position])
+            key = f"{graph.name}.{tensor.name}"
+            found.append({"to": key, "from": f"{origin}.{output}", **pipeline.glue.get(key, {})})
+    return found
 
 
 def _graph(planner, gt: GraphTarget) -> dict[str, Any]:

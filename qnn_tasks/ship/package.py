@@ -21,9 +21,10 @@ from typing import Any
 
 from qnn_tasks.errors import MachineError, SpecError, StageError, machine_failure
 from qnn_tasks.latency import shown as latency_shown
+from qnn_tasks.qnn import loadoracle
 from qnn_tasks.run import records
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.ship import aipack, claims, distlock, runtime, verified
+from qnn_tasks.ship import aipack, claims, distlock, modelpackage, runtime, verified
 from qnn_tasks.ship import manifest as mf
 from qnn_tasks.ship.card import card
 
@@ -165,6 +166,8 @@ def _write_locked(inventory, ship, omitted, graph_records, root: Path, dest: Pat
         data, line = _assemble(inventory, ship, omitted, graph_records, work, root, cache_dir)
         rows = {soc: SimpleNamespace(platform=platform) for soc, platform in inventory["platforms"].items()}
         pack = aipack.write(data, tmp, tmp / "android", delivery=inventory["ship"]["delivery"], socs=rows)
+        ort_package = modelpackage.write(data, inventory, tmp, tmp / modelpackage.FOLDER)  # a view of the manifest
+        ort_package["check"] = modelpackage.check(tmp / modelpackage.FOLDER)
         _swap(tmp, dest)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -177,7 +180,7 @@ def _write_locked(inventory, ship, omitted, graph_records, root: Path, dest: Pat
     return {"model": model, "dest": str(dest), "binaries": len(binaries),
             "socs": sorted({b["soc"] for b in binaries}), "omitted": data["omitted"], "runtime_line": line,
             "bytes": sum(f["size"] for f in data["files"].values()), "copied": work.copied, "linked": work.linked,
-            "aipack_line": aipack.summary(pack), "notes": notes}
+            "aipack_line": aipack.summary(pack), "modelpackage_line": modelpackage.summary(ort_package), "notes": notes}
 
 
 def _check_folder(dest_root: Path) -> None:
@@ -273,7 +276,8 @@ def _graph(g: dict[str, Any], stages: dict[str, Any], work: _Assembly, root: Pat
     """A verified graph's entry: its tensors and its CPU fallback (the simplified ONNX its binaries were judged by)."""
     simplified = stages["simplify"]["files"][g["simplified"]]
     fallback = work.copy(root / g["simplified"], f"cpu/{g['name']}.onnx", simplified["sha256"])
-    for name in external_data(root / g["simplified"]):  # a graph over 2 GB keeps its weights beside its .onnx
+    data_files = external_data(root / g["simplified"])
+    for name in data_files:  # a graph over 2 GB keeps its weights beside its .onnx
         vouched = stages["simplify"]["files"].get(str(Path(g["simplified"]).parent / name))
         if not vouched:
             raise StageError(f"dist: {g['simplified']} keeps its weights in {name}, and no record vouches for that "
@@ -281,7 +285,8 @@ def _graph(g: dict[str, Any], stages: dict[str, Any], work: _Assembly, root: Pat
         _same_bytes(work, (root / g["simplified"]).parent / name, f"cpu/{name}", g["name"], vouched["sha256"])
     return {"inputs": mf.tensors(g["io"]["inputs"]), "outputs": mf.tensors(g["io"]["outputs"]),
             "fallback": {"path": f"cpu/{g['name']}.onnx", **fallback, "runs_on": "CPU", "when": FALLBACK_WHEN,
-                         "verified_against": mf.cpu_reference(stages.get("cpucheck"))},
+                         "verified_against": mf.cpu_reference(stages.get("cpucheck")),
+                         **({"data_files": [f"cpu/{name}" for name in data_files]} if data_files else {})},
             "binaries": [], **({"size": mf.size_of(g["sizes"])} if g.get("sizes") else {}),
             **({"part": g["part"]} if g.get("part") else {})}
 
@@ -324,8 +329,9 @@ def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, ro
     soc, precision = chip["soc"], chip["precision"]
     stem = f"{soc['name']}/{chip['graph']}.{precision}"
     binary = work.copy(root / chip["binary"], f"{stem}.bin", context["files"][chip["binary"]]["sha256"])
-    work.put(_wrapper(root / chip["ctx_onnx"], context["files"][chip["ctx_onnx"]]["sha256"],
-                      f"{chip['graph']}.{precision}.bin"), f"{stem}_ctx.onnx")
+    wrapper, ep_info = _wrapper(root / chip["ctx_onnx"], context["files"][chip["ctx_onnx"]]["sha256"],
+                                f"{chip['graph']}.{precision}.bin")
+    work.put(wrapper, f"{stem}_ctx.onnx")
     options = records.read(root / chip["provider_options"]) or {}
     work.put(mf.dumps(provider_options(options, soc)), f"{stem}.provider_options.json")
     info = context.get("binary") or {}
@@ -336,7 +342,7 @@ def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, ro
         phone = None  # results of another build of this target
     return {"soc": soc["name"], "socs": [soc["name"]], "soc_model": soc["soc_id"], "dsp_arch": soc["dsp_arch"],
             "precision": precision, "path": f"{stem}.bin", **binary,
-            "qnn_build_id": info.get("build_id"), "qnn_version": build_qnn,
+            "qnn_build_id": info.get("build_id"), "qnn_version": build_qnn, "ep_compatibility_info": ep_info,
             "min_runtime_qnn": minimum, "min_runtime_from": minimum_from,
             "io": mf.binary_io(context, graph["io"]),
             "ort": {"ctx_onnx": f"{stem}_ctx.onnx", "provider_options": f"{stem}.provider_options.json"},
@@ -373,8 +379,9 @@ def provider_options(compiled: dict[str, Any], soc: dict[str, Any]) -> dict[str,
     return dict(sorted(options.items()))
 
 
-def _wrapper(ctx_onnx: Path, sha: str, binary_name: str) -> bytes:
-    """The EPContext wrapper pointing at the binary beside it (onnxruntime refuses '..' and absolute paths there)."""
+def _wrapper(ctx_onnx: Path, sha: str, binary_name: str) -> tuple[bytes, str | None]:
+    """The EPContext wrapper pointing at the binary beside it (onnxruntime refuses '..' and absolute paths there), and
+    the QNN EP's ep_compatibility_info it carries (what ONNX Runtime's variant selector hands the EP)."""
     import onnx
 
     if records.sha256(ctx_onnx) != sha:
@@ -387,7 +394,8 @@ def _wrapper(ctx_onnx: Path, sha: str, binary_name: str) -> bytes:
     for prop in model.metadata_props:
         if prop.key == "qnn_tasks.binary":
             prop.value = binary_name
-    return model.SerializeToString(deterministic=True)
+    ep_info = next((p.value for p in model.metadata_props if p.key == loadoracle.EP_KEY), None)
+    return model.SerializeToString(deterministic=True), ep_info
 
 
 def _check_replaceable(dest: Path) -> None:
@@ -434,5 +442,7 @@ def summary(done: dict[str, Any]) -> str:
         lines.append(f"dist:{done['model']}: {done['runtime_line']}")
     if done.get("aipack_line"):
         lines.append(f"dist:{done['model']}: {done['aipack_line']}")
+    if done.get("modelpackage_line"):
+        lines.append(f"dist:{done['model']}: {done['modelpackage_line']}")
     lines.extend(f"dist:{done['model']}: {note}" for note in done.get("notes") or ())
     return "\n".join(lines)
