@@ -100,8 +100,9 @@ def test_package_holds_every_verified_binary_and_its_proof(shipped, verified):
     simplified = verified.root / "build/silero-vad/vad/simplify/vad.onnx"
     assert fallback["path"] == "cpu/vad.onnx" and (vad / "cpu/vad.onnx").read_bytes() == simplified.read_bytes()
     assert fallback["verified_against"]["measured_on"] == "x86 CPU (onnxruntime)"
-    # every file named, with its digest; android/ is the AI pack laid out from them (it holds manifest.json itself)
-    files = {p for p in tree(vad) if not p.startswith("android/")}
+    # every file named, with its digest; android/ (the AI pack) and onnxruntime/ (ONNX Runtime's ModelPackage) are laid
+    # out from them, each with a manifest of its own
+    files = {p for p in tree(vad) if not p.startswith(("android/", "onnxruntime/"))}
     assert set(data["files"]) | {"manifest.json"} == files
     assert (vad / "android/device_targeting_configuration.xml").is_file()
     group = vad / "android/silero_vad/src/main/assets/silero-vad#group_SM8650"
