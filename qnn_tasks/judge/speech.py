@@ -48,13 +48,25 @@ def wer_check(graph: GraphSpec, check: dict[str, Any], reference_outputs: list[d
     """
     name, count = check["output"], len(npu_outputs)
     ctx = modelcode.context_for(graph)
+    texts = reference_texts(graph, ctx, count, f"graph '{graph.name}', check wer")
+    cpu = _transcribe(graph, ctx, [r[name] for r in reference_outputs[:count]], "CPU reference")
+    npu = _transcribe(graph, ctx, [o[name] for o in npu_outputs], "NPU")
+    return wer_result(check, texts, cpu, npu)
+
+
+def reference_texts(graph: GraphSpec, ctx: modelcode.ModelContext, count: int, what: str) -> list[str]:
+    """The first `count` texts of the model's texts(ctx): what each judged sample (or loop run) says."""
     texts = modelcode.call(graph, "texts", ctx)
     if not isinstance(texts, list) or len(texts) < count or not all(isinstance(t, str) and words(t) for t in texts):
         raise StageError(f"{graph.model_code}:texts() must return one non-empty reference text per sample "
-                         f"({count} judged samples) in sample order (graph '{graph.name}', check wer)")
-    texts = texts[:count]
-    cpu = _transcribe(graph, ctx, [r[name] for r in reference_outputs[:count]], "CPU reference")
-    npu = _transcribe(graph, ctx, [o[name] for o in npu_outputs], "NPU")
+                         f"({count} judged samples) in sample order ({what})")
+    return texts[:count]
+
+
+def wer_result(check: dict[str, Any], texts: list[str], cpu: list[str], npu: list[str],
+               transcribed_by: str = "the model's transcribe()") -> dict[str, Any]:
+    """The `wer` check's result from the CPU path's and the NPU path's transcripts of the same samples."""
+    name, count = check["output"], len(npu)
     wer_cpu, wer_npu = word_error_rate(texts, cpu), word_error_rate(texts, npu)
     same = [words(c) == words(n) for c, n in zip(cpu, npu)]
     differing = [{"sample": i, "reference_text": texts[i], "cpu": cpu[i], "npu": npu[i]}
@@ -65,8 +77,8 @@ def wer_check(graph: GraphSpec, check: dict[str, Any], reference_outputs: list[d
     result = {"kind": "wer", "output": name, "value": increase, "max": allowed, "min_identical": required,
               "passed": passed, "wer_cpu": wer_cpu, "wer_npu": wer_npu, "identical_share": identical,
               "samples": count, "normalisation": NORMALISATION,
-              "meaning": "increase in word error rate of the NPU path over the CPU path (both transcribed by the "
-                         "model's transcribe(), scored against texts() with jiwer after lower-casing and removing "
+              "meaning": "increase in word error rate of the NPU path over the CPU path (both transcribed by "
+                         f"{transcribed_by}, scored against texts() with jiwer after lower-casing and removing "
                          "punctuation)",
               "transcripts": [{"reference_text": t, "cpu": c, "npu": n} for t, c, n in zip(texts, cpu, npu)],
               "differing": differing[: int(check["show"])]}

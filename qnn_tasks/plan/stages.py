@@ -583,17 +583,39 @@ def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
     config = p.config_files(ct)[0]
     settings = loop.settings(ct.precision)
     code = p.code_deps(ct.graph) if loop.step or any(c["kind"] in MODEL_CHECKS for c in settings["verify"]["checks"]) else []
+    partners, partner_files = transducer_partners(p, ct, loop.transducer)
     out = f"{ct.dir_str}/{stage.name}"
-    return chip_plan(p, stage, ct, ctx_files + [config, str(gt.simplified), str(gt.inputs)] + start_files + code,
+    return chip_plan(p, stage, ct, ctx_files + [config, str(gt.simplified), str(gt.inputs)] + start_files + code
+                      + partner_files,
                       [f"{out}/outputs.npz", f"{out}/reference.npz", f"{out}/per_step_error.png"],
                       p.chip_key(stage, ct, loop=settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "loop": settings, "ctx_onnx": ctx_files[0],
                                "provider_options": config, "simplified": str(gt.simplified), "inputs": str(gt.inputs),
-                               "soc_name": ct.soc.name, "start": start},
+                               "soc_name": ct.soc.name, "start": start,
+                               "partners": {role: {**files, "graph": p.graph_dict(c.graph)}
+                                            for role, (c, files) in partners.items()}},
                       f"run {ct.graph.name} as a loop on {ct.soc.name}'s simulator (the NPU carrying its own state) "
                       "and on CPU; judge every step" + (f" (each run started by pipeline:{start['pipeline']}'s outputs)"
                                                          if start else ""),
                       task_dep=task_dep)
+
+
+def transducer_partners(p: Planner, ct: ChipTarget, transducer: dict[str, Any] | None
+                        ) -> tuple[dict[str, tuple[ChipTarget, dict[str, str]]], list[str]]:
+    """A transducer loop's decoder and joiner on the encoder's chip, precision and toolchain: role -> (their chip
+    target, the binary, config and simplified ONNX the search runs), and those files (the loop's dependencies, with
+    the tokens file). Their graphs are built for the encoder's chips and precisions (spec/transducer.py)."""
+    if not transducer:
+        return {}, []
+    found = {}
+    for role in ("decoder", "joiner"):
+        partner = next(c for c in p.chips if c.graph.model == ct.graph.model and c.graph.name == transducer[role]
+                       and c.precision == ct.precision and c.soc.name == ct.soc.name
+                       and c.variant.suffix == ct.variant.suffix)
+        found[role] = (partner, {"ctx_onnx": p.context_files(partner)[0], "provider_options": p.config_files(partner)[0],
+                                 "simplified": str(partner.graph_target.simplified)})
+    tokens = os.path.relpath(ct.graph.model_dir / transducer["tokens"], p.root)
+    return found, [f for _, files in found.values() for f in files.values()] + [tokens]
 
 
 def start_pipeline(p: Planner, ct: ChipTarget) -> PipelineTarget | None:

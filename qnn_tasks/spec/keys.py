@@ -27,6 +27,7 @@ from qnn_tasks.spec.schema import (
     Text,
 )
 from qnn_tasks.spec.split import MAX_PARTS
+from qnn_tasks.spec.transducer import MAX_SYMBOLS
 
 NAME = Text(max_len=100)
 FILE = Text(doc="path in the model folder")
@@ -119,8 +120,12 @@ PIPELINE = Fields({
                      fix="e.g. graphs: [features, classifier]"),
     "feed": MapOf(Either((Text(max_len=300), GLUE)), "<graph>.<input>"),
     "verify": VERIFY})
+TRANSDUCER = Fields({"frames": NAME, "decoder": NAME, "joiner": NAME, "blank": Int(0, MAX_DIM),
+                     "max_symbols": Int(1, MAX_SYMBOLS), "tokens": FILE},
+                    required=("frames", "decoder", "joiner", "tokens"))
 LOOP = Fields({"graph": NAME, "feed": MapOf(NAME, "<input>"), "steps": Int(1, MAX_STEPS), "step": NAME,
-               "start": MapOf(Text(max_len=300), "<input>"), "verify": VERIFY})
+               "start": MapOf(Text(max_len=300), "<input>"), "run_steps": Int(1, MAX_STEPS),
+               "transducer": TRANSDUCER, "verify": VERIFY})
 
 MODEL = Fields({
     "licence": Text(max_len=200),

@@ -6,6 +6,8 @@
       steps: 200                    # optional: how many steps (default: one per verification sample)
       step: step                    # optional: export.py's step(ctx, inputs, outputs) -> next inputs | None
       start: {cross_k: crosskv.k}   # optional: inputs held at the model's pipeline's outputs, one run per sample
+      run_steps: 10                 # optional: the stream cut into runs of 10 steps, fed inputs zero at each start
+      transducer: {...}             # optional: a transducer's greedy search over each step's frames (spec/transducer.py)
       verify:                       # the NPU loop's outputs at every step vs the CPU loop's (as graph verify)
         checks: [{agreement: {output: output, threshold: 0.5, min: 0.99}}]
 
@@ -14,7 +16,8 @@ come from step i-1's outputs; step 0 is the first sample as it is. With `step:`,
 code decides the next inputs (and when to stop) from the step just run. With `start:`, the model's
 `pipeline:` runs first (encoder once -> decoder loop): every pipeline sample starts one run of the
 loop, the named inputs held at the last pipeline graph's outputs (the NPU chain's for the NPU loop,
-the CPU chain's for the CPU loop). Over a graph with sizes (`dims:`) the loop runs per size, each size
+the CPU chain's for the CPU loop). With `run_steps:`, the stream is cut into runs of that many steps (a streaming
+encoder's utterances), every fed-back input zeros at each run's first step. Over a graph with sizes (`dims:`) the loop runs per size, each size
 started by the pipeline at that size (`load_sized`). Loaded from spec/load.py; only YAML is read here.
 """
 from __future__ import annotations
@@ -28,7 +31,7 @@ if TYPE_CHECKING:  # spec/project.py loads through this module: importing it her
     from qnn_tasks.spec.project import GraphSpec
     from qnn_tasks.spec.sizes import SizeSpec
 
-LOOP_KEYS = {"graph", "feed", "steps", "step", "start", "verify"}
+LOOP_KEYS = {"graph", "feed", "steps", "step", "start", "run_steps", "transducer", "verify"}
 MAX_STEPS = 100_000  # a bound on what a spec can ask the simulator for
 
 
@@ -41,16 +44,20 @@ class LoopSpec:
     step: str | None                   # a function of export.py driving the loop, or None
     verify: dict[str, dict[str, Any]]  # precision -> validated verify settings (as a graph's)
     start: dict[str, str] | None = None  # input -> output of the pipeline's last graph, held for every step
+    run_steps: int | None = None       # steps per run (the stream cut into runs), None: one run
+    transducer: dict[str, Any] | None = None  # the greedy search's settings (spec/transducer.py), None: no search
 
     def settings(self, precision: str) -> dict[str, Any]:
         """What the loop stage's key and call carry for one precision (JSON-able)."""
+        optional = {k: v for k, v in (("run_steps", self.run_steps), ("transducer", self.transducer)) if v}
         return {"graph": self.graph, "feed": self.feed, "steps": self.steps, "step": self.step,
-                "start": self.start, "verify": self.verify[precision]}
+                "start": self.start, "verify": self.verify[precision], **optional}
 
 
 def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
          pipeline: PipelineSpec | None = None) -> LoopSpec | None:
     from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec import transducer as spectransducer
     from qnn_tasks.spec.checks import verify_section
     from qnn_tasks.spec.yamlread import as_int, as_mapping, check_keys
 
@@ -94,11 +101,43 @@ def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
     steps = section.get("steps")
     if steps is not None:
         steps = as_int(steps, path, "loop.steps", 1, MAX_STEPS)
+    run_steps = _run_steps(section, steps, path)
+    transducer = spectransducer.load(section.get("transducer"), graph, by_name, path)
+    if transducer is not None:
+        for other in ("step", "start"):
+            if section.get(other) is not None:
+                raise SpecError(path, f"loop.{other}", "a transducer's loop is driven by its declaration: each run is "
+                                "`run_steps` chunks of the stream", f"remove loop.{other}")
+        if graph.size is not None:
+            raise SpecError(path, "loop.transducer", f"graph '{graph.size.graph}' has sizes (dims:)",
+                            "give the transducer's encoder one chunk size")
     verify_data = as_mapping(section.get("verify"), path, "loop.verify")
     if "samples" in verify_data:
         raise SpecError(path, "loop.verify.samples", "a loop runs steps, not samples", "use loop.steps")
-    verify = {p: verify_section(verify_data, p, set(outputs), path, "loop.verify") for p in graph.precisions}
-    return LoopSpec(model=model, graph=str(name), feed=feed, steps=steps, step=step, verify=verify, start=start)
+    spectransducer.check_verify(transducer, verify_data, graph, path)
+    names = spectransducer.verified_outputs(transducer, set(outputs))
+    verify = {p: verify_section(verify_data, p, names, path, "loop.verify") for p in graph.precisions}
+    return LoopSpec(model=model, graph=str(name), feed=feed, steps=steps, step=step, verify=verify, start=start,
+                    run_steps=run_steps, transducer=transducer)
+
+
+def _run_steps(section: dict[str, Any], steps: int | None, path: Path) -> int | None:
+    """`run_steps: N`: the stream cut into runs of N steps (a whole number of them when `steps` is given)."""
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.yamlread import as_int
+
+    if section.get("run_steps") is None:
+        return None
+    run_steps = as_int(section["run_steps"], path, "loop.run_steps", 1, MAX_STEPS)
+    for other, why in (("start", "each run starts from a pipeline sample"),
+                       ("step", "a step function decides where a run stops")):
+        if section.get(other) is not None:
+            raise SpecError(path, "loop.run_steps", f"cuts the stream into runs, and with loop.{other} {why}",
+                            f"use one of loop.run_steps and loop.{other}")
+    if steps is not None and steps % run_steps:
+        raise SpecError(path, "loop.steps", f"{steps} steps are not a whole number of runs of {run_steps}",
+                        f"give a multiple of run_steps, e.g. steps: {max(1, steps // run_steps) * run_steps}")
+    return run_steps
 
 
 def _start(data: Any, graph: GraphSpec, feed: dict[str, str], by_name: dict[str, GraphSpec],

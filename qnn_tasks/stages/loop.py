@@ -28,6 +28,8 @@ from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.nativelog import native_output_to
 from qnn_tasks.spec.checks import MODEL_CHECKS
 from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.spec.transducer import TOKENS
+from qnn_tasks.stages import transducer
 from qnn_tasks.stages.simulate import SIMULATOR_LABEL
 
 OUTPUTS_FILE = "outputs.npz"
@@ -39,7 +41,7 @@ Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
 def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options: Path, simplified: Path,
         inputs_file: Path, target: str, soc_name: str, out_dir: Path,
-        start: dict[str, Any] | None = None) -> dict[str, Any]:
+        start: dict[str, Any] | None = None, partners: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     where = f"{graph.model_dir / 'model.yaml'}: loop"
     stream = sample_store.load(inputs_file)
     steps = loop["steps"] or len(stream)
@@ -47,35 +49,27 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
         raise StageError(f"{where}.steps: {steps} steps, but the stream has only {len(stream)} samples "
                          f"(fix: lower loop.steps, give the graph more samples, or drive the loop with a step function)")
     log = out_dir / "simulator.log"
-    session = simulator.open_session(ctx_onnx, fileio.read_json(provider_options), log, graph.allow_cpu_fallback)
-    npu_names = [o.name for o in session.get_outputs()]
     seconds: list[float] = []
-
-    def npu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        began = time.perf_counter()
-        with native_output_to(log):
-            values = session.run(None, inputs)
-        seconds.append(time.perf_counter() - began)
-        return dict(zip(npu_names, values))
-
-    cpu_session = _cpu_session(simplified)
-    cpu_names = [o.name for o in cpu_session.get_outputs()]
-
-    def cpu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(cpu_names, cpu_session.run(None, inputs)))
-
-    held = starts(start)
-    reference, actual, runs, violations = [], [], [], []
+    npu = _npu_runner(ctx_onnx, provider_options, log, graph.allow_cpu_fallback, seconds)
+    cpu = _cpu_runner(simplified)
+    search = _searches(loop, partners or {}, log)
+    runs_of = cut(graph, loop, stream, steps, start, where)
+    reference, actual, runs, violations, searched = [], [], [], [], []
     whole_runs: tuple[list, list] = ([], [])  # each run's outputs stacked over its steps (CPU, NPU)
-    for index, (cpu_held, npu_held) in enumerate(held):
+    all_steps = sum(run_steps for _, run_steps, _, _ in runs_of)
+    for index, (run_stream, run_steps, cpu_held, npu_held) in enumerate(runs_of):
         done, timed = len(actual), len(seconds)
-        ref = drive(graph, loop, stream, steps, cpu, "cpu", where, lambda i: None, cpu_held)
-        got = drive(graph, loop, stream, steps, npu, "npu", where,
-                    lambda i, done=done: progress.step(done + i, steps * len(held), "step"), npu_held)
+        ref = drive(graph, loop, run_stream, run_steps, cpu, "cpu", where, lambda i: None, cpu_held)
+        got = drive(graph, loop, run_stream, run_steps, npu, "npu", where,
+                    lambda i, done=done: progress.step(done + i, all_steps, "step"), npu_held)
         common = min(len(ref), len(got))
         # the run's simulator time: a decoder's decode time per clip
         runs.append({"run": index, "first": len(reference), "steps": len(got), "steps_cpu": len(ref),
                      "npu_seconds": float(np.sum(seconds[timed:]))})
+        if search is not None:  # the transducer's greedy search over this run's frames, each side on its own
+            searched.append({"first": len(reference), **{side: search(side, outputs) for side, outputs
+                                                          in (("cpu", ref), ("npu", got))}})
+            runs[-1]["npu_seconds"] += sum(searched[-1]["npu"]["seconds"].values())
         if len(ref) != len(got):
             runs[-1]["stopped_apart_at"] = len(reference) + common
             violations.append(f"run {index}: the NPU loop ran {len(got)} steps, the CPU loop {len(ref)} (its step "
@@ -89,8 +83,14 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
     # run as a whole: the model's transcribe() gets a run's outputs stacked over its steps
     by_step = {**loop["verify"], "checks": [c for c in loop["verify"]["checks"] if c["kind"] not in MODEL_CHECKS]}
     result, judged = verification.judge(graph, by_step, reference, actual)
+    searches = None
+    if search is not None:  # the search's tokens: compared frame by frame, judged by words per run
+        searches, checked, failed = transducer.compare(graph, loop["transducer"], searched, loop["verify"]["checks"],
+                                                       _frames_per_step(graph, loop), where)
+        result["checks"] += checked
+        judged += failed
     for check in loop["verify"]["checks"]:
-        if check["kind"] in MODEL_CHECKS:
+        if check["kind"] in MODEL_CHECKS and check["output"] != TOKENS:
             outcome = verification.run_check(graph, check, whole_runs[0], whole_runs[1])
             outcome["judged"] = "per run"
             result["checks"].append(outcome)
@@ -98,7 +98,9 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
                 judged.append(f"check {outcome['kind']} on '{check['output']}' over {len(runs)} run(s): "
                               + (outcome.get("failure") or f"{outcome['value']:.4g}"))
     violations = judged + violations
-    first = first_differing_step(result["checks"], [r["stopped_apart_at"] for r in runs if "stopped_apart_at" in r])
+    first = first_differing_step(result["checks"], [r["stopped_apart_at"] for r in runs if "stopped_apart_at" in r]
+                                 + ([searches["first_difference"]["step"]] if (searches or {}).get("first_difference")
+                                    else []))
     difference = first_difference(graph, result["checks"], first)
     sample_store.save(out_dir / OUTPUTS_FILE, actual)
     sample_store.save(out_dir / REFERENCE_FILE, reference)
@@ -109,6 +111,7 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
               "steps": sum(r["steps"] for r in runs), "steps_cpu": sum(r["steps_cpu"] for r in runs),
               "compared_steps": len(actual), "runs": runs, "feed": loop["feed"], "step_function": loop["step"],
               "start": (start or {}).get("inputs"), "started_by": (start or {}).get("pipeline"),  # pipeline:<it>
+              "run_steps": loop.get("run_steps"), **({"transducer": searches} if searches else {}),
               "per_step": per_step, "growth": growth(per_step), "first_differing_step": first,
               "first_difference": difference, **result,
               "violations": violations,
@@ -122,9 +125,76 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
         if difference:
             at += (f" ({difference['check']} on '{difference['output']}': NPU {difference['npu']['text']}, "
                    f"CPU {difference['cpu']['text']})")
+        at += transducer.difference_line((searches or {}).get("first_difference"))
         raise StageError(f"loop {target} failed after {record['steps']} steps: " + "; ".join(violations) + at
                          + f" (per-step error: {out_dir / PLOT_FILE})", record)
     return record
+
+
+def cut(graph: GraphSpec, loop: dict[str, Any], stream: list[dict[str, np.ndarray]], steps: int,
+        start: dict[str, Any] | None, where: str) -> list[tuple[list[dict[str, np.ndarray]], int, dict, dict]]:
+    """The loop's runs: (stream, steps, CPU held inputs, NPU held inputs) of each. One run per pipeline sample
+    (`start:`, each over the whole stream), one run per `run_steps` steps of the stream (its fed-back inputs held at
+    zeros for the first step, as a streaming encoder's caches start), or one run of the whole stream."""
+    per_run = loop.get("run_steps")
+    if not per_run:
+        return [(stream, steps, cpu, npu) for cpu, npu in starts(start)]
+    if steps % per_run:
+        raise StageError(f"{where}.run_steps: the stream's {steps} samples are not a whole number of runs of "
+                         f"{per_run} (fix: give the graph a multiple of {per_run} samples, or set loop.steps)")
+    declared = {t.name: t for t in graph.inputs}
+    zeros = {name: np.zeros(declared[name].shape, np.dtype(declared[name].dtype)) for name in loop["feed"]}
+    return [(stream[first:first + per_run], per_run, zeros, zeros) for first in range(0, steps, per_run)]
+
+
+def _frames_per_step(graph: GraphSpec, loop: dict[str, Any]) -> int:
+    return next(t.shape[1] for t in graph.outputs if t.name == loop["transducer"]["frames"])
+
+
+def _searches(loop: dict[str, Any], partners: dict[str, dict[str, Any]], log: Path):
+    """search(side, run's outputs) -> the greedy search of that side over a run's frames; None without a
+    transducer. The NPU side runs the decoder and joiner binaries on the simulator, the CPU side their ONNX."""
+    settings = loop.get("transducer")
+    if not settings:
+        return None
+    graphs = {role: calls.graph(partners[role]) for role in ("decoder", "joiner")}
+    runners = {"cpu": {role: _cpu_runner(Path(partners[role]["simplified"])) for role in graphs},
+               "npu": {role: _npu_runner(Path(partners[role]["ctx_onnx"]),
+                                         Path(partners[role]["provider_options"]), log,
+                                         graphs[role].allow_cpu_fallback, []) for role in graphs}}
+
+    def search(side: str, outputs: list[dict[str, np.ndarray]]) -> dict[str, Any]:
+        return transducer.search(settings, graphs["decoder"], graphs["joiner"],
+                                 [o[settings["frames"]] for o in outputs], runners[side]["decoder"],
+                                 runners[side]["joiner"])
+
+    return search
+
+
+def _npu_runner(ctx_onnx: Path, provider_options: Path, log: Path, allow_cpu_fallback: bool,
+                seconds: list[float]) -> Runner:
+    """One binary on the simulator as a step function (its session kept for every call); times into `seconds`."""
+    session = simulator.open_session(ctx_onnx, fileio.read_json(provider_options), log, allow_cpu_fallback)
+    names = [o.name for o in session.get_outputs()]
+
+    def npu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        began = time.perf_counter()
+        with native_output_to(log):
+            values = session.run(None, inputs)
+        seconds.append(time.perf_counter() - began)
+        return dict(zip(names, values))
+
+    return npu
+
+
+def _cpu_runner(simplified: Path) -> Runner:
+    session = _cpu_session(simplified)
+    names = [o.name for o in session.get_outputs()]
+
+    def cpu(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, session.run(None, inputs)))
+
+    return cpu
 
 
 def drive(graph: GraphSpec, loop: dict[str, Any], stream: list[dict[str, np.ndarray]], steps: int, run_step: Runner,
@@ -279,4 +349,4 @@ def _cpu_session(simplified: Path):
 def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run(calls.graph(a), a["loop"], Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["simplified"]),
-               Path(a["inputs"]), call.target, a["soc_name"], Path(call.out_dir), a.get("start"))
+               Path(a["inputs"]), call.target, a["soc_name"], Path(call.out_dir), a.get("start"), a.get("partners"))
