@@ -98,16 +98,20 @@ def test_the_fix_proposes_w8a16_only_when_it_is_not_set():
         assert fixes == {f"export the float model (before quantization) and {tail}"}
 
 
-def test_allowing_int8_in_onnx_is_refused_at_load_in_one_line(tmp_path):
+@pytest.mark.parametrize("precision, tail", [("fp16", " (precision: w8a16))"),
+                                             ("w8a16", ": precision: w8a16 is already set)")])
+def test_allowing_int8_in_onnx_is_refused_at_load_in_one_line(tmp_path, precision, tail):
+    """issue 43: with w8a16 already set the line still told the user to add it."""
     from qnn_tasks.spec.load import load_model, load_socs
 
-    project = project_with(tmp_path / "p", int8_model(), extra="    lint: {allow: [batch, int8-in-onnx]}\n")
+    project = project_with(tmp_path / "p", int8_model(), precision,
+                           extra="    lint: {allow: [batch, int8-in-onnx]}\n")
     with pytest.raises(SpecError) as info:
         load_model(project.path("models/q"), load_socs(project.path("socs/socs.yaml")))
     line = str(info.value)
     assert line == (f"{project.path('models/q/model.yaml')}: graphs.g.lint.allow[1]: int8-in-onnx cannot be "
                     "acknowledged: QNN cannot compile int8 arithmetic written into the ONNX (it quantizes itself) "
-                    "(fix: remove it from allow; export the float model and let QNN quantize it (precision: w8a16))")
+                    "(fix: remove it from allow; export the float model and let QNN quantize it" + tail)
 
 
 def test_without_samples_export_and_lint_run_and_cpucheck_names_the_missing_key(tmp_path):

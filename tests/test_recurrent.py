@@ -45,10 +45,29 @@ def cell(state_in="state", state_out="stateN"):
     (["state"], ["stateN_big"], {}),             # related name, another shape (below)
 ])
 def test_recurrent_feed_pairs_inputs_with_the_outputs_that_feed_them(inputs, outputs, feed):
-    nodes = [helper.make_node("Identity", [i], [o]) for i, o in zip(inputs, outputs)]
+    nodes = [helper.make_node("Tanh", [i], [o]) for i, o in zip(inputs, outputs)]
     shapes = {o: (1, 32) if o.endswith("_big") else (1, 16) for o in outputs}
     model = model_of(nodes, [value(i, (1, 16)) for i in inputs], [value(o, shapes[o]) for o in outputs])
     assert recurrent_feed(model) == feed
+
+
+@pytest.mark.parametrize("chain", [["Identity"], ["Identity", "Cast"], ["Reshape"]])
+def test_an_input_passed_straight_to_an_output_is_not_state(chain):
+    """issue 43: on main `state -> Identity -> stateN` was flagged recurrent; a pass-through is no recurrence (feeding
+    it back changes nothing), while the cell beside it, whose output is computed, still is."""
+    nodes, name = [], "state"
+    for k, op in enumerate(chain):
+        out = "stateN" if k == len(chain) - 1 else f"t{k}"
+        extra = {"to": F} if op == "Cast" else {}
+        nodes.append(helper.make_node(op, [name, "shape"] if op == "Reshape" else [name], [out], **extra))
+        name = out
+    nodes.append(helper.make_node("Tanh", ["h0"], ["hn"]))
+    model = model_of(nodes, [value("state", (1, 16)), value("h0", (1, 16))], [value("stateN", (1, 16)),
+                                                                              value("hn", (1, 16))],
+                     [const("shape", [1, 16], np.int64)])
+    assert recurrent_feed(model) == {"h0": "hn"}
+    [finding] = [f for f in find_problems(model, graph_spec(name="rnn")) if f.rule == "recurrent"]
+    assert "input 'state'" not in finding.message and finding.message.startswith("input 'h0' <- output 'hn'")
 
 
 def test_lint_proposes_the_loop_a_recurrent_graph_needs(tmp_path):

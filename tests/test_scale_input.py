@@ -192,7 +192,7 @@ def test_advised_factor_fits_every_scaled_tensor():
     plan = inputscale.plan(model, "x")
     assert plan.refusal == "" and plan.degrees["spec"] == 1 and plan.degrees["power"] == 2 and "y" not in plan.degrees
     # conv values to 6.7e5 (degree 1), power to 9e11 (degree 2): s^2 * 9e11 <= 16376 needs s = 2^-13
-    factor = inputscale.advised_factor(plan, {"x": 3e4, "spec": 6.7e5, "power2": 4.5e11, "power": 9e11})
+    factor = inputscale.advised_factor(model, plan, {"x": 3e4, "spec": 6.7e5, "power2": 4.5e11, "power": 9e11})
     assert factor == Fraction(1, 2 ** 13)
 
 
@@ -288,10 +288,11 @@ def test_scale_input_refuses_a_factor_whose_products_leave_fp16(model, factor, p
 
 def test_advised_factor_stays_where_fp16_can_undo_it():
     """At an output of degree 2 the advice stops at 2^-7 (s^-2 = 2^14); a tensor needing a smaller s gets none."""
-    plan = inputscale.plan(energy(), "x")
+    model = energy()
+    plan = inputscale.plan(model, "x")
     assert plan.outputs == ["y"] and plan.degrees["y"] == 2
-    assert inputscale.advised_factor(plan, {"spec": 6e5}) == Fraction(1, 2 ** 6)  # 6e5 s <= 65504 / 4
-    assert inputscale.advised_factor(plan, {"y": 3.6e11}) is None  # would need 2^-8: s^-2 = 2^16 overflows fp16
+    assert inputscale.advised_factor(model, plan, {"spec": 6e5}) == Fraction(1, 2 ** 6)  # 6e5 s <= 65504 / 4
+    assert inputscale.advised_factor(model, plan, {"y": 3.6e11}) is None  # would need 2^-8: s^-2 = 2^16 overflows fp16
 
 
 def clipped_spectrum(low="low", high="high"):
@@ -329,3 +330,39 @@ def test_scale_input_refuses_a_clip_to_a_computed_bound():
         rewrites.apply(model, [{"scale-input": {"input": "x", "factor": "1/64"}}])
     assert ("Clip node 'saturate' clips to a bound that is neither a constant nor scaled like its input (fix: scale the "
             "input at export where the scale can be undone, or drop scale-input)") in str(info.value)
+
+
+def clamped_spectrum():
+    """power_spectrum whose floor is Clip(power, 1e-3, +inf) instead of Add eps: torch.clamp(min=eps) as some
+    exporters write it, with an infinite max (no bound)."""
+    model = power_spectrum()
+    floor = next(n for n in model.graph.node if n.name == "floor")
+    floor.op_type, floor.input[:] = "Clip", ["power", "eps", "no_ceiling"]
+    model.graph.initializer.append(const("no_ceiling", np.inf))
+    onnx.checker.check_model(model)
+    return model
+
+
+def test_diagnose_advises_a_factor_the_rewrite_accepts_past_an_infinite_clip_bound():
+    """issue 43: diagnose advised scale-input, and export refused every factor: "constant 'no_ceiling' scaled with it
+    reaches inf". An infinite bound is no bound; diagnose's advice and the rewrite's check are one rule."""
+    from test_rewrites import graph_spec
+
+    from qnn_tasks.stages.diagnose import advise_scale_input, hazards
+
+    model = clamped_spectrum()
+    clips = audio(2, loudness=20000.0)
+    detail = {"tensor": "spec", "cpu_value": -670882.0, "npu_value": -65504.0, "input_values": {"x": 3.0}}
+    detail["hazards"] = hazards(model.graph.node[0], detail, {}, "fp16")
+    advise_scale_input(model, detail, cpu_tensors(model, clips), graph_spec())
+    [overflow] = detail["hazards"]
+    advised = overflow["rewrite"]["scale-input"]
+    assert advised == {"input": "x", "factor": "1/8192"}, overflow["fix"]
+    sites, after = rewritten(model, "scale-input", **advised)
+    assert "constant 'eps'" in sites and "constant 'no_ceiling'" in sites
+    for feeds in clips:
+        np.testing.assert_allclose(run(after, feeds)[0], run(model, feeds)[0], rtol=1e-5, atol=1e-4)
+    # a finite bound the scale would push past fp16 is still refused, by the same rule diagnose asks
+    model.graph.initializer[-1].CopyFrom(const("no_ceiling", 60000.0))
+    with pytest.raises(RewriteError, match="constant 'no_ceiling' scaled with it reaches 1.007e\\+12"):
+        rewrites.apply(model, [{"scale-input": {"factor": 2 ** 12}}])

@@ -65,7 +65,7 @@ NOT_ACKNOWLEDGEABLE = {
 }
 
 
-def check_lint(lint: dict, path: Path, key: str) -> None:
+def check_lint(lint: dict, path: Path, key: str, precisions: tuple[str, ...] | list[str] = ()) -> None:
     allow = lint.get("allow", [])
     if not isinstance(allow, list) or any(rule not in LINT_RULES for rule in allow):
         raise SpecError(path, f"{key}.allow", f"must be a list of lint rules, got {allow!r}",
@@ -73,6 +73,8 @@ def check_lint(lint: dict, path: Path, key: str) -> None:
     for i, rule in enumerate(allow):
         if rule in NOT_ACKNOWLEDGEABLE:
             why, fix = NOT_ACKNOWLEDGEABLE[rule]
+            if "w8a16" in precisions:  # the graph already says what the fix would tell it to add
+                fix = fix.replace(" (precision: w8a16)", ": precision: w8a16 is already set")
             raise SpecError(path, f"{key}.allow[{i}]", f"{rule} cannot be acknowledged: {why}", fix)
 
 

@@ -259,7 +259,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
     for metric, limit in cpucheck.items():
         as_number(limit, path, f"{key}.cpucheck.{metric}", *THRESHOLD_RANGES[metric])
     lint = get_section(data, "lint", LINT_KEYS, path, key)
-    check_lint(lint, path, f"{key}.lint")
+    check_lint(lint, path, f"{key}.lint", precisions)
     outputs = _tensors(data["outputs"], path, f"{key}.outputs", need_dtype=False)
     return GraphSpec(
         name=name, model=model_dir.name, model_dir=model_dir,

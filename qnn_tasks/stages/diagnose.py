@@ -397,7 +397,7 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
                                f"cannot be undone exactly ({found.refusal}): scale it at export where it can be undone")
             return
         maxima = {t: max(float(np.abs(v[t]).max(initial=0.0)) for v in values) for t in found.degrees if t in values[0]}
-        factor = inputscale.advised_factor(found, maxima, FP16_MAX)
+        factor = inputscale.advised_factor(model, found, maxima)
         if factor is None:
             return
         options = {"input": name, "factor": str(factor)}

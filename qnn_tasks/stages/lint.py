@@ -234,15 +234,41 @@ def _stems(name: str, affixes: tuple[tuple[str, ...], tuple[str, ...]]) -> set[s
     return {stem.strip("._-/:") for stem in stems} - {""}
 
 
+# ops that hand their first input on unchanged in value: an output reached from an input through only these is that
+# input passed straight through (a pass-through, not a recurrence: feeding it back would change nothing)
+_VALUE_KEEPING_OPS = {"Identity", "Cast", "Reshape", "Squeeze", "Unsqueeze", "Flatten", "Dropout"}
+
+
+def _passed_through(model) -> dict[str, str]:
+    """output -> the graph input it is, unchanged in value (through Identity, Cast, Reshape and the like only)."""
+    producers = {out: node for node in model.graph.node for out in node.output}
+    inputs = {i.name for i in model.graph.input}
+    found = {}
+    for output in model.graph.output:
+        name, seen = output.name, set()
+        while name not in inputs and name in producers and name not in seen:
+            seen.add(name)
+            node = producers[name]
+            if node.op_type not in _VALUE_KEEPING_OPS or name != node.output[0] or not node.input:
+                break
+            name = node.input[0]
+        if name in inputs:
+            found[output.name] = name
+    return found
+
+
 def recurrent_feed(model) -> dict[str, str]:
-    """input -> the output of the same shape and dtype that, by its name, is that input's next value."""
+    """input -> the output of the same shape and dtype that, by its name, is that input's next value (an output that
+    is the input passed straight through is no next value)."""
     io = onnxinfo.graph_io(model)
+    through = _passed_through(model)
     outputs = [(t["name"], _stems(t["name"], _OUT_AFFIXES), t["shape"], t["dtype"]) for t in io["outputs"]]
     feed = {}
     for t in io["inputs"]:
         stems = _stems(t["name"], _IN_AFFIXES)
         match = next((name for name, out_stems, shape, dtype in outputs if name != t["name"] and stems & out_stems
-                      and list(shape) == list(t["shape"]) and dtype == t["dtype"]), None)
+                      and list(shape) == list(t["shape"]) and dtype == t["dtype"]
+                      and through.get(name) != t["name"]), None)
         if match:
             feed[t["name"]] = match
     return feed

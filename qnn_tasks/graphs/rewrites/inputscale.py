@@ -192,7 +192,11 @@ FP16_POWERS = tuple(2.0 ** k for k in FP16_SCALES)  # the powers of two fp16 hol
 
 def fp16_products(model: onnx.ModelProto, found: Plan, factor: float) -> str:
     """Why a constant the rewrite writes would leave fp16's range on the NPU ("" when every one fits): the factor
-    undone at an output (s^-d), or a constant scaled with its neighbour (c s^d) beyond 65504."""
+    undone at an output (s^-d), or a constant scaled with its neighbour (c s^d) beyond 65504.
+
+    The one rule for a factor: the rewrite refuses what this names, and diagnose advises only a factor it accepts.
+    A value already beyond fp16 before scaling is not the scale's doing: an infinite Clip bound (no bound) stays
+    infinite, and a -inf mask is lint's fp16-overflow-constant (finite-mask)."""
     low, high = FP16_POWERS
     for out in found.outputs:
         back = factor ** -float(found.degrees[out])
@@ -202,7 +206,8 @@ def fp16_products(model: onnx.ModelProto, found: Plan, factor: float) -> str:
     constants = constant_tensors(model.graph)
     for index, slot, degree in found.constants:
         name = model.graph.node[index].input[slot]
-        largest = float(np.abs(numpy_helper.to_array(constants[name])).max(initial=0.0)) * factor ** float(degree)
+        values = np.abs(numpy_helper.to_array(constants[name]).astype(np.float64))
+        largest = float(values[values <= FP16_MAX].max(initial=0.0)) * factor ** float(degree)
         if largest > FP16_MAX:
             return f"constant '{name}' scaled with it reaches {largest:.4g}, beyond fp16's 65504"
     return ""
@@ -280,16 +285,17 @@ def _apply(model: onnx.ModelProto, found: Plan, factor: float) -> None:
 HEADROOM = 4.0  # the advised factor keeps the largest scaled value this far under fp16's max (unseen inputs)
 
 
-def advised_factor(found: Plan, maxima: dict[str, float], fp16_max: float = FP16_MAX) -> Fraction | None:
-    """The largest power of two s <= 1/2 that brings every scaled tensor's measured max under fp16_max / HEADROOM.
+def advised_factor(model: onnx.ModelProto, found: Plan, maxima: dict[str, float]) -> Fraction | None:
+    """The largest power of two s <= 1/2 that brings every scaled tensor's measured max under FP16_MAX / HEADROOM
+    and that the rewrite accepts (`fp16_products`, the check scale_input makes).
 
     `maxima`: tensor -> largest |value| seen on CPU. None when no power of two fits every tensor.
     """
-    limit = fp16_max / HEADROOM
+    limit = FP16_MAX / HEADROOM
     for k in range(1, 1 - FP16_SCALES[0]):  # to 2^-14, fp16's smallest normal power of two (smaller is refused)
         s = 2.0 ** -k
-        if any(not FP16_POWERS[0] <= s ** -float(found.degrees[o]) <= FP16_POWERS[1] for o in found.outputs):
-            break  # the scale could not be undone at an output in fp16; smaller factors only make it worse
+        if fp16_products(model, found, s):
+            continue
         if all(m * s ** float(d) <= limit for t, d in found.degrees.items() if (m := maxima.get(t)) is not None):
             return Fraction(1, 2 ** k)
     return None
