@@ -450,7 +450,8 @@ def plan_context(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
     return chip_plan(p, stage, ct, [source] + p.config_files(ct), p.context_files(ct),
                       p.chip_key(stage, ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
                       lambda: {"graph": p.graph_dict(ct.graph), "soc": specjson.soc_to_dict(ct.soc), "source": source,
-                               "config_dir": f"{ct.dir_str}/config"},
+                               "config_dir": f"{ct.dir_str}/config", "lint": str(ct.graph_target.lint_record),
+                               "simplified": str(ct.graph_target.simplified)},
                       f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}"
                       + _estimated(ct), task_dep=[f"lint:{ct.graph.name}"])
 

@@ -8,6 +8,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from qnn_tasks.errors import ToolchainError
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.toolchains.base import StageInput
@@ -48,6 +49,15 @@ def config(call: StageCall) -> dict[str, Any]:
 
 
 def context(call: StageCall) -> dict[str, Any]:
+    """Compile; a failure naming a node lint flagged repeats lint's fix for it (graphs/flagged.py)."""
     a = call.args
-    return toolchain(call).compile(calls.graph(a), calls.soc(a), Path(a["source"]), Path(a["config_dir"]),
-                                         Path(call.out_dir))
+    try:
+        return toolchain(call).compile(calls.graph(a), calls.soc(a), Path(a["source"]), Path(a["config_dir"]),
+                                       Path(call.out_dir))
+    except ToolchainError as err:
+        from qnn_tasks.graphs.flagged import lint_fix_for
+
+        known = lint_fix_for(str(err), Path(a["lint"]), Path(a["simplified"])) if a.get("lint") else ""
+        if not known:
+            raise
+        raise ToolchainError(f"{err}{known}") from None
