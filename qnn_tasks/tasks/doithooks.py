@@ -1,42 +1,64 @@
-"""Promises of docs/trust.md that doit 0.37 (pinned in pyproject.toml) does not keep by itself, set once per process.
+"""Promises of docs/trust.md that doit does not keep by itself, and the only module that changes doit's own code.
+
+doit's plugin points carry what they can: the state file is a BACKEND plugin (tasks/statefile.py), tasks are
+dicts, up-to-date checks are `uptodate` callables. What follows has no seam in doit 0.37 and is patched, once
+per process, here and nowhere else (tests/test_doit_seams.py fails when a doit release changes a patched
+function, and checks no other module patches doit or reads its private names):
 
 - **A failed stage exits 1.** With `continue`, doit counts every task downstream of a failed one (an
   `UnmetDependency`) as an *error*, and a run with an error exits 2, which the docs keep for bugs. Here such a task
   fails as the stage that caused it did: exit 1, unless a real error (a task that raised) happened too.
+  `Runner._handle_task_error`: the runner class is chosen inside `Run._execute`, so no plugin can subclass it.
 - **The report is the last thing a run writes.** In a parallel run (`doit -n 2`, `-n 8 -P thread` with Dask) doit
   hands out a task with no dependencies as soon as a worker is free, so the report was rendered while stages still
   ran, and the documented gate failed after a green run. A task marked `meta: {RUNS_LAST: True}` (the report) now
   waits for every other task of the command line, and runs after them whether they failed or not, as it does in a
-  serial run (it is last in `default_tasks`). `doit report` alone waits for nothing.
-- **A full disk is one line.** doit's state file (`.doit.db`, sqlite) on a full, read-only or failing disk raised
-  a traceback (exit 3) out of doit itself. Its writes are now said once in one line and the run exits non-zero
-  (74 if nothing else failed). Losing them is safe: every build task's up-to-date check reads the stage's record,
-  not doit's state, so the next run checks again and reruns what no record vouches for.
+  serial run (it is last in `default_tasks`). `doit report` alone waits for nothing. `TaskControl.task_dispatcher`
+  and `ExecNode.parent_status`: doit has no order-only dependency and builds its TaskControl inside `Run._execute`.
+- **A full disk is one line.** The state-file plugin says a refused write once; `Runner.finish` makes such a run
+  exit EXIT_IO (74) if nothing else failed.
+- **A mistyped target names the nearest tasks.** `TaskControl._filter_tasks` raises doit's "Invalid parameter";
+  it is the only place that knows both the name asked for and every task.
 """
 from __future__ import annotations
 
-import errno
-import sqlite3
-import sys
-from typing import Any
+import inspect
+from typing import Any, Iterable
 
-from qnn_tasks.errors import EXIT_IO, machine_failure
+from doit.exceptions import InvalidCommand
+
+from qnn_tasks.errors import EXIT_IO, ToolchainError
+from qnn_tasks.tasks import statefile
 
 RUNS_LAST = "runs_last"  # a task's meta flag: after every other selected task, failed or not
 
+# (module, class, function, its parameters): every doit function replaced here. install() refuses to patch one
+# whose parameters changed; tests/test_doit_seams.py also pins each one's source, so any change is looked at.
+PATCHED = (
+    ("doit.runner", "Runner", "_handle_task_error", ("self", "node", "base_fail")),
+    ("doit.runner", "Runner", "finish", ("self",)),
+    ("doit.control", "TaskControl", "task_dispatcher", ("self",)),
+    ("doit.control", "ExecNode", "parent_status", ("self", "parent_node")),
+    ("doit.control", "TaskControl", "_filter_tasks", ("self", "task_selection")),
+)
+
+
+class DoitChanged(ToolchainError):
+    """The installed doit is not the one these patches were written against."""
+
 
 def install() -> None:
-    """Wrap doit's runner and dispatcher once (idempotent)."""
+    """Wrap doit's runner, dispatcher and task selection once (idempotent)."""
     from doit import control, runner
 
     if getattr(runner.Runner._handle_task_error, "qnn", False):
         return
-    from doit import dependency
-
+    check_patched()
     handle_error = runner.Runner._handle_task_error
     finish = runner.Runner.finish
     dispatcher = control.TaskControl.task_dispatcher
     parent_status = control.ExecNode.parent_status
+    filter_tasks = control.TaskControl._filter_tasks
 
     def _handle_task_error(self, node, base_fail) -> None:
         from doit.exceptions import UnmetDependency
@@ -61,15 +83,37 @@ def install() -> None:
 
     def _finish(self) -> int:
         result = finish(self)
-        return EXIT_IO if STATE_FAILURES and result == runner.SUCCESS else result
+        return EXIT_IO if statefile.STATE_FAILURES and result == runner.SUCCESS else result
+
+    def _filter_tasks(self, task_selection):  # only the error path does any work
+        try:
+            return filter_tasks(self, task_selection)
+        except InvalidCommand as err:
+            if err.not_found is None or isinstance(err, UnknownTask):
+                raise
+            raise UnknownTask(err.not_found, nearest_tasks(err.not_found, self.tasks)) from None
 
     _handle_task_error.qnn = True
     runner.Runner.finish = _finish
-    for method in ("dump", "remove", "remove_all"):
-        setattr(dependency.SqliteDB, method, _state_write(getattr(dependency.SqliteDB, method)))
     runner.Runner._handle_task_error = _handle_task_error
     control.TaskControl.task_dispatcher = task_dispatcher
     control.ExecNode.parent_status = _parent_status
+    control.TaskControl._filter_tasks = _filter_tasks
+
+
+def check_patched() -> None:
+    """Refuse, in one line, a doit whose patched functions take other parameters than the ones written against."""
+    import importlib
+
+    import doit
+
+    for module, owner, name, parameters in PATCHED:
+        function = getattr(getattr(importlib.import_module(module), owner, None), name, None)
+        found = tuple(inspect.signature(function).parameters) if callable(function) else None
+        if found != parameters:
+            raise DoitChanged(
+                f"doit {doit.__version__}: {module}.{owner}.{name} is not the function qnn-npu-compile adjusts "
+                f"(expected parameters {parameters}, found {found}); install the doit pinned in its pyproject.toml")
 
 
 def runs_last(task: Any) -> bool:
@@ -90,23 +134,29 @@ def _depends_on(tasks: dict[str, Any], name: str, target: str) -> bool:
     return False
 
 
-STATE_FAILURES: list[str] = []  # the one line said for doit's state file (once per run)
-_SQLITE_ERRNOS = (("full", errno.ENOSPC), ("readonly", errno.EROFS), ("i/o", errno.EIO))
+class UnknownTask(InvalidCommand):
+    """doit's "Invalid parameter" for a name that is no task or target, plus the nearest task names."""
+
+    def __init__(self, not_found: str, suggestions: list[str]) -> None:
+        super().__init__(not_found=not_found)
+        self.suggestions = suggestions
+
+    def __str__(self) -> str:
+        text = super().__str__().rstrip("\n")
+        if self.suggestions:
+            text += f"\nDid you mean: {', '.join(self.suggestions)}?"
+        return text + "\n"
 
 
-def _state_write(method: Any) -> Any:
-    """A SqliteDB write that says a refused write once, in one line, instead of raising out of doit."""
-    def write(self, *args: Any) -> Any:
-        try:
-            return method(self, *args)
-        except sqlite3.DatabaseError as err:  # OperationalError: "database or disk is full", "disk I/O error", ...
-            code = next((n for word, n in _SQLITE_ERRNOS if word in str(err).lower()), None)
-            if code is None:
-                raise
-            if not STATE_FAILURES:
-                line = machine_failure(OSError(code, str(err), self.name))
-                STATE_FAILURES.append(line)
-                print(f"error: {line}; doit could not save which tasks are done, so the next run checks them "
-                      f"again", file=sys.stderr, flush=True)
-            return None
-    return write
+def nearest_tasks(name: str, known: Iterable[str], limit: int = 5) -> list[str]:
+    """The task names closest to a mistyped one: whole names first, then the part after `group:`."""
+    import difflib
+
+    names = [n for n in known if not n.startswith("_regex_target")]
+    found = difflib.get_close_matches(name, names, n=limit, cutoff=0.6)
+    group, _, sub = name.partition(":")
+    if sub and len(found) < limit:  # the group is right, the target is not: compare targets of that group
+        subs = {n.partition(":")[2]: n for n in names if n.startswith(f"{group}:")}
+        found += [subs[s] for s in difflib.get_close_matches(sub, list(subs), n=limit, cutoff=0.5)
+                  if subs[s] not in found][:limit - len(found)]
+    return found

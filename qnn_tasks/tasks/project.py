@@ -15,9 +15,9 @@ import re
 import sys
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
-from doit.exceptions import InvalidCommand, TaskFailed
+from doit.exceptions import TaskFailed
 from doit.loader import create_after
 
 from qnn_tasks import envvalues
@@ -36,8 +36,8 @@ from qnn_tasks.plan.stages import (
 from qnn_tasks.run import digests, interrupts, treelock
 from qnn_tasks.run.status import Status
 from qnn_tasks.spec.load import load_project
-from qnn_tasks.tasks import doithooks
-from qnn_tasks.tasks.doithooks import RUNS_LAST
+from qnn_tasks.tasks import doithooks, statefile
+from qnn_tasks.tasks.doithooks import RUNS_LAST, UnknownTask, nearest_tasks
 from qnn_tasks.tasks.uptodate import (
     ChecksThisRun,
     Fresh,
@@ -59,7 +59,15 @@ def doit_config() -> dict[str, Any]:
     # sqlite3: a second doit process (or the report) can read the state while one runs; dbm can't.
     # default_tasks is filled in by TaskFactory.namespace(): every build stage in order, `report`
     # last, so that with `continue` doit runs it after every other task, failed or not.
-    return {"default_tasks": [], "continue": True, "backend": "sqlite3", "dep_file": ".doit.db"}
+    return {"default_tasks": [], "continue": True, "backend": statefile_backend(), "dep_file": ".doit.db"}
+
+
+def statefile_backend() -> str:
+    """doit's state-file backend: ours (a refused write is one line) when the installed package registers it."""
+    from importlib.metadata import entry_points
+
+    registered = any(point.name == statefile.NAME for point in entry_points(group="doit.BACKEND"))
+    return statefile.NAME if registered else "sqlite3"  # run from a source tree without `pip install`
 
 
 def project_tasks(root: Path) -> dict[str, Any]:
@@ -73,6 +81,7 @@ def project_tasks(root: Path) -> dict[str, Any]:
             treelock.acquire(root, sys.argv)
         digests.persist(root)
         planner = Planner(project)
+        doithooks.install()  # a failed stage exits 1; the report runs last; a mistyped target names the nearest
     except treelock.TreeBusy as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(EXIT_BUSY) from None
@@ -91,8 +100,6 @@ def project_tasks(root: Path) -> dict[str, Any]:
     first = gc.get_freeze_count() == 0
     if first:
         gc.freeze()
-    _suggest_task_names()
-    doithooks.install()  # a failed stage exits 1; the report runs last in a parallel run too
     return TaskFactory(planner, freeze=first).namespace()
 
 
@@ -116,57 +123,6 @@ def report_not_written(err: OSError) -> str:
     except OSError:
         return f"{line}; the previous {REPORT_JSON} could not be removed either: do not gate on it"
     return f"{line}; the previous {REPORT_JSON} was removed (it is not this run's verdict)"
-
-
-class UnknownTask(InvalidCommand):
-    """doit's "Invalid parameter" for a name that is no task or target, plus the nearest task names."""
-
-    def __init__(self, not_found: str, suggestions: list[str]) -> None:
-        super().__init__(not_found=not_found)
-        self.suggestions = suggestions
-
-    def __str__(self) -> str:
-        text = super().__str__().rstrip("\n")
-        if self.suggestions:
-            text += f"\nDid you mean: {', '.join(self.suggestions)}?"
-        return text + "\n"
-
-
-def nearest_tasks(name: str, known: Iterable[str], limit: int = 5) -> list[str]:
-    """The task names closest to a mistyped one: whole names first, then the part after `group:`."""
-    import difflib
-
-    names = [n for n in known if not n.startswith("_regex_target")]
-    found = difflib.get_close_matches(name, names, n=limit, cutoff=0.6)
-    group, _, sub = name.partition(":")
-    if sub and len(found) < limit:  # the group is right, the target is not: compare targets of that group
-        subs = {n.partition(":")[2]: n for n in names if n.startswith(f"{group}:")}
-        found += [subs[s] for s in difflib.get_close_matches(sub, list(subs), n=limit, cutoff=0.5)
-                  if subs[s] not in found][:limit - len(found)]
-    return found
-
-
-def _suggest_task_names() -> None:
-    """Wrap doit's task selection once, so a mistyped target names the nearest tasks.
-
-    Only the error path does any work: a valid selection and `doit list` cost one extra call frame.
-    """
-    from doit.control import TaskControl
-
-    original = TaskControl._filter_tasks
-    if getattr(original, "suggests", False):
-        return
-
-    def _filter_tasks(self, task_selection):
-        try:
-            return original(self, task_selection)
-        except InvalidCommand as err:
-            if err.not_found is None or isinstance(err, UnknownTask):
-                raise
-            raise UnknownTask(err.not_found, nearest_tasks(err.not_found, self.tasks)) from None
-
-    _filter_tasks.suggests = True
-    TaskControl._filter_tasks = _filter_tasks
 
 
 # ------------------------------------------------------------------ checkers and actions
