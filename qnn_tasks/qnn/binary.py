@@ -30,6 +30,8 @@ from qnn_tasks.qnn.binary_layout import (
     QNN_DEFINITION_DEFINED,
     SYSTEM_API_MAJOR,
     ErrorHandle,
+    HtpGraphBlobV1,
+    HtpGraphBlobV2,
     QnnBinaryInfo,
     QnnGraphInfo,
     QnnQuantizeParams,
@@ -45,6 +47,7 @@ __all__ = [
     "GraphInfo",
     "BinaryInfo",
     "find_system_library",
+    "graph_memory",
     "read_binary_info",
     "main",
 ]
@@ -79,6 +82,8 @@ class GraphInfo:
     name: str
     inputs: list[TensorInfo] = field(default_factory=list)
     outputs: list[TensorInfo] = field(default_factory=list)
+    # bytes the HTP prepare library says the graph holds (graph_memory), None where the binary does not say
+    memory: dict[str, int] | None = None
 
 
 @dataclass
@@ -222,7 +227,24 @@ def _graph(g: QnnGraphInfo) -> GraphInfo:
         name=_text(body.graphName),
         inputs=_tensors(body.graphInputs, body.numGraphInputs),
         outputs=_tensors(body.graphOutputs, body.numGraphOutputs),
+        memory=graph_memory(body.graphBlobInfo, body.graphBlobInfoSize) if g.version == 3 else None,
     )
+
+
+def graph_memory(ptr: int | None, size: int) -> dict[str, int] | None:
+    """The HTP graph blob's memory figures in bytes: `const` (weights), `io` (graph inputs and outputs), `op_data`
+    (run lists), `ddr` (intermediates kept in DDR), `spill_fill` (the VTCM spill buffer), `shared_weights`, and
+    `vtcm` (on-chip, not DDR). None for a blob without the V2 record (older QNN, or another backend)."""
+    v1, v2 = C.sizeof(HtpGraphBlobV1), C.sizeof(HtpGraphBlobV2)
+    if not ptr or size < v1 + v2:
+        return None
+    raw = C.string_at(ptr, v1 + v2)
+    first, second = HtpGraphBlobV1.from_buffer_copy(raw[:v1]), HtpGraphBlobV2.from_buffer_copy(raw[v1:])
+    if first.version != 1 or second.version != 2:
+        return None
+    return {"const": second.constSize, "io": second.ioTensorSize, "op_data": second.opDataSize,
+            "ddr": second.ddrTensorSize, "spill_fill": first.spillFillBufferSize,
+            "shared_weights": second.sharedWeightsSize, "vtcm": first.vtcmSize}
 
 
 def _metadata_words(ptr: int | None, size: int) -> list[int] | None:

@@ -165,6 +165,33 @@ class _GraphInfoV3(C.Structure):
     ]
 
 
+# QnnHtpSystemContext.h: what the HTP prepare library wrote about one graph (graphBlobInfo of GraphInfoV3). The blob
+# is a V1 record (version + union) followed, from QNN 2.3x on, by a V2 record with the memory the graph holds.
+class HtpGraphBlobV1(C.Structure):  # QnnHtpSystemContext_GraphBlobInfo_t with its V1 member
+    _fields_ = [
+        ("version", C.c_uint32),
+        ("spillFillBufferSize", C.c_uint64),
+        ("vtcmSize", C.c_uint32),          # bytes in the binaries read here (the header's comment says MB)
+        ("optimizationLevel", C.c_uint32),
+        ("htpDlbc", C.c_uint8),
+        ("numHvxThreads", C.c_uint64),
+    ]
+
+
+class HtpGraphBlobV2(C.Structure):  # QnnHtpSystemContext_GraphBlobInfoV2_t
+    _fields_ = [
+        ("version", C.c_uint32),
+        ("nativeKChannelSize", C.c_uint64),
+        ("nativeVChannelSize", C.c_uint64),
+        ("isSafeShareIO", C.c_uint32),
+        ("ioTensorSize", C.c_uint64),
+        ("opDataSize", C.c_uint64),
+        ("constSize", C.c_uint64),
+        ("ddrTensorSize", C.c_uint64),
+        ("sharedWeightsSize", C.c_uint64),
+    ]
+
+
 class _GraphInfoUnion(C.Union):
     _fields_ = [("graphInfoV1", _GraphInfoV1), ("graphInfoV2", _GraphInfoV2), ("graphInfoV3", _GraphInfoV3)]
 
