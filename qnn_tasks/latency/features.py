@@ -34,7 +34,7 @@ def _prod(dims) -> int:
     return n
 
 
-def _shapes(model) -> dict[str, list[int]]:
+def shapes(model) -> dict[str, list[int]]:
     """Every tensor's shape the ONNX knows (after shape inference). A dim inference left symbolic counts as 1: the
     exporter leaves a batch dim so where it loses track of it (fixed graphs here have batch 1)."""
     import onnx
@@ -78,7 +78,7 @@ def _macs(node, shapes: dict[str, list[int]]) -> int:
 
 def graph_features(model) -> dict[str, Any]:
     """The features of an in-memory onnx.ModelProto (see module doc); every count is an int."""
-    shapes = _shapes(model)
+    known = shapes(model)
     inits = {t.name for t in model.graph.initializer}
     params = sum(_prod(t.dims) for t in model.graph.initializer)
     macs = {"conv": 0, "matmul": 0}
@@ -91,12 +91,12 @@ def graph_features(model) -> dict[str, Any]:
         nodes += 1
         fam = FAMILY_OF.get(node.op_type, "other")
         ops[node.op_type] = ops.get(node.op_type, 0) + 1
-        m = _macs(node, shapes)
+        m = _macs(node, known)
         if m:
             macs["conv" if fam == "conv" else "matmul"] += m
         for name in node.output:
-            if name and name in shapes and name not in inits:
-                activations += _prod(shapes[name])
+            if name and name in known and name not in inits:
+                activations += _prod(known[name])
     families: dict[str, int] = {}
     for op, n in ops.items():
         fam = FAMILY_OF.get(op, "other")

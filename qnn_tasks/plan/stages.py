@@ -203,17 +203,23 @@ class Planner:
         return f"{BUILD_DIR}/{model}/{graph}/split"
 
     def budgets(self, graph: GraphSpec) -> dict[str, dict[str, Any]]:
-        """The context budget of each arch this graph builds for: {arch: {mb, socs, where}} (the smallest row's)."""
+        """The context budget of each arch this graph builds for: {arch: {mb, socs, where, memory_mb, memory_where,
+        vtcm_mb}}: the smallest row's weight budget (context_mb), resident memory limit (memory_mb) and VTCM."""
         found: dict[str, dict[str, Any]] = {}
         default = self.project.default_socs if self.project.default_socs is not None else tuple(self.project.socs)
         for name in graph.socs or default:
             soc = self.project.socs[name]
             if not any(soc.supports(p) for p in graph.precisions):
                 continue
-            entry = found.setdefault(soc.dsp_arch, {"mb": soc.context_mb, "socs": [], "where": soc.where()})
+            entry = found.setdefault(soc.dsp_arch, {"mb": soc.context_mb, "socs": [], "where": soc.where(),
+                                                    "memory_mb": soc.memory_mb, "memory_where": soc.where(),
+                                                    "vtcm_mb": soc.vtcm_mb})
             entry["socs"].append(soc.name)
             if soc.context_mb < entry["mb"]:
                 entry.update(mb=soc.context_mb, where=soc.where())
+            if soc.memory_mb < entry["memory_mb"]:
+                entry.update(memory_mb=soc.memory_mb, memory_where=soc.where())
+            entry["vtcm_mb"] = min(entry["vtcm_mb"], soc.vtcm_mb)
         return found
 
     def model(self, graph: GraphSpec):

@@ -52,7 +52,7 @@ SHARED_DEFAULTS = {"elements": {"min": 0.999},
 
 LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
               "erf", "fp16-overflow-constant", "reduce-sum-square", "clip-computed", "variance-cancellation",
-              "recurrent")
+              "recurrent", "memory")
 
 
 # rules export refuses whatever lint was told: acknowledging them would only move the refusal (rule -> why, fix)

@@ -140,7 +140,8 @@ MODEL = Fields({
 
 SOC_ROW = Fields({"soc_id": Int(1, 1023), "dsp_arch": Text(max_len=10), "vtcm_mb": Int(1, 64),
                   "runs": ListOf(Text(max_len=40)), "fp16": Bool(), "note": Text(), "alias_of": NAME,
-                  "platform": Text(max_len=40), "context_mb": Int(1, 1 << 20)},
+                  "platform": Text(max_len=40), "context_mb": Int(1, 1 << 20),
+                  "memory_mb": Int(1, 1 << 20)},
                  required=("soc_id", "dsp_arch", "vtcm_mb"))
 SOCS = Fields({"socs": MapOf(SOC_ROW, "<SoC>"),
                "default": Either((Text(max_len=40), ListOf(NAME)), fix="e.g. default: [SM8650, SM8750], or default: all")})

@@ -18,6 +18,7 @@ from qnn_tasks.spec import ship as specship
 from qnn_tasks.spec.checks import PRECISIONS, THRESHOLD_RANGES, calibration_section, check_lint, verify_section
 from qnn_tasks.spec.project import (
     DEFAULT_CONTEXT_MB,
+    DEFAULT_MEMORY_MB,
     LEGACY_RUNS,
     PACKAGED_DATA,
     GraphSpec,
@@ -78,7 +79,8 @@ def load_soc_file(path: Path, base: dict[str, Soc] | None = None
                   dsp_arch=str(row["dsp_arch"]), vtcm_mb=as_int(row["vtcm_mb"], path, f"{key}.vtcm_mb", 1, 64),
                   runs=_runs(row, path, key), note=str(row.get("note", "")), file=str(path),
                   platform=str(row.get("platform", "phone")),
-                  context_mb=as_int(row.get("context_mb", DEFAULT_CONTEXT_MB), path, f"{key}.context_mb", 1, 1 << 20))
+                  context_mb=as_int(row.get("context_mb", DEFAULT_CONTEXT_MB), path, f"{key}.context_mb", 1, 1 << 20),
+                  memory_mb=as_int(row.get("memory_mb", DEFAULT_MEMORY_MB), path, f"{key}.memory_mb", 1, 1 << 20))
         if soc.platform not in PLATFORMS:
             raise SpecError(path, f"{key}.platform", f"'{row['platform']}' is not a platform",
                             f"use one of: {', '.join(PLATFORMS)} (default phone)")

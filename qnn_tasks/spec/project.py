@@ -21,6 +21,7 @@ if TYPE_CHECKING:  # annotations only: load_model imports these loaders where it
     from qnn_tasks.spec.sizes import SizeSpec
 
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
+DEFAULT_MEMORY_MB = 2048   # a row without memory_mb: the HTP's 2 GiB allocation limit (docs/load-and-fit.md)
 DEFAULT_CONTEXT_MB = 2048  # a row without context_mb: ~1B fp16 parameters per context (an estimate: docs/socs.md)
 PACKAGED_DATA = Path(__file__).resolve().parents[1] / "data"
 
@@ -56,6 +57,7 @@ class Soc:
     file: str = ""         # the socs.yaml that holds this row (the packaged table or the project's), for messages
     platform: str = "phone"  # phone | automotive | iot | pc: the Android AI pack targets phone rows only (not keyed)
     context_mb: int = DEFAULT_CONTEXT_MB  # weight MB one context may hold here (lint refuses a graph above it)
+    memory_mb: int = DEFAULT_MEMORY_MB    # resident MB one loaded context may take here (lint's memory rule)
 
     @property
     def fp16(self) -> bool:

@@ -9,7 +9,16 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.spec.project import DEFAULT_CONTEXT_MB, LEGACY_RUNS, GraphSpec, Soc, Source, TensorSpec, ToolchainProfile
+from qnn_tasks.spec.project import (
+    DEFAULT_CONTEXT_MB,
+    DEFAULT_MEMORY_MB,
+    LEGACY_RUNS,
+    GraphSpec,
+    Soc,
+    Source,
+    TensorSpec,
+    ToolchainProfile,
+)
 from qnn_tasks.spec.sizes import SizeSpec
 
 
@@ -60,6 +69,8 @@ def soc_to_dict(soc: Soc) -> dict[str, Any]:
     data = {**soc.row(), "runs": list(soc.runs), "note": soc.note, "file": soc.file, "context_mb": soc.context_mb}
     if soc.platform != "phone":  # only where it says something: the calls of phone rows stay as they were
         data["platform"] = soc.platform
+    if soc.memory_mb != DEFAULT_MEMORY_MB:
+        data["memory_mb"] = soc.memory_mb
     return data
 
 
@@ -67,7 +78,8 @@ def soc_from_dict(data: dict[str, Any]) -> Soc:
     return Soc(name=data["name"], soc_id=data["soc_id"], dsp_arch=data["dsp_arch"], vtcm_mb=data["vtcm_mb"],
                runs=tuple(data["runs"]) if "runs" in data else LEGACY_RUNS[data["fp16"]], note=data.get("note", ""),
                file=data.get("file", ""), platform=data.get("platform", "phone"),
-               context_mb=data.get("context_mb", DEFAULT_CONTEXT_MB))
+               context_mb=data.get("context_mb", DEFAULT_CONTEXT_MB),
+               memory_mb=data.get("memory_mb", DEFAULT_MEMORY_MB))
 
 
 def profile_to_dict(profile: ToolchainProfile, root: Path) -> dict[str, Any]:

@@ -1,7 +1,8 @@
 """lint: what will trouble the NPU, found before compiling.
 
 Errors fail the stage (dynamic dims, batch != 1, unsupported I/O dtypes, control flow, int8
-inside the ONNX, weights over the context budget of a chip's arch: socs.yaml context_mb); warnings are known HTP hazards with their fix,
+inside the ONNX, weights over the context budget of a chip's arch: socs.yaml context_mb, a resident memory estimate
+over its memory_mb); warnings are known HTP hazards with their fix,
 and a `why` saying whether they matter for accuracy, speed or compatibility. A hazard that a
 built-in rewrite fixes is found by that rewrite's own matcher (qnn_tasks.rewrites, dry run), and
 its fix is the model.yaml line that enables it.
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.graphs import onnxinfo, split
+from qnn_tasks.graphs import memory, onnxinfo, split
 from qnn_tasks.latency import shown as latency_shown
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
@@ -78,8 +79,10 @@ def find_problems(model, graph: GraphSpec, loop_feed: dict[str, str] | None = No
                   budgets: dict[str, dict[str, Any]] | None = None) -> list[Finding]:
     """Every finding on the model, with its severity before `allow` is applied. `loop_feed`: the model's `loop:` feed
     when it loops this graph; `budgets`: the context budget of each arch it builds for."""
-    findings = _io_findings(model) + _node_findings(model, graph) + _rewrite_findings(model, graph) \
-        + size_findings(split.size_line(model), graph, budgets or {}) \
+    sizes = size_findings(split.size_line(model), graph, budgets or {})
+    findings = _io_findings(model) + _node_findings(model, graph) + _rewrite_findings(model, graph) + sizes \
+        + memory_findings(model, memory_estimates(model, graph, budgets or {}), graph, budgets or {},
+                          {f.where for f in sizes}) \
         + _recurrent_findings(model, graph, loop_feed or {})
     allowed = set(graph.lint.get("allow", []))
     for f in findings:
@@ -95,6 +98,7 @@ def run(graph: GraphSpec, simplified: Path, loop_feed: dict[str, str] | None = N
     findings = find_problems(model, graph, loop_feed, budgets)
     record = {"parameters": onnxinfo.parameter_count(model), "weight_bytes": split.size_line(model),
               "context_budgets": budgets or {},
+              "memory_estimate": memory_estimates(model, graph, budgets or {}),
               "op_counts": _op_counts(model),
               "findings": [asdict(f) for f in findings],
               "warnings": summary_lines([f for f in findings if f.severity == "warning"]),  # a hint once per rule
@@ -322,6 +326,57 @@ def size_findings(weights: dict[str, int], graph: GraphSpec, budgets: dict[str, 
 def _mb(size: float) -> str:
     mb = size / split.MB
     return f"{mb:,.1f} MB" if mb < 100 else f"{mb:,.0f} MB"
+
+
+def memory_estimates(model, graph: GraphSpec, budgets: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """{precision: the resident memory a loaded context of this graph needs} (graphs/memory.py), on the smallest
+    VTCM of the chips it builds for (8 MB where it builds for none)."""
+    vtcm = min((b.get("vtcm_mb", 8) for b in budgets.values()), default=8)
+    return {precision: memory.estimate(model, precision, vtcm) for precision in graph.precisions}
+
+
+def parts_that_fit(model, precision: str, overhead: int, limit: int, most: int = 64) -> int | None:
+    """The fewest `split: {parts: N}` whose largest part (its weights as the split cuts them, plus this graph's I/O,
+    run lists and spill: kept whole, an upper bound) fits `limit`; None when no split up to `most` parts does."""
+    for parts in range(2, most + 1):
+        try:
+            cut = split.plan(model, split.balanced_cuts(model, parts, precision), precision)
+        except split.SplitError:
+            return None  # no more places to cut
+        if max(p.weight_bytes for p in cut) + overhead <= limit:
+            return parts
+    return None
+
+
+def memory_findings(model, estimates: dict[str, dict[str, Any]], graph: GraphSpec,
+                    budgets: dict[str, dict[str, Any]], sized: set[str]) -> list[Finding]:
+    """A graph whose estimated resident memory at a precision exceeds the smallest memory limit (socs.yaml
+    memory_mb) of the chips it builds for: refused before compile, pointed at split:. A precision whose weights
+    alone are over the context budget is told so once, by the size rule."""
+    if specsplit.is_whole(graph) or not budgets:
+        return []
+    arch, budget = min(budgets.items(), key=lambda item: item[1]["memory_mb"])
+    limit = budget["memory_mb"] * memory.MB
+    findings = []
+    for precision, est in estimates.items():
+        where = f"graph '{graph.name}' ({precision})"
+        if est["resident"] <= limit or where in sized:
+            continue
+        parts = parts_that_fit(model, precision, est["resident"] - est["const"], limit)
+        whole = graph.split["of"] if specsplit.is_part(graph) else graph.name
+        more = ("no split of it fits (each part keeps its I/O)" if parts is None else
+                f"split: {{parts: {graph.split['parts'] * parts}}} on graph '{whole}'" if specsplit.is_part(graph)
+                else f"split: {{parts: {parts}}}")
+        findings.append(Finding(
+            "memory", "error", where,
+            f"needs about {memory.mb(est['resident'])} resident when loaded (estimated: weights "
+            f"{memory.mb(est['const'])}, I/O {memory.mb(est['io'])}, spill {memory.mb(est['spill_fill'])}), over the "
+            f"{budget['memory_mb']:,} MiB limit of {arch} ({', '.join(budget['socs'])}; memory_mb in "
+            f"{budget['memory_where']})",
+            f"{more}, or smaller inputs (the I/O and activations scale with them)",
+            "compatibility: the phone refuses to allocate it at load (QNN error 1002; an estimate, not measured "
+            "on a phone)"))
+    return findings
 
 
 def _in_gelu(erf, consumers, constants, numpy_helper) -> bool:

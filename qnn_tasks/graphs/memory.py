@@ -1,0 +1,131 @@
+"""Will it fit: the memory a context needs on the phone while it is loaded, estimated from the ONNX before compile
+and read from the binary after (docs/load-and-fit.md#will-it-fit).
+
+Measured: the HTP prepare library writes, per graph of a context binary, the bytes it holds (qnn/binary.py
+`graph_memory`): `const` (weights as compiled), `io` (graph inputs and outputs), `op_data` (run lists), `ddr`
+(intermediates kept in DDR), `spill_fill` (the buffer VTCM spills to) and `shared_weights`. Resident = their sum,
+every graph of a context counted (each graph's I/O stays allocated while the context is loaded). VTCM is on-chip
+memory, reported beside it and not added.
+
+Estimated (`estimate`), from the ONNX alone:
+- const: the initializers' bytes at the precision (graphs/split.py `tensor_bytes`: what the size rule counts), and at
+  w8a16 what the quantizer adds: a scale and offset per output channel of an 8-bit weight, and 16 bits (not 8) for
+  a table a Gather reads (an embedding: its data is quantized as an activation, measured on MiniLM);
+- io: the graph inputs' and outputs' bytes (float I/O stays float32 at the QNN boundary, measured);
+- op_data: OP_DATA_PER_NODE bytes a node plus OP_DATA_SHARE of the intermediate activations' fp16 bytes
+  (both fitted on the synthetic graphs of benchmarks/bench_memory_estimate.py);
+- spill_fill: the largest intermediate activation (16-bit) when it exceeds the chip's VTCM, else 0. The prepare
+  library tiles where it can, so this is an upper bound: measured spills ranged from 0 to that tensor's size.
+The estimate's measured error is the benchmark's table (docs/load-and-fit.md): an estimate, never a measurement.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from qnn_tasks.graphs import split
+
+MB = 1 << 20
+OP_DATA_PER_NODE = 512       # bytes of run list per node (fitted, benchmarks/bench_memory_estimate.py)
+ENCODING_BYTES = 8           # a per-channel scale (float32) and offset (int32) of an 8-bit weight
+OP_DATA_SHARE = 0.004        # ... plus this share of the intermediate activations' fp16 bytes (tiling metadata)
+MEASURED_PARTS = ("const", "io", "op_data", "ddr", "spill_fill", "shared_weights")
+ESTIMATE_BASIS = ("estimated at lint from the ONNX: weights at the precision + graph I/O + run lists + the spill "
+                  "buffer of activations larger than VTCM")
+MEASURED_BASIS = "read from the context binary: the HTP prepare library's per-graph memory figures"
+_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 4, 11: 8, 12: 4, 13: 8, 16: 4}  # float I/O: float32
+
+
+def _elements(shape: list[int]) -> int:
+    count = 1
+    for dim in shape:
+        count *= max(int(dim), 1)
+    return count
+
+
+def _activations(model) -> tuple[int, int, int]:
+    """(nodes that do work, the intermediate activations' elements, the largest one's elements)."""
+    from qnn_tasks.latency import features
+
+    shapes = features.shapes(model)
+    kept = {t.name for t in model.graph.initializer} | {o.name for o in model.graph.output}
+    sizes = [_elements(shapes[name]) for node in model.graph.node if node.op_type not in features.FREE_OPS
+             for name in node.output if name in shapes and name not in kept]
+    nodes = sum(1 for node in model.graph.node if node.op_type not in features.FREE_OPS)
+    return nodes, sum(sizes), max(sizes, default=0)
+
+
+def const_bytes(model, precision: str) -> int:
+    """The weights' bytes as compiled at `precision` (see the module doc)."""
+    if precision != "w8a16":
+        return split.weight_bytes(model, precision)
+    tables = {node.input[0] for node in model.graph.node if node.op_type == "Gather" and node.input}
+    total = 0
+    for tensor in model.graph.initializer:
+        total += split.tensor_bytes(tensor, precision)
+        if tensor.name in tables and len(tensor.dims) >= 2:
+            total += split.tensor_bytes(tensor, precision)   # 16-bit: twice the 8-bit count
+        elif len(tensor.dims) >= 2 and tensor.data_type in split.FLOATS:
+            channels = tensor.dims[-1] if len(tensor.dims) == 2 else tensor.dims[0]  # MatMul [K, N]; Conv [O, ...]
+            total += ENCODING_BYTES * int(channels)
+    return total
+
+
+def io_bytes(model) -> int:
+    """Bytes of the graph's inputs and outputs as the QNN graph holds them (float ones as float32)."""
+    total = 0
+    for value in list(model.graph.input) + list(model.graph.output):
+        tensor = value.type.tensor_type
+        dims = [d.dim_value for d in tensor.shape.dim]
+        total += _elements(dims) * _ITEMSIZE.get(tensor.elem_type, 4)
+    return total
+
+
+def estimate(model, precision: str, vtcm_mb: int) -> dict[str, Any]:
+    """The resident bytes a context of this graph needs at `precision` on a chip with `vtcm_mb` of VTCM: each
+    part and their sum, with the basis."""
+    nodes, activations, largest = _activations(model)
+    parts = {"const": const_bytes(model, precision), "io": io_bytes(model),
+             "op_data": int(OP_DATA_PER_NODE * nodes + OP_DATA_SHARE * 2 * activations),
+             "spill_fill": 2 * largest if 2 * largest > vtcm_mb * MB else 0}
+    return {**parts, "resident": sum(parts.values()), "vtcm_mb": vtcm_mb, "basis": ESTIMATE_BASIS}
+
+
+def measured(binary_info: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The resident bytes a built context holds, summed over its graphs, from qnn/binary.py's info dict; None when
+    the binary does not give its figures (an older QNN, or a binary read by another tool)."""
+    graphs = (binary_info or {}).get("graphs") or []
+    figures = [g.get("memory") for g in graphs]
+    if not figures or any(not isinstance(f, Mapping) for f in figures):
+        return None
+    parts = {key: sum(int(f.get(key) or 0) for f in figures) for key in MEASURED_PARTS}
+    return {**parts, "resident": sum(parts.values()), "vtcm": max(int(f.get("vtcm") or 0) for f in figures),
+            "graphs": len(figures), "basis": MEASURED_BASIS}
+
+
+def error(estimated: int, actual: int) -> float | None:
+    """The estimate's signed relative error against the measurement (+0.05: 5% over)."""
+    return round(estimated / actual - 1, 4) if actual else None
+
+
+def mb(size: float) -> str:
+    """Bytes in MiB, the unit of socs.yaml memory_mb (2048 = the 2 GiB limit)."""
+    value = size / MB
+    if value < 1:
+        return f"{value:.3f} MiB"
+    return f"{value:,.1f} MiB" if value < 100 else f"{value:,.0f} MiB"
+
+
+def figure(estimated: Mapping[str, Any] | None, read: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """What a report row and a manifest binary say about memory: the binary's own figure where it gives one (else the
+    estimate, said as one), with the lint estimate and its error beside it. None when neither is known."""
+    if not estimated and not read:
+        return None
+    out: dict[str, Any] = {"resident_bytes": int((read or estimated)["resident"]),
+                           "basis": (read or estimated)["basis"]}
+    if read:
+        out["measured"] = {key: int(read[key]) for key in (*MEASURED_PARTS, "vtcm")}
+    if estimated:
+        out["estimate"] = {"resident_bytes": int(estimated["resident"]), "basis": estimated["basis"]}
+        if read:
+            out["estimate"]["error"] = error(int(estimated["resident"]), int(read["resident"]))
+    return out
