@@ -123,6 +123,20 @@ def test_each_binary_carries_its_latency_estimate_never_a_measurement(shipped):
             assert (b["latency_ms"]["estimate"] is None) == ("refused" in b["latency_ms"]), (model, b["soc"])
 
 
+def test_each_binary_carries_the_memory_its_load_holds_read_from_it_beside_the_estimate(shipped):
+    """manifest.json's binaries[].memory (docs/load-and-fit.md#will-it-fit): the binary's own figure, the lint
+    estimate beside it with its error, what the selectors compare with a device's free memory."""
+    for model in ("minilm", "silero-vad"):
+        data = read_manifest(shipped["dest"] / model)
+        for b in (b for g in data["graphs"].values() for b in g["binaries"]):
+            memory = b["memory"]
+            assert memory["basis"].startswith("read from the context binary"), (model, b["soc"])
+            assert memory["resident_bytes"] == sum(v for k, v in memory["measured"].items() if k != "vtcm") > 0
+            assert memory["measured"]["const"] <= memory["resident_bytes"] and memory["measured"]["io"] > 0
+            assert memory["estimate"]["basis"].startswith("estimated at lint")
+            assert abs(memory["estimate"]["error"]) <= 0.10, (model, b["soc"], b["precision"], memory)
+
+
 def test_runtime_libs_listed_when_no_source_is_configured(shipped):
     data = read_manifest(shipped["dest"] / "minilm")
     assert sorted(data["runtime_libs"]) == ["v75", "v79"]

@@ -208,7 +208,17 @@ def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: d
             "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "toolchain": planner.binding(ct).profile.name,
             "precision": ct.precision, "status": status, "reason": reason, "toolchain_stages": toolchain_stages,
             "stages": stages, "provenance": provenance(stages), "diagnosis": diagnosis(ct, stages.get("context")),
-            "device": device_results(ct), "latency_ms": latency(ct)}
+            "device": device_results(ct), "latency_ms": latency(ct), "memory": memory_figure(ct, stages.get("context"))}
+
+
+def memory_figure(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What a load of this binary holds (graphs/memory.py): read from the binary once it is built, with the lint
+    estimate and its error beside it; the estimate alone (said as one) before."""
+    from qnn_tasks.graphs import memory
+
+    lint = read_checked(record_path("lint", ct.graph_target)) or {}
+    return memory.figure((lint.get("memory_estimate") or {}).get(ct.precision),
+                         memory.measured((context or {}).get("binary")))
 
 
 def latency(ct: ChipTarget) -> dict[str, Any] | None:

@@ -79,6 +79,7 @@ def markdown(data: dict[str, Any]) -> str:
         lines += [f"- **{g['model']}/{g['graph']}**: {g['recurrent']['note']}" for g in unlooped]
     lines += sizes_markdown(data) + pipeline_markdown(data) + loop_markdown(data) + upgrade_markdown(data) + compat_markdown(data) + device_markdown(data)
     lines += latency_markdown(data)
+    lines += memory_markdown(data)
     problems = [t for t in data["targets"] if t["status"] in (Status.FAILED, Status.STALE, Status.SKIPPED)]
     if problems:
         lines += ["", "## Failed, stale and skipped", ""]
@@ -239,6 +240,24 @@ def latency_markdown(data: dict[str, Any]) -> list[str]:
         lines += ["", f"Leave-one-model-out error of the fit: median {error['median_pct']:g}%, p90 "
                       f"{error['p90_pct']:g}% over {error['models']} models x {error['chips']} chips. AI Hub's numbers "
                       "are one device each under AI Hub's settings; apps have reported 2x slower and more."]
+    return lines
+
+
+def memory_markdown(data: dict[str, Any]) -> list[str]:
+    """The memory each binary holds when loaded (docs/load-and-fit.md#will-it-fit): read from the binary, beside
+    lint's estimate and its error; the estimate alone where no binary was built."""
+    rows = [(t["name"], t["memory"]) for t in data["targets"] if t.get("memory")]
+    if not rows:
+        return []
+    lines = ["", "## Memory when loaded (docs/load-and-fit.md)", "",
+             "| target | resident MiB | from | lint's estimate MiB | estimate's error |", "|---|---|---|---|---|"]
+    for name, mem in rows:
+        est = mem.get("estimate") or {}
+        error = est.get("error")
+        lines.append(f"| {name} | {num(mem['resident_bytes'] / 2**20)} | "
+                     f"{'the binary' if mem.get('measured') else 'estimate'} | "
+                     f"{num(est['resident_bytes'] / 2**20) if est else '-'} | "
+                     f"{'-' if error is None else f'{100 * error:+.1f}%'} |")
     return lines
 
 

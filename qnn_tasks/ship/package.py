@@ -20,6 +20,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from qnn_tasks.errors import MachineError, SpecError, StageError, machine_failure
+from qnn_tasks.graphs import memory
 from qnn_tasks.latency import shown as latency_shown
 from qnn_tasks.qnn import loadoracle
 from qnn_tasks.run import records
@@ -230,6 +231,10 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
                                            item.chip["precision"], graph.get("audio_seconds_per_sample"))
         if latency:  # an estimate from published phone timings (docs/latency.md), never a measurement
             entry["latency_ms"] = latency
+        fit = memory.figure(((graph_records[graph["name"]] or {}).get("lint") or {}).get("memory_estimate", {})
+                            .get(item.chip["precision"]), memory.measured(item.records["context"].get("binary")))
+        if fit:  # what a load holds (docs/load-and-fit.md): the selectors refuse a device with less free
+            entry["memory"] = fit
         graphs[graph["name"]]["binaries"].append(entry)
         archs.add(item.chip["soc"]["dsp_arch"])
         if item.chip.get("runtime_manifest"):
