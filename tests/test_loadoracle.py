@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from device_table import DEVICE_CASES, RUNTIMES, generate, soc_rows, text
+from device_table import DEVICE_CASES, FREE_MEMORY, RUNTIMES, generate, soc_rows, text
 
 from qnn_tasks.qnn import loadoracle as oracle
 from qnn_tasks.ship import select
@@ -106,9 +106,14 @@ def test_the_device_table_covers_every_dimension():
     assert {c["runtime_qnn"] for c in cases} == set(RUNTIMES)  # None: libraries absent
     assert {c["manifest"] for c in cases} == {"fp16-first", "w8a16-first"}
     assert {c["length"] for c in cases} == {None, 10, 40, 100}
+    assert {c["free_memory_mb"] for c in cases} == set(FREE_MEMORY)
     rules = {c["expect"]["rule"] for c in cases if c["expect"]} | {c["size"]["rule"] for c in cases if c["size"]}
     assert rules >= {select.NPU, select.NO_BUILD, select.RUNTIME_OLDER, select.RUNTIME_UNKNOWN, select.LOAD_FAILED,
-                     select.FITS, select.TOO_LONG}
+                     select.OUT_OF_MEMORY, select.FITS, select.TOO_LONG}
+    # a device with room for the w8a16 binary only takes it, naming the fp16 one it skipped and why
+    roomy = [c["expect"] for c in cases if c["free_memory_mb"] == 40 and c["soc"] == "SM8650" and c["graph"] == "enc"]
+    assert len(roomy) == 2 and all(e["precision"] == "w8a16" and "skipped: fp16 SM8650/enc.fp16.bin needs 49 MiB "
+                                   "resident, the device has 40 MiB free (QNN error 1002)" in e["reason"] for e in roomy)
     refused = " ".join(e for c in cases for e in c["load_errors"].values())
     assert "VTCM" in refused and "arch is newer" in refused
     precisions = {(c["soc"], c["expect"]["precision"]) for c in cases if c["expect"] and c["expect"]["target"] == "npu"}
@@ -135,13 +140,13 @@ def test_the_python_selector_and_the_oracle_choose_the_same_in_every_case():
             tried.append(b["path"])
             return errors.get(b["path"])
 
-        d = select.choose(manifest, graph, c["soc"], c["runtime_qnn"], load)
+        d = select.choose(manifest, graph, c["soc"], c["runtime_qnn"], load, c["free_memory_mb"])
         e = c["expect"]
         if (d.target, d.path, d.precision, d.rule, d.reason, tried) != (e["target"], e["path"], e["precision"],
                                                                          e["rule"], e["reason"], e["loaded"]):
             wrong.append((c["name"], "selector", d.reason))
         device = {"name": c["soc"], **c["device"]}
-        o = oracle.choose(manifest, graph, device, c["runtime_qnn"])
+        o = oracle.choose(manifest, graph, device, c["runtime_qnn"], c["free_memory_mb"])
         if (o.target, o.path, o.precision, o.rule, o.reason) != (e["target"], e["path"], e["precision"], e["rule"],
                                                                   e["reason"]):
             wrong.append((c["name"], "oracle", o.reason))

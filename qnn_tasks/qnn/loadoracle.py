@@ -67,6 +67,10 @@ RULES: tuple[Rule, ...] = (
     Rule("soc-model", RECOMPILE, None, "same arch and VTCM, another soc_model: the EP does not compare soc_model, "
          "but the binary was not verified on this chip (the selectors refuse a chip the manifest does not list)",
          f"{PR_806}; select.py rule 1"),
+    Rule(select.OUT_OF_MEMORY, REFUSED, select.MEMORY_CODE, "the binary's resident memory (the manifest's "
+         "memory.resident_bytes) is more than the free memory the device declares",
+         "ExecuTorch #15954 (\"estimated allocation of 2315388 KB, limit is 2097152 KB\"); QNN error 1002 "
+         "MEM_ALLOC; select.memory_refusal (a device fact, not a chip row's: the selectors apply it)"),
     Rule("match", LOADS, None, "same soc_model, arch and VTCM, runtime at least the binary's QNN version",
          f"{PR_482}: identical arch and VTCM is optimal"),
 )
@@ -261,9 +265,11 @@ def load_callback(soc: Mapping[str, Any], runtime_qnn: str | None) -> Callable[[
     return load
 
 
-def choose(manifest: Mapping[str, Any], graph: str, soc: Mapping[str, Any], runtime_qnn: str | None) -> select.Decision:
+def choose(manifest: Mapping[str, Any], graph: str, soc: Mapping[str, Any], runtime_qnn: str | None,
+           free_memory_mb: int | None = None) -> select.Decision:
     """The selectors' decision with the oracle's prediction standing in for the phone's load."""
-    return select.choose(manifest, graph, soc.get("name"), runtime_qnn, load_callback(soc, runtime_qnn))
+    return select.choose(manifest, graph, soc.get("name"), runtime_qnn, load_callback(soc, runtime_qnn),
+                         free_memory_mb)
 
 
 def matrix(f: BinaryFacts, socs: Sequence[Mapping[str, Any]], versions: Sequence[str], path: str

@@ -1,13 +1,15 @@
 """Which build runs on this device: the one definition of the rules (docs/shipping.md, "Choosing per device").
 
-`choose(manifest, graph, soc, runtime_qnn, load)` reads a package's manifest.json (schema_version 1) and returns
+`choose(manifest, graph, soc, runtime_qnn, load, free_memory_mb=None)` reads a package's manifest.json (schema_version 1) and returns
 a `Decision`: the NPU binary to use, or the CPU fallback, always with the reason. Never assumed:
 1. candidates: the graph's binaries whose `socs` holds the device's ro.soc.model exactly (a binary of the same
    arch is not a match unless the manifest lists the chip: it was verified there); none -> CPU, "no build for <chip>";
 2. in the model's `selection.precision_order` (fp16 before w8a16 unless the model.yaml says otherwise);
 3. a binary whose `min_runtime_qnn` is newer than the device's runtime QNN is refused (the runtime would fail to
    load it: QNN error 5000/5005); an unknown runtime version (libraries absent) refuses them all;
-4. the first candidate left is loaded through `load` (None: loaded, else the error text); a failed load -> CPU.
+4. where the app declares the memory it can give (`free_memory_mb`), a binary whose manifest `memory.resident_bytes`
+   is more is skipped (its load would fail to allocate: QNN error 1002); none left -> CPU, rule out-of-memory;
+5. the first candidate left is loaded through `load` (None: loaded, else the error text); a failed load -> CPU.
 Before any rule the manifest is checked (`validate_manifest`: the fields these rules read, with the schema's
 shapes): a manifest that is no JSON, or has a field of the wrong shape, gives the CPU with the field in the reason
 ("manifest.json: graphs.minilm.binaries[0].socs: expected a non-empty list, got a string (fix: ...)"), never a
@@ -39,6 +41,8 @@ SCHEMA_VERSION = 1  # the manifest.json these rules read
 RULE_SIZES = "smallest that fits"  # the manifest's selection.sizes[].rule: what choose_size follows
 RULE_EXACT = "exact length only"  # the same when padding is not vouched for (its cross-size check did not pass)
 CODE = "5000/5005"  # QNN's errors for a context binary newer than the runtime libraries
+MEMORY_CODE = "1002"  # QNN_COMMON_ERROR_MEM_ALLOC: what a load that cannot allocate its context logs
+MIB = 1 << 20
 
 # Decision.rule: which rule decided
 NPU = "npu"
@@ -46,6 +50,7 @@ NO_BUILD = "no-build"
 RUNTIME_UNKNOWN = "runtime-unknown"
 RUNTIME_OLDER = "runtime-older"
 LOAD_FAILED = "load-failed"
+OUT_OF_MEMORY = "out-of-memory"  # every binary left needs more resident memory than the device declares free
 UNVERIFIED = "unverified"      # the chip's build was left out by dist: it failed verification, or is stale
 BAD_MANIFEST = "bad-manifest"  # the manifest is no JSON or a field the rules read has the wrong shape (also SizeChoice)
 
@@ -121,6 +126,16 @@ def runtime_refusal(binary: Mapping[str, Any], runtime: tuple[int, ...]) -> str 
         return (f"{label(binary)} needs QNN {text(binary, 'min_runtime_qnn')} or newer (minimum from "
                 f"{text(binary, 'min_runtime_from')})")
     return None
+
+
+def memory_refusal(binary: Mapping[str, Any], free_memory_mb: int | None) -> str | None:
+    """Rule 4 for one binary: why a device with `free_memory_mb` MiB free cannot hold it loaded (its manifest
+    `memory.resident_bytes`), or None; a device that declares nothing, or a binary without the figure, is not
+    refused here (the load itself then says)."""
+    needed = (binary.get("memory") or {}).get("resident_bytes")
+    if free_memory_mb is None or needed is None or needed <= free_memory_mb * MIB:
+        return None
+    return f"{label(binary)} needs {-(-needed // MIB)} MiB resident, the device has {free_memory_mb} MiB free"
 
 
 def label(binary: Mapping[str, Any]) -> str:
@@ -260,6 +275,11 @@ def _graph_entry(entry: Any, key: str) -> None:
         _expect(_field(binary, "min_runtime_qnn", f"{at}.min_runtime_qnn"), f"{at}.min_runtime_qnn",
                 "a string or null", ("string", "null"))
         _string(_field(binary, "min_runtime_from", f"{at}.min_runtime_from"), f"{at}.min_runtime_from")
+        if "memory" in binary:
+            memory = _mapping(binary["memory"], f"{at}.memory")
+            needed = _field(memory, "resident_bytes", f"{at}.memory.resident_bytes")
+            _expect(needed, f"{at}.memory.resident_bytes", "a non-negative integer", ("integer",),
+                    ok=isinstance(needed, Integral) and needed >= 0)
     if "size" in entry:
         size = _mapping(entry["size"], f"{key}.size")
         for name in ("of", "dim"):
@@ -457,9 +477,11 @@ def _split_message(manifest: Mapping[str, Any], graph: str, split: Mapping[str, 
 
 
 def choose(manifest: Mapping[str, Any] | str | bytes, graph: str | None, soc: str | None, runtime_qnn: str | None,
-           load: Callable[[Mapping[str, Any]], str | None]) -> Decision:
+           load: Callable[[Mapping[str, Any]], str | None], free_memory_mb: int | None = None) -> Decision:
     """The decision for `graph` on a device whose ro.soc.model is `soc` and whose runtime libraries are QNN
     `runtime_qnn` (None: unknown or absent); `load(binary)` returns None when the context loaded, else the error.
+    `free_memory_mb`: the memory the app can give the model (e.g. ActivityManager.MemoryInfo.availMem), None: not
+    declared; a binary needing more (its manifest memory.resident_bytes) is skipped.
     For a graph with sizes, pass the graph `choose_size` returned. `manifest`: the parsed manifest.json or its
     text; a bad one gives the CPU (rule bad-manifest) with the field that is wrong in the reason."""
     manifest, problem = read_manifest(manifest)
@@ -499,7 +521,13 @@ def choose(manifest: Mapping[str, Any] | str | bytes, graph: str | None, soc: st
     if not left:
         return cpu(RUNTIME_OLDER, f"runtime QNN {runtime_qnn} is too old: {skipped} (it would fail to load: "
                                   f"QNN error {CODE})")
-    pick = left[0]
+    short = [(b, why) for b in left if (why := memory_refusal(b, free_memory_mb))]
+    fits = [b for b in left if all(b is not s for s, _ in short)]
+    too_big = "; ".join(why for _, why in short)
+    if not fits:
+        return cpu(OUT_OF_MEMORY, f"not enough free memory: {too_big} (it would fail to load: QNN error "
+                                  f"{MEMORY_CODE})" + (f"; skipped: {skipped} (QNN error {CODE})" if skipped else ""))
+    pick = fits[0]
     error = load(pick)
     if error is not None:
         return cpu(LOAD_FAILED, f"{label(pick)} did not load: {error}")
@@ -508,4 +536,6 @@ def choose(manifest: Mapping[str, Any] | str | bytes, graph: str | None, soc: st
               f"{text(pick, 'min_runtime_qnn')} (from {text(pick, 'min_runtime_from')}), context loaded")
     if skipped:
         reason += f"; skipped: {skipped} (QNN error {CODE})"
+    if short:
+        reason += f"; skipped: {too_big} (QNN error {MEMORY_CODE})"
     return Decision("npu", pick.get("path"), pick.get("precision"), reason, NPU)

@@ -9,7 +9,9 @@
  *   2. ordered by the manifest's selection.precision_order (fp16 before w8a16 unless the model says otherwise);
  *   3. a binary whose min_runtime_qnn is newer than the runtime libraries' QNN version is refused (it would fail to
  *      load: QNN error 5000/5005); an unknown runtime version refuses them all;
- *   4. the first candidate left is loaded through the caller's Loader; a failed load: the CPU, with its error.
+ *   4. where the app declares the memory it can give (freeMemoryMb), a binary whose manifest memory.resident_bytes is
+ *      more is skipped (its load would fail to allocate: QNN error 1002); none left: the CPU, rule out-of-memory;
+ *   5. the first candidate left is loaded through the caller's Loader; a failed load: the CPU, with its error.
  * Before any rule the manifest is checked (validate: the fields these rules read, with the schema's shapes): a
  * manifest that is no JSON, or has a field of the wrong shape, gives the CPU (rule bad-manifest) with the field in
  * the reason, the same line select.py writes (src/test/resources/manifest_cases.json holds the cases). A chip whose
@@ -49,6 +51,8 @@ import org.json.JSONTokener;
 
 public final class Selector {
     public static final String CODE = "5000/5005";
+    public static final String MEMORY_CODE = "1002";  // QNN_COMMON_ERROR_MEM_ALLOC: a load that cannot allocate
+    static final long MIB = 1L << 20;
     public static final int SCHEMA_VERSION = 1;
     public static final String[] DEFAULT_PRECISION_ORDER = {"fp16", "w8a16"};
 
@@ -57,6 +61,7 @@ public final class Selector {
     public static final String RUNTIME_UNKNOWN = "runtime-unknown";
     public static final String RUNTIME_OLDER = "runtime-older";
     public static final String LOAD_FAILED = "load-failed";
+    public static final String OUT_OF_MEMORY = "out-of-memory";
     public static final String UNVERIFIED = "unverified";
     public static final String BAD_MANIFEST = "bad-manifest";
     public static final String FIX = "(fix: rebuild the package with doit dist)";
@@ -351,6 +356,15 @@ public final class Selector {
 
     /** The decision for graph on this device; for a graph with sizes, pass the graph chooseSize returned. */
     public static Decision choose(JSONObject manifest, String graph, String soc, String runtimeQnn, Loader load) {
+        return choose(manifest, graph, soc, runtimeQnn, null, load);
+    }
+
+    /**
+     * The same, on a device that declares freeMemoryMb MiB it can give the model (e.g. from
+     * ActivityManager.MemoryInfo.availMem; null: not declared): a binary needing more is skipped.
+     */
+    public static Decision choose(JSONObject manifest, String graph, String soc, String runtimeQnn,
+            Integer freeMemoryMb, Loader load) {
         String problem = problem(manifest);
         if (problem != null) {
             return cpu(BAD_MANIFEST, problem, fallbackOf(manifest, graph));
@@ -413,7 +427,23 @@ public final class Selector {
             return cpu(RUNTIME_OLDER, "runtime QNN " + runtimeQnn + " is too old: " + skipped
                     + " (it would fail to load: QNN error " + CODE + ")", fallback);
         }
-        JSONObject pick = left.get(0);
+        List<String> tooBig = new ArrayList<>();
+        List<JSONObject> fits = new ArrayList<>();
+        for (JSONObject b : left) {
+            String why = memoryRefusal(b, freeMemoryMb);
+            if (why == null) {
+                fits.add(b);
+            } else {
+                tooBig.add(why);
+            }
+        }
+        String tooBigText = String.join("; ", tooBig);
+        if (fits.isEmpty()) {
+            return cpu(OUT_OF_MEMORY, "not enough free memory: " + tooBigText + " (it would fail to load: QNN error "
+                    + MEMORY_CODE + ")" + (refused.isEmpty() ? "" : "; skipped: " + skipped + " (QNN error " + CODE
+                    + ")"), fallback);
+        }
+        JSONObject pick = fits.get(0);
         String error = load.load(pick);
         if (error != null) {
             return cpu(LOAD_FAILED, label(pick) + " did not load: " + error, fallback);
@@ -424,6 +454,9 @@ public final class Selector {
                 + text(pick, "min_runtime_qnn") + " (from " + text(pick, "min_runtime_from") + "), context loaded";
         if (!refused.isEmpty()) {
             reason += "; skipped: " + skipped + " (QNN error " + CODE + ")";
+        }
+        if (!tooBig.isEmpty()) {
+            reason += "; skipped: " + tooBigText + " (QNN error " + MEMORY_CODE + ")";
         }
         return new Decision("npu", pick.isNull("path") ? null : pick.optString("path"),
                 pick.isNull("precision") ? null : pick.optString("precision"), reason, NPU);
@@ -612,6 +645,12 @@ public final class Selector {
             expect(field(binary, "min_runtime_qnn", at + ".min_runtime_qnn"), at + ".min_runtime_qnn",
                     "a string or null", true, "string", "null");
             string(field(binary, "min_runtime_from", at + ".min_runtime_from"), at + ".min_runtime_from");
+            if (binary.has("memory")) {
+                JSONObject memory = mapping(binary.opt("memory"), at + ".memory");
+                Object needed = field(memory, "resident_bytes", at + ".memory.resident_bytes");
+                expect(needed, at + ".memory.resident_bytes", "a non-negative integer",
+                        kind(needed).equals("integer") && ((Number) needed).longValue() >= 0, "integer");
+            }
         }
         if (entry.has("size")) {
             JSONObject size = mapping(entry.opt("size"), key + ".size");
@@ -713,6 +752,23 @@ public final class Selector {
         Object fallback = entry instanceof JSONObject ? ((JSONObject) entry).opt("fallback") : null;
         Object path = fallback instanceof JSONObject ? ((JSONObject) fallback).opt("path") : null;
         return path instanceof String && !((String) path).isEmpty() ? (String) path : null;
+    }
+
+    /**
+     * Rule 4 for one binary: why a device with freeMemoryMb MiB free cannot hold it loaded (its manifest
+     * memory.resident_bytes), or null; a device that declares nothing, or a binary without the figure, is not refused.
+     */
+    public static String memoryRefusal(JSONObject binary, Integer freeMemoryMb) {
+        JSONObject memory = binary.optJSONObject("memory");
+        if (freeMemoryMb == null || memory == null || !memory.has("resident_bytes")) {
+            return null;
+        }
+        long needed = memory.optLong("resident_bytes");
+        if (needed <= (long) freeMemoryMb * MIB) {
+            return null;
+        }
+        return label(binary) + " needs " + ((needed + MIB - 1) / MIB) + " MiB resident, the device has "
+                + freeMemoryMb + " MiB free";
     }
 
     /** Rule 3 for one binary: why this runtime cannot load it, or null. */

@@ -334,7 +334,8 @@ public class SelectorTest {
             }
             JSONObject errors = c.getJSONObject("load_errors");
             List<String> loaded = new ArrayList<>();
-            Selector.Decision d = Selector.choose(manifest, graph, optText(c, "soc"), optText(c, "runtime_qnn"),
+            Integer free = c.isNull("free_memory_mb") ? null : c.getInt("free_memory_mb");
+            Selector.Decision d = Selector.choose(manifest, graph, optText(c, "soc"), optText(c, "runtime_qnn"), free,
                     binary -> {
                         String at = binary.optString("path");
                         loaded.add(at);
