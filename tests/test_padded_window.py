@@ -23,6 +23,16 @@ from qnn_tasks.spec.load import load_model, load_socs
 SPEECH = Path("/usr/share/sounds/alsa/Front_Center.wav")  # "front centre", spoken; 48 kHz, 1.4 s
 FRAME, TAIL = 4000, 244  # five whole windows at 16 kHz and a last one of 244 real samples
 TARGET = "cmvn-SM8650"
+MODEL_YAML_EXP = """\
+licence: test fixture
+source: {file: exp.onnx}
+graphs:
+  exp:
+    inputs: {x: {shape: [1, 8], dtype: float32}}
+    outputs: {y: {shape: [1, 8]}}
+    samples: {raw: {files: "samples/x.bin"}}
+    socs: [SM8650]
+"""
 MODEL_YAML = """\
 licence: test fixture
 source: {file: cmvn.onnx}
@@ -207,3 +217,34 @@ def test_a_passing_window_shorter_than_a_failing_one_is_said_to_go_too(tmp_path)
                          "samples, fewer than failing sample 6's 244, so this least value drops it too))")
     assert record["padded_windows"]["pad_min"] == 245 and record["padded_windows"]["keeps"] == 8
 
+
+def test_cpucheck_says_the_original_model_fails_on_a_padded_window(tmp_path):
+    """Without its epsilon the front end takes log(0) on the padded window's silent sub-frames: the original model
+    itself returns NaN there, which cpucheck names (sample, how much is audio) with the pad_min that drops it."""
+    model = cmvn_model()
+    eps = next(i for i in model.graph.initializer if i.name == "eps")
+    eps.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), "eps"))
+    project = noise_project(tmp_path / "project", model)
+    line = project.doit("cpucheck:cmvn").failure_line("cpucheck:cmvn")
+    assert ("the original model fails, not the simplification: the original cmvn.onnx on CPU returns non-finite "
+            "values (NaN/Inf) in output 'y' on sample 5 (noise.wav's last window: 244 of 4000 values are audio, the "
+            "rest padding)") in line, line
+    assert "simplified ONNX differs" not in line and "loosen" not in line
+    assert ("(fix: set graphs.cmvn.samples.audio.pad_min: 245 in models/front/model.yaml (drops windows of fewer than "
+            "245 real samples: keeps 5 of 6 samples), or pad: false; or make the model finite") in line
+
+
+def test_cpucheck_names_a_sample_the_original_model_overflows_on(tmp_path):
+    """An unpadded sample: its index, and the fix is the model or the samples."""
+    model = _model([helper.make_node("Exp", ["x"], ["y"])], "exp",
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [])
+    values = np.random.default_rng(4).uniform(-1, 1, (4, 8))
+    values[2, 3] = 200.0  # exp(200) is past float32 (and float64 holds it: the float64 check is made too)
+    project = packaged_project(tmp_path / "project", "grow", {"exp.onnx": model}, {"x.bin": values},
+                               MODEL_YAML_EXP)
+    line = project.doit("cpucheck:exp").failure_line("cpucheck:exp")
+    assert ("the original exp.onnx on CPU returns non-finite values (NaN/Inf) in output 'y' on sample 2, so there is "
+            "nothing to compare the simplified ONNX with") in line, line
+    assert line.endswith("(fix: make the model finite on such inputs (e.g. an epsilon where it takes a log or "
+                         "divides), or leave those samples out of graphs.exp.samples)")
