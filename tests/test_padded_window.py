@@ -23,6 +23,16 @@ from qnn_tasks.spec.load import load_model, load_socs
 SPEECH = Path("/usr/share/sounds/alsa/Front_Center.wav")  # "front centre", spoken; 48 kHz, 1.4 s
 FRAME, TAIL = 4000, 244  # five whole windows at 16 kHz and a last one of 244 real samples
 TARGET = "cmvn-SM8650"
+MODEL_YAML_EXP = """\
+licence: test fixture
+source: {file: exp.onnx}
+graphs:
+  exp:
+    inputs: {x: {shape: [1, 8], dtype: float32}}
+    outputs: {y: {shape: [1, 8]}}
+    samples: {raw: {files: "samples/x.bin"}}
+    socs: [SM8650]
+"""
 MODEL_YAML = """\
 licence: test fixture
 source: {file: cmvn.onnx}
@@ -80,7 +90,8 @@ def test_a_failure_on_the_padded_window_is_named_with_pad_min_as_the_fix(tmp_pat
     assert failed.returncode != 0
     said = failed.stdout + failed.stderr
     assert "without sample 5 (speech.wav's last window: 244 of 4000 values are audio, the rest padding) it passes" in said
-    assert "graphs.cmvn.samples.audio.pad_min: 245" in said
+    assert "graphs.cmvn.samples.audio.pad_min: 245 in models/front/model.yaml (drops windows of fewer than 245 real " \
+           "samples: keeps 5 of 6 samples), or pad: false" in said
 
     result = project.doit(f"diagnose:{TARGET}")
     assert result.returncode == 0, result.stdout + result.stderr
@@ -126,6 +137,8 @@ def test_the_padding_is_blamed_only_when_every_failing_sample_is_padded(tmp_path
     assert detail["padded_samples"] == [2] and len(detail["hazards"]) == 2
     assert detail["hazards"][0]["hazard"].startswith("padded audio window: sample 2 is speech.wav's last window")
     assert "on sample 2 at [0, 0] the CPU has 0.125, the NPU 0" in detail["hazards"][0]["why"]
+    assert detail["hazards"][0]["fix"].endswith("(drops windows of fewer than 245 real samples: keeps 2 of 3 samples), "
+                                                "or pad: false")
     # a loud window fails too: the padding is not the whole story, so it is not named
     loud = [{"t": np.array([[1.0, -3.0]])}] + npu[1:]
     assert "padded_samples" not in blamed(loud) and len(blamed(loud)["hazards"]) == 1
@@ -140,13 +153,98 @@ def test_many_padded_windows_are_one_grouped_hint(tmp_path):
                        load_socs(Path(tmp_path / "project/socs/socs.yaml"))).graphs[0]
     rows = _rows((2, "a.wav", 100, False), (5, "b.wav", 900, False), (8, "c.wav", 300, True), (9, "d.wav", 120, False),
                  (12, "d.wav", 120, False))
-    said = padding.hazard(graph, rows, "Log", "log_energy")
+    said = padding.hazard(graph, rows, rows, 14, "Log", "log_energy")
     assert said["hazard"] == ("padded audio window: samples 2, 5, 8 and 2 more are the last (or only) windows of a.wav, "
                               "b.wav, c.wav and 1 more: 100 to 900 of 4000 values are audio, the rest padding (zeros); "
                               "Log 'log_energy' computes on near-zero values there")
     # c.wav is shorter than a frame: pad: false would refuse it, so only pad_min is offered
     assert said["fix"] == ("set graphs.cmvn.samples.audio.pad_min: 901 in models/front/model.yaml (drops windows of "
-                           "fewer than 901 real samples)")
-    one = padding.passes_without(graph, _rows((5, "speech.wav", 244, False)))
+                           "fewer than 901 real samples: keeps 9 of 14 samples)")
+    last = _rows((5, "speech.wav", 244, False))
+    one = padding.passes_without(graph, last, last, last, 6)
     assert one.startswith("without sample 5 (speech.wav's last window: 244 of 4000 values are audio, the rest padding)")
-    assert one.endswith("(drops windows of fewer than 245 real samples), or pad: false)")
+    assert one.endswith("(drops windows of fewer than 245 real samples: keeps 5 of 6 samples), or pad: false)")
+
+
+def noise_project(root: Path, model: onnx.ModelProto):
+    """The cmvn project on a clip of noise made here: five whole windows and a last one of 244 real samples."""
+    project = packaged_project(root, "front", {"cmvn.onnx": model}, {}, MODEL_YAML)
+    clips = project.path("models/front/clips")
+    clips.mkdir()
+    noise = np.random.default_rng(5).standard_normal(5 * FRAME + TAIL) * 3000
+    soundfile.write(str(clips / "noise.wav"), noise.astype(np.int16), 16000, subtype="PCM_16")
+    return project
+
+
+def _judged(tmp_path, failing: set[int], padded: list[dict]) -> tuple[str, dict]:
+    """simverify's padded-window clause on ten samples whose NPU outputs are zero on `failing` (the rest agree)."""
+    from qnn_tasks.stages.simverify import padded_windows
+
+    project = noise_project(tmp_path / "project", cmvn_model())
+    graph = load_model(project.path("models/front"), load_socs(project.path("socs/socs.yaml"))).graphs[0]
+    rng = np.random.default_rng(3)
+    reference = [{"y": rng.standard_normal((1, 25)).astype(np.float32)} for _ in range(10)]
+    outputs = [{"y": np.zeros_like(r["y"]) if i in failing else r["y"] + np.float32(1e-4)}
+               for i, r in enumerate(reference)]
+    record: dict = {}
+    said = padded_windows(graph, graph.verify["fp16"], reference, outputs,
+                          {"samples_read": {"audio": {"padded": padded}}}, record)
+    return said, record
+
+
+def test_simverify_names_the_least_pad_min_that_drops_only_the_failing_windows(tmp_path):
+    """Eight of ten samples are padded windows, one of them (244 real samples) fails: pad_min 245 drops it alone;
+    dropping every padded window (pad_min 4000, what the hint said before) would keep 2 of the 10."""
+    padded = _rows((2, "a.wav", 3999, False), (3, "b.wav", 2000, False), (4, "c.wav", 1200, False),
+                   (5, "d.wav", 900, False), (6, "e.wav", 244, False), (7, "f.wav", 3000, False),
+                   (8, "g.wav", 1500, False), (9, "h.wav", 2500, False))
+    said, record = _judged(tmp_path, {6}, padded)
+    assert said == ("; without sample 6 (e.wav's last window: 244 of 4000 values are audio, the rest padding) it "
+                    "passes: the NPU and the CPU disagree on the zero padding (fix: set "
+                    "graphs.cmvn.samples.audio.pad_min: 245 in models/front/model.yaml (drops windows of fewer than "
+                    "245 real samples: keeps 9 of 10 samples))")
+    assert record["padded_windows"] == {"samples": [6], "passes_without": True, "pad_min": 245, "keeps": 9}
+
+
+def test_a_passing_window_shorter_than_a_failing_one_is_said_to_go_too(tmp_path):
+    """No pad_min drops sample 6 (244 real samples, failing) but not sample 3 (100, passing): the least one that
+    drops the failing window is named, with what it costs."""
+    padded = _rows((3, "b.wav", 100, False), (6, "e.wav", 244, False), (8, "g.wav", 1500, False))
+    said, record = _judged(tmp_path, {6}, padded)
+    assert "without samples 3, 6 (the last windows of b.wav, e.wav: 100 to 244 of 4000 values" in said
+    assert said.endswith("pad_min: 245 in models/front/model.yaml (drops windows of fewer than 245 real samples: keeps "
+                         "8 of 10 samples; no pad_min drops only the failing samples: sample 3 passes with 100 real "
+                         "samples, fewer than failing sample 6's 244, so this least value drops it too))")
+    assert record["padded_windows"]["pad_min"] == 245 and record["padded_windows"]["keeps"] == 8
+
+
+def test_cpucheck_says_the_original_model_fails_on_a_padded_window(tmp_path):
+    """Without its epsilon the front end takes log(0) on the padded window's silent sub-frames: the original model
+    itself returns NaN there, which cpucheck names (sample, how much is audio) with the pad_min that drops it."""
+    model = cmvn_model()
+    eps = next(i for i in model.graph.initializer if i.name == "eps")
+    eps.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), "eps"))
+    project = noise_project(tmp_path / "project", model)
+    line = project.doit("cpucheck:cmvn").failure_line("cpucheck:cmvn")
+    assert ("the original model fails, not the simplification: the original cmvn.onnx on CPU returns non-finite "
+            "values (NaN/Inf) in output 'y' on sample 5 (noise.wav's last window: 244 of 4000 values are audio, the "
+            "rest padding)") in line, line
+    assert "simplified ONNX differs" not in line and "loosen" not in line
+    assert ("(fix: set graphs.cmvn.samples.audio.pad_min: 245 in models/front/model.yaml (drops windows of fewer than "
+            "245 real samples: keeps 5 of 6 samples), or pad: false; or make the model finite") in line
+
+
+def test_cpucheck_names_a_sample_the_original_model_overflows_on(tmp_path):
+    """An unpadded sample: its index, and the fix is the model or the samples."""
+    model = _model([helper.make_node("Exp", ["x"], ["y"])], "exp",
+                   [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8])],
+                   [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8])], [])
+    values = np.random.default_rng(4).uniform(-1, 1, (4, 8))
+    values[2, 3] = 200.0  # exp(200) is past float32 (and float64 holds it: the float64 check is made too)
+    project = packaged_project(tmp_path / "project", "grow", {"exp.onnx": model}, {"x.bin": values},
+                               MODEL_YAML_EXP)
+    line = project.doit("cpucheck:exp").failure_line("cpucheck:exp")
+    assert ("the original exp.onnx on CPU returns non-finite values (NaN/Inf) in output 'y' on sample 2, so there is "
+            "nothing to compare the simplified ONNX with") in line, line
+    assert line.endswith("(fix: make the model finite on such inputs (e.g. an epsilon where it takes a log or "
+                         "divides), or leave those samples out of graphs.exp.samples)")

@@ -24,6 +24,12 @@ def compare(reference: np.ndarray, actual: np.ndarray) -> dict[str, Any]:
             "cosine": cosine(ref, got), "snr_db": snr_db(ref, got), "non_finite": 0, "worst_index": list(worst)}
 
 
+def non_finite_samples(stacked: np.ndarray) -> list[int]:
+    """The samples (first axis) holding a NaN or an Inf."""
+    values = np.asarray(stacked)
+    return [int(i) for i in np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))]
+
+
 def cosine(a: np.ndarray, b: np.ndarray) -> float:
     a, b = np.ravel(a).astype(np.float64), np.ravel(b).astype(np.float64)
     na, nb = np.linalg.norm(a), np.linalg.norm(b)

@@ -3,7 +3,8 @@
 With `pad: true` a clip's last partial window is filled with zeros; a front end that normalises per window then
 works on near-zero energies and near-equal values, which fp16 keeps only as rounding noise. judge/media.py
 records each padded sample (cpucheck's record: `samples_read.audio.padded`); diagnose names them as the cause
-of a diverging node, simverify when the target passes without them, both with the `pad_min` that drops them.
+of a diverging node, simverify when the target passes without them, both with the least `pad_min` that drops the
+failing ones (and how many samples it keeps): a larger one would throw away passing samples for nothing.
 """
 from __future__ import annotations
 
@@ -45,25 +46,73 @@ def windows(rows: list[dict[str, Any]]) -> str:
     return f"{where}: {amount} of {rows[0]['values']} values are audio, the rest padding"
 
 
-def fix(graph: GraphSpec, rows: list[dict[str, Any]]) -> str:
-    """pad_min just above the most real samples those windows hold (at most a frame: drops every partial window);
-    pad: false too unless a clip is shorter than a frame (pad: false refuses such a clip)."""
+def tail(row: dict[str, Any], frame: int) -> int:
+    """The real samples of a padded sample's last window, the one pad_min is compared with (in a sample of
+    stacked windows every window before it is whole)."""
+    return row["real"] - (row["values"] - frame)
+
+
+def least_pad_min(graph: GraphSpec, failing: list[dict[str, Any]]) -> int:
+    """The least pad_min that drops every one of these windows: one more than the most real samples they hold."""
     frame = graph.samples["audio"]["frame"]
-    least = min(max(r["real"] for r in rows) + 1, frame)
-    either = "" if any(r["only"] for r in rows) else ", or pad: false"
-    return (f"set {graph.key}.samples.audio.pad_min: {least} in models/{graph.model}/model.yaml (drops windows of "
-            f"fewer than {least} real samples){either}")
+    return min(max(tail(r, frame) for r in failing) + 1, frame)
 
 
-def hazard(graph: GraphSpec, rows: list[dict[str, Any]], op: str, node: str, seen: str = "") -> dict[str, str]:
-    """diagnose's hint for a node that diverges only on padded windows (`seen`: an element there, in words)."""
+def choices(graph: GraphSpec, rows: list[dict[str, Any]], least: int = 1) -> list[int]:
+    """Each pad_min from `least` up that drops a different set of these windows, smallest first (the last one
+    drops them all)."""
+    frame = graph.samples["audio"]["frame"]
+    return sorted({v for v in (min(tail(r, frame) + 1, frame) for r in rows) if v >= least})
+
+
+def dropped(graph: GraphSpec, rows: list[dict[str, Any]], pad_min: int) -> list[dict[str, Any]]:
+    """The padded samples among `rows` that `pad_min` drops."""
+    frame = graph.samples["audio"]["frame"]
+    return [r for r in rows if tail(r, frame) < pad_min]
+
+
+def fix(graph: GraphSpec, failing: list[dict[str, Any]], padded: list[dict[str, Any]], total: int) -> str:
+    """The least pad_min that drops every failing padded sample, and how many of the `total` samples it keeps (a
+    larger one would throw away passing samples for nothing). A passing padded sample with fewer real samples than
+    a failing one goes too, said so: no value drops the failing ones alone. pad: false too when it drops no more
+    (and no clip is shorter than a frame: pad: false refuses such a clip)."""
+    least = least_pad_min(graph, failing)
+    gone = dropped(graph, padded, least)
+    failed = {r["sample"] for r in failing}
+    passing = [r for r in gone if r["sample"] not in failed]
+    either = "" if len(gone) < len(padded) or any(r["only"] for r in padded) else ", or pad: false"
+    said = (f"set {graph.key}.samples.audio.pad_min: {least} in models/{graph.model}/model.yaml (drops windows of "
+            f"fewer than {least} real samples: keeps {total - len(gone)} of {total} samples")
+    return said + (f"; {also_dropped(graph, passing, failing)}" if passing else "") + ")" + either
+
+
+def also_dropped(graph: GraphSpec, passing: list[dict[str, Any]], failing: list[dict[str, Any]]) -> str:
+    """Why the proposed pad_min drops passing samples: they hold fewer real samples than a failing one."""
+    frame = graph.samples["audio"]["frame"]
+    held = sorted({tail(r, frame) for r in passing})
+    amount = f"{held[0]}" if len(held) == 1 else f"{held[0]} to {held[-1]}"
+    one = len(passing) == 1
+    said = (f"no pad_min drops only the failing samples: {numbers(passing)} {'passes' if one else 'pass'} with "
+            f"{amount} real samples")
+    if failing:
+        worst = max(failing, key=lambda r: tail(r, frame))
+        said += f", fewer than failing sample {worst['sample']}'s {tail(worst, frame)}"
+    return said + f", so this least value drops {'it' if one else 'them'} too"
+
+
+def hazard(graph: GraphSpec, rows: list[dict[str, Any]], padded: list[dict[str, Any]], total: int, op: str, node: str,
+           seen: str = "") -> dict[str, str]:
+    """diagnose's hint for a node that diverges only on the padded samples `rows` (of the `padded` ones, of `total`
+    samples; `seen`: an element there, in words)."""
     verb = "is" if len(rows) == 1 else "are"
     action = "subtracts near-equal values" if op == "Sub" else "computes on near-zero values"
     return {"hazard": f"padded audio window: {numbers(rows)} {verb} {windows(rows)} (zeros); {op} '{node}' {action} "
-                      "there", "why": f"{seen}; {WHY}" if seen else WHY, "fix": fix(graph, rows)}
+                      "there", "why": f"{seen}; {WHY}" if seen else WHY, "fix": fix(graph, rows, padded, total)}
 
 
-def passes_without(graph: GraphSpec, rows: list[dict[str, Any]]) -> str:
-    """simverify's clause when the target passes once the padded windows are left out."""
+def passes_without(graph: GraphSpec, rows: list[dict[str, Any]], failing: list[dict[str, Any]],
+                   padded: list[dict[str, Any]], total: int) -> str:
+    """simverify's clause when the target passes once the padded samples `rows` are left out (`failing`: those
+    that must go; the rest go with them as pad_min is a threshold)."""
     return (f"without {numbers(rows)} ({windows(rows)}) it passes: the NPU and the CPU disagree on the zero padding "
-            f"(fix: {fix(graph, rows)})")
+            f"(fix: {fix(graph, failing, padded, total)})")

@@ -76,11 +76,53 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
             problems = []
     if problems:
         extra = f"; {record['float64']['note']}" if record.get("float64", {}).get("note") else ""
+        bad = {name: metrics.non_finite_samples(stacked(original, name)) for name in (o.name for o in graph.outputs)}
+        if any(bad.values()):  # nothing to compare there: the original is what fails, not the simplification
+            raise StageError(original_fails(graph, by, bad, inputs, notes, original, cpu, thresholds, extra), record)
         raise StageError(f"cpucheck of graph '{graph.name}': simplified ONNX differs from the original model: "
                          + "; ".join(problems) + extra + f" (fix the export, or loosen {graph.key}.cpucheck)", record)
     sample_store.save(inputs_out, inputs)
     sample_store.save(reference_out, reference)
     return record
+
+
+def original_fails(graph: GraphSpec, by: str, bad: dict[str, list[int]], inputs: list[dict[str, np.ndarray]],
+                   notes: dict[str, Any], original: list[dict[str, np.ndarray]], cpu: list[dict[str, np.ndarray]],
+                   thresholds: dict[str, float], note: str = "") -> str:
+    """The failure when the original model itself returns NaN/Inf: on which samples (a padded audio window says how
+    much of it is audio, a length input its value), whether the simplified ONNX matches on the others, and a fix:
+    the pad_min that drops those windows when they all are padded ones, else the model or the samples. `note`: the
+    float64 comparison's, when one was made."""
+    from qnn_tasks.judge import padding
+
+    samples = sorted({i for found in bad.values() for i in found})
+    outputs = ", ".join(f"'{name}'" for name, found in bad.items() if found)
+    padded = padding.recorded({"samples_read": notes})
+    rows = [padded[i] for i in samples if i in padded]
+    lengths = ((graph.samples or {}).get("audio") or {}).get("lengths")
+    if len(rows) == len(samples):
+        which = f"{padding.numbers(rows)} ({padding.windows(rows)})"
+    else:
+        def real(i: int) -> str:  # how much of the sample is audio, where it has a real length
+            if i in padded:
+                return f" ({padded[i]['real']} of {padded[i]['values']} values are audio)"
+            return f" ({lengths} is {int(np.asarray(inputs[i][lengths]).reshape(-1)[0])})" if lengths else ""
+        shown = samples[:padding.SHOWN]
+        which = (f"sample{'s' if len(samples) > 1 else ''} " + ", ".join(f"{i}{real(i)}" for i in shown)
+                 + (f" and {len(samples) - len(shown)} more" if len(samples) > len(shown) else ""))
+    said = (f"cpucheck of graph '{graph.name}': the original model fails, not the simplification: {by} returns "
+            f"non-finite values (NaN/Inf) in output {outputs} on {which}, so there is nothing to compare the "
+            "simplified ONNX with")
+    keep = [i for i in range(len(original)) if i not in set(samples)]
+    still = [line for o in graph.outputs for line in metrics.violations(
+        o.name, metrics.compare(stacked([original[i] for i in keep], o.name), stacked([cpu[i] for i in keep], o.name)),
+        thresholds)] if keep else []
+    said += (f"; on the other samples the simplified ONNX differs too: {'; '.join(still)}" if still else "") + note
+    finite = "make the model finite on such inputs (e.g. an epsilon where it takes a log or divides)"
+    if len(rows) == len(samples):
+        every = list(padded.values())
+        return said + f" (fix: {padding.fix(graph, rows, every, len(original))}; or {finite})"
+    return said + f" (fix: {finite}, or leave those samples out of {graph.key}.samples)"
 
 
 def stacked(samples: list[dict[str, np.ndarray]], name: str) -> np.ndarray:

@@ -357,7 +357,7 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray],
 def blame_padding(graph: GraphSpec, detail: dict[str, Any], cpu, npu, threshold: float,
                   cpucheck_record: dict[str, Any] | None) -> None:
     """When every sample the diverging node fails on is a zero-padded audio window, that padding is the cause:
-    named first among the hazards, with the pad_min that drops those windows."""
+    named first among the hazards, with the least pad_min that drops those windows."""
     padded = padding.recorded(cpucheck_record)
     tensor = detail["tensor"]
     if not padded or tensor not in npu[0]:
@@ -373,8 +373,9 @@ def blame_padding(graph: GraphSpec, detail: dict[str, Any], cpu, npu, threshold:
     where = (failing[at[0]],) + tuple(int(i) for i in at[1:])
     seen = f"on sample {where[0]} at {list(where[1:])} the CPU has {ref[where]:.3g}, the NPU {got[where]:.3g}"
     detail["padded_samples"] = failing
-    detail["hazards"].insert(0, padding.hazard(graph, [padded[i] for i in failing], detail["op_type"], detail["node"],
-                                               seen))
+    judged = [padded[i] for i in range(len(cpu)) if i in padded]
+    detail["hazards"].insert(0, padding.hazard(graph, [padded[i] for i in failing], judged, len(cpu),
+                                               detail["op_type"], detail["node"], seen))
 
 
 def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.ndarray]], graph: GraphSpec) -> None:

@@ -72,17 +72,37 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
 def padded_windows(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, Any]],
                    outputs: list[dict[str, Any]], cpucheck: dict[str, Any] | None, record: dict[str, Any]) -> str:
     """"; without sample 5 (...) it passes ... (fix: pad_min)" when the failure lives on the zero-padded audio windows
-    alone: judged again without them (a second judgement of the same numbers, no run)."""
+    alone: judged again without them (second judgements of the same numbers, no run). The pad_min named is the least
+    that drops each padded sample that fails beside the unpadded ones and after which the rest passes, not one that
+    drops every padded sample."""
     padded = padding.recorded(cpucheck)
     rows = [padded[i] for i in range(len(outputs)) if i in padded]
-    keep = [i for i in range(len(outputs)) if i not in padded]
-    if not rows or not keep:
+    if not rows or len(rows) == len(outputs) or not passes_without(graph, verify, reference, outputs, rows):
         return ""
-    _, still = verification.judge(graph, verify, [reference[i] for i in keep], [outputs[i] for i in keep])
-    if still:
-        return ""
-    record["padded_windows"] = {"samples": [r["sample"] for r in rows], "passes_without": True}
-    return "; " + padding.passes_without(graph, rows)
+    # a padded sample fails when the samples with no padding fail once it joins them
+    fails = [r for r in rows if not passes_without(graph, verify, reference, outputs, [x for x in rows if x is not r])]
+    start = padding.least_pad_min(graph, fails) if fails else 1
+    options = padding.choices(graph, rows, start)
+    least = next((p for p in options if passes_without(graph, verify, reference, outputs,
+                                                       padding.dropped(graph, rows, p))), options[-1])
+    gone = padding.dropped(graph, rows, least)
+    # one that passes beside the unpadded ones but holds fewer real samples than a failing one goes only as pad_min
+    # is a threshold
+    forced = {r["sample"] for r in padding.dropped(graph, rows, start)} - {r["sample"] for r in fails}
+    failing = [r for r in gone if r["sample"] not in forced]
+    record["padded_windows"] = {"samples": [r["sample"] for r in gone], "passes_without": True,
+                                "pad_min": padding.least_pad_min(graph, failing), "keeps": len(outputs) - len(gone)}
+    return "; " + padding.passes_without(graph, gone, failing, rows, len(outputs))
+
+
+def passes_without(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, Any]],
+                   outputs: list[dict[str, Any]], rows: list[dict[str, Any]]) -> bool:
+    """Whether the outputs pass judged without the samples of `rows`."""
+    out = {r["sample"] for r in rows}
+    keep = [i for i in range(len(outputs)) if i not in out]
+    if not keep:
+        return False
+    return not verification.judge(graph, verify, [reference[i] for i in keep], [outputs[i] for i in keep])[1]
 
 
 def against_float64(graph: GraphSpec, verify: dict[str, Any], simplified: Path, inputs_file: Path,
