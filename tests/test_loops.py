@@ -14,6 +14,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import Project, copy_project
+from modelpackage_check import agreement
 from onnx import TensorProto, helper, numpy_helper
 
 DIM, STEPS = 16, 60
@@ -132,6 +133,9 @@ def test_the_package_of_a_loop_graph_carries_its_loop_verdict(stream, tmp_path):
     loop = binary["verification"]["loop"]
     assert loop["measured_on"] == "x86 HTP simulator" and loop["status"] == "passed"
     assert loop["steps"] == loop_record(stream)["steps"] and loop["metrics"]
+    # ONNX Runtime's ModelPackage: the state tensors the app feeds back, on the component and the package
+    (declared,) = agreement(tmp_path / "acc")["loops"]
+    assert declared["components"] == ["acc"] and declared["feed"], declared
 
 
 def test_a_task_check_that_breaks_names_the_first_differing_step(stream, tmp_path):

@@ -2,7 +2,6 @@
 SM8750, fp16), opened strictly by onnxruntime, its CPU variant chosen and run, agreeing with our manifest."""
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
@@ -10,7 +9,8 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_dist import dist, inside, read_manifest, tree  # noqa: E402
+from modelpackage_check import agreement  # noqa: E402
+from test_dist import dist, inside, tree  # noqa: E402
 
 ort = pytest.importorskip("onnxruntime")
 if not hasattr(ort, "ModelPackage"):
@@ -27,40 +27,6 @@ def packaged(verified, tmp_path_factory):
     again = tmp_path_factory.mktemp("mpkg-again")
     dist(verified, "silero-vad", again)
     return {"dest": dest, "first": first, "snapshot": snapshot, "again": again}
-
-
-def agreement(package: Path) -> None:
-    """Every manifest binary is one QNN variant and every graph's fallback the CPU variant, same files by SHA-256."""
-    import hashlib
-
-    data, ours = read_manifest(package), package / "onnxruntime"
-    info = ort.ModelPackage.open(str(ours), strict_unknown_fields=True).get_info()
-    context = ort.ModelPackageContext(str(ours))
-    assert sorted(context.get_component_names()) == sorted(data["graphs"])
-    for component in info["components"]:
-        graph = data["graphs"][component["name"]]
-        expected = {f"{b['soc']}.{b['precision']}": b for b in graph["binaries"]}
-        variants = {v["name"]: v for v in component["variants"]}
-        assert list(variants) == [*expected, "cpu"] or sorted(variants) == sorted([*expected, "cpu"])
-        for name, binary in expected.items():
-            v = variants[name]
-            assert v["ep"] == "QNNExecutionProvider" and v["device"] == "npu"
-            assert v["compatibility_string"] == binary["ep_compatibility_info"]
-            assert binary["ep_compatibility_info"].startswith("v2:6:") and f":{binary['soc_model']}:" in \
-                binary["ep_compatibility_info"]
-            meta = json.loads(v["additional_metadata_json"])
-            assert meta["soc_model"] == binary["soc_model"] and meta["htp_arch"] == binary["dsp_arch"].lstrip("v")
-            folder = Path(v["variant_directory"])
-            bin_file = folder / Path(binary["path"]).name
-            assert hashlib.sha256(bin_file.read_bytes()).hexdigest() == binary["sha256"]
-            assert bin_file.stat().st_ino == (package / binary["path"]).stat().st_ino  # a link, not a copy
-            ort_info = json.loads(v["executor_info"]["ort"])
-            assert (folder / ort_info["model_file"]).is_file()
-            assert ort_info["provider_options"]["soc_model"] == str(binary["soc_model"])
-        cpu = variants["cpu"]
-        assert cpu["ep"] == "CPUExecutionProvider" and cpu["device"] == "cpu"
-        onnx_file = Path(cpu["variant_directory"]) / json.loads(cpu["executor_info"]["ort"])["model_file"]
-        assert hashlib.sha256(onnx_file.read_bytes()).hexdigest() == graph["fallback"]["sha256"]
 
 
 def test_the_modelpackage_opens_strictly_and_agrees_with_the_manifest(packaged):

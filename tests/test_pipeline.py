@@ -15,6 +15,7 @@ import numpy as np
 import onnx
 import pytest
 from conftest import Project, copy_project
+from modelpackage_check import agreement
 from onnx import TensorProto, helper, numpy_helper
 
 TIME, DIM, CLASSES = 16, 64, 10
@@ -136,6 +137,9 @@ def test_the_package_of_a_chain_carries_its_end_to_end_verdict(good, tmp_path):
         assert chain["measured_on"] == "x86 HTP simulator" and chain["status"] == "passed" and chain["samples"] == 8
         assert chain["graphs"] == ["features", "classifier"]
         assert next(c for c in chain["checks"] if c["kind"] == "top1")["passed"]
+    # ONNX Runtime's ModelPackage: the chain the app runs, in order, with which outputs feed which inputs
+    (chain,) = agreement(tmp_path / "chain")["pipelines"]
+    assert chain["graphs"] == ["features", "classifier"] and chain["feeds"], chain
 
 
 def test_the_first_link_reuses_the_first_graphs_simulation_only_when_it_covers_the_chain(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from modelpackage_check import agreement
 from sized_project import LENGTHS, attention_project, packaged_sized_project, sized_project
 
 from qnn_tasks.errors import SpecError
@@ -338,6 +339,10 @@ def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp
     assert [(f["graph"], f["sizes"], f["rule"], f["graphs"]) for f in sizes] == [
         ("pool", [16, 32], "smallest that fits", {"16": "pool.seq16", "32": "pool.seq32"})]
     assert manifest["graphs"]["pool.seq16"]["size"] == {"of": "pool", "dim": "seq", "size": 16}
+    # ONNX Runtime's ModelPackage of it: a component per size, the size rule in its metadata (docs/shipping.md)
+    facts = agreement(project.path("dist/pool"))
+    assert [(f["graph"], f["graphs"], f["rule"]) for f in facts["sizes"]] == [
+        ("pool", {"16": "pool.seq16", "32": "pool.seq32"}, "smallest that fits")]
     assert "cross-size check of leaky" in shipped.failure_line("dist:leaky")
     # the app's choice over THIS manifest (ship/select.py; Selector.java passes the same table of cases): the size
     # first, a short input at 16 and a longer one at 32, padded with the declared values; then the device's binary

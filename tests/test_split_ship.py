@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from modelpackage_check import agreement
 from test_split import SEQ, WIDTH, YAML, stack_project
 
 from qnn_tasks.ship import select, verified
@@ -83,6 +84,8 @@ def test_dist_ships_every_part_with_its_chain(package):
     jsonschema.validate(data, json.loads((folder / "manifest.schema.json").read_text()))
     assert data["omitted"] == [] and "unbuilt" not in package["stdout"]
     assert sorted(data["graphs"]) == PARTS  # the whole graph is never compiled: it ships as its parts
+    (parts,) = agreement(folder)["splits"]  # ONNX Runtime's ModelPackage: the parts in the order they run
+    assert parts["graph"] == "net" and parts["parts"] == PARTS
     for index, name in enumerate(PARTS, start=1):
         graph = data["graphs"][name]
         assert graph["part"] == {"of": "net", "index": index, "parts": 2}
