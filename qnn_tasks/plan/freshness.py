@@ -205,8 +205,11 @@ def _named(path: tuple, place: dict[str, Any]) -> str:
         return "the settings its key is made of"
     if top == "soc":
         return place.get("soc") or "the chip's SoC row"
-    if top == "budgets":
-        return "the context budget (context_mb) of a chip it is built for"
+    if top == "budgets":  # (budgets, arch, key): which of the chip's limits lint held the graph to
+        setting = {"memory_mb": "the memory limit (memory_mb)", "memory_where": "the memory limit (memory_mb)",
+                   "vtcm_mb": "the VTCM (vtcm_mb)"}.get(rest[1] if len(rest) > 1 else "",
+                                                    "the context budget (context_mb)")
+        return f"{setting} of a chip it is built for"
     if top in ("loop", "loop_feed"):
         return _dotted(("loop",) + (("feed",) if top == "loop_feed" else ()) + rest)
     if top == "pipeline":
