@@ -118,6 +118,8 @@ def test_the_npu_carries_its_own_state_and_its_error_grows_per_step(stream):
     assert stream.path(rec["plot"]).stat().st_size > 10_000
     report = json.loads(stream.path("build/report/report.json").read_text())
     assert [(e["name"], e["status"]) for e in report["loops"]] == [("acc-SM8650", "passed")]
+    step = report["loops"][0]["latency_ms"]  # the phone time of one step of the loop, estimated
+    assert step["per"] == "step" and step["basis"].startswith(("estimated from ", "not estimated"))
     assert report["summary"]["loops_failed"] == 0
     md = stream.path("build/report/report.md").read_text()
     assert "## Loops" in md and "| acc-SM8650 | 60 | passed |" in md

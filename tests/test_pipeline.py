@@ -124,6 +124,15 @@ def test_chain_is_verified_end_to_end(good):
     report = json.loads(good.path("build/report/report.json").read_text())
     assert [p["name"] for p in report["pipelines"]] == ["chain-SM8650"] and report["pipelines"][0]["status"] == "passed"
     assert "## Pipelines" in good.path("build/report/report.md").read_text()
+    # the chain's phone time: its graphs' estimates added, once per run (an estimate, never a measurement)
+    chained = report["pipelines"][0]["latency_ms"]
+    graphs = [t["latency_ms"] for t in report["targets"] if t["soc"]["name"] == "SM8650"]
+    assert chained["per"] == "run of the chain" and len(graphs) == 2
+    if all(g["estimate"] is not None for g in graphs):
+        assert chained["estimate"] == pytest.approx(sum(g["estimate"] for g in graphs), abs=0.002)
+        assert chained["basis"].startswith("estimated from ")
+    else:
+        assert chained["estimate"] is None and chained["refused"]
     assert good.doit("pipeline").executed == set()
 
 
