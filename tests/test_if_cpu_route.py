@@ -1,0 +1,112 @@
+"""The If kept on the CPU (`lint: {allow: [control-flow]}` + `allow_cpu_fallback: true`) when its branches read
+weights stored in the main graph, as PyTorch's exporter writes them (issue 43, item 2).
+
+onnxruntime's compile dropped such weights from the CPU part it writes and refused its own output, in a line that
+had lost the tensor and node names (" is not output of any previous nodes."). The export stage now copies them
+into the branches that read them (graphs/rewrites/branchweights.py).
+"""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+from test_if_to_where import feeds_both_ways, value
+from test_rewrites import const, model_of, ops, run
+
+from qnn_tasks.graphs.rewrites import branchweights
+
+RNG = np.random.default_rng(43)
+
+
+def heads(sharpen_node=False):
+    """probs, logits = If(sum(x) > 0): (softmax(2 * x @ wa), x @ wa) else (softmax(x @ wb), x @ wb).
+
+    wa, wb and the 2 live in the main graph and only the branches read them; two outputs keep the If off the NPU
+    (QNN's If takes one). `sharpen_node`: the 2 is a main-graph Constant node instead of an initializer."""
+    then_g = helper.make_graph([helper.make_node("MatMul", ["x", "wa"], ["la"], name="then_head"),
+                                helper.make_node("Mul", ["la", "sharpen"], ["sharp"], name="then_sharpen"),
+                                helper.make_node("Softmax", ["sharp"], ["pa"], axis=-1, name="then_softmax")],
+                               "then", [], [value("pa", (1, 4)), value("la", (1, 4))])
+    else_g = helper.make_graph([helper.make_node("MatMul", ["x", "wb"], ["lb"], name="else_head"),
+                                helper.make_node("Softmax", ["lb"], ["pb"], axis=-1, name="else_softmax")],
+                               "else", [], [value("pb", (1, 4)), value("lb", (1, 4))])
+    nodes = [helper.make_node("ReduceSum", ["x"], ["total"], keepdims=0, name="total"),
+             helper.make_node("Greater", ["total", "zero"], ["positive"], name="positive"),
+             helper.make_node("If", ["positive"], ["probs", "logits"], name="pick", then_branch=then_g,
+                              else_branch=else_g)]
+    weights = [const("wa", RNG.standard_normal((16, 4))), const("wb", RNG.standard_normal((16, 4))), const("zero", 0.0)]
+    if sharpen_node:
+        nodes.insert(0, helper.make_node("Constant", [], ["sharpen"], value=const("sharpen", 2.0), name="two"))
+    else:
+        weights.append(const("sharpen", 2.0))
+    return model_of(nodes, [value("x", (1, 16))], [value("probs", (1, 4)), value("logits", (1, 4))], weights)
+
+
+LIFTED = ["'sharpen' into the then_branch of If node 'pick'", "'wa' into the then_branch of If node 'pick'",
+          "'wb' into the else_branch of If node 'pick'"]
+BRANCHES = ("then_branch", "else_branch")
+
+
+def initializers(graph) -> list[str]:
+    return sorted(t.name for t in graph.initializer)
+
+
+@pytest.mark.parametrize("sharpen_node", [False, True])
+def test_lift_copies_what_only_a_branch_reads_into_it(sharpen_node):
+    """wa, wb and the 2 (an initializer, or a Constant node) move into the branches that read them; the 0 the main
+    graph reads stays; the outputs are the same on both branches."""
+    model = heads(sharpen_node)
+    before = onnx.ModelProto()
+    before.CopyFrom(model)
+    sites = branchweights.lift(model)
+    assert sorted(sites) == LIFTED and sites.refused == []
+    onnx.checker.check_model(model, full_check=True)
+    assert initializers(model.graph) == ["zero"] and ops(model) == ["ReduceSum", "Greater", "If"]
+    then_g, else_g = (next(a.g for a in model.graph.node[-1].attribute if a.name == b) for b in BRANCHES)
+    assert initializers(then_g) == (["wa"] if sharpen_node else ["sharpen", "wa"]) and initializers(else_g) == ["wb"]
+    assert [n.op_type for n in then_g.node][0] == ("Constant" if sharpen_node else "MatMul")
+    for feeds in feeds_both_ways(4):
+        for a, b in zip(run(before, feeds), run(model, feeds)):
+            np.testing.assert_array_equal(b, a)
+    assert branchweights.lift(model) == []  # nothing left to lift
+
+
+def test_lift_leaves_what_the_main_graph_reads_and_external_weights(tmp_path):
+    """A weight a main-graph node reads too stays there (the compile keeps it); one stored as external data is
+    refused with its reason (the stages that copy a model's weight files read the main graph's list)."""
+    from onnx.external_data_helper import convert_model_to_external_data
+
+    model = heads()
+    model.graph.node.insert(0, helper.make_node("MatMul", ["x", "wa"], ["unused_score"], name="main_head"))
+    model.graph.output.append(value("unused_score", (1, 4)))
+    sites = branchweights.lift(model)
+    assert "wa" in initializers(model.graph) and not any("'wa'" in site for site in sites)
+
+    model = heads()
+    convert_model_to_external_data(model, all_tensors_to_one_file=True, location="w.bin", size_threshold=64)
+    onnx.save(model, str(tmp_path / "m.onnx"))  # wa, wb (256 bytes each) go to w.bin
+    model = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    sites = branchweights.lift(model)
+    assert sites == ["'sharpen' into the then_branch of If node 'pick'"]
+    assert sites.refused == ["'wa' (read by the then_branch of If node 'pick') is stored as external data: left in "
+                             "the main graph", "'wb' (read by the else_branch of If node 'pick') is stored as "
+                             "external data: left in the main graph"]
+
+
+def test_export_lifts_branch_weights_and_says_so(tmp_path):
+    """The export stage of a graph keeping its If (allowed on the CPU) writes the branches with their weights and
+    lists what it moved in its record."""
+    import yaml
+    from test_yaml_defects import packaged_graph
+
+    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.stages import export
+
+    graph = packaged_graph(tmp_path, [TensorSpec("x", (1, 16), "float32")],
+                           [TensorSpec("probs", (1, 4), "float32"), TensorSpec("logits", (1, 4), "float32")],
+                           lint=yaml.safe_load("allow: [control-flow]"), allow_cpu_fallback=True)
+    onnx.save(heads(), str(tmp_path / "m.onnx"))
+    record = export.run(graph, tmp_path / "m.onnx", tmp_path / "out.onnx")
+    assert sorted(record["lifted_into_bodies"]) == LIFTED
+    assert initializers(onnx.load(str(tmp_path / "out.onnx")).graph) == ["zero"]
