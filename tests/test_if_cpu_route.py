@@ -3,7 +3,8 @@ weights stored in the main graph, as PyTorch's exporter writes them (issue 43, i
 
 onnxruntime's compile dropped such weights from the CPU part it writes and refused its own output, in a line that
 had lost the tensor and node names (" is not output of any previous nodes."). The export stage now copies them
-into the branches that read them (graphs/rewrites/branchweights.py).
+into the branches that read them (graphs/rewrites/branchweights.py), and the compile reads the branches' weights
+from a file, since onnxruntime writes a weight it holds in memory as a marker it then refuses (toolchains/ort_bodies.py).
 """
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ import numpy as np
 import onnx
 import pytest
 from onnx import helper
-from test_if_to_where import feeds_both_ways, value
+from test_if_to_where import feeds_both_ways, if_project, sm8650_fp16, value
 from test_rewrites import const, model_of, ops, run
 
 from qnn_tasks.graphs.rewrites import branchweights
@@ -110,3 +111,50 @@ def test_export_lifts_branch_weights_and_says_so(tmp_path):
     record = export.run(graph, tmp_path / "m.onnx", tmp_path / "out.onnx")
     assert sorted(record["lifted_into_bodies"]) == LIFTED
     assert initializers(onnx.load(str(tmp_path / "out.onnx")).graph) == ["zero"]
+
+
+def test_weights_inside_a_branch_kept_on_the_cpu_compile(tmp_path):
+    """Weights inside the branches of an If the NPU does not take (onnxruntime 1.32 wrote them as in-memory markers
+    and refused its own output: "Initializer 'wa' references an ORT in-memory address marker"): the compile reads
+    them from a file and the compiled model holds them inline, with no file left beside it."""
+    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.toolchains.ort_qnn import cpu_partition
+
+    toolchain, _, options = sm8650_fp16(tmp_path, [TensorSpec("x", (1, 16), "float32")],
+                                        [TensorSpec("probs", (1, 4), "float32")])
+    model = heads()
+    branchweights.lift(model)
+    onnx.save(model, str(tmp_path / "lifted.onnx"))
+    compiled = toolchain.compile_variant(tmp_path / "lifted.onnx", options, tmp_path / "compiled")
+    assert [n["op_type"] for n in cpu_partition(compiled)["cpu_nodes"]] == ["If"]
+    assert sorted(p.name for p in compiled.parent.iterdir()) == ["compile.log", "lifted_ctx.onnx",
+                                                                  "lifted_ctx_qnn.bin"]
+    [pick] = [n for n in onnx.load(str(compiled)).graph.node if n.op_type == "If"]
+    then_g = next(a.g for a in pick.attribute if a.name == "then_branch")
+    [wa] = [t for t in then_g.initializer if t.name == "wa"]
+    assert not wa.external_data
+    np.testing.assert_array_equal(onnx.numpy_helper.to_array(wa), onnx.numpy_helper.to_array(
+        next(t for t in heads_weights(model) if t.name == "wa")))
+
+
+def heads_weights(model):
+    """Every initializer of the model's If branches."""
+    return [t for n in model.graph.node for a in n.attribute if a.type == onnx.AttributeProto.GRAPH
+            for t in a.g.initializer]
+
+@pytest.mark.slow
+def test_the_if_route_builds_a_graph_whose_branches_read_main_graph_weights(tmp_path):
+    """The documented route on an If whose branches read wa, wb and the 2 from the main graph: on main the context
+    stage failed (" is not output of any previous nodes."); now the whole chain builds for SM8650, the If is the
+    reported CPU partition and the simulator agrees with the CPU on inputs that take both branches."""
+    project = if_project(tmp_path / "project", heads(), "    allow_cpu_fallback: true\n")
+    result = project.doit()
+    assert result.returncode == 0, result.stdout + result.stderr
+    export = project.one_json("build/if-cls/cls/export/export.json")
+    assert sorted(export["lifted_into_bodies"]) == LIFTED
+    context = project.one_json("build/if-cls/cls/*/fp16/SM8650/context/context.json")
+    assert [n["op_type"] for n in context["partition"]["cpu_nodes"]] == ["If"]
+    assert "1 node(s) of graph 'cls' fall back to CPU on SM8650: If 'pick'" in context["warnings"][0]
+    simverify = project.one_json("build/if-cls/cls/*/fp16/SM8650/simverify/simverify.json")
+    assert simverify["status"] in ("passed", "warning")
+    assert all(simverify["metrics"][name]["cosine"] > 0.999 for name in ("probs", "logits"))

@@ -236,11 +236,18 @@ def compile_context(model: Path, out: Path, options: dict[str, str], log: Path,
     import onnxruntime as ort
 
     from qnn_tasks.qnn.errorcodes import explain_file, suffix
+    from qnn_tasks.toolchains import ort_bodies
 
     start = time.perf_counter()
+    copy_dir = out.parent / f".{out.stem}_source"
     try:
+        source, moved = ort_bodies.staged(model, copy_dir)
+        if moved:
+            with open(log, "a") as fh:
+                fh.write(f"# compiled from {source}: the initializers of If/Loop/Scan bodies ({', '.join(moved)}) "
+                         f"kept in {ort_bodies.BODY_DATA} beside it, which onnxruntime's compile writes inline\n")
         with native_output_to(log):
-            compiler = ort.ModelCompiler(session_options(options), str(model),
+            compiler = ort.ModelCompiler(session_options(options), str(source),
                                          flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
             compiler.compile_to_file(str(out))
     except Exception as err:
@@ -251,6 +258,8 @@ def compile_context(model: Path, out: Path, options: dict[str, str], log: Path,
         hints = suffix(explain_file(log, "compile", **(context or {})))
         raise ToolchainError(f"compile of {model} failed: {message}" + (f"; first error in the log: {cause}" if cause else "")
                              + hints + f" (full log: {log})") from None
+    finally:
+        shutil.rmtree(copy_dir, ignore_errors=True)
     return time.perf_counter() - start
 
 
