@@ -158,3 +158,21 @@ def test_the_if_route_builds_a_graph_whose_branches_read_main_graph_weights(tmp_
     simverify = project.one_json("build/if-cls/cls/*/fp16/SM8650/simverify/simverify.json")
     assert simverify["status"] in ("passed", "warning")
     assert all(simverify["metrics"][name]["cosine"] > 0.999 for name in ("probs", "logits"))
+
+
+def test_compiling_branch_weights_of_the_main_graph_names_them(tmp_path):
+    """The bug itself, compiled as exported: the failure keeps onnxruntime's whole message (the tensor, its node and
+    the If) and says which branch reads the weight and why the compile lost it."""
+    from qnn_tasks.errors import ToolchainError
+    from qnn_tasks.spec.project import TensorSpec
+
+    toolchain, _, options = sm8650_fp16(tmp_path, [TensorSpec("x", (1, 16), "float32")],
+                                        [TensorSpec("probs", (1, 4), "float32")])
+    onnx.save(heads(), str(tmp_path / "heads.onnx"))
+    with pytest.raises(ToolchainError) as failure:
+        toolchain.compile_variant(tmp_path / "heads.onnx", options, tmp_path / "compiled")
+    message = str(failure.value)
+    assert "\n" not in message
+    assert "input 'wa' of node: name: then_head OpType: MatMul is not output of any previous nodes" in message
+    assert ("'wa' (read by MatMul node 'then_head') is a constant of the main graph that only the then_branch of If "
+            "node 'pick' reads: onnxruntime's compile drops those (onnxruntime issue #32131)") in message

@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.errors import StageError
+from qnn_tasks.errors import StageError, one_line
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.graphs import modelcode, onnxinfo, packaged
 from qnn_tasks.run import calls
@@ -134,8 +134,7 @@ def run_once(path: Path, graph: GraphSpec) -> list[str]:
         names = [o.name for o in session.get_outputs()]
         values = session.run(None, {t.name: np.zeros(t.shape, np.dtype(t.dtype)) for t in graph.inputs})
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return [f"onnxruntime cannot run it on CPU: {first} (fix the export)"]
+        return [f"onnxruntime cannot run it on CPU: {one_line(err)} (fix the export)"]
     declared = {t.name: list(t.shape) for t in graph.outputs}
     return [f"output '{name}' is {list(value.shape)} when run on CPU, model.yaml says {declared[name]} "
             f"(fix: correct {graph.key}.outputs.{name}.shape in models/{graph.model}/model.yaml, or the export)"
