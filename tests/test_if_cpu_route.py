@@ -176,3 +176,37 @@ def test_compiling_branch_weights_of_the_main_graph_names_them(tmp_path):
     assert "input 'wa' of node: name: then_head OpType: MatMul is not output of any previous nodes" in message
     assert ("'wa' (read by MatMul node 'then_head') is a constant of the main graph that only the then_branch of If "
             "node 'pick' reads: onnxruntime's compile drops those (onnxruntime issue #32131)") in message
+
+
+
+ROUTE = ('or keep it on the CPU: add "lint: {allow: [control-flow]}" and "allow_cpu_fallback: true" to graphs.g in '
+         'models/m/model.yaml (the NPU runs the rest; the report names the CPU partition)')
+
+
+def test_lint_and_export_name_the_cpu_route_beside_the_rewrites(tmp_path):
+    """The control-flow fix named fold-if and if-to-where only; it now names the keys that keep the If on the CPU
+    (those the graph still lacks), in lint's line and in export's refusal."""
+    import dataclasses
+
+    from test_rewrites import graph_spec
+    from test_yaml_defects import packaged_graph
+
+    from qnn_tasks.errors import StageError
+    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.stages import export
+    from qnn_tasks.stages.lint import find_problems
+
+    [line] = [f.line() for f in find_problems(heads(), graph_spec()) if f.rule == "control-flow"]
+    assert '"rewrites: [if-to-where]"' in line and '"rewrites: [fold-if]"' in line and line.endswith(f"{ROUTE})")
+    fallback = dataclasses.replace(graph_spec(), allow_cpu_fallback=True)
+    [line] = [f.line() for f in find_problems(heads(), fallback) if f.rule == "control-flow"]
+    assert ('or keep it on the CPU: add "lint: {allow: [control-flow]}" to graphs.g in models/m/model.yaml' in line
+            and "allow_cpu_fallback" not in line)
+
+    graph = packaged_graph(tmp_path / "m", [TensorSpec("x", (1, 16), "float32")],
+                           [TensorSpec("probs", (1, 4), "float32"), TensorSpec("logits", (1, 4), "float32")])
+    (tmp_path / "m").mkdir()
+    onnx.save(heads(), str(tmp_path / "m" / "m.onnx"))
+    with pytest.raises(StageError) as refused:
+        export.run(graph, tmp_path / "m" / "m.onnx", tmp_path / "out.onnx")
+    assert "[control-flow] If node 'pick'" in str(refused.value) and ROUTE in str(refused.value)
