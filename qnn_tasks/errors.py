@@ -46,6 +46,12 @@ class ToolchainError(QnnTasksError):
     """The toolchain is missing, misconfigured, or crashed."""
 
 
+def one_line(err: BaseException) -> str:
+    """A tool's whole message on one line: onnxruntime spreads one error over several, and its last line alone
+    (" is not output of any previous nodes.") had lost the tensor and the node it was about."""
+    return " ".join(str(err).split()) or type(err).__name__
+
+
 # errno -> (what happened, the fix): a machine's failures, said in one line instead of a traceback
 _WRITE_FAILURES = {
     errno.ENOSPC: ("no space left on the device", "free space on the filesystem that holds it, then rerun doit"),

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from qnn_tasks.errors import StageError
+from qnn_tasks.errors import StageError, one_line
 from qnn_tasks.run import progress
 from qnn_tasks.run.nativelog import native_output_to
 
@@ -46,7 +46,7 @@ def open_session(ctx_onnx: Path, provider_options: dict[str, str], log: Path, al
         with native_output_to(log):
             return ort.InferenceSession(str(ctx_onnx), session_options(provider_options, disable_cpu_fallback=not allow_cpu_fallback))
     except Exception as err:
-        message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        message = one_line(err)  # all of it: its last line alone can lose the node and tensor names
         hint = (" (the context binary beside it is damaged or not a QNN context: rebuild it with doit context)"
                 if "binary info" in message or "context cache" in message else "")
         from qnn_tasks.qnn.errorcodes import explain, explain_file, suffix

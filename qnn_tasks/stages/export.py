@@ -16,7 +16,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.errors import StageError
+from qnn_tasks.errors import StageError, one_line
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.graphs import modelcode, onnxinfo, packaged
 from qnn_tasks.run import calls
@@ -65,6 +65,7 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
         if ctx.export_record is None:  # export.py wrote it: the declared rewrites still apply
             ctx.export_record = {"rewrites": packaged.rewrite_file(graph, tmp)} if graph.rewrites else {}
         model = onnxinfo.load(tmp, f"ONNX written by {what}", shown_as=out_onnx)
+        lifted = _lift_branch_weights(model, tmp)
         problems = io_mismatches(model, graph)
         hard = [f for f in find_problems(model, graph) if f.rule in HARD_RULES]
         problems += summary_lines([f for f in hard if f.severity != "allowed" or f.rule != "control-flow"])
@@ -79,7 +80,8 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
                   "parameters": onnxinfo.parameter_count(model),
                   "opset": max((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), default=None),
                   "exported_by": "export.py" if custom else "built-in", "log": str(log),
-                  **ctx.export_record, **({"size_notes": _size_notes(ctx, what)} if ctx.size_notes else {})}
+                  **ctx.export_record, **({"size_notes": _size_notes(ctx, what)} if ctx.size_notes else {}),
+                  **({"lifted_into_bodies": list(lifted)} if lifted else {})}
         unused = [r["name"] for r in record.get("rewrites", []) if r["count"] == 0]
         stale = (record.get("boundary") or {}).get("stale_output_metadata", {})
         record["warnings"] = [f"graph '{graph.name}': {tensor}: the ONNX's metadata said {dims['onnx']}, on CPU it computes {dims['computed']}: "
@@ -87,7 +89,23 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
                               for tensor, dims in stale.items()]
         record["warnings"] += [f"rewrite '{name}' found nothing to change in graph '{graph.name}' (fix: remove it "
                                f"from {graph.key}.rewrites in models/{graph.model}/model.yaml)" for name in unused]
+        record["warnings"] += [f"graph '{graph.name}': {refused}, where onnxruntime's compile drops it (fix: keep it "
+                               "inside the .onnx, or copy it into the body's initializers at export)"
+                               for refused in lifted.refused]
     return record
+
+
+def _lift_branch_weights(model, path: Path) -> list[str]:
+    """Copy the main-graph constants only an If/Loop/Scan body reads into that body (onnxruntime's compile drops
+    them otherwise), and save the model again if any moved; returns the Sites (graphs/rewrites/branchweights.py)."""
+    import onnx
+
+    from qnn_tasks.graphs.rewrites import branchweights
+
+    lifted = branchweights.lift(model)
+    if lifted:
+        onnx.save(model, str(path))  # weights kept as external data stay where they are: lift leaves those
+    return lifted
 
 
 def _size_notes(ctx: modelcode.ModelContext, what: str) -> list[dict[str, Any]]:
@@ -116,8 +134,7 @@ def run_once(path: Path, graph: GraphSpec) -> list[str]:
         names = [o.name for o in session.get_outputs()]
         values = session.run(None, {t.name: np.zeros(t.shape, np.dtype(t.dtype)) for t in graph.inputs})
     except Exception as err:
-        first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
-        return [f"onnxruntime cannot run it on CPU: {first} (fix the export)"]
+        return [f"onnxruntime cannot run it on CPU: {one_line(err)} (fix the export)"]
     declared = {t.name: list(t.shape) for t in graph.outputs}
     return [f"output '{name}' is {list(value.shape)} when run on CPU, model.yaml says {declared[name]} "
             f"(fix: correct {graph.key}.outputs.{name}.shape in models/{graph.model}/model.yaml, or the export)"

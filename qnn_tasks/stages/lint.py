@@ -171,6 +171,24 @@ def _node_findings(model, graph: GraphSpec) -> list[Finding]:
 
 
 def _control_flow_fix(condition, select, graph: GraphSpec) -> str:
+    """How to remove it (fold-if, if-to-where, or at export), then how to keep it on the CPU instead."""
+    removal = _removal_fix(condition, select, graph)
+    return f"{removal}; {_cpu_route(graph)}" if _cpu_route(graph) else removal
+
+
+def _cpu_route(graph: GraphSpec) -> str:
+    """The route that keeps control flow as a CPU partition the context record and the report name: the keys this
+    graph still lacks ("" when it has both)."""
+    keys = (('"lint: {allow: [control-flow]}"', "control-flow" in graph.lint.get("allow", [])),
+            ('"allow_cpu_fallback: true"', graph.allow_cpu_fallback))
+    missing = [key for key, present in keys if not present]
+    if not missing:
+        return ""
+    return (f"or keep it on the CPU: add {' and '.join(missing)} to graphs.{graph.name} in "
+            f"models/{graph.model}/model.yaml (the NPU runs the rest; the report names the CPU partition)")
+
+
+def _removal_fix(condition, select, graph: GraphSpec) -> str:
     """fold-if when the If's condition is (or can be made) a constant; if-to-where when its branches are pure and
     cheap (`select`: its ifwhere.Candidate); otherwise fix it at export."""
     from qnn_tasks.graphs.rewrites import yaml_fix

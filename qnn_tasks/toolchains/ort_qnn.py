@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks import fileio
-from qnn_tasks.errors import SpecError, StageError, ToolchainError
+from qnn_tasks.errors import SpecError, StageError, ToolchainError, one_line
 from qnn_tasks.run.nativelog import native_output_to
 from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
 from qnn_tasks.toolchains.base import GraphStage, StageInput, quantized_outputs
@@ -236,22 +236,60 @@ def compile_context(model: Path, out: Path, options: dict[str, str], log: Path,
     import onnxruntime as ort
 
     from qnn_tasks.qnn.errorcodes import explain_file, suffix
+    from qnn_tasks.toolchains import ort_bodies
 
     start = time.perf_counter()
+    copy_dir = out.parent / f".{out.stem}_source"
     try:
+        source, moved = ort_bodies.staged(model, copy_dir)
+        if moved:
+            with open(log, "a") as fh:
+                fh.write(f"# compiled from {source}: the initializers of If/Loop/Scan bodies ({', '.join(moved)}) "
+                         f"kept in {ort_bodies.BODY_DATA} beside it, which onnxruntime's compile writes inline\n")
         with native_output_to(log):
-            compiler = ort.ModelCompiler(session_options(options), str(model),
+            compiler = ort.ModelCompiler(session_options(options), str(source),
                                          flags=ort.OrtCompileApiFlags.ERROR_IF_NO_NODES_COMPILED)
             compiler.compile_to_file(str(out))
     except Exception as err:
         with open(log, "a") as fh:
             fh.write(f"\n# FAILED: {type(err).__name__}: {err}\n")
-        message = str(err).strip().splitlines()[-1] if str(err).strip() else type(err).__name__
+        message = one_line(err)
         cause = first_logged_error(log)
         hints = suffix(explain_file(log, "compile", **(context or {})))
-        raise ToolchainError(f"compile of {model} failed: {message}" + (f"; first error in the log: {cause}" if cause else "")
-                             + hints + f" (full log: {log})") from None
+        raise ToolchainError(f"compile of {model} failed: {message}" + dropped_constant(model, message)
+                             + (f"; first error in the log: {cause}" if cause else "") + hints
+                             + f" (full log: {log})") from None
+    finally:
+        shutil.rmtree(copy_dir, ignore_errors=True)
     return time.perf_counter() - start
+
+
+# onnxruntime's words for a tensor that no earlier node makes, on one line
+_DANGLING = re.compile(r"input '([^']+)' of node: name: (\S*) OpType: (\S+) is not output of any previous nodes")
+
+
+def dropped_constant(model: Path, message: str) -> str:
+    """Why the compile found no producer for a tensor, when the model says: a main-graph constant that only an
+    If/Loop/Scan body reads, which onnxruntime's compile leaves out of the CPU part it writes; else ""."""
+    match = _DANGLING.search(message)
+    if not match:
+        return ""
+    import onnx
+
+    from qnn_tasks.graphs.rewrites import branchweights
+
+    try:
+        graph = onnx.load(str(model), load_external_data=False).graph
+    except Exception:  # a model that does not load has no structure to explain from
+        return ""
+    name, node, op = match.groups()
+    bodies = branchweights.readers(graph).get(name)
+    if not bodies:
+        return ""
+    return (f"; '{name}' (read by {op} node '{node}') is a constant of the main graph that only "
+            f"{' and '.join(bodies)} reads: onnxruntime's compile drops those (onnxruntime issue #32131) (fix: the "
+            "export stage copies such constants into the bodies that read them, unless stored as external data: keep "
+            f"'{name}' inside the .onnx, or copy it into the body's initializers at export)")
 
 
 def first_logged_error(log: Path) -> str | None:
