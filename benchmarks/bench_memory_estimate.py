@@ -130,7 +130,8 @@ def quantize(source: Path) -> Path:
     """w8a16 the way the quantize stage does it (onnxruntime's QNN QDQ flow), on 4 random calibration samples."""
     import numpy as np
     import onnx
-    from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize as ort_quantize
+    from onnxruntime.quantization import CalibrationDataReader, QuantType
+    from onnxruntime.quantization import quantize as ort_quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     model = onnx.load(str(source))
