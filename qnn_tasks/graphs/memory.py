@@ -55,18 +55,24 @@ def _activations(model) -> tuple[int, int, int]:
 
 
 def const_bytes(model, precision: str) -> int:
-    """The weights' bytes as compiled at `precision` (see the module doc)."""
-    if precision != "w8a16":
+    """The weights' bytes as compiled at `precision` (see the module doc). w4a16: the 4-bit weights of
+    Conv/MatMul/Gemm (ort_quantize's choice), the rest as at w8a16."""
+    if precision not in ("w8a16", "w4a16"):
         return split.weight_bytes(model, precision)
     tables = {node.input[0] for node in model.graph.node if node.op_type == "Gather" and node.input}
+    four = ({node.input[1] for node in model.graph.node if node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm")
+             and len(node.input) > 1} if precision == "w4a16" else set())
     total = 0
     for tensor in model.graph.initializer:
-        total += split.tensor_bytes(tensor, precision)
+        eight = split.tensor_bytes(tensor, "w8a16")
         if tensor.name in tables and len(tensor.dims) >= 2:
-            total += split.tensor_bytes(tensor, precision)   # 16-bit: twice the 8-bit count
+            total += 2 * eight                                  # 16-bit: twice the 8-bit count
         elif len(tensor.dims) >= 2 and tensor.data_type in split.FLOATS:
             channels = tensor.dims[-1] if len(tensor.dims) == 2 else tensor.dims[0]  # MatMul [K, N]; Conv [O, ...]
-            total += ENCODING_BYTES * int(channels)
+            total += (split.tensor_bytes(tensor, "w4a16") if tensor.name in four else eight) \
+                + ENCODING_BYTES * int(channels)
+        else:
+            total += eight
     return total
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from qnn_tasks.spec import precisions as precision_table
+
 MB = 1_000_000
 PROTOBUF_LIMIT = 2**31 - 1  # onnx.checker.MAXIMUM_PROTOBUF: a model over it keeps its weights in external data
 EXTERNAL_ABOVE = 1_500_000_000  # a part with more initializer bytes than this is saved with external data
@@ -28,11 +30,13 @@ class SplitError(ValueError):
 
 def tensor_bytes(tensor, precision: str) -> int:
     """Bytes of one initializer as the compiled graph keeps it: fp16 stores floats in 2 bytes; w8a16 stores weights
-    (float tensors of 2+ dims) in 1 byte and keeps 1-dim floats (biases -> int32, norms) at 4; others as they are."""
+    (float tensors of 2+ dims) in 1 byte, w4a16 in half a byte, and both keep 1-dim floats (biases -> int32, norms)
+    at 4; others as they are."""
     count = math.prod(tensor.dims) if tensor.dims else 1
     if tensor.data_type in FLOATS:
-        if precision == "w8a16":
-            return count * (1 if len(tensor.dims) >= 2 else 4)
+        if precision_table.is_quantized(precision):
+            bits = precision_table.BY_NAME[precision].weight_bits
+            return (count * bits + 7) // 8 if len(tensor.dims) >= 2 else count * 4
         return count * 2
     return count * ITEMSIZE.get(tensor.data_type, 4)
 
@@ -43,7 +47,7 @@ def weight_bytes(model, precision: str) -> int:
 
 def size_line(model) -> dict[str, int]:
     """{precision: bytes} for the lint record and the report."""
-    return {p: weight_bytes(model, p) for p in ("fp16", "w8a16")}
+    return {p: weight_bytes(model, p) for p in precision_table.NAMES}
 
 
 def load_light(path: Path):

@@ -30,6 +30,7 @@ from qnn_tasks.plan.targets import (
     pipeline_targets,
     variant_targets,
 )
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec import serial as specjson
 from qnn_tasks.spec import split as specsplit
 from qnn_tasks.spec.checks import MODEL_CHECKS
@@ -377,7 +378,7 @@ def plan_cpucheck(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
 
 def plan_calibrate(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
     g = gt.graph
-    if "w8a16" not in g.precisions or specsplit.is_part(g):
+    if not precision_table.any_quantized(g.precisions) or specsplit.is_part(g):
         return None
     return graph_plan(p, stage, gt, p.code_deps(g) + p.sample_deps(g), [gt.calibration],
                        {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": p.source_key(g),
@@ -395,7 +396,7 @@ def plan_split(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
         return None
     parts = [t for t in p.graphs if specsplit.is_part(t.graph) and t.graph.split["of"] == g.name
              and t.graph.model == g.model]
-    calibration = str(gt.calibration) if "w8a16" in g.precisions else None
+    calibration = str(gt.calibration) if precision_table.any_quantized(g.precisions) else None
     files = [{"name": t.name, "onnx": str(t.simplified), "inputs": str(t.inputs), "reference": str(t.reference),
               **({"calibration": str(t.calibration)} if calibration else {})} for t in parts]
     out = str(gt.stage_dir(stage.name))
@@ -703,7 +704,7 @@ GRAPH_STAGES = (
              "hazards, size).", "qnn_tasks.stages.lint:run_call", plan_lint, heavy=False),
     StageDef("cpucheck", "graph", "Run each simplified graph on CPU against the original model on real inputs; keep "
              "the reference.", "qnn_tasks.stages.cpucheck:run_call", plan_cpucheck),
-    StageDef("calibrate", "graph", "Make each w8a16 graph's calibration set from real inputs (once per graph).",
+    StageDef("calibrate", "graph", "Make each quantized graph's calibration set from real inputs (once per graph).",
              "qnn_tasks.stages.calibrate:run_call", plan_calibrate, column=False),
     StageDef("split", "graph", "Cut each graph declared with split: into parts (graphs <graph>.part<N> of their own) "
              "and check the parts chained on CPU against the whole graph.", "qnn_tasks.stages.split:run_call",
@@ -797,7 +798,7 @@ def variant_stage_defs(planner: Planner) -> list[StageDef]:
 def build_stage_defs(planner: Planner) -> list[StageDef]:
     """Every stage of the default run, in build order."""
     rows = list(GRAPH_STAGES)
-    if not any("w8a16" in gt.graph.precisions for gt in planner.graphs):
+    if not any(precision_table.any_quantized(gt.graph.precisions) for gt in planner.graphs):
         rows = [r for r in rows if r.name != "calibrate"]
     if not any(specsplit.is_whole(gt.graph) for gt in planner.graphs):
         rows = [r for r in rows if r.name != "split"]

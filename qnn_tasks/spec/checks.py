@@ -7,9 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import SpecError
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.yamlread import as_bool, as_int, as_mapping, as_number, check_keys
 
-PRECISIONS = ("fp16", "w8a16")  # w8a16: 8-bit weights, 16-bit activations, quantized in QNN
+PRECISIONS = precision_table.NAMES  # fp16, w8a16, w4a16: spec/precisions.py
 MIN_CALIBRATION_SAMPLES = 8
 # threshold name -> whether a metric must stay at most ("max") or at least ("min") that value
 THRESHOLD_KEYS = {"max_abs": "max", "mean_abs": "max", "min_cosine": "min", "min_snr_db": "min"}
@@ -18,7 +19,8 @@ THRESHOLD_RANGES = {"max_abs": (0.0, None), "mean_abs": (0.0, None), "min_cosine
 # Defaults per precision: fp16 activations are near-lossless on HTP.
 # 8-bit weights lose more: looser defaults, and the task-level checks matter most.
 DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
-                      "w8a16": {"min_cosine": 0.99, "min_snr_db": 15.0}}
+                      "w8a16": {"min_cosine": 0.99, "min_snr_db": 15.0},
+                      "w4a16": {"min_cosine": 0.99, "min_snr_db": 15.0}}
 VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
 CALIBRATION_KEYS = {"samples", "function", "per_channel"}
 CHECK_KINDS = {"agreement": {"output", "threshold", "min", "slice"}, "ranking": {"output", "top", "min", "slice"},
@@ -41,7 +43,8 @@ CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0
 MODEL_CHECKS = ("wer",)  # checks that call the model's own code (transcribe, texts)
 # wer: fp16 must not lose a word; 8-bit weights may lose one word in a hundred, with different wording allowed
 CHECK_DEFAULTS = {"wer": {"fp16": {"max_wer_increase": 0.0, "min_identical": 1.0, "show": 5},
-                          "w8a16": {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5}}}
+                          "w8a16": {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5},
+                          "w4a16": {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5}}}
 # the same for every precision (checks.py reads them filled in)
 SHARED_DEFAULTS = {"elements": {"min": 0.999},
                    "detection": {"box_format": "cxcywh", "transpose": False, "objectness": False,
@@ -79,7 +82,7 @@ def check_lint(lint: dict, path: Path, key: str, precisions: tuple[str, ...] | l
 
 
 def calibration_section(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:
-    """How w8a16 graphs are calibrated: N real samples from a function of the model's export.py."""
+    """How quantized graphs (w8a16, w4a16) are calibrated: N real samples from a function of the model's export.py."""
     section = as_mapping(data, path, key)
     check_keys(section, CALIBRATION_KEYS, path, key)
     samples = section.get("samples", 32)
@@ -89,8 +92,9 @@ def calibration_section(data: Any, precisions: list[str], path: Path, key: str) 
     function = section.get("function", "samples")
     if not isinstance(function, str) or not function.isidentifier():
         raise SpecError(path, f"{key}.function", f"'{function}' is not a function name", "name a function in export.py")
-    if section and "w8a16" not in precisions:
-        raise SpecError(path, key, "calibration is only used by w8a16 graphs", "add w8a16 to precision or remove it")
+    if section and not precision_table.any_quantized(precisions):
+        raise SpecError(path, key, "calibration is only used by quantized graphs (w8a16, w4a16)",
+                        "add w8a16 to precision or remove it")
     return {"samples": samples, "function": function, "per_channel": as_bool(section.get("per_channel", True), path,
                                                                              f"{key}.per_channel")}
 
@@ -99,7 +103,7 @@ def verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tupl
                     key: str) -> dict[str, Any]:
     """The graph's `verify:` settings for one precision, validated, with defaults filled in.
 
-    A `w8a16:` subsection overrides the base settings for w8a16 targets only.
+    A `w8a16:` (or `w4a16:`) subsection overrides the base settings for that precision's targets only.
     """
     verify = dict(as_mapping(data, where, key))
     for p in PRECISIONS:

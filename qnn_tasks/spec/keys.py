@@ -10,6 +10,7 @@ from qnn_tasks.envvalues import STAGE_TIMEOUT_MAX
 from qnn_tasks.spec.checks import CHECK_KINDS, CHECK_RANGES, THRESHOLD_KEYS, THRESHOLD_RANGES
 from qnn_tasks.spec.loop import MAX_STEPS
 from qnn_tasks.spec.pipeline import MAX_RUNS
+from qnn_tasks.spec.precisions import QUANTIZED
 from qnn_tasks.spec.samples import MAX_SAMPLES, MAX_WINDOW
 from qnn_tasks.spec.schema import (
     MAX_DIM,
@@ -65,7 +66,7 @@ CHECK = Section("check", Fields({kind: Fields({option: _option(kind, option) for
                                 "min: 0.99}"))
 _VERIFY = {"samples": Int(1, 1_000_000), "thresholds": THRESHOLDS, "per_output": MapOf(THRESHOLDS, "<output>"),
            "checks": ListOf(CHECK, max_items=100)}
-VERIFY = Section("verify", Fields({**_VERIFY, "w8a16": Fields(dict(_VERIFY))}))
+VERIFY = Section("verify", Fields({**_VERIFY, **{p: Fields(dict(_VERIFY)) for p in QUANTIZED}}))
 
 _COMMON = {"files": FILES, "input": NAME, "limit": Int(1, MAX_SAMPLES)}
 SAMPLES = Fields({

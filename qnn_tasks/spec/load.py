@@ -16,6 +16,7 @@ from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec import ship as specship
 from qnn_tasks.spec.checks import PRECISIONS, THRESHOLD_RANGES, calibration_section, check_lint, verify_section
+from qnn_tasks.spec.precisions import RUNS_WORDS
 from qnn_tasks.spec.project import (
     DEFAULT_CONTEXT_MB,
     DEFAULT_MEMORY_MB,
@@ -124,10 +125,11 @@ def _runs(row: dict, path: Path, key: str) -> tuple[str, ...]:
                         "add runs: [fp16, w8a16], or runs: [w8a16] for a chip that runs only quantized graphs")
     runs = row["runs"]
     if not isinstance(runs, list) or not runs or len(set(map(str, runs))) != len(runs) \
-            or not all(r in PRECISIONS for r in runs):
+            or not all(r in RUNS_WORDS for r in runs):
         raise SpecError(path, f"{key}.runs", f"{runs!r} is not a list of precisions",
-                        f"a non-empty list of {', '.join(PRECISIONS)} without repeats, e.g. runs: [fp16, w8a16]")
-    return tuple(r for r in PRECISIONS if r in runs)  # canonical order: keys do not depend on how it was written
+                        f"a non-empty list of {', '.join(RUNS_WORDS)} without repeats, e.g. runs: [fp16, w8a16] "
+                        "(a chip that runs w8a16 runs every quantized precision)")
+    return tuple(r for r in RUNS_WORDS if r in runs)  # canonical order: keys do not depend on how it was written
 
 
 def _check_schema(data: Any, table: str, path: Path) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from qnn_tasks.spec import porting as specport
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec import ship as specship
 from qnn_tasks.spec.installed import version as installed_version
 
@@ -73,7 +74,7 @@ class Soc:
         return row
 
     def supports(self, precision: str) -> bool:
-        return precision in self.runs
+        return precision_table.runs_as(precision) in self.runs  # w4a16 runs where w8a16 does
 
     def binary_mismatches(self, info: Mapping[str, Any]) -> tuple[BinaryMismatch, ...]:
         """The one "was this binary built for this chip" comparison: each chip fact of an already-read binary

@@ -18,7 +18,8 @@ from qnn_tasks.spec.yamlread import as_mapping, check_keys
 
 SHIP_KEYS = {"precision_order", "delivery"}
 DELIVERY_TYPES = ("install-time", "fast-follow", "on-demand")  # Play's AI pack delivery types
-DEFAULT = {"precision_order": list(PRECISIONS), "delivery": "install-time"}
+# fp16 before w8a16; a precision the order does not name (w4a16) comes after it (the selectors' rule 2)
+DEFAULT = {"precision_order": ["fp16", "w8a16"], "delivery": "install-time"}
 
 
 def default() -> dict[str, Any]:

@@ -24,6 +24,7 @@ from qnn_tasks.judge import metrics, padding
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec, Soc
 from qnn_tasks.stages import cpucheck
 from qnn_tasks.toolchains import calls as toolchains_calls
@@ -319,8 +320,9 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray],
                       "why": f"the CPU value here is {cpu_value:.3g}, beyond fp16's range (65504): the NPU saturates "
                              f"(got {detail.get('npu_value', float('nan')):.6g})",
                       "fix": "scale the input down at export, or move the scale before the square/product"
-                             + (", or use w8a16 with a calibrated range" if precision != "w8a16" else
-                                " (this target is w8a16 already: its 16-bit activations need the same rescaling)")})
+                             + (", or use w8a16 with a calibrated range" if not precision_table.is_quantized(precision)
+                                else f" (this target is {precision} already: its 16-bit activations need the same "
+                                     "rescaling)")})
     if detail.get("cancellation") or (op == "Sub" and cpu_value is not None and values
                                       and abs(cpu_value) < CANCELLATION_RATIO * max(values)):
         found.append({"hazard": "cancellation in fp16",

@@ -21,6 +21,7 @@ from qnn_tasks.graphs import memory, onnxinfo, split
 from qnn_tasks.latency import shown as latency_shown
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec import split as specsplit
 from qnn_tasks.spec.project import GraphSpec
 
@@ -331,7 +332,7 @@ def size_findings(weights: dict[str, int], graph: GraphSpec, budgets: dict[str, 
         whole = graph.split["of"] if specsplit.is_part(graph) else graph.name
         more = (f"split: {{parts: {graph.split['parts'] * parts}}} on graph '{whole}'" if specsplit.is_part(graph)
                 else f"split: {{parts: {parts}}}")
-        fix = ([] if precision == "w8a16" or "w8a16" in graph.precisions else
+        fix = ([] if precision_table.is_quantized(precision) or "w8a16" in graph.precisions else
                [f"precision: w8a16 would be {_mb(weights['w8a16'])}"])
         fix.append(f"{more} gives parts of about {_mb(weights[graph.precision] / parts)}")
         findings.append(Finding("size", "error", f"graph '{graph.name}' ({precision})",

@@ -17,18 +17,23 @@ from qnn_tasks.judge import padding
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec
 
 
-def quantized_hint(graph: GraphSpec) -> str:
-    """What to try when 8-bit weights fail, from the graph's own calibration settings (never what is already set)."""
+def quantized_hint(graph: GraphSpec, precision: str = "w8a16") -> str:
+    """What to try when quantized weights fail, from the graph's own calibration settings (never what is already
+    set); 4-bit weights are told about 8-bit ones first."""
     calibration = graph.calibration or {}
     tries = [] if calibration.get("per_channel") else ["calibration.per_channel: true"]
+    if precision != "w8a16" and "w8a16" not in graph.precisions:
+        tries.append("precision: w8a16 (8-bit weights)")
     samples = calibration.get("samples")
     tries += [f"more and more varied calibration samples (calibration.samples is {samples})" if samples
               else "more and more varied calibration samples",
               "a finite mask constant (e.g. -1e4) at export", "or keep this graph fp16"]
-    return "; 8-bit weights lose accuracy here: try " + ", ".join(tries)
+    bits = precision_table.BY_NAME[precision].weight_bits
+    return f"; {bits}-bit weights lose accuracy here: try " + ", ".join(tries)
 
 
 def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_file: Path, simulation: Path,
@@ -41,7 +46,8 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
     cpucheck = records.read(cpucheck_record) if cpucheck_record else None  # the record that made the reference
     made_by = reference_from(cpucheck)
     truth: dict[str, Any] = {}
-    if violations and "float64" not in made_by and inputs_file and simplified and precision != "w8a16":
+    if violations and "float64" not in made_by and inputs_file and simplified \
+            and not precision_table.is_quantized(precision):
         # float32 is in doubt only now: is the NPU off the truth, or the float32 CPU reference? (8-bit weights lose
         # orders of magnitude more than float32 rounding: not worth a CPU run there)
         truth = against_float64(graph, verify, simplified, inputs_file, reference, outputs, violations)
@@ -64,7 +70,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
         said += f"; {truth['note']}" if truth.get("note") else ""
         said += padded_windows(graph, verify, reference, outputs, cpucheck, record)
         raise StageError(f"simverify of {target} failed: " + "; ".join(violations) + said
-                         + (quantized_hint(graph) if precision == "w8a16" else "") + (accuracy_hints(lint_record) if lint_record else "")
+                         + (quantized_hint(graph, precision) if precision_table.is_quantized(precision) else "") + (accuracy_hints(lint_record) if lint_record else "")
                          + f" (to find the first diverging node: doit diagnose:{target})", record)
     return record
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec, Soc
 
 
@@ -26,7 +27,7 @@ class StageInput:
     precision: str
     source: Path                     # the previous stage's primary output (first stage: simplified ONNX)
     out_dir: Path
-    calibration: Path | None = None  # calibration.npz for w8a16 variants
+    calibration: Path | None = None  # calibration.npz for quantized variants (w8a16, w4a16)
 
 
 @dataclass(frozen=True)
@@ -76,5 +77,13 @@ class Toolchain(Protocol):
 
 
 def quantized_outputs(graph: GraphSpec, precision: str, out_dir: Path) -> list[Path]:
-    """A quantize stage's output: the QDQ model that `context` compiles for w8a16."""
-    return [out_dir / f"{graph.name}_qdq.onnx"]
+    """A quantize stage's output: the QDQ model that `context` compiles for a quantized precision (w8a16's keeps
+    the name it always had; another's says its precision)."""
+    return [out_dir / (f"{graph.name}_qdq.onnx" if precision == "w8a16" else f"{graph.name}_{precision}_qdq.onnx")]
+
+
+def quantized_precision(file_name: str) -> str | None:
+    """The precision a QDQ model named by `quantized_outputs` was quantized to; None for a float model."""
+    if not file_name.endswith("_qdq.onnx"):
+        return None
+    return next((p for p in precision_table.QUANTIZED if file_name.endswith(f"_{p}_qdq.onnx")), "w8a16")

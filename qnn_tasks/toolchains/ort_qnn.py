@@ -15,8 +15,9 @@ from typing import Any
 from qnn_tasks import fileio
 from qnn_tasks.errors import SpecError, StageError, ToolchainError, one_line
 from qnn_tasks.run.nativelog import native_output_to
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
-from qnn_tasks.toolchains.base import GraphStage, StageInput, quantized_outputs
+from qnn_tasks.toolchains.base import GraphStage, StageInput, quantized_outputs, quantized_precision
 
 INSTALL_HINT = "pip install onnxruntime-qnn (the wheel exists for Linux x86-64 only)"
 EP_NAME = "QNNExecutionProvider"
@@ -71,10 +72,10 @@ class OrtQnnToolchain:
         return {"kind": self.kind, **self.versions, "options": self.options}
 
     def graph_stages(self, precision: str) -> list[GraphStage]:
-        if precision != "w8a16":
+        if not precision_table.is_quantized(precision):
             return []
-        return [GraphStage(name="quantize", doc="Quantize each w8a16 graph to QDQ (8-bit weights, 16-bit "
-                           "activations) with onnxruntime's QNN flow, calibrated on real inputs",
+        return [GraphStage(name="quantize", doc="Quantize each w8a16 or w4a16 graph to QDQ (8- or 4-bit weights, "
+                           "16-bit activations) with onnxruntime's QNN flow, calibrated on real inputs",
                            outputs=quantized_outputs, run=self._quantize, needs_calibration=True)]
 
     def _quantize(self, si: StageInput) -> dict[str, Any]:
@@ -90,7 +91,7 @@ class OrtQnnToolchain:
     def write_config(self, graph: GraphSpec, precision: str, soc: Soc, out_dir: Path) -> dict[str, Any]:
         self.require_installed()
         options = {**self.options, "soc_model": str(soc.soc_id), "vtcm_mb": str(soc.vtcm_mb)}
-        if precision == "w8a16":
+        if precision_table.is_quantized(precision):
             options.setdefault("offload_graph_io_quantization", "0")  # keep graph I/O quantization on HTP
         fileio.write_json(out_dir / CONFIG_FILE, options)
         return {"provider_options": options}
@@ -113,7 +114,7 @@ class OrtQnnToolchain:
         staging.mkdir()
         try:
             ctx_onnx = staging / f"{graph.name}_ctx.onnx"
-            precision = "w8a16" if source.name.endswith("_qdq.onnx") else "fp16"  # quantized_outputs() names it
+            precision = quantized_precision(source.name) or "fp16"  # quantized_outputs() names it
             seconds = compile_context(source, ctx_onnx, options, log,
                                       context={"soc": soc, "graph": graph, "precision": precision})
             partition = cpu_partition(ctx_onnx)

@@ -1,8 +1,10 @@
-"""quantize (ort-qnn, w8a16): the QDQ flow of onnxruntime.quantization for QNN.
+"""quantize (ort-qnn, w8a16 and w4a16): the QDQ flow of onnxruntime.quantization for QNN.
 
 Preprocess for QNN, then static QDQ quantization calibrated on the graph's real calibration
-set: 8-bit weights (per channel where the op allows), 16-bit activations. The QDQ model is
-compiled like an fp16 one; `offload_graph_io_quantization=0` keeps the I/O quantization on HTP.
+set: 8-bit weights (per channel where the op allows), 16-bit activations. w4a16 overrides the weights of
+Conv, ConvTranspose, MatMul and Gemm to 4-bit (signed, symmetric, per output channel: the quantizer's per-tensor
+overrides); every other weight stays 8-bit (the HTP refuses a 4-bit LayerNorm scale: QNN error 3110). The QDQ model
+is compiled like an fp16 one; `offload_graph_io_quantization=0` keeps the I/O quantization on HTP.
 """
 from __future__ import annotations
 
@@ -12,7 +14,25 @@ from typing import Any
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.toolchains.base import StageInput, quantized_outputs
+
+FOUR_BIT_OPS = {"Conv": 0, "ConvTranspose": 1, "MatMul": -1, "Gemm": None}  # op -> its weight's output-channel axis
+
+
+def four_bit_weights(model) -> dict[str, int]:
+    """The weights w4a16 keeps in 4 bits: each 2+-dim float initializer a Conv/ConvTranspose/MatMul/Gemm reads as
+    its weight (input 1), with its output-channel axis (Gemm's from transB)."""
+    floats = {t.name: len(t.dims) for t in model.graph.initializer if t.data_type in (1, 10, 11, 16)}
+    found: dict[str, int] = {}
+    for node in model.graph.node:
+        if node.op_type not in FOUR_BIT_OPS or len(node.input) < 2 or floats.get(node.input[1], 0) < 2:
+            continue
+        axis = FOUR_BIT_OPS[node.op_type]
+        if axis is None:  # Gemm: B is [K, N] unless transB
+            axis = 0 if any(a.name == "transB" and a.i for a in node.attribute) else 1
+        found[node.input[1]] = axis % floats[node.input[1]]
+    return found
 
 
 def run(si: StageInput) -> dict[str, Any]:
@@ -43,22 +63,28 @@ def run(si: StageInput) -> dict[str, Any]:
             return next(self._samples, None)
 
     per_channel = bool(si.graph.calibration["per_channel"])
+    bits = precision_table.BY_NAME[si.precision].weight_bits
+    four = four_bit_weights(onnx.load(str(source), load_external_data=False)) if bits == 4 else {}
+    overrides = {name: [{"quant_type": QuantType.QInt4, "symmetric": True, **({"axis": axis} if per_channel else {})}]
+                 for name, axis in four.items()}
     handler = logging.FileHandler(log, mode="w")
     logging.getLogger().addHandler(handler)
     try:
         config = get_qnn_qdq_config(str(source), Reader(), activation_type=QuantType.QUInt16,
-                                    weight_type=QuantType.QUInt8, per_channel=per_channel)
+                                    weight_type=QuantType.QUInt8, per_channel=per_channel,
+                                    **({"init_overrides": overrides} if overrides else {}))
         with atomic_path(out) as tmp:
             quantize(str(source), str(tmp), config)
     except Exception as err:
-        raise StageError(f"quantizing '{si.graph.name}' to w8a16 failed: {type(err).__name__}: "
+        raise StageError(f"quantizing '{si.graph.name}' to {si.precision} failed: {type(err).__name__}: "
                          f"{str(err).strip().splitlines()[0] if str(err).strip() else ''} (log: {log})") from None
     finally:
         logging.getLogger().removeHandler(handler)
         handler.close()
     qdq = onnx.load(str(out), load_external_data=False)
     warnings = [line.strip() for line in log.read_text().splitlines() if "WARNING" in line.upper()]
-    return {"calibration_samples": len(calibration), "activation_type": "uint16", "weight_type": "uint8",
-            "per_channel": per_channel, "preprocessed": bool(changed), "nodes": len(qdq.graph.node),
+    return {"calibration_samples": len(calibration), "activation_type": "uint16",
+            "weight_type": "int4 (Conv/MatMul/Gemm weights), uint8 (the rest)" if four else "uint8",
+            **({"four_bit_weights": len(four)} if bits == 4 else {}), "per_channel": per_channel, "preprocessed": bool(changed), "nodes": len(qdq.graph.node),
             "quantize_ops": sum(1 for n in qdq.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")),
             "log": str(log), "notes": warnings}

@@ -4,7 +4,7 @@ Per graph variant (once, not per chip):
     convert   python qnn-onnx-converter --input_network <simplified.onnx> --output_path <g>.cpp
               fp16:  --float_bitwidth 16 --act_bitwidth 16 --bias_bitwidth 32
               w8a16: --input_list input_list.txt [--use_native_input_files] --weights_bitwidth 8
-                     --act_bitwidth 16 --bias_bitwidth 32
+                     --act_bitwidth 16 --bias_bitwidth 32   (w4a16: --weights_bitwidth 4)
     modellib  LDFLAGS=-Wl,-z,max-page-size=16384 python qnn-model-lib-generator -c <g>.cpp -b <g>.bin
               -o model_libs -t x86_64-linux-clang aarch64-android      (+ readelf -lW: 16 KB LOAD alignment)
 Per chip:
@@ -34,6 +34,7 @@ from typing import Any
 
 from qnn_tasks import fileio
 from qnn_tasks.errors import SpecError, StageError, ToolchainError
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
 from qnn_tasks.toolchains import qairt_sdk as sdkmod
 from qnn_tasks.toolchains import qairt_tools as tools
@@ -88,8 +89,10 @@ class QairtToolchain:
     def graph_stages(self, precision: str) -> list[GraphStage]:
         return [
             GraphStage(name="convert", doc="Convert each graph variant to a QNN C++ graph + weights with the SDK's "
-                                           "qnn-onnx-converter (once per variant; w8a16 calibrated on real inputs)",
-                       outputs=self._convert_outputs, run=self._convert, needs_calibration=precision == "w8a16"),
+                                           "qnn-onnx-converter (once per variant; w8a16/w4a16 calibrated on real "
+                                           "inputs)",
+                       outputs=self._convert_outputs, run=self._convert,
+                       needs_calibration=precision_table.is_quantized(precision)),
             GraphStage(name="modellib", doc="Build the x86_64 (and aarch64-android, 16 KB pages) model libraries "
                                             "with the SDK's qnn-model-lib-generator (once per variant)",
                        outputs=self._modellib_outputs, run=self._modellib),
@@ -119,12 +122,13 @@ class QairtToolchain:
         cpp = out / f"{name}.cpp"
         command: list[Any] = [python, self.sdk.path(sdkmod.CONVERTER), "--input_network", si.source, "--output_path", cpp]
         record: dict[str, Any] = {"graph_name": name, "renamed": name != si.graph.name}
-        if si.precision == "w8a16":
+        if precision_table.is_quantized(si.precision):
             if si.calibration is None:
-                raise StageError(f"convert of '{si.graph.name}' (w8a16) has no calibration set")
+                raise StageError(f"convert of '{si.graph.name}' ({si.precision}) has no calibration set")
             input_list, native, count = tools.write_input_list(si.graph, si.calibration, out)
             command += ["--input_list", input_list] + (["--use_native_input_files"] if native else [])
-            command += ["--weights_bitwidth", "8", "--act_bitwidth", "16", "--bias_bitwidth", "32"]
+            bits = precision_table.BY_NAME[si.precision].weight_bits
+            command += ["--weights_bitwidth", str(bits), "--act_bitwidth", "16", "--bias_bitwidth", "32"]
             record.update(input_list=str(input_list), calibration_samples=count, native_input_files=native)
         else:
             command += ["--float_bitwidth", "16", "--act_bitwidth", "16", "--bias_bitwidth", "32"]

@@ -1,0 +1,47 @@
+"""The precisions a graph variant is built at: one row each (docs/precision.md).
+
+fp16 is float on the HTP, near-lossless, no data needed. A quantized precision is calibrated on the graph's real
+samples and quantized in QNN (never int8 written into the ONNX): activations 16-bit, weights `weight_bits` wide.
+w4a16 keeps 4-bit weights for the ops whose weights are the bulk of a graph (Conv, ConvTranspose, MatMul, Gemm: per
+output channel, symmetric) and 8-bit for the rest (a LayerNorm's scale at 4 bits is refused by the HTP: QNN error
+3110, measured with QNN 2.51). A chip runs a quantized precision where its SoC row runs w8a16: 4-bit weights
+compiled for v68, v69, v73, v75, v79 and v81 with no op left on the CPU (QNN 2.51, onnxruntime-qnn 2.7.0).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Precision:
+    name: str
+    weight_bits: int          # 16: fp16 weights; 8 or 4: integer weights (activations 16-bit)
+    quantized: bool           # calibrated and quantized in QNN
+    runs_as: str              # the word a SoC row's `runs:` uses for the chips that build it
+    doc: str
+
+
+TABLE = (
+    Precision("fp16", 16, False, "fp16", "16-bit float activations and weights"),
+    Precision("w8a16", 8, True, "w8a16", "8-bit weights, 16-bit activations, quantized in QNN"),
+    Precision("w4a16", 4, True, "w8a16", "4-bit weights of Conv/MatMul/Gemm (per channel), 8-bit other weights, "
+                                         "16-bit activations, quantized in QNN"),
+)
+BY_NAME = {p.name: p for p in TABLE}
+NAMES = tuple(BY_NAME)
+QUANTIZED = tuple(p.name for p in TABLE if p.quantized)
+RUNS_WORDS = tuple(dict.fromkeys(p.runs_as for p in TABLE))  # what a SoC row's `runs:` may list: fp16, w8a16
+
+
+def is_quantized(name: str) -> bool:
+    return name in BY_NAME and BY_NAME[name].quantized
+
+
+def any_quantized(names) -> bool:
+    """Whether any of these precisions needs calibration samples and a quantize step."""
+    return any(is_quantized(n) for n in names)
+
+
+def runs_as(name: str) -> str:
+    """What a SoC row's `runs:` calls the chips that build this precision."""
+    return BY_NAME[name].runs_as if name in BY_NAME else name
