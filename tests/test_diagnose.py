@@ -77,9 +77,10 @@ def test_bisection_by_cutting_finds_the_same_node(pow_project):
     """The fallback when the diagnostic graph hides a failure: compile prefixes of the graph, bisect."""
     import onnx
 
+    from qnn_tasks.graphs.intermediates import expose_intermediates
     from qnn_tasks.judge import samples
     from qnn_tasks.spec import load as spec
-    from qnn_tasks.stages.diagnose import bisect, expose_intermediates
+    from qnn_tasks.stages.diagnose import bisect
     from qnn_tasks.toolchains import from_profile
 
     root = pow_project.root

@@ -6,6 +6,7 @@ DEVICE_STAMP = f"{BUILD}/verify/records.stamp"   # rewritten by stages/verify wi
 DEVICES_RECORD = f"{BUILD}/verify/devices.json"  # the attached phones and what they run
 COMPAT_RECORD = f"{BUILD}/compat/compat.json"    # written by `doit compat`, read by the report and `doit verify`
 REPORT_DIR = f"{BUILD}/report"
+PROMOTED_FILE = "promoted.json"  # in a w8a16-mixed variant's repair/: the weights its quantize keeps at 16 bits
 
 
 def project_record(stage: str, suffix: str = "") -> str:

@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 
 from qnn_tasks import toolchains
 from qnn_tasks.plan import codekeys
-from qnn_tasks.plan.paths import COMPAT_RECORD, DEVICE_STAMP
+from qnn_tasks.plan.paths import COMPAT_RECORD, DEVICE_STAMP, PROMOTED_FILE
 from qnn_tasks.plan.targets import (
     BUILD_DIR,
     ChipTarget,
@@ -33,7 +33,7 @@ from qnn_tasks.plan.targets import (
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec import serial as specjson
 from qnn_tasks.spec import split as specsplit
-from qnn_tasks.spec.checks import MODEL_CHECKS
+from qnn_tasks.spec.checks import DEFAULT_REPAIR_BUDGET, MODEL_CHECKS
 from qnn_tasks.spec.pipeline import first_samples
 from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
 from qnn_tasks.spec.yamlread import as_name
@@ -419,19 +419,51 @@ def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan |
         if graph_stage.name == stage.name:
             g, gt = vt.graph, vt.graph_target
             calibration = str(gt.calibration) if graph_stage.needs_calibration else None
+            # w8a16-mixed: the first graph stage quantizes with the weights its repair promoted
+            promoted = (f"{vt.dir / REPAIR.name}/{PROMOTED_FILE}" if precision_table.is_repaired(vt.precision)
+                        and source == str(gt.simplified) else None)
             key = {"precision": vt.precision, "io": g.io(), "calibration": g.calibration if calibration else None}
-            return Plan(name=vt.name, out_dir=out, file_dep=[source] + ([calibration] if calibration else []),
+            return Plan(name=vt.name, out_dir=out, file_dep=[source] + ([calibration] if calibration else [])
+                        + ([promoted] if promoted else []),
                         outputs=outputs, key=p.key(stage, binding, json.dumps(key, sort_keys=True), labels=("",)),
                         doc=f"{stage.name} {g.name} ({vt.precision}) with {vt.toolchain_id}",
-                        args=lambda g=g, vt=vt, source=source, calibration=calibration: {
+                        args=lambda g=g, vt=vt, source=source, calibration=calibration, promoted=promoted: {
                             "graph": p.graph_dict(g), "precision": vt.precision, "source": source,
-                            "calibration": calibration},
+                            "calibration": calibration, **({"promoted": promoted} if promoted else {})},
                         base=lambda g=g, vt=vt, binding=binding: {
                             "graph": g.name, "precision": vt.precision,
                             "toolchain": {"id": vt.toolchain_id, "profile": binding.profile.name, **binding.fingerprint}},
                         binding=binding, model=g.model)
         source = outputs[0]
     return None
+
+
+def plan_repair(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan | None:
+    """A w8a16-mixed variant's search for the weights to keep at 16 bits, measured on the first chip it builds for."""
+    chip = next((ct for ct in p.chips if ct.variant is vt and not ct.skip_reason), None) \
+        if precision_table.is_repaired(vt.precision) else None
+    if chip is None:
+        return None
+    g, gt = vt.graph, vt.graph_target
+    out = str(vt.dir / stage.name)
+    budget = g.calibration.get("repair_budget", DEFAULT_REPAIR_BUDGET)
+    runs_code = any(check["kind"] in MODEL_CHECKS for check in chip.verify["checks"])
+    settings = json.dumps({"verify": chip.verify, "calibration": g.calibration, "budget": budget, "io": g.io(),
+                           "soc": chip.soc.row()}, sort_keys=True)
+    binding = p.binding(vt)
+    return Plan(name=vt.name, out_dir=out, model=g.model,
+                file_dep=[str(gt.simplified), str(gt.calibration), str(gt.inputs), str(gt.reference)]
+                + (p.code_deps(g) if runs_code else []) + p.check_deps(g, chip.verify),
+                outputs=[f"{out}/{PROMOTED_FILE}"], key=p.key(stage, binding, settings, labels=("",)),
+                doc=f"find the fewest weights of {g.name} to keep at 16 bits so that w8a16 passes its checks, on "
+                    f"{chip.soc.name}'s simulator (budget {budget} compiles)",
+                args=lambda: {"graph": p.graph_dict(g), "verify": chip.verify, "soc": specjson.soc_to_dict(chip.soc),
+                              "simplified": str(gt.simplified), "calibration": str(gt.calibration),
+                              "inputs": str(gt.inputs), "reference": str(gt.reference), "budget": budget},
+                base=lambda: {"graph": g.name, "precision": vt.precision, "soc": chip.soc.name,
+                              "toolchain": {"id": vt.toolchain_id, "profile": binding.profile.name,
+                                            **binding.fingerprint}},
+                binding=binding)
 
 
 # ------------------------------------------------------------------ chip stages (per variant x chip)
@@ -727,6 +759,9 @@ CROSSSIZE = StageDef("crosssize", "chip", "Check each graph with sizes (dims:) o
                      "fits a smaller size gives the same result padded into every larger one.",
                      "qnn_tasks.stages.crosssize:run_call", plan_crosssize, heavy=False, column=False)
 VARIANT_RUNNER = "qnn_tasks.toolchains.calls:graph_stage"  # quantize; convert, modellib: rows from the toolchain
+REPAIR = StageDef("repair", "variant", "Find the fewest weights of each w8a16-mixed graph to keep at 16 bits so that "
+                  "it passes its checks, measured on the first chip's host simulator.",
+                  "qnn_tasks.stages.repair:run_call", plan_repair, remote=True, toolchain=True, column=False)
 # On demand: created only when asked for (`doit diagnose`), never in the default run. Rows without a runner are
 # task-layer work (phones, dependency checks) that calls no stage function.
 LOOP = StageDef("loop", "chip", "Run each model's loop: graph step after step on the host simulator (its outputs fed "
@@ -802,7 +837,8 @@ def build_stage_defs(planner: Planner) -> list[StageDef]:
         rows = [r for r in rows if r.name != "calibrate"]
     if not any(specsplit.is_whole(gt.graph) for gt in planner.graphs):
         rows = [r for r in rows if r.name != "split"]
-    return (rows + registered("graph") + variant_stage_defs(planner) + list(CHIP_STAGES) + registered("chip")
+    repairs = [REPAIR] if any(precision_table.is_repaired(vt.precision) for vt in planner.variants) else []
+    return (rows + registered("graph") + repairs + variant_stage_defs(planner) + list(CHIP_STAGES) + registered("chip")
             + ([PIPELINE] if planner.pipelines else []) + ([LOOP] if any(m.loop for m in planner.project.models) else [])
             + ([CROSSSIZE] if any(gt.graph.size for gt in planner.graphs) else []))
 

@@ -59,7 +59,11 @@ def variant_record_path(ct: ChipTarget, stage: str) -> str:
 
 
 def _variant_stages(planner, ct: ChipTarget) -> tuple[str, ...]:
-    return tuple(s.name for s in planner.binding(ct).toolchain.graph_stages(ct.precision))
+    """The variant's stages: w8a16-mixed's repair first, then the toolchain's (quantize; convert, modellib)."""
+    from qnn_tasks.spec import precisions as precision_table
+
+    repair = ("repair",) if precision_table.is_repaired(ct.precision) else ()
+    return repair + tuple(s.name for s in planner.binding(ct).toolchain.graph_stages(ct.precision))
 
 
 def read_checked(path: Path | str) -> dict[str, Any] | None:
@@ -311,7 +315,8 @@ def current_inputs_sha256(ct: ChipTarget) -> str | None:
 
 
 def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """fp16 vs w8a16 per graph, chip and toolchain (graphs built at more than one precision)."""
+    """The precisions side by side (fp16 vs w8a16, w4a16, w8a16-mixed with the share of weight bytes its repair
+    kept at 16 bits) per graph, chip and toolchain (graphs built at more than one precision)."""
     from qnn_tasks.report.upgrade_diff import target_figures
 
     rows = []
@@ -325,7 +330,8 @@ def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
             figures = target_figures(t)
             rows.append({"graph": graph, "soc": soc, "precision": t["precision"], "status": t["status"],
                          "bin_size": figures["bin_size"], "sim_median_s": figures["sim_median_s"],
-                         "min_cosine": figures["min_cosine"], "checks_passed": figures["checks_passed"]})
+                         "min_cosine": figures["min_cosine"], "checks_passed": figures["checks_passed"],
+                         "promoted_share": ((t.get("toolchain_stages") or {}).get("repair") or {}).get("share")})
     return rows
 
 

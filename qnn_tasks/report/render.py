@@ -68,11 +68,13 @@ def markdown(data: dict[str, Any]) -> str:
         cells = [cell_text(data, variant["name"], soc) for soc in socs]
         lines.append(f"| {variant['model']}/{variant['name']} ({variant['precision']}) | " + " | ".join(cells) + " |")
     if data["precision_comparison"]:
-        lines += ["", "## fp16 vs w8a16", "", "| graph | chip | precision | status | .bin size | simulator time | min cosine |",
-                  "|---|---|---|---|---|---|---|"]
+        lines += ["", "## fp16 vs w8a16", "", "| graph | chip | precision | status | .bin size | simulator time | min cosine "
+                  "| weight bytes kept at 16 bits |", "|---|---|---|---|---|---|---|---|"]
         for r in data["precision_comparison"]:
+            share = r.get("promoted_share")
             lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {size(r['bin_size'])} | "
-                         f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} |")
+                         f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} | "
+                         f"{'-' if share is None else f'{100 * share:.1f}%'} |")
     unlooped = [g for g in data["graphs"] if g.get("recurrent") and not g["recurrent"]["loop"]]
     if unlooped:
         lines += ["", "## Recurrent graphs verified without a loop", ""]

@@ -14,12 +14,14 @@ from qnn_tasks.plan.stages import (
     CROSSSIZE,
     LOOP,
     PIPELINE,
+    REPAIR,
     loop_chips,
     record_path,
     report_columns,
     size_chips,
 )
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec import split as specsplit
 
@@ -116,6 +118,8 @@ def expected(planner, graphs: list[GraphTarget], chips: list[ChipTarget], pipeli
 def _chip(planner, ct: ChipTarget, has_loop: bool) -> dict[str, Any]:
     binding = planner.binding(ct)
     records = {s.name: record_path(s.name, ct.variant) for s in binding.toolchain.graph_stages(ct.precision)}
+    if precision_table.is_repaired(ct.precision):  # the weights its quantize kept at 16 bits, and the search's steps
+        records[REPAIR.name] = REPAIR.record_of(ct.variant)
     records.update({name: record_path(name, ct) for name in report_columns("chip")})  # a project's own stages too
     if has_loop:
         records[LOOP.name] = LOOP.record_of(ct)

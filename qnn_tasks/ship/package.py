@@ -231,6 +231,11 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
                                            item.chip["precision"], graph.get("audio_seconds_per_sample"))
         if latency:  # an estimate from published phone timings (docs/latency.md), never a measurement
             entry["latency_ms"] = latency
+        repaired = item.records.get("repair")
+        if repaired:  # what the repair kept at 16 bits and how it was found (stages/repair.py)
+            entry["repair"] = {"promoted": repaired.get("promoted", []), "share": repaired.get("share"),
+                               "chip": repaired.get("chip"), "steps": len(repaired.get("steps") or ()),
+                               "budget": repaired.get("budget"), "plain_w8a16": repaired.get("plain_w8a16")}
         fit = memory.figure(((graph_records[graph["name"]] or {}).get("lint") or {}).get("memory_estimate", {})
                             .get(item.chip["precision"]), memory.measured(item.records["context"].get("binary")))
         if fit:  # what a load holds (docs/load-and-fit.md): the selectors refuse a device with less free

@@ -19,10 +19,11 @@ THRESHOLD_RANGES = {"max_abs": (0.0, None), "mean_abs": (0.0, None), "min_cosine
 # Defaults per precision: fp16 activations are near-lossless on HTP.
 # 8-bit weights lose more: looser defaults, and the task-level checks matter most.
 DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
-                      "w8a16": {"min_cosine": 0.99, "min_snr_db": 15.0},
-                      "w4a16": {"min_cosine": 0.99, "min_snr_db": 15.0}}
+                      **{p: {"min_cosine": 0.99, "min_snr_db": 15.0} for p in precision_table.QUANTIZED}}
 VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
-CALIBRATION_KEYS = {"samples", "function", "per_channel"}
+CALIBRATION_KEYS = {"samples", "function", "per_channel", "repair_budget"}
+REPAIR_BUDGET = (3, 50)  # compiles the repair may spend: plain w8a16 + the sensitivity graph + at least one step
+DEFAULT_REPAIR_BUDGET = 6
 CHECK_KINDS = {"agreement": {"output", "threshold", "min", "slice"}, "ranking": {"output", "top", "min", "slice"},
                "top1": {"output", "min", "axis", "slice", "score_threshold"}, "wer": {"output", "max_wer_increase", "min_identical", "show"},
                "elements": {"output", "tol", "threshold", "min", "slice"},
@@ -43,8 +44,8 @@ CHECK_RANGES = {"agreement": {"threshold": (float, None, None), "min": (float, 0
 MODEL_CHECKS = ("wer",)  # checks that call the model's own code (transcribe, texts)
 # wer: fp16 must not lose a word; 8-bit weights may lose one word in a hundred, with different wording allowed
 CHECK_DEFAULTS = {"wer": {"fp16": {"max_wer_increase": 0.0, "min_identical": 1.0, "show": 5},
-                          "w8a16": {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5},
-                          "w4a16": {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5}}}
+                          **{p: {"max_wer_increase": 0.01, "min_identical": 0.0, "show": 5}
+                             for p in precision_table.QUANTIZED}}}
 # the same for every precision (checks.py reads them filled in)
 SHARED_DEFAULTS = {"elements": {"min": 0.999},
                    "detection": {"box_format": "cxcywh", "transpose": False, "objectness": False,
@@ -95,8 +96,14 @@ def calibration_section(data: Any, precisions: list[str], path: Path, key: str) 
     if section and not precision_table.any_quantized(precisions):
         raise SpecError(path, key, "calibration is only used by quantized graphs (w8a16, w4a16)",
                         "add w8a16 to precision or remove it")
-    return {"samples": samples, "function": function, "per_channel": as_bool(section.get("per_channel", True), path,
-                                                                             f"{key}.per_channel")}
+    result = {"samples": samples, "function": function,
+              "per_channel": as_bool(section.get("per_channel", True), path, f"{key}.per_channel")}
+    if "repair_budget" in section:  # only where declared: a quantized graph's keys stay as they were without it
+        if not any(precision_table.is_repaired(p) for p in precisions):
+            raise SpecError(path, f"{key}.repair_budget", "only the repair of precision w8a16-mixed spends it",
+                            "add w8a16-mixed to precision or remove it")
+        result["repair_budget"] = as_int(section["repair_budget"], path, f"{key}.repair_budget", *REPAIR_BUDGET)
+    return result
 
 
 def verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tuple[int, ...]], where: Path,

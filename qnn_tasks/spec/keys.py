@@ -7,7 +7,7 @@ loop.MAX_STEPS, pipeline.MAX_RUNS, samples.MAX_SAMPLES) and are referenced here,
 from __future__ import annotations
 
 from qnn_tasks.envvalues import STAGE_TIMEOUT_MAX
-from qnn_tasks.spec.checks import CHECK_KINDS, CHECK_RANGES, THRESHOLD_KEYS, THRESHOLD_RANGES
+from qnn_tasks.spec.checks import CHECK_KINDS, CHECK_RANGES, REPAIR_BUDGET, THRESHOLD_KEYS, THRESHOLD_RANGES
 from qnn_tasks.spec.loop import MAX_STEPS
 from qnn_tasks.spec.pipeline import MAX_RUNS
 from qnn_tasks.spec.precisions import QUANTIZED
@@ -97,7 +97,8 @@ GRAPH = Fields({
     "export": NAME,
     "options": Free(),
     "simplify": Fields({"skip": Bool(), "skip_optimizers": ListOf(Text(max_len=100))}),
-    "calibration": Fields({"samples": Int(None, 100_000), "function": NAME, "per_channel": Bool()}),
+    "calibration": Fields({"samples": Int(None, 100_000), "function": NAME, "per_channel": Bool(),
+                           "repair_budget": Int(*REPAIR_BUDGET)}),
     "cpucheck": Fields({name: Num(*THRESHOLD_RANGES[name]) for name in ("max_abs", "min_cosine")}),
     "lint": Fields({"allow": ListOf(Text(max_len=100))}),
     "verify": VERIFY,

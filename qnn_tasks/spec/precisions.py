@@ -19,6 +19,7 @@ class Precision:
     quantized: bool           # calibrated and quantized in QNN
     runs_as: str              # the word a SoC row's `runs:` uses for the chips that build it
     doc: str
+    repaired: bool = False    # its weights' widths are searched by the repair stage (stages/repair.py)
 
 
 TABLE = (
@@ -26,6 +27,9 @@ TABLE = (
     Precision("w8a16", 8, True, "w8a16", "8-bit weights, 16-bit activations, quantized in QNN"),
     Precision("w4a16", 4, True, "w8a16", "4-bit weights of Conv/MatMul/Gemm (per channel), 8-bit other weights, "
                                          "16-bit activations, quantized in QNN"),
+    Precision("w8a16-mixed", 8, True, "w8a16", "w8a16 with the fewest weights kept at 16 bits that make the graph "
+                                               "pass its checks, found on the simulator (the repair stage)",
+              repaired=True),
 )
 BY_NAME = {p.name: p for p in TABLE}
 NAMES = tuple(BY_NAME)
@@ -40,6 +44,10 @@ def is_quantized(name: str) -> bool:
 def any_quantized(names) -> bool:
     """Whether any of these precisions needs calibration samples and a quantize step."""
     return any(is_quantized(n) for n in names)
+
+
+def is_repaired(name: str) -> bool:
+    return name in BY_NAME and BY_NAME[name].repaired
 
 
 def runs_as(name: str) -> str:

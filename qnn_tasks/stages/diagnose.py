@@ -19,6 +19,7 @@ import numpy as np
 
 from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
+from qnn_tasks.graphs.intermediates import expose_intermediates
 from qnn_tasks.judge import checks as verification
 from qnn_tasks.judge import metrics, padding
 from qnn_tasks.judge import samples as sample_store
@@ -96,32 +97,6 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
 
 
 # ------------------------------------------------------------------ diagnostic graph
-
-def expose_intermediates(model) -> tuple[Any, list[dict[str, Any]]]:
-    """A copy of `model` whose every float32 node output is also a graph output, in graph order."""
-    import onnx
-
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in
-             list(inferred.graph.value_info) + list(inferred.graph.output)}
-    diag = onnx.ModelProto()
-    diag.CopyFrom(inferred)
-    existing = {o.name for o in diag.graph.output}
-    tensors = []
-    for index, node in enumerate(model.graph.node):
-        if node.op_type == "Constant":
-            continue
-        for name in node.output:
-            if types.get(name) != onnx.TensorProto.FLOAT:
-                continue
-            tensors.append({"index": index, "node": node.name or name, "op_type": node.op_type, "tensor": name})
-            if name not in existing:
-                diag.graph.output.append(onnx.helper.make_empty_tensor_value_info(name))
-                diag.graph.output[-1].type.tensor_type.elem_type = onnx.TensorProto.FLOAT
-                existing.add(name)
-    del diag.metadata_props[:]
-    return diag, tensors
-
 
 def first_jump(model, nodes: list[dict[str, Any]], threshold: float) -> dict[str, Any] | None:
     """First node (graph order) whose error passes `threshold` AND is JUMP x its inputs' worst error.

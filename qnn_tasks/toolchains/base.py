@@ -28,6 +28,7 @@ class StageInput:
     source: Path                     # the previous stage's primary output (first stage: simplified ONNX)
     out_dir: Path
     calibration: Path | None = None  # calibration.npz for quantized variants (w8a16, w4a16)
+    promoted: Path | None = None     # w8a16-mixed: the repair's record, naming the weights it promoted to 16 bits
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,8 @@ def graph_stage(call: StageCall) -> dict[str, Any]:
     chain = toolchain(call).graph_stages(a["precision"])
     stage = next(s for s in chain if s.name == call.stage)
     return stage.run(StageInput(graph=calls.graph(a), precision=a["precision"], source=Path(a["source"]),
-                                out_dir=Path(call.out_dir), calibration=calls.path(a, "calibration")))
+                                out_dir=Path(call.out_dir), calibration=calls.path(a, "calibration"),
+                                promoted=calls.path(a, "promoted")))
 
 
 def config(call: StageCall) -> dict[str, Any]:

@@ -9,20 +9,23 @@ is compiled like an fp16 one; `offload_graph_io_quantization=0` keeps the I/O qu
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
+from qnn_tasks import fileio
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.spec import precisions as precision_table
+from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.toolchains.base import StageInput, quantized_outputs
 
 FOUR_BIT_OPS = {"Conv": 0, "ConvTranspose": 1, "MatMul": -1, "Gemm": None}  # op -> its weight's output-channel axis
 
 
-def four_bit_weights(model) -> dict[str, int]:
-    """The weights w4a16 keeps in 4 bits: each 2+-dim float initializer a Conv/ConvTranspose/MatMul/Gemm reads as
-    its weight (input 1), with its output-channel axis (Gemm's from transB)."""
+def weight_axes(model) -> dict[str, int]:
+    """{weight: its output-channel axis} of every 2+-dim float initializer a Conv/ConvTranspose/MatMul/Gemm reads
+    as its weight (input 1): the weights w4a16 keeps in 4 bits and the repair may promote to 16."""
     floats = {t.name: len(t.dims) for t in model.graph.initializer if t.data_type in (1, 10, 11, 16)}
     found: dict[str, int] = {}
     for node in model.graph.node:
@@ -36,18 +39,30 @@ def four_bit_weights(model) -> dict[str, int]:
 
 
 def run(si: StageInput) -> dict[str, Any]:
+    """The quantize stage: the variant's QDQ model; w8a16-mixed with the weights its repair promoted."""
+    promoted = fileio.read_json(si.promoted)["promoted"] if si.promoted else []
+    out = quantized_outputs(si.graph, si.precision, si.out_dir)[0]
+    record = quantize_model(si.graph, si.precision, si.source, sample_store.load(si.calibration), out, si.out_dir,
+                            promoted=[p["weight"] for p in promoted])
+    if si.promoted:
+        record["promoted"] = promoted
+    return record
+
+
+def quantize_model(graph: GraphSpec, precision: str, source: Path, calibration: list, out: Path, log_dir: Path,
+                   promoted: list[str] = ()) -> dict[str, Any]:
+    """Quantize `source` to `out` at `precision` on `calibration`; `promoted` weights are kept at 16 bits (signed,
+    symmetric, per output channel): what the repair promotes. Returns the record's fields."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
 
-    calibration = sample_store.load(si.calibration)
-    out = quantized_outputs(si.graph, si.precision, si.out_dir)[0]
-    log = si.out_dir / "quantize.log"
-    work = si.out_dir / ".work"
+    log = log_dir / "quantize.log"
+    work = log_dir / ".work"
     work.mkdir(parents=True, exist_ok=True)
 
     # QNN preprocessing crashes on models carrying metadata_props (onnxsim adds them): drop them first.
-    model = onnx.load(str(si.source))
+    model = onnx.load(str(source))
     del model.metadata_props[:]
     plain = work / "float.onnx"
     onnx.save(model, str(plain))
@@ -62,11 +77,15 @@ def run(si: StageInput) -> dict[str, Any]:
         def get_next(self):
             return next(self._samples, None)
 
-    per_channel = bool(si.graph.calibration["per_channel"])
-    bits = precision_table.BY_NAME[si.precision].weight_bits
-    four = four_bit_weights(onnx.load(str(source), load_external_data=False)) if bits == 4 else {}
+    per_channel = bool(graph.calibration["per_channel"])
+    bits = precision_table.BY_NAME[precision].weight_bits
+    light = onnx.load(str(source), load_external_data=False)
+    axes = weight_axes(light)
+    four = axes if bits == 4 else {}
     overrides = {name: [{"quant_type": QuantType.QInt4, "symmetric": True, **({"axis": axis} if per_channel else {})}]
                  for name, axis in four.items()}
+    overrides.update({name: [{"quant_type": QuantType.QInt16, "symmetric": True,
+                              **({"axis": axes[name]} if per_channel and name in axes else {})}] for name in promoted})
     handler = logging.FileHandler(log, mode="w")
     logging.getLogger().addHandler(handler)
     try:
@@ -76,7 +95,7 @@ def run(si: StageInput) -> dict[str, Any]:
         with atomic_path(out) as tmp:
             quantize(str(source), str(tmp), config)
     except Exception as err:
-        raise StageError(f"quantizing '{si.graph.name}' to {si.precision} failed: {type(err).__name__}: "
+        raise StageError(f"quantizing '{graph.name}' to {precision} failed: {type(err).__name__}: "
                          f"{str(err).strip().splitlines()[0] if str(err).strip() else ''} (log: {log})") from None
     finally:
         logging.getLogger().removeHandler(handler)
@@ -85,6 +104,7 @@ def run(si: StageInput) -> dict[str, Any]:
     warnings = [line.strip() for line in log.read_text().splitlines() if "WARNING" in line.upper()]
     return {"calibration_samples": len(calibration), "activation_type": "uint16",
             "weight_type": "int4 (Conv/MatMul/Gemm weights), uint8 (the rest)" if four else "uint8",
-            **({"four_bit_weights": len(four)} if bits == 4 else {}), "per_channel": per_channel, "preprocessed": bool(changed), "nodes": len(qdq.graph.node),
+            **({"four_bit_weights": len(four)} if bits == 4 else {}), "per_channel": per_channel,
+            "preprocessed": bool(changed), "nodes": len(qdq.graph.node),
             "quantize_ops": sum(1 for n in qdq.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")),
             "log": str(log), "notes": warnings}

@@ -122,6 +122,10 @@ class QairtToolchain:
         cpp = out / f"{name}.cpp"
         command: list[Any] = [python, self.sdk.path(sdkmod.CONVERTER), "--input_network", si.source, "--output_path", cpp]
         record: dict[str, Any] = {"graph_name": name, "renamed": name != si.graph.name}
+        if precision_table.is_repaired(si.precision):
+            raise StageError(f"convert of '{si.graph.name}': qairt does not build {si.precision} (its repair keeps "
+                             "weights at 16 bits through onnxruntime's quantizer overrides) (fix: build it with an "
+                             "ort-qnn toolchain, or precision: w8a16)")
         if precision_table.is_quantized(si.precision):
             if si.calibration is None:
                 raise StageError(f"convert of '{si.graph.name}' ({si.precision}) has no calibration set")

@@ -1,0 +1,200 @@
+"""repair: the fewest weights of a w8a16 graph to keep at 16 bits so that it passes its checks (precision w8a16-mixed).
+
+Measured on the NPU's own arithmetic, on one chip's x86 HTP simulator (the first chip the variant builds for):
+1. plain w8a16 (no weight promoted) is quantized, compiled, run on the verification inputs and judged by the graph's
+   w8a16-mixed checks (thresholds and task checks, as simverify judges); if it passes, nothing is promoted;
+2. sensitivity: every intermediate tensor is made an output (graphs/intermediates.py), the graph quantized and run
+   on the simulator beside the float graph on the CPU; each weight-bearing node (Conv, ConvTranspose, MatMul, Gemm)
+   is scored by the error it creates: its output's relative error less its input's;
+3. promotion: the top 1, 2, 4, ... ranked weights are kept at 16 bits (signed, symmetric, per channel: the
+   quantizer's per-tensor overrides) until the checks pass, then the fewest between the last failing and the first
+   passing count is searched by halving, while the budget of compiles lasts.
+Deterministic (fixed inputs, ranking ties broken by graph order). The record lists every step: the weights
+promoted, their share of the graph's weight bytes, the binary's size and the judged metrics. No passing step within
+the budget fails the stage in one line naming what was tried and the best result.
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from qnn_tasks import fileio
+from qnn_tasks.devices import simulator
+from qnn_tasks.errors import StageError
+from qnn_tasks.graphs.intermediates import expose_intermediates
+from qnn_tasks.judge import checks as verification
+from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.plan.paths import PROMOTED_FILE
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec.checks import DEFAULT_REPAIR_BUDGET
+from qnn_tasks.spec.project import GraphSpec, Soc
+from qnn_tasks.toolchains import calls as toolchains_calls
+
+SENSITIVITY_SAMPLES = 4     # verification samples the per-node error is measured on
+
+
+def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplified: Path, calibration: Path,
+        inputs_file: Path, reference_file: Path, out_dir: Path, budget: int = DEFAULT_REPAIR_BUDGET) -> dict[str, Any]:
+    """Search the promotion for `graph` on `soc` with `toolchain`; write promoted.json; return the record."""
+    import onnx
+
+    from qnn_tasks.toolchains.ort_quantize import quantize_model, weight_axes
+
+    if not hasattr(toolchain, "compile_variant"):
+        raise StageError(f"the precision repair needs a toolchain that compiles a derived model (ort-qnn); "
+                         f"{toolchain.kind} does not (fix: build this graph with an ort-qnn toolchain, or "
+                         "precision: w8a16)")
+    start = time.monotonic()
+    work = out_dir / ".work"
+    work.mkdir(parents=True, exist_ok=True)
+    samples = sample_store.load(calibration)
+    inputs, reference = sample_store.load(inputs_file), sample_store.load(reference_file)
+    options = toolchain.write_config(graph, "w8a16", soc, work)["provider_options"]
+    model = onnx.load(str(simplified), load_external_data=False)
+    weights = _weights(model, weight_axes(model))
+    total = sum(w["bytes"] for w in weights.values()) or 1
+    steps: list[dict[str, Any]] = []
+
+    def attempt(promoted: list[str]) -> dict[str, Any]:
+        folder = work / f"step{len(steps)}"
+        folder.mkdir(parents=True, exist_ok=True)
+        qdq = folder / "qdq.onnx"
+        quantize_model(graph, "w8a16", simplified, samples, qdq, folder, promoted=promoted)
+        ctx = toolchain.compile_variant(qdq, options, folder / "compiled")
+        outputs, _, _ = simulator.run(ctx, options, inputs, folder / "simulator.log")
+        result, violations = verification.judge(graph, verify, reference, outputs)
+        step = {"promoted": promoted, "weight_bytes": sum(weights[w]["bytes"] for w in promoted),
+                "share": round(sum(weights[w]["bytes"] for w in promoted) / total, 4),
+                "binary_bytes": sum(f.stat().st_size for f in ctx.parent.glob("*.bin")),
+                "min_cosine": _min_cosine(result), "checks": [{k: c.get(k) for k in ("kind", "value", "passed")}
+                                                              for c in result.get("checks", [])],
+                "passed": not violations, "violations": violations[:3]}
+        steps.append(step)
+        return step
+
+    plain = attempt([])
+    ranked: list[dict[str, Any]] = []
+    if not plain["passed"]:
+        ranked = sensitivity(graph, simplified, samples, inputs, options, toolchain, weights, work)
+    found = _search([r["weight"] for r in ranked], attempt, budget - 2) if ranked else None
+    chosen = [] if plain["passed"] else found
+    record = {"chip": soc.name, "budget": budget, "compiles": len(steps) + (1 if ranked else 0),
+              "seconds": round(time.monotonic() - start, 1), "plain_w8a16": {k: plain[k] for k in (
+                  "min_cosine", "checks", "passed", "binary_bytes")},
+              "ranked": ranked[:20], "steps": steps, "weights": len(weights), "weight_bytes": total}
+    if chosen is None:
+        best = max(steps, key=lambda s: (s["passed"], s["min_cosine"] if s["min_cosine"] is not None else -2))
+        tried = ", ".join(str(len(s["promoted"])) for s in steps[1:]) or "none"
+        raise StageError(f"repair of '{graph.name}' on {soc.name}: no promotion within the budget of {budget} "
+                         f"compiles passes its checks: promoted {tried} of {len(ranked)} ranked weights; best: "
+                         f"{len(best['promoted'])} promoted ({', '.join(best['promoted'][:4]) or 'none'}), "
+                         f"min cosine {best['min_cosine']}, {'; '.join(best['violations'][:1])} (fix: raise "
+                         "calibration.repair_budget, or precision: fp16)", record)
+    final = next(s for s in steps if s["promoted"] == chosen)
+    promoted = [{**weights[w], "weight": w, **_score(ranked, w)} for w in chosen]
+    fileio.write_json(out_dir / PROMOTED_FILE, {"promoted": promoted, "share": final["share"]})
+    record.update(promoted=promoted, share=final["share"], weight_bytes_promoted=final["weight_bytes"],
+                  binary_bytes=final["binary_bytes"], min_cosine=final["min_cosine"],
+                  size_ratio=round(final["binary_bytes"] / plain["binary_bytes"], 4) if plain["binary_bytes"] else None)
+    return record
+
+
+def sensitivity(graph: GraphSpec, simplified: Path, samples: list, inputs: list, options: dict[str, str], toolchain,
+                weights: dict[str, dict[str, Any]], work: Path) -> list[dict[str, Any]]:
+    """The weight-bearing nodes ranked by the error each creates on the simulator (its output's relative error less
+    the worst of its inputs'), largest first, ties in graph order."""
+    import onnx
+
+    from qnn_tasks.stages.cpucheck import run_onnx_cpu
+    from qnn_tasks.toolchains.ort_quantize import quantize_model
+
+    folder = work / "sensitivity"
+    folder.mkdir(parents=True, exist_ok=True)
+    diag, _ = expose_intermediates(onnx.load(str(simplified)))
+    diag_path = folder / "intermediates.onnx"
+    onnx.save(diag, str(diag_path))
+    picked = inputs[:SENSITIVITY_SAMPLES]
+    cpu = run_onnx_cpu(diag_path, picked)
+    qdq = folder / "qdq.onnx"
+    quantize_model(graph, "w8a16", diag_path, samples, qdq, folder)
+    ctx = toolchain.compile_variant(qdq, options, folder / "compiled")
+    npu, _, _ = simulator.run(ctx, options, picked, folder / "simulator.log", allow_cpu_fallback=True)
+    error = {name: float(np.mean([_relative(c[name], n[name]) for c, n in zip(cpu, npu)]))
+             for name in cpu[0] if all(name in n for n in npu)}
+    error = {name: value for name, value in error.items() if np.isfinite(value)}
+    ranked = []
+    for w in weights.values():
+        made = error.get(w["output"])
+        if made is None:
+            continue
+        carried = max((error.get(i, 0.0) for i in w["inputs"]), default=0.0)
+        ranked.append({"weight": w["name"], "node": w["node"], "op": w["op"], "error": round(made, 6),
+                       "created": round(made - carried, 6), "index": w["index"]})
+    ranked.sort(key=lambda r: (-r["created"], r["index"]))
+    return ranked
+
+
+def _search(ranked: list[str], attempt, budget: int) -> list[str] | None:
+    """The fewest top-ranked weights whose promotion passes: doubling, then halving between the last failing and
+    the first passing count, each try one compile of `budget`."""
+    low, high, count, spent = 0, None, 1, 0
+    while spent < budget and count <= len(ranked):
+        spent += 1
+        if attempt(ranked[:count])["passed"]:
+            high = count
+            break
+        low = count
+        if count == len(ranked):
+            break
+        count = min(2 * count, len(ranked))
+    if high is None:
+        return None
+    while spent < budget and high - low > 1:
+        middle = (low + high) // 2
+        spent += 1
+        if attempt(ranked[:middle])["passed"]:
+            high = middle
+        else:
+            low = middle
+    return ranked[:high]
+
+
+def _weights(model, axes: dict[str, int]) -> dict[str, dict[str, Any]]:
+    """Each promotable weight: its node, op, output, activation inputs and bytes at 8 bits."""
+    sizes = {t.name: int(np.prod(t.dims)) if t.dims else 1 for t in model.graph.initializer}
+    found: dict[str, dict[str, Any]] = {}
+    for index, node in enumerate(model.graph.node):
+        if len(node.input) > 1 and node.input[1] in axes and node.input[1] not in found:
+            found[node.input[1]] = {"name": node.input[1], "node": node.name or node.output[0], "op": node.op_type,
+                                    "output": node.output[0], "inputs": [i for i in node.input if i not in sizes],
+                                    "index": index, "bytes": sizes[node.input[1]]}
+    return found
+
+
+def _score(ranked: list[dict[str, Any]], weight: str) -> dict[str, Any]:
+    found = next((r for r in ranked if r["weight"] == weight), {})
+    return {k: found[k] for k in ("error", "created") if k in found}
+
+
+def _relative(ref: np.ndarray, got: np.ndarray) -> float:
+    ref, got = np.asarray(ref, dtype=np.float64).ravel(), np.asarray(got, dtype=np.float64).ravel()
+    if ref.shape != got.shape:
+        return float("nan")
+    scale = np.linalg.norm(ref)
+    return float(np.linalg.norm(got - ref) / scale) if scale > 0 else float(np.linalg.norm(got))
+
+
+def _min_cosine(result: dict[str, Any]) -> float | None:
+    values = [m.get("cosine") for m in (result.get("metrics") or {}).values() if m.get("cosine") is not None]
+    return round(min(values), 6) if values else None
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return run(calls.graph(a), a["verify"], calls.soc(a), toolchains_calls.toolchain(call), Path(a["simplified"]),
+               Path(a["calibration"]), Path(a["inputs"]), Path(a["reference"]), Path(call.out_dir),
+               budget=a["budget"])
