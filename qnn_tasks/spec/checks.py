@@ -94,7 +94,7 @@ def calibration_section(data: Any, precisions: list[str], path: Path, key: str) 
     if not isinstance(function, str) or not function.isidentifier():
         raise SpecError(path, f"{key}.function", f"'{function}' is not a function name", "name a function in export.py")
     if section and not precision_table.any_quantized(precisions):
-        raise SpecError(path, key, "calibration is only used by quantized graphs (w8a16, w4a16)",
+        raise SpecError(path, key, f"calibration is only used by quantized graphs ({', '.join(precision_table.QUANTIZED)})",
                         "add w8a16 to precision or remove it")
     result = {"samples": samples, "function": function,
               "per_channel": as_bool(section.get("per_channel", True), path, f"{key}.per_channel")}
