@@ -13,7 +13,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 from modelpackage_check import agreement
-from sized_project import LENGTHS, attention_project, packaged_sized_project, sized_project
+from sized_project import (
+    CHAIN_LENGTHS,
+    LENGTHS,
+    attention_project,
+    chained_sized_project,
+    packaged_sized_project,
+    sized_project,
+)
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
@@ -417,3 +424,35 @@ def test_an_attention_mask_on_two_axes_builds_and_the_cross_size_check_sees_its_
     project.doit("dist:attn", check=True)
     manifest = json.loads(project.path("dist/attn/manifest.json").read_text())
     assert manifest["selection"]["sizes"][0]["axes"] == {"x": 1, "mask": [1, 2], "probs": [1, 2], "ctx": 1}
+
+
+def test_a_graph_with_sizes_takes_its_samples_from_the_same_size_of_the_graph_before_it(tmp_path):
+    """`samples: {from: enc.mem}` on a decoder with the encoder's dims: each size of dec takes the CPU outputs of
+    the same size of enc (the samples that fit that size); it was refused (`enc` named no graph: only its sizes)."""
+    project = chained_sized_project(tmp_path / "p")
+    project.doit("cpucheck:dec.seq8", "cpucheck:dec.seq16", check=True)
+    for size in (8, 16):
+        with np.load(project.path(f"build/chain/enc.seq{size}/cpucheck/reference.npz")) as reference, \
+                np.load(project.path(f"build/chain/dec.seq{size}/cpucheck/inputs.npz")) as inputs:
+            kept = sum(n <= size for n in CHAIN_LENGTHS)
+            assert inputs["mem"].shape == (kept, 1, size, 4)
+            np.testing.assert_array_equal(inputs["mem"], reference["mem"])
+    # a graph without those sizes cannot follow them: one line saying what to write instead
+    model_yaml = "models/chain/model.yaml"
+    project.edit(model_yaml, "pipeline: {graphs: [enc, dec]}\n", "")
+    project.edit(model_yaml, "    dims: {seq: [8, 16]}\n    inputs: {mem: {shape: [1, seq, 4]",
+                 "    inputs: {mem: {shape: [1, 8, 4]")
+    line = project.doit("list").stderr.strip()
+    assert line.count("\n") == 0 and ("graphs.dec.samples.from: 'enc.mem' names graph 'enc', which has sizes (seq "
+                                      "[8, 16]), and 'dec' has none: which size's outputs? (fix: give graphs.dec the "
+                                      "same dims (seq: [8, 16]) to take each size's samples from the same size of "
+                                      "'enc', or name one size, e.g. from: enc.seq8.mem)") in line, line
+    project.edit(model_yaml, "samples: {from: enc.mem}", "samples: {from: enc.seq8.mem}")
+    assert project.doit("list").returncode == 0
+    project.edit(model_yaml, "    inputs: {mem: {shape: [1, 8, 4]",
+                 "    dims: {seq: [8, 32]}\n    inputs: {mem: {shape: [1, seq, 4]")
+    project.edit(model_yaml, "samples: {from: enc.seq8.mem}", "samples: {from: enc.mem}")
+    line = project.doit("list").stderr.strip()
+    assert ("graphs.dec.samples.from: graphs 'enc' (seq [8, 16]) and 'dec' (seq [8, 32]) have different sizes: each "
+            "size of 'dec' takes its samples from the same size of 'enc' (fix: give both the same dims, or name one "
+            "size, e.g. from: enc.seq8.mem)") in line, line

@@ -205,7 +205,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     specsplit.not_chained(graphs, pipeline, loop, path)
     from qnn_tasks.spec.pipeline import check_upstream
 
-    check_upstream(graphs, pipeline, path)
+    check_upstream(graphs, [p for p in (pipeline, *size_pipelines) if p is not None], path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
                      loop=loop, size_pipelines=size_pipelines,

@@ -262,14 +262,17 @@ def first_samples(graphs: list[GraphSpec], glue: dict[str, dict[str, Any]], feed
     return needed
 
 
-def check_upstream(graphs: tuple[GraphSpec, ...], pipeline: PipelineSpec | None, path: Path) -> None:
+def check_upstream(graphs: tuple[GraphSpec, ...], pipelines: list[PipelineSpec], path: Path) -> None:
     """Resolve every `samples: {from: <graph>.<output>}` once all graphs are loaded: an output of a graph declared
-    before this one, fed through the pipeline's glue for that input when the pipeline feeds it from the same output
-    (a stack of runs, a reshape, scale and offset), else of the input's shape or size (reshaped). Here, not in
-    spec/samples.py: it reads the pipeline's glue (samples -> pipeline -> checks -> samples would be a cycle)."""
+    before this one, fed through the glue of the pipeline (or the size's pipeline) that feeds this input from the
+    same output (a stack of runs, a reshape, scale and offset), else of the input's shape or size (reshaped). A
+    graph with sizes named as declared (`enc.mem`) is followed: each size of this graph takes its samples from the
+    same size of that one. Here, not in spec/samples.py: it reads the pipeline's glue (samples -> pipeline ->
+    checks -> samples would be a cycle)."""
     from qnn_tasks.errors import SpecError
 
     names = [g.name for g in graphs]
+    sized = {g.size.graph: g.size for g in graphs if g.size}  # a declared graph with sizes -> (one of) its SizeSpecs
     for graph in graphs:
         upstream = (graph.samples or {}).get("from")
         if not upstream:
@@ -278,21 +281,29 @@ def check_upstream(graphs: tuple[GraphSpec, ...], pipeline: PipelineSpec | None,
         for name, ref in list(upstream.items()):
             if isinstance(ref, dict):
                 continue  # resolved already (the same spec loaded twice)
-            key = f"graphs.{graph.name}.samples.from" + ("" if len(upstream) == 1 else f".{name}")
-            source, output = _split(ref, names)
+            key = f"{graph.key}.samples.from" + ("" if len(upstream) == 1 else f".{name}")
+            source, output = _split(ref, names + [s for s in sized if s not in names])
+            declared = None
+            if source in sized and source not in names:  # followed: this size takes the same size's outputs
+                declared, source = source, _same_size(graph, sized[source], ref, output, path, key)
             earlier = names[:names.index(graph.name)]
             if source not in earlier:
-                raise SpecError(path, key, f"'{ref}' is not an output of a graph declared before '{graph.name}'",
-                                f"name one of: {', '.join(earlier) or '(no graph is declared before it)'}")
+                before = list(dict.fromkeys(g.size.graph if g.size else g.name for g in graphs[:len(earlier)]
+                                            if not (g.size and graph.size and g.size.graph == graph.size.graph)))
+                this = f"graph '{graph.size.graph}'" if graph.size else f"'{graph.name}'"
+                raise SpecError(path, key, f"'{ref}' is not an output of a graph declared before {this}",
+                                f"name one of: {', '.join(before) or '(no graph is declared before it)'}")
             found = next((t for t in graphs[names.index(source)].outputs if t.name == output), None)
             if found is None:
                 outputs = ", ".join(t.name for t in graphs[names.index(source)].outputs)
-                raise SpecError(path, key, f"graph '{source}' has no output '{output}'", f"use one of: {outputs}")
+                raise SpecError(path, key, f"graph '{declared or source}' has no output '{output}'",
+                                f"use one of: {outputs}")
             glue = None
-            if pipeline is not None and graph.name in pipeline.graphs and source in pipeline.graphs:
-                fed = pipeline.feed.get(f"{graph.name}.{name}", (None, name))
-                if tuple(fed) == (source, output) or (fed[0] is None and output == name):
-                    glue = pipeline.glue.get(f"{graph.name}.{name}")
+            for pipeline in pipelines:
+                if graph.name in pipeline.graphs and source in pipeline.graphs:
+                    fed = pipeline.feed.get(f"{graph.name}.{name}", (None, name))
+                    if tuple(fed) == (source, output) or (fed[0] is None and output == name):
+                        glue = pipeline.glue.get(f"{graph.name}.{name}")
             if glue is None:
                 if _size(found.shape) != _size(shapes[name]):
                     raise SpecError(path, key, f"output '{output}' of '{source}' {list(found.shape)} has "
@@ -300,4 +311,26 @@ def check_upstream(graphs: tuple[GraphSpec, ...], pipeline: PipelineSpec | None,
                                     f"{_size(shapes[name])}", "feed it through pipeline.feed with a stack of runs, or "
                                     "name an output of the input's size")
                 glue = {"reshape": tuple(found.shape) != tuple(shapes[name]), "scale": 1.0, "offset": 0.0}
-            upstream[name] = {"graph": source, "output": output, "glue": dict(glue)}
+            # `declared`: the graph as written, for messages (the size's graph is one the user never wrote)
+            upstream[name] = {"graph": source, "output": output, "glue": dict(glue),
+                              **({"declared": declared} if declared else {})}
+
+
+def _same_size(graph: GraphSpec, sizes, ref: str, output: str, path: Path, key: str) -> str:
+    """The size of the graph with sizes `sizes` that `graph` takes its samples from: its own size, when both have
+    the same dim and sizes; else one line saying what to write instead."""
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.sizes import sized_name
+
+    named = f"from: {sized_name(sizes.graph, sizes.dim, sizes.sizes[0])}.{output}"
+    if graph.size is None:
+        raise SpecError(path, key, f"'{ref}' names graph '{sizes.graph}', which has sizes ({sizes.dim} "
+                        f"{list(sizes.sizes)}), and '{graph.name}' has none: which size's outputs?",
+                        f"give {graph.key} the same dims ({sizes.dim}: {list(sizes.sizes)}) to take each size's "
+                        f"samples from the same size of '{sizes.graph}', or name one size, e.g. {named}")
+    if (graph.size.dim, graph.size.sizes) != (sizes.dim, sizes.sizes):
+        raise SpecError(path, key, f"graphs '{sizes.graph}' ({sizes.dim} {list(sizes.sizes)}) and "
+                        f"'{graph.size.graph}' ({graph.size.dim} {list(graph.size.sizes)}) have different sizes: each "
+                        f"size of '{graph.size.graph}' takes its samples from the same size of '{sizes.graph}'",
+                        f"give both the same dims, or name one size, e.g. {named}")
+    return sized_name(sizes.graph, sizes.dim, graph.size.size)
