@@ -24,7 +24,7 @@ from sized_project import (
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
-from qnn_tasks.plan.stages import LOOP, Planner, loop_chips, plan_loop, start_pipeline
+from qnn_tasks.plan.stages import LOOP, PIPELINE, Planner, loop_chips, plan_loop, plan_pipeline, start_pipeline
 from qnn_tasks.ship import select
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec.load import load_model, load_project, load_soc_table
@@ -456,3 +456,52 @@ def test_a_graph_with_sizes_takes_its_samples_from_the_same_size_of_the_graph_be
     assert ("graphs.dec.samples.from: graphs 'enc' (seq [8, 16]) and 'dec' (seq [8, 32]) have different sizes: each "
             "size of 'dec' takes its samples from the same size of 'enc' (fix: give both the same dims, or name one "
             "size, e.g. from: enc.seq8.mem)") in line, line
+
+
+CHAINED = "  dec:\n    dims: {seq: [8, 32]}\n    inputs: {hidden: {shape: [1, seq, 4], dtype: float32}}\n" \
+          "    outputs: {out: {shape: [1, 4]}}\n"
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("[1, seq, 4], dtype", "[1, seq, 8], dtype",
+     "pipeline: input 'hidden' of graph 'dec' at size seq 8 is [1, 8, 8], the output feeding it is [1, 8, 4] (fix: "
+     "make the shapes agree in model.yaml, or, for one size, feed: {dec.hidden: {from: <graph>.<output>, reshape: "
+     "true}})"),
+    ("{hidden: {shape", "{q: {shape: [1, 2], dtype: float32}, hidden: {shape",
+     "pipeline: input 'q' of graph 'dec' at size seq 8 is fed by no earlier graph's output (fix: add feed: {dec.q: "
+     "<graph>.<output>})"),
+    ("graphs: [enc, dec]}", "graphs: [enc, dec], feed: {dec.hidden: {from: enc.hidden, stack: {runs: 3, axis: 1}}}}",
+     "pipeline.feed.dec.hidden.stack: output 'hidden' of graph 'enc' at size seq 8 [1, 8, 4] stacked over 3 runs on "
+     "axis 1 is [1, 24, 4], input 'hidden' of graph 'dec' at size seq 8 is [1, 8, 4]"),
+    ("graphs: [enc, dec]}", "graphs: [enc, dec], feed: {enc.scale: dec.out}}",
+     "pipeline.feed.enc.scale: 'enc.scale: dec.out' does not feed a later graph's input from an earlier graph's output"),
+])
+def test_a_pipeline_per_size_names_the_declared_graph_and_the_size_not_the_size_graph(tmp_path, old, new, expected):
+    """A pipeline over graphs with sizes runs one chain per size of graphs renamed `dec.seq8`: a name model.yaml never
+    writes. Its errors name the declared graph at its size and the feed key as written (they said `dec.seq8`)."""
+    text = SIZED_YAML + CHAINED + "pipeline: {graphs: [enc, dec]}\n"
+    assert old in text
+    line = spec_error(tmp_path, text.replace(old, new))
+    assert expected in line and "seq8" not in line and "seq32" not in line, line
+
+
+def test_a_stage_of_a_pipeline_per_size_names_the_declared_graph_and_the_size(tmp_path):
+    """The glue between a size's graphs names the declared graph at its size and the feed key as written."""
+    from qnn_tasks.spec.pipeline import Naming
+    from qnn_tasks.stages.glue import feed_runs
+
+    stacked = CHAINED.replace("[1, seq, 4], dtype", "[1, 3, seq, 4], dtype")  # 3 runs of enc's hidden
+    model = load(tmp_path, SIZED_YAML + stacked + "pipeline: {graphs: [enc, dec], feed: {dec.hidden: {from: enc.hidden, "
+                 "stack: {runs: 3, axis: 1}}}}\n")
+    chain = model.size_pipelines[0]
+    enc, dec = (next(g for g in model.graphs if g.name == name) for name in chain.graphs)
+    produced = {"enc.seq8": [{"hidden": np.zeros((1, 8, 4), np.float32)}] * 2}
+    naming = Naming({g.name: g for g in (enc, dec)}, per_size=True)
+    with pytest.raises(Exception) as caught:
+        feed_runs(dec, chain.feed, chain.glue, [enc], produced, naming)
+    assert ("model.yaml: pipeline.feed.dec.hidden.stack: stacks 3 runs of graph 'enc' at size seq 8, which ran only 2 "
+            "times (fix: give the pipeline's first graph more samples, or stack fewer runs)") in str(caught.value)
+    # the stage learns that its chain is one size's from its call (and names graphs as above)
+    planner = Planner(load_project(tmp_path))
+    pt = next(pt for pt in planner.pipelines if pt.name == "m.seq8-SM8650")
+    assert plan_pipeline(planner, PIPELINE, pt).args()["size"] == "seq8"

@@ -550,6 +550,7 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                               "binaries": [[next((f for f in link["ctx"] if f.endswith(".bin")), None), link["target"]]
                                            for link in chain],
                               **({"glue": spec.glue} if spec.glue else {}),
+                              **({"size": spec.size} if spec.size else {}),  # messages name graphs as written
                               **({"first_outputs": first_outputs, "first_record": record_path("simulate", pt.chips[0])}
                                  if first_outputs else {})},
                 base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),

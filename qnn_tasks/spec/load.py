@@ -195,7 +195,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
         if isinstance(pipeline_data, dict) else None
     if chain is not None:  # one pipeline per size: each graph with sizes at that size
         size_pipelines = tuple(replace(specpipeline.load(specsizes.at_size(pipeline_data, sized, size), graphs,
-                                                         model_dir.name, path),
+                                                         model_dir.name, path, per_size=True),
                                        name=f"{model_dir.name}.{chain.dim}{size}", size=f"{chain.dim}{size}")
                                for size in chain.sizes)
         pipeline_data = None

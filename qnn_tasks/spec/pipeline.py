@@ -50,7 +50,40 @@ class PipelineSpec:
     size: str = ""                     # one chain of a pipeline over graphs with sizes: "<dim><size>" (name: <model>.<it>)
 
 
-def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path) -> PipelineSpec | None:
+@dataclass(frozen=True)
+class Naming:
+    """How messages name a pipeline's graphs and feed keys: as model.yaml writes them. A size's pipeline renames
+    each graph with sizes to that size's graph (`dec` -> `dec.seq8`), a name the user never wrote: such a graph is
+    named as the declared graph at its size, and a feed key as written (`dec.mem`, not `dec.seq8.mem`)."""
+    graphs: dict[str, Any]   # name -> GraphSpec (or anything with `name` and `size`)
+    per_size: bool = False   # a size's pipeline (spec/sizes.py at_size renamed its graphs)
+
+    def graph(self, name: str) -> str:
+        """`graph 'head'`, or `graph 'dec' at size seq 8`."""
+        from qnn_tasks.spec.sizes import described
+
+        size = getattr(self.graphs.get(name), "size", None)
+        return described(name) if size is None else described(size.graph, size.dim, size.size)
+
+    def quoted(self, name: str) -> str:
+        """`'head'` (as messages without sizes always said), or `graph 'dec' at size seq 8`."""
+        return self.graph(name) if getattr(self.graphs.get(name), "size", None) else f"'{name}'"
+
+    def written(self, name: str) -> str:
+        """A graph's name as this pipeline's section in model.yaml writes it."""
+        size = getattr(self.graphs.get(name), "size", None)
+        return size.graph if self.per_size and size is not None else name
+
+    def key(self, ref: str) -> str:
+        """A `<graph>.<tensor>` as model.yaml writes it."""
+        graph, *tensor = _split(ref, list(self.graphs))
+        return f"{self.written(graph)}.{tensor[0]}" if tensor else ref
+
+
+def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
+         per_size: bool = False) -> PipelineSpec | None:
+    """The `pipeline:` section checked against the graphs; `per_size`: one size's chain of a pipeline over graphs
+    with sizes, its graphs renamed to that size's (spec/sizes.py at_size), which messages name as written."""
     from qnn_tasks.errors import SpecError
     from qnn_tasks.spec.checks import verify_section
     from qnn_tasks.spec.yamlread import as_bool, as_mapping, as_number, check_keys
@@ -61,6 +94,7 @@ def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path) -> Pi
     check_keys(section, PIPELINE_KEYS, path, "pipeline")
     names = section.get("graphs")
     by_name = {g.name: g for g in graphs}
+    naming = Naming(by_name, per_size)
     if not isinstance(names, list) or len(names) < 2 or len(set(names)) != len(names):
         raise SpecError(path, "pipeline.graphs", f"needs two or more different graph names in order, got {names!r}",
                         f"e.g. graphs: [{', '.join(list(by_name)[:2]) or 'first, second'}]")
@@ -70,28 +104,31 @@ def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path) -> Pi
                             f"use graphs declared under graphs: ({', '.join(by_name)})")
     feed, glue = {}, {}
     for key, value in as_mapping(section.get("feed"), path, "pipeline.feed").items():
+        written = naming.key(str(key))  # the key in model.yaml (a size's pipeline renamed it)
         if isinstance(value, dict):  # the output, and the glue between the graphs
-            check_keys(value, GLUE_KEYS, path, f"pipeline.feed.{key}")
+            check_keys(value, GLUE_KEYS, path, f"pipeline.feed.{written}")
             if "from" not in value:
-                raise SpecError(path, f"pipeline.feed.{key}.from", "required key is missing",
+                raise SpecError(path, f"pipeline.feed.{written}.from", "required key is missing",
                                 "e.g. {from: features.y, reshape: true, scale: 0.1, offset: 2.0}")
-            glue[str(key)] = {"reshape": as_bool(value.get("reshape", False), path, f"pipeline.feed.{key}.reshape"),
-                              "scale": as_number(value.get("scale", 1.0), path, f"pipeline.feed.{key}.scale"),
-                              "offset": as_number(value.get("offset", 0.0), path, f"pipeline.feed.{key}.offset")}
+            glue[str(key)] = {"reshape": as_bool(value.get("reshape", False), path, f"pipeline.feed.{written}.reshape"),
+                              "scale": as_number(value.get("scale", 1.0), path, f"pipeline.feed.{written}.scale"),
+                              "offset": as_number(value.get("offset", 0.0), path, f"pipeline.feed.{written}.offset")}
             if "stack" in value:
-                glue[str(key)]["stack"] = _stack_settings(value["stack"], path, f"pipeline.feed.{key}.stack")
+                glue[str(key)]["stack"] = _stack_settings(value["stack"], path, f"pipeline.feed.{written}.stack")
             value = value["from"]
         target, source = _split(str(key), names), _split(str(value), names)
         if "stack" in glue.get(str(key), {}) and len(target) == 2 and target[0] in names and len(source) == 2 \
                 and (source[0] not in names or names.index(source[0]) >= names.index(target[0])):
             earlier = names[:names.index(target[0])]
-            raise SpecError(path, f"pipeline.feed.{key}.stack", f"stacks runs of '{source[0]}', which is not a graph "
-                            f"earlier in the pipeline than '{target[0]}'",
-                            f"stack an output of a graph listed before it in pipeline.graphs: {', '.join(earlier)}")
+            raise SpecError(path, f"pipeline.feed.{written}.stack", f"stacks runs of {naming.quoted(source[0])}, which "
+                            f"is not a graph earlier in the pipeline than {naming.quoted(target[0])}",
+                            "stack an output of a graph listed before it in pipeline.graphs: "
+                            + ", ".join(naming.written(g) for g in earlier))
         if len(target) != 2 or len(source) != 2 or target[0] not in names or source[0] not in names \
                 or names.index(source[0]) >= names.index(target[0]):
-            raise SpecError(path, f"pipeline.feed.{key}", f"'{key}: {value}' does not feed a later graph's input "
-                            "from an earlier graph's output", "write <later graph>.<input>: <earlier graph>.<output>")
+            raise SpecError(path, f"pipeline.feed.{written}", f"'{written}: {naming.key(str(value))}' does not feed a "
+                            "later graph's input from an earlier graph's output",
+                            "write <later graph>.<input>: <earlier graph>.<output>")
         feed[str(key)] = (source[0], source[1])
     produced: dict[str, tuple[str, tuple[int, ...]]] = {}  # output name -> (graph, shape)
     rates: dict[str, tuple[tuple[int, int], ...]] = {names[0]: ()}  # graph -> (runs, hop) of the stacks before it
@@ -102,24 +139,26 @@ def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path) -> Pi
             for tensor in graph.inputs:
                 source_graph, output = feed.get(f"{name}.{tensor.name}", (None, tensor.name))
                 found = produced.get(output) if source_graph is None else _output(by_name[source_graph], output)
+                written = naming.key(f"{name}.{tensor.name}")
                 if found is None:
-                    raise SpecError(path, "pipeline", f"input '{tensor.name}' of graph '{name}' is fed by no earlier "
-                                    "graph's output", f"add feed: {{{name}.{tensor.name}: <graph>.<output>}}")
+                    raise SpecError(path, "pipeline", f"input '{tensor.name}' of {naming.graph(name)} is fed by no "
+                                    "earlier graph's output", f"add feed: {{{written}: <graph>.<output>}}")
                 stack = glue.get(f"{name}.{tensor.name}", {}).get("stack")
                 fed_rates[tensor.name] = rates[found[0]] + (((stack["runs"], stack["hop"]),) if stack else ())
                 reshape = glue.get(f"{name}.{tensor.name}", {}).get("reshape")
                 if stack:
-                    found = (found[0], _stacked_shape(found, output, stack, graph, tensor, bool(reshape), path))
+                    found = (found[0], _stacked_shape(found, output, stack, graph, tensor, bool(reshape), path, naming))
                 if reshape and _size(found[1]) != _size(tensor.shape):
-                    raise SpecError(path, f"pipeline.feed.{name}.{tensor.name}.reshape", f"input '{tensor.name}' of "
-                                    f"'{name}' {list(tensor.shape)} has {_size(tensor.shape)} values, the output feeding "
-                                    f"it {list(found[1])} {_size(found[1])}", "reshape only between tensors of one size")
+                    raise SpecError(path, f"pipeline.feed.{written}.reshape", f"input '{tensor.name}' of "
+                                    f"{naming.quoted(name)} {list(tensor.shape)} has {_size(tensor.shape)} values, the "
+                                    f"output feeding it {list(found[1])} {_size(found[1])}",
+                                    "reshape only between tensors of one size")
                 if not reshape and tuple(found[1]) != tuple(tensor.shape):
-                    raise SpecError(path, "pipeline", f"input '{tensor.name}' of '{name}' is {list(tensor.shape)}, "
-                                    f"the output feeding it is {list(found[1])}",
+                    raise SpecError(path, "pipeline", f"input '{tensor.name}' of {naming.quoted(name)} is "
+                                    f"{list(tensor.shape)}, the output feeding it is {list(found[1])}",
                                     "make the shapes agree in model.yaml, or, for one size, feed: "
-                                    f"{{{name}.{tensor.name}: {{from: <graph>.<output>, reshape: true}}}}")
-            rates[name] = _one_rate(fed_rates, name, path)
+                                    f"{{{written}: {{from: <graph>.<output>, reshape: true}}}}")
+            rates[name] = _one_rate(fed_rates, name, path, naming)
         for tensor in graph.outputs:
             produced[tensor.name] = (name, tensor.shape)
     last = by_name[names[-1]]
@@ -154,30 +193,31 @@ def stacked_shape(shape: tuple[int, ...], runs: int, axis: int, rank: int) -> tu
 
 
 def _stacked_shape(found: tuple[str, tuple[int, ...]], output: str, stack: dict[str, int], graph, tensor,
-                   reshape: bool, path: Path) -> tuple[int, ...]:
+                   reshape: bool, path: Path, naming: Naming) -> tuple[int, ...]:
     """The stacked shape of the feeding output, checked: an axis of the input, ranks that stack or join, and
     (without reshape) the input's own shape, else one line naming the stack."""
     from qnn_tasks.errors import SpecError
 
-    key = f"pipeline.feed.{graph.name}.{tensor.name}.stack"
+    key = f"pipeline.feed.{naming.key(f'{graph.name}.{tensor.name}')}.stack"
     rank, axis = len(tensor.shape), stack["axis"]
+    this, source = naming.quoted(graph.name), naming.quoted(found[0])
     if not -rank <= axis < rank:
         raise SpecError(path, f"{key}.axis", f"axis {axis} is out of range for input '{tensor.name}' of "
-                        f"'{graph.name}' {list(tensor.shape)}", f"use an axis from {-rank} to {rank - 1}")
+                        f"{this} {list(tensor.shape)}", f"use an axis from {-rank} to {rank - 1}")
     stack["axis"] = axis % rank  # normalised, so the stage and the key see one value
     shape = stacked_shape(found[1], stack["runs"], stack["axis"], rank)
     if shape is None and reshape and stack["axis"] <= len(found[1]):  # stack on a new axis, then reshape to the input
         shape = stacked_shape(found[1], stack["runs"], stack["axis"], len(found[1]) + 1)
     if shape is None:
-        raise SpecError(path, key, f"output '{output}' of '{found[0]}' {list(found[1])} has rank {len(found[1])}, "
-                        f"input '{tensor.name}' of '{graph.name}' {list(tensor.shape)} rank {rank}",
+        raise SpecError(path, key, f"output '{output}' of {source} {list(found[1])} has rank {len(found[1])}, "
+                        f"input '{tensor.name}' of {this} {list(tensor.shape)} rank {rank}",
                         "add reshape: true to stack on a new axis and reshape to the input (one size), e.g. "
                         f"{list(found[1])} x {stack['runs']} -> {list(tensor.shape)}"
                         if _size(found[1]) * stack["runs"] == _size(tensor.shape) else "stack on a new axis (the input has one dim more) or join on an existing one (equal ranks)")
     if not reshape and shape != tuple(tensor.shape):
         runs = _fitting_runs(found[1], stack["axis"], tensor.shape)
-        raise SpecError(path, key, f"output '{output}' of '{found[0]}' {list(found[1])} stacked over {stack['runs']} "
-                        f"runs on axis {stack['axis']} is {list(shape)}, input '{tensor.name}' of '{graph.name}' is "
+        raise SpecError(path, key, f"output '{output}' of {source} {list(found[1])} stacked over {stack['runs']} "
+                        f"runs on axis {stack['axis']} is {list(shape)}, input '{tensor.name}' of {this} is "
                         f"{list(tensor.shape)}", f"set runs: {runs}" if runs else "stack on the axis where the runs go "
                         "(the other dims must be the output's), or add reshape: true for one size")
     return shape
@@ -191,14 +231,15 @@ def _fitting_runs(shape: tuple[int, ...], axis: int, target: tuple[int, ...]) ->
     return None
 
 
-def _one_rate(fed_rates: dict[str, tuple], graph: str, path: Path) -> tuple:
+def _one_rate(fed_rates: dict[str, tuple], graph: str, path: Path, naming: Naming) -> tuple:
     """Every input of a graph must come once per run of it: from sources at one rate."""
     from qnn_tasks.errors import SpecError
 
     first, rate = next(iter(fed_rates.items()))
     for name, other in fed_rates.items():
         if other != rate:
-            raise SpecError(path, f"pipeline.feed.{graph}.{name}", f"input '{name}' of '{graph}' comes "
+            raise SpecError(path, f"pipeline.feed.{naming.key(f'{graph}.{name}')}", f"input '{name}' of "
+                            f"{naming.quoted(graph)} comes "
                             f"{_describe(other)}, input '{first}' {_describe(rate)}: they do not pair up run by run",
                             "stack every input of a graph alike, or feed it from graphs that run as often")
     return rate
@@ -240,7 +281,7 @@ def source(graph: GraphSpec, tensor: str, feed: dict[str, Any], earlier: list[Gr
             return other.name, tensor
     from qnn_tasks.errors import StageError
 
-    raise StageError(f"pipeline: nothing produced input '{tensor}' of graph '{graph.name}'")
+    raise StageError(f"pipeline: nothing produced input '{tensor}' of {Naming({graph.name: graph}).graph(graph.name)}")
 
 
 def first_samples(graphs: list[GraphSpec], glue: dict[str, dict[str, Any]], feed: dict[str, Any],
