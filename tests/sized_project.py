@@ -330,19 +330,24 @@ graphs:
   dec:
     source: {file: dec.onnx}
     dims: {seq: [8, 16]}
-    inputs: {mem: {shape: [1, seq, 4], dtype: float32}}
+    inputs:
+      mem: {shape: [1, seq, 4], dtype: float32}
+      tok: {shape: [1, 1], dtype: float32}
     outputs: {y: {shape: [1, 4]}}
-    samples: {from: enc.mem}
+    samples: {from: {mem: enc.mem}, fill: {tok: 1.0}}
     socs: [SM8650]
-pipeline: {graphs: [enc, dec]}
+pipeline:
+  graphs: [enc, dec]
+  feed: {dec.tok: {value: 1.0}}
 """
 CHAIN_LENGTHS = (3, 12, 5, 9, 7, 4)  # 12 and 9 are longer than the size 8: skipped there
 
 
 def chained_sized_project(root: Path, model_yaml: str = CHAIN_YAML) -> Project:
     """YAML only: an encoder and a decoder of one sequence dim (packaged ONNX, symbolic 'seq', sizes 8 and 16), the
-    decoder fed the encoder's `mem`: enc mem = x @ W (padding stays 0), dec y = sum over seq of mem. The encoder's
-    samples are files padded to 12 positions."""
+    decoder fed the encoder's `mem` and a start token `tok` (a constant: `pipeline.feed: {dec.tok: {value: 1.0}}`):
+    enc mem = x @ W (padding stays 0), dec y = sum over seq of mem, plus tok. The encoder's samples are files
+    padded to 12 positions."""
     project = copy_project(root)
     for model in project.root.glob("models/*"):
         shutil.rmtree(model)
@@ -354,8 +359,10 @@ def chained_sized_project(root: Path, model_yaml: str = CHAIN_YAML) -> Project:
                             [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 4])],
                             [helper.make_tensor_value_info("mem", TensorProto.FLOAT, [1, "seq", 4])],
                             [numpy_helper.from_array(weights, "w")])
-    dec = helper.make_graph([helper.make_node("ReduceSum", ["mem", "one"], ["y"], keepdims=0)], "dec",
-                            [helper.make_tensor_value_info("mem", TensorProto.FLOAT, [1, "seq", 4])],
+    dec = helper.make_graph([helper.make_node("ReduceSum", ["mem", "one"], ["total"], keepdims=0),
+                             helper.make_node("Add", ["total", "tok"], ["y"])], "dec",
+                            [helper.make_tensor_value_info("mem", TensorProto.FLOAT, [1, "seq", 4]),
+                             helper.make_tensor_value_info("tok", TensorProto.FLOAT, [1, 1])],
                             [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
                             [numpy_helper.from_array(np.array([1], np.int64), "one")])
     for name, graph in (("enc.onnx", enc), ("dec.onnx", dec)):

@@ -439,19 +439,19 @@ def test_a_graph_with_sizes_takes_its_samples_from_the_same_size_of_the_graph_be
             np.testing.assert_array_equal(inputs["mem"], reference["mem"])
     # a graph without those sizes cannot follow them: one line saying what to write instead
     model_yaml = "models/chain/model.yaml"
-    project.edit(model_yaml, "pipeline: {graphs: [enc, dec]}\n", "")
-    project.edit(model_yaml, "    dims: {seq: [8, 16]}\n    inputs: {mem: {shape: [1, seq, 4]",
-                 "    inputs: {mem: {shape: [1, 8, 4]")
+    project.edit(model_yaml, "pipeline:\n  graphs: [enc, dec]\n  feed: {dec.tok: {value: 1.0}}\n", "")
+    project.edit(model_yaml, "    dims: {seq: [8, 16]}\n    inputs:\n      mem: {shape: [1, seq, 4]",
+                 "    inputs:\n      mem: {shape: [1, 8, 4]")
     line = project.doit("list").stderr.strip()
     assert line.count("\n") == 0 and ("graphs.dec.samples.from: 'enc.mem' names graph 'enc', which has sizes (seq "
                                       "[8, 16]), and 'dec' has none: which size's outputs? (fix: give graphs.dec the "
                                       "same dims (seq: [8, 16]) to take each size's samples from the same size of "
                                       "'enc', or name one size, e.g. from: enc.seq8.mem)") in line, line
-    project.edit(model_yaml, "samples: {from: enc.mem}", "samples: {from: enc.seq8.mem}")
+    project.edit(model_yaml, "samples: {from: {mem: enc.mem}", "samples: {from: {mem: enc.seq8.mem}")
     assert project.doit("list").returncode == 0
-    project.edit(model_yaml, "    inputs: {mem: {shape: [1, 8, 4]",
-                 "    dims: {seq: [8, 32]}\n    inputs: {mem: {shape: [1, seq, 4]")
-    project.edit(model_yaml, "samples: {from: enc.seq8.mem}", "samples: {from: enc.mem}")
+    project.edit(model_yaml, "    inputs:\n      mem: {shape: [1, 8, 4]",
+                 "    dims: {seq: [8, 32]}\n    inputs:\n      mem: {shape: [1, seq, 4]")
+    project.edit(model_yaml, "samples: {from: {mem: enc.seq8.mem}", "samples: {from: {mem: enc.mem}")
     line = project.doit("list").stderr.strip()
     assert ("graphs.dec.samples.from: graphs 'enc' (seq [8, 16]) and 'dec' (seq [8, 32]) have different sizes: each "
             "size of 'dec' takes its samples from the same size of 'enc' (fix: give both the same dims, or name one "
@@ -505,3 +505,20 @@ def test_a_stage_of_a_pipeline_per_size_names_the_declared_graph_and_the_size(tm
     planner = Planner(load_project(tmp_path))
     pt = next(pt for pt in planner.pipelines if pt.name == "m.seq8-SM8650")
     assert plan_pipeline(planner, PIPELINE, pt).args()["size"] == "seq8"
+
+
+def test_a_decoder_fed_its_encoders_size_and_a_start_token_runs_per_size_on_the_simulator(tmp_path):
+    """The encoder -> decoder chain per size on SM8650's simulator, the decoder's start token a constant
+    (`feed: {dec.tok: {value: 1.0}}`): both chains give it the token on every run, so the CPU chain's end is the
+    sum over the encoder's positions plus 1, and the NPU chain's agrees with it."""
+    project = chained_sized_project(tmp_path / "p")
+    project.doit("pipeline:chain.seq8-SM8650", check=True)
+    record = project.one_json("build/chain/pipeline.seq8/*/SM8650/pipeline/pipeline.json")
+    assert record["status"] == "passed" and [link["graph"] for link in record["links"]] == ["enc.seq8", "dec.seq8"]
+    with np.load(project.path("build/chain/enc.seq8/cpucheck/reference.npz")) as encoded:
+        expected = encoded["mem"].sum(axis=2) + 1.0  # [n, 1, 4]: the decoder's math with tok = 1
+    chain = Path(record["reference_file"])
+    chain = chain if chain.is_absolute() else project.path(str(chain))
+    with np.load(chain) as reference, np.load(chain.with_name("outputs.npz")) as npu:
+        np.testing.assert_allclose(reference["y"], expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(npu["y"], expected, rtol=1e-2, atol=1e-2)

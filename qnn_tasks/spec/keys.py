@@ -113,8 +113,10 @@ GRAPH = Fields({
 
 GLUE = Fields({"from": Text(max_len=300), "reshape": Bool(), "scale": Num(), "offset": Num(),
                "stack": Fields({"runs": Int(1, MAX_RUNS), "axis": Int(-MAX_RANK, MAX_RANK), "hop": Int(1, MAX_RUNS)},
-                               required=("runs",), fix="write e.g. stack: {runs: 16, axis: 1}")},
-              required=("from",))
+                               required=("runs",), fix="write e.g. stack: {runs: 16, axis: 1}"),
+               # a constant instead of an output (a start token): spec/pipeline.py wants one of from and value
+               "value": Numbers(fix="e.g. value: 1 (every value of the input), or a list of the input's shape",
+                                bools=False)})
 PIPELINE = Fields({
     "graphs": ListOf(NAME, 2, 100, bad="needs two or more different graph names in order",
                      fix="e.g. graphs: [features, classifier]"),

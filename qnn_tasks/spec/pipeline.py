@@ -34,7 +34,7 @@ if TYPE_CHECKING:  # spec/project.py loads through this module: importing it her
     from qnn_tasks.spec.project import GraphSpec
 
 PIPELINE_KEYS = {"graphs", "feed", "verify"}
-GLUE_KEYS = {"from", "reshape", "scale", "offset", "stack"}
+GLUE_KEYS = {"from", "reshape", "scale", "offset", "stack", "value"}
 STACK_KEYS = {"runs", "axis", "hop"}
 MAX_RUNS = 4096  # runs and hop of a stack: each run of the source graph is one simulator call
 
@@ -48,6 +48,7 @@ class PipelineSpec:
     glue: dict[str, dict[str, Any]] = field(default_factory=dict)  # "<graph>.<input>" -> {reshape, scale, offset[, stack]}
     name: str = ""                     # a split graph's parts: the graph's name (the model's own pipeline: "")
     size: str = ""                     # one chain of a pipeline over graphs with sizes: "<dim><size>" (name: <model>.<it>)
+    values: dict[str, Any] = field(default_factory=dict)  # "<graph>.<input>" -> a constant (number or nested list)
 
 
 @dataclass(frozen=True)
@@ -102,14 +103,18 @@ def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
         if name not in by_name:
             raise SpecError(path, "pipeline.graphs", f"'{name}' is not a graph of this model",
                             f"use graphs declared under graphs: ({', '.join(by_name)})")
-    feed, glue = {}, {}
+    feed, glue, values = {}, {}, {}
     for key, value in as_mapping(section.get("feed"), path, "pipeline.feed").items():
         written = naming.key(str(key))  # the key in model.yaml (a size's pipeline renamed it)
         if isinstance(value, dict):  # the output, and the glue between the graphs
             check_keys(value, GLUE_KEYS, path, f"pipeline.feed.{written}")
+            if "value" in value:  # a constant (a start token): checked against the input below
+                values[str(key)] = _constant_target(value, str(key), written, names, naming, path)
+                continue
             if "from" not in value:
                 raise SpecError(path, f"pipeline.feed.{written}.from", "required key is missing",
-                                "e.g. {from: features.y, reshape: true, scale: 0.1, offset: 2.0}")
+                                "e.g. {from: features.y, reshape: true, scale: 0.1, offset: 2.0}, or {value: 1} "
+                                "for a constant")
             glue[str(key)] = {"reshape": as_bool(value.get("reshape", False), path, f"pipeline.feed.{written}.reshape"),
                               "scale": as_number(value.get("scale", 1.0), path, f"pipeline.feed.{written}.scale"),
                               "offset": as_number(value.get("offset", 0.0), path, f"pipeline.feed.{written}.offset")}
@@ -137,6 +142,9 @@ def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
         if position:
             fed_rates: dict[str, tuple[tuple[int, int], ...]] = {}
             for tensor in graph.inputs:
+                if f"{name}.{tensor.name}" in values:  # a constant: every run of the graph gets it
+                    _check_constant(values[f"{name}.{tensor.name}"], tensor, naming, name, path)
+                    continue
                 source_graph, output = feed.get(f"{name}.{tensor.name}", (None, tensor.name))
                 found = produced.get(output) if source_graph is None else _output(by_name[source_graph], output)
                 written = naming.key(f"{name}.{tensor.name}")
@@ -158,13 +166,66 @@ def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
                                     f"{list(tensor.shape)}, the output feeding it is {list(found[1])}",
                                     "make the shapes agree in model.yaml, or, for one size, feed: "
                                     f"{{{written}: {{from: <graph>.<output>, reshape: true}}}}")
+            if not fed_rates:
+                raise SpecError(path, f"pipeline.feed.{naming.key(f'{name}.{graph.inputs[0].name}')}", "every input "
+                                f"of {naming.graph(name)} is a constant: its runs would follow nothing of the chain",
+                                "feed at least one input from an earlier graph's output")
             rates[name] = _one_rate(fed_rates, name, path, naming)
         for tensor in graph.outputs:
             produced[tensor.name] = (name, tensor.shape)
     last = by_name[names[-1]]
     verify = verify_section(section.get("verify"), last.precision, {t.name: t.shape for t in last.outputs}, path,
                              "pipeline.verify")
-    return PipelineSpec(model=model, graphs=tuple(names), feed=feed, verify=verify, glue=glue)
+    return PipelineSpec(model=model, graphs=tuple(names), feed=feed, verify=verify, glue=glue, values=values)
+
+
+def _constant_target(section: dict[str, Any], key: str, written: str, names: list, naming: Naming, path: Path) -> Any:
+    """`<graph>.<input>: {value: ...}`: the value, once the key names an input of a graph after the first (whose
+    inputs are its samples) and nothing else is declared with it."""
+    from qnn_tasks.errors import SpecError
+
+    others = sorted(set(section) - {"value"})
+    if others:
+        raise SpecError(path, f"pipeline.feed.{written}.{others[0]}", "a constant is fed as written: it has no "
+                        "output to take, reshape, scale or stack", "write the value the input takes, e.g. {value: 1}")
+    target = _split(key, names)
+    if len(target) != 2 or target[0] not in names \
+            or not any(t.name == target[1] for t in naming.graphs[target[0]].inputs):
+        raise SpecError(path, f"pipeline.feed.{written}", f"'{written}' is not an input of a graph of the pipeline",
+                        "write <later graph>.<input>: {value: <number>}")
+    if target[0] == names[0]:
+        raise SpecError(path, f"pipeline.feed.{written}", f"{naming.graph(target[0])} is the pipeline's first graph: "
+                        "its inputs are its own samples", f"give {naming.graphs[target[0]].key} the constant in "
+                        f"its samples, e.g. samples: {{fill: {{{target[1]}: 1}}}}")
+    return section["value"]
+
+
+def _check_constant(value: Any, tensor, naming: Naming, graph: str, path: Path) -> None:
+    """A constant fed to an input: one number for every value of it, or a nested list of its shape; each value one
+    the input's dtype holds (a token id 0.5 in an int32 input would not be the constant written)."""
+    from qnn_tasks.errors import SpecError
+    from qnn_tasks.spec.sizes import pad_problem
+
+    key = f"pipeline.feed.{naming.key(f'{graph}.{tensor.name}')}.value"
+    shape, level = [], [value]
+    while level and isinstance(level[0], list):  # the nested list's shape, level by level
+        if any(not isinstance(item, list) or len(item) != len(level[0]) for item in level):
+            raise SpecError(path, key, "a ragged list: its rows differ in length or depth",
+                            f"give one number, or a list of shape {list(tensor.shape)}")
+        shape.append(len(level[0]))
+        level = [inner for item in level for inner in item]
+    if any(isinstance(item, list) for item in level):
+        raise SpecError(path, key, "a ragged list: its rows differ in length or depth",
+                        f"give one number, or a list of shape {list(tensor.shape)}")
+    if shape and tuple(shape) != tuple(tensor.shape):
+        raise SpecError(path, key, f"a list of shape {shape}, input '{tensor.name}' of {naming.graph(graph)} is "
+                        f"{list(tensor.shape)}", f"give one number (every value of the input), or a list of shape "
+                        f"{list(tensor.shape)}")
+    for item in level:
+        problem = pad_problem(item, tensor.dtype)
+        if problem:
+            raise SpecError(path, key, f"{item!r} {problem}",
+                            f"give a value that input '{tensor.name}' ({tensor.dtype}) holds")
 
 
 def _stack_settings(data: Any, path: Path, key: str) -> dict[str, int]:
@@ -285,16 +346,18 @@ def source(graph: GraphSpec, tensor: str, feed: dict[str, Any], earlier: list[Gr
 
 
 def first_samples(graphs: list[GraphSpec], glue: dict[str, dict[str, Any]], feed: dict[str, Any],
-                  end_samples: int | None) -> int | None:
+                  end_samples: int | None, values: dict[str, Any] | None = None) -> int | None:
     """How many of the first graph's samples make `end_samples` runs of the last graph (None: all of them):
-    every stack on the way back to the first graph needs (runs - 1) * hop + its runs of its source."""
+    every stack on the way back to the first graph needs (runs - 1) * hop + its runs of its source. `values`: the
+    inputs fed a constant, which follow no graph."""
     if end_samples is None:
         return None
     needed, graph = end_samples, graphs[-1]
     by_name = {g.name: g for g in graphs}
     while graph is not graphs[0]:
         earlier = graphs[:graphs.index(graph)]
-        tensor = graph.inputs[0]  # every input of a graph comes at one rate (checked at load): follow any
+        # every input of a graph fed from the chain comes at one rate (checked at load): follow any
+        tensor = next(t for t in graph.inputs if f"{graph.name}.{t.name}" not in (values or {}))
         from_graph, _ = source(graph, tensor.name, feed, earlier)
         settings = (glue.get(f"{graph.name}.{tensor.name}") or {}).get("stack")
         if settings:

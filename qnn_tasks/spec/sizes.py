@@ -209,7 +209,8 @@ def at_size(data: dict[str, Any], sized: dict[str, SizeSpec], size: int) -> dict
 
     feed = data.get("feed")
     if isinstance(feed, dict):
-        feed = {rename(k): ({**v, "from": rename(v.get("from"))} if isinstance(v, dict) else rename(v))
+        feed = {rename(k): ({**v, **({"from": rename(v["from"])} if "from" in v else {})} if isinstance(v, dict)
+                            else rename(v))  # a constant ({value: ...}) has no from
                 for k, v in feed.items()}
     graphs = data.get("graphs")
     return {**data, **({"graphs": [rename(n) for n in graphs]} if isinstance(graphs, list) else {}),

@@ -39,14 +39,19 @@ def windows(values: list[np.ndarray], runs: int, axis: int, hop: int, rank: int)
 
 
 def feed_runs(graph: GraphSpec, feed: dict[str, list[str]], glue: dict[str, dict[str, Any]],
-              earlier: list[GraphSpec], produced: dict[str, Runs],
-              naming: Naming | None = None) -> tuple[Runs, list[dict[str, Any]]]:
+              earlier: list[GraphSpec], produced: dict[str, Runs], naming: Naming | None = None,
+              values: dict[str, Any] | None = None) -> tuple[Runs, list[dict[str, Any]]]:
     """The inputs of every run of `graph` from the runs of the graphs before it, and what was stacked (for the
     record): per input the source's runs, stacked as declared, then value * scale + offset (in float64), then
-    reshaped to the input's shape. `naming`: how messages name graphs and feed keys (a size's pipeline's)."""
+    reshaped to the input's shape; an input in `values` gets its constant on every run. `naming`: how messages
+    name graphs and feed keys (a size's pipeline's)."""
     naming = naming or Naming({g.name: g for g in [*earlier, graph]})
-    columns, stacked = {}, []
+    given = values or {}  # (`values` below is each input's runs)
+    columns, stacked, constants = {}, [], {}
     for tensor in graph.inputs:
+        if f"{graph.name}.{tensor.name}" in given:
+            constants[tensor.name] = constant(given[f"{graph.name}.{tensor.name}"], tensor)
+            continue
         from_graph, output = source(graph, tensor.name, feed, earlier)
         values = [run[output] for run in produced[from_graph]]
         step = glue.get(f"{graph.name}.{tensor.name}") or {}
@@ -69,7 +74,15 @@ def feed_runs(graph: GraphSpec, feed: dict[str, list[str]], glue: dict[str, dict
         raise StageError(f"pipeline: the inputs of {naming.graph(graph.name)} come in different numbers of runs: "
                          f"{counts}")
     runs = min(counts.values(), default=0)
-    return [{name: column[i] for name, column in columns.items()} for i in range(runs)], stacked
+    return [{t.name: constants[t.name] if t.name in constants else columns[t.name][i] for t in graph.inputs}
+            for i in range(runs)], stacked
+
+
+def constant(value: Any, tensor) -> np.ndarray:
+    """A constant fed to an input (`{value: ...}`, checked at load): one number for all of it, or a list of its
+    shape; in its dtype."""
+    return np.full(tensor.shape, value, dtype=tensor.dtype) if not isinstance(value, list) \
+        else np.asarray(value, dtype=tensor.dtype).reshape(tensor.shape)
 
 
 def stack_rank(values: list[np.ndarray], tensor, step: dict[str, Any]) -> int:

@@ -34,21 +34,23 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
         feed: dict[str, list[str]], verify: dict[str, Any], target: str, out_dir: Path,
         glue: dict[str, dict[str, Any]] | None = None,
         binaries: list[tuple[Path, str]] | None = None, soc: Soc | None = None,
-        first_outputs: Path | None = None, first_record: Path | None = None, size: str = "") -> dict[str, Any]:
+        first_outputs: Path | None = None, first_record: Path | None = None, size: str = "",
+        values: dict[str, Any] | None = None) -> dict[str, Any]:
     # `size`: one size's chain of a pipeline over graphs with sizes; messages name its graphs as model.yaml does
     naming = Naming({g.name: g for g in graphs}, per_size=bool(size))
     if soc is not None:  # every link's binary (and its chip target) must be this chip's before any of them runs
         for binary, chip_target in binaries or []:
             binchip.refuse_other_chip(binary, soc, chip_target)
-    first = sample_store.load(inputs_file, limit=first_samples(graphs, glue or {}, feed, verify["samples"]))
+    first = sample_store.load(inputs_file, limit=first_samples(graphs, glue or {}, feed, verify["samples"], values))
     produced_cpu: dict[str, glue_step.Runs] = {}
     produced_npu: dict[str, glue_step.Runs] = {}
     links, stacked, log, flat_links = [], {}, out_dir / "simulator.log", []
     for index, (graph, ctx, config, onnx_file) in enumerate(zip(graphs, ctx_files, configs, simplified)):
         cpu_in, npu_in, stacks = first, first, []
         if index:
-            cpu_in, stacks = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_cpu, naming)
-            npu_in, _ = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_npu, naming)
+            # constants (`{value: ...}`) go to both chains alike, beside what each chain made
+            cpu_in, stacks = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_cpu, naming, values)
+            npu_in, _ = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_npu, naming, values)
             flat = degenerate.constant_inputs(cpu_in)
             if flat and flat == degenerate.constant_inputs(npu_in):  # e.g. a glue that multiplies by 0
                 flat_links.append(f"not verified: {naming.graph(graph.name)} gets inputs where {flat}, on both chains "
@@ -123,4 +125,4 @@ def run_call(call: StageCall) -> dict[str, Any]:
                a["verify"], call.target, Path(call.out_dir), glue=a.get("glue"),
                binaries=[(Path(b), target) for b, target in a.get("binaries") or [] if b],
                soc=calls.soc(a) if a.get("soc") else None, first_outputs=calls.path(a, "first_outputs"),
-               first_record=calls.path(a, "first_record"), size=a.get("size", ""))
+               first_record=calls.path(a, "first_record"), size=a.get("size", ""), values=a.get("values"))
