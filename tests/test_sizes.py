@@ -522,3 +522,37 @@ def test_a_decoder_fed_its_encoders_size_and_a_start_token_runs_per_size_on_the_
     with np.load(chain) as reference, np.load(chain.with_name("outputs.npz")) as npu:
         np.testing.assert_allclose(reference["y"], expected, rtol=1e-5, atol=1e-5)
         np.testing.assert_allclose(npu["y"], expected, rtol=1e-2, atol=1e-2)
+
+
+def test_raw_records_under_dims_have_a_length_and_longer_applies_to_them(tmp_path):
+    """A raw file for an input with a sized dim is records of `record_length` positions, each fitted to every size
+    like any sample (padded; `longer: skip` leaves the longer ones out of the smaller size). It was cut into
+    size-long chunks: at 8 the 6 records of 12 positions were 9 chunks, halves of records and pad-only tails."""
+    project = chained_sized_project(tmp_path / "p")
+    folder = project.path("models/chain")
+    with np.load(folder / "samples.npz") as stored:
+        records = stored["x"]  # [6, 1, 12, 4]: each record padded with 0 after its length
+    (folder / "x.bin").write_bytes(records.astype("<f4").tobytes())
+    model_yaml = "models/chain/model.yaml"
+    project.edit(model_yaml, "samples: {files: samples.npz}", "samples: {raw: {files: x.bin}}")
+    line = project.doit("list").stderr.strip()
+    assert line.count("\n") == 0 and ("graphs.enc.samples.raw.record_length: required: input 'x' has dim 'seq' (sizes "
+                                      "[8, 16]), and without it each size would cut the files into chunks of its own "
+                                      "length, splitting records (fix: add record_length:") in line, line
+    project.edit(model_yaml, "samples: {raw: {files: x.bin}}", "samples: {raw: {files: x.bin, record_length: 12}}")
+    project.doit("cpucheck:enc.seq8", "cpucheck:enc.seq16", check=True)
+    for size in (8, 16):
+        fitted = project.one_json(f"build/chain/enc.seq{size}/cpucheck/cpucheck.json")["fitted"]
+        longer = [i for i, n in enumerate(CHAIN_LENGTHS) if n > size]
+        assert (fitted["samples"], fitted["skipped"], fitted["kept"]) == (6, longer, 6 - len(longer)), fitted
+        with np.load(project.path(f"build/chain/enc.seq{size}/cpucheck/inputs.npz")) as inputs:
+            kept = [i for i in range(6) if i not in longer]
+            expected = np.zeros((len(kept), 1, size, 4), np.float32)
+            expected[:, :, :min(size, 12)] = records[kept][:, :, :size]
+            np.testing.assert_array_equal(inputs["x"], expected)
+    # an input without a sized dim has no records: its chunks are its samples
+    project.edit(model_yaml, "samples: {from: {mem: enc.mem}, fill: {tok: 1.0}}",
+                 "samples: {from: {mem: enc.mem}, raw: {files: x.bin, input: tok, record_length: 2}}")
+    line = project.doit("list").stderr.strip()
+    assert ("graphs.dec.samples.raw.record_length: input 'tok' has no dim with sizes: each sample is one input-sized "
+            "chunk [1, 1] (fix: remove record_length)") in line, line

@@ -251,7 +251,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
                         f"pip install {source_data['package']}")
     inputs = _tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True)
     samples = specport.samples(data.get("samples"), path, f"{key}.samples", model_dir,
-                               {t.name: (t.shape, t.dtype) for t in inputs})
+                               {t.name: (t.shape, t.dtype) for t in inputs}, size)
     has_code = (model_dir / "export.py").is_file()
     if not has_code:  # the YAML-only path: the packaged ONNX is the graph (docs/packaged-models.md)
         specport.require_packaged_onnx(source_data, path, key, source_key, data)
