@@ -190,6 +190,13 @@ def test_a_pipeline_feeds_a_constant_to_an_input_of_a_later_graph(tmp_path):
     listed = constant_spec(tmp_path / "list", "{" + GLUED + ", head.bos: {value: [[50257, 7]]}}").pipeline
     runs, _ = feed_runs(head, listed.feed, listed.glue, [embed], produced, values=listed.values)
     assert runs[0]["bos"].tolist() == [[50257, 7]]
+    # the package tells the app what to feed: the ModelPackage's pipelines[].feeds (ship/inventory.py)
+    from qnn_tasks.plan.stages import Planner
+    from qnn_tasks.ship.inventory import of_model
+    from qnn_tasks.spec.load import load_project
+
+    [chain] = of_model(Planner(load_project(tmp_path / "project")), "glued")["chains"]
+    assert {"to": "head.bos", "value": 7} in chain["feeds"] and chain["feeds"][0]["from"] == "embed.y"
 
 
 @pytest.mark.parametrize("feed, expected", [
