@@ -6,6 +6,7 @@
       # or with glue:  classifier.x: {from: features.y, reshape: true, scale: 0.1, offset: 2.0}
                                             # (split on the first dot: `classifier.x.1` is input `x.1`)
       # or stacked:    classifier.x: {from: embed.y, stack: {runs: 16, axis: 1, hop: 1}}
+      # or a constant: decoder.token: {value: 1}  (every run, both chains; a number or a list of its shape)
       verify:                               # the last graph's outputs vs the same chain on CPU
         thresholds: {min_cosine: 0.99}
         checks: [{top1: {output: logits, min: 0.95}}]

@@ -3,7 +3,8 @@
 A graph of the chain runs several times (its runs): the first once per sample of its stream, a graph fed
 plainly once per run of the graph feeding it, and a stacked input once per window of `runs` consecutive
 runs of its source, every `hop` runs. The CPU chain and the NPU chain go through the same functions, each
-with its own outputs, so neither sees the other's numbers.
+with its own outputs, so neither sees the other's numbers; an input fed a constant (`{value: ...}`) gets it on
+every run of both.
 """
 from __future__ import annotations
 
