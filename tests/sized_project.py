@@ -315,3 +315,63 @@ def attention_project(root: Path, pads: dict[str, str]) -> Project:
         (folder / "model.yaml").write_text(ATTENTION_YAML.format(name=name, pad=pad))
         (folder / "export.py").write_text(ATTENTION_PY)
     return project
+
+
+CHAIN_YAML = """\
+licence: test fixture
+source: {file: enc.onnx}
+graphs:
+  enc:
+    dims: {seq: {sizes: [8, 16], pad: {x: 0.0}, longer: skip}}
+    inputs: {x: {shape: [1, seq, 4], dtype: float32}}
+    outputs: {mem: {shape: [1, seq, 4]}}
+    samples: {files: samples.npz}
+    socs: [SM8650]
+  dec:
+    source: {file: dec.onnx}
+    dims: {seq: [8, 16]}
+    inputs:
+      mem: {shape: [1, seq, 4], dtype: float32}
+      tok: {shape: [1, 1], dtype: float32}
+    outputs: {y: {shape: [1, 4]}}
+    samples: {from: {mem: enc.mem}, fill: {tok: 1.0}}
+    socs: [SM8650]
+pipeline:
+  graphs: [enc, dec]
+  feed: {dec.tok: {value: 1.0}}
+"""
+CHAIN_LENGTHS = (3, 12, 5, 9, 7, 4)  # 12 and 9 are longer than the size 8: skipped there
+
+
+def chained_sized_project(root: Path, model_yaml: str = CHAIN_YAML) -> Project:
+    """YAML only: an encoder and a decoder of one sequence dim (packaged ONNX, symbolic 'seq', sizes 8 and 16), the
+    decoder fed the encoder's `mem` and a start token `tok` (a constant: `pipeline.feed: {dec.tok: {value: 1.0}}`):
+    enc mem = x @ W (padding stays 0), dec y = sum over seq of mem, plus tok. The encoder's samples are files
+    padded to 12 positions."""
+    project = copy_project(root)
+    for model in project.root.glob("models/*"):
+        shutil.rmtree(model)
+    folder = project.path("models/chain")
+    folder.mkdir(parents=True)
+    rng = np.random.default_rng(5)
+    weights = rng.standard_normal((4, 4)).astype(np.float32)
+    enc = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["mem"])], "enc",
+                            [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, "seq", 4])],
+                            [helper.make_tensor_value_info("mem", TensorProto.FLOAT, [1, "seq", 4])],
+                            [numpy_helper.from_array(weights, "w")])
+    dec = helper.make_graph([helper.make_node("ReduceSum", ["mem", "one"], ["total"], keepdims=0),
+                             helper.make_node("Add", ["total", "tok"], ["y"])], "dec",
+                            [helper.make_tensor_value_info("mem", TensorProto.FLOAT, [1, "seq", 4]),
+                             helper.make_tensor_value_info("tok", TensorProto.FLOAT, [1, 1])],
+                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4])],
+                            [numpy_helper.from_array(np.array([1], np.int64), "one")])
+    for name, graph in (("enc.onnx", enc), ("dec.onnx", dec)):
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+        model.ir_version = 10
+        onnx.save(model, str(folder / name))
+    xs = np.zeros((len(CHAIN_LENGTHS), 1, 12, 4), np.float32)
+    for i, length in enumerate(CHAIN_LENGTHS):
+        xs[i, 0, :length] = rng.standard_normal((length, 4))
+    np.savez(folder / "samples.npz", x=xs)
+    (folder / "model.yaml").write_text(model_yaml)
+    return project

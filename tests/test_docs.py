@@ -191,7 +191,7 @@ def write_named_files(folder: Path, data: dict) -> None:
             if source.get("file") and not source.get("package"):
                 touch(source["file"])
         for kind, section in (graph.get("samples") or {}).items():
-            if kind == "fill" or not isinstance(section, dict) and kind != "files":
+            if kind in ("fill", "from") or not isinstance(section, dict) and kind != "files":
                 continue
             patterns = section if kind == "files" else section["files"]
             suffix = {"image": ".png", "audio": ".wav", "files": ".npz"}.get(kind, ".bin")

@@ -155,6 +155,80 @@ def test_glue_spec_errors(tmp_path, edit, fragments):
         assert fragment in line, line
 
 
+BOS = "    inputs:\n      z: {shape: [1, 8, 8], dtype: float32}\n      bos: {shape: [1, 2], dtype: int32}\n"
+
+
+def constant_spec(tmp_path: Path, feed: str):
+    """The glued model with a second input of head, `bos`, and the pipeline's feed as given."""
+    from qnn_tasks.spec.load import load_model, load_socs
+
+    project = glued_project(tmp_path / "project")
+    project.edit(YAML, "    inputs: {z: {shape: [1, 8, 8], dtype: float32}}\n", BOS)
+    project.edit(YAML, 'samples: {raw: {files: "samples/z.bin"}}', 'samples: {raw: {files: "samples/z.bin", input: z}, '
+                 'fill: {bos: 1}}')
+    project.edit(YAML, "  feed: {head.z: {from: embed.y, reshape: true, scale: 0.1, offset: 2.0}}", f"  feed: {feed}")
+    return load_model(project.path("models/glued"), load_socs(project.path("socs/socs.yaml")))
+
+
+GLUED = "head.z: {from: embed.y, reshape: true}"
+
+
+def test_a_pipeline_feeds_a_constant_to_an_input_of_a_later_graph(tmp_path):
+    """`feed: {head.bos: {value: 7}}`: every run of head gets bos = 7 in its dtype, on both chains alike (a start
+    token); a list of the input's shape is the constant as written. A later graph's input had to be an output."""
+    from qnn_tasks.stages.glue import feed_runs
+
+    spec = constant_spec(tmp_path, "{" + GLUED + ", head.bos: {value: 7}}")
+    assert spec.pipeline.values == {"head.bos": 7} and "head.bos" not in spec.pipeline.feed
+    embed, head = spec.graphs
+    for side in (0.5, -0.5):  # the CPU chain's outputs, then the NPU chain's: the constant is the same
+        produced = {"embed": [{"y": np.full((1, 64), side * run, np.float32)} for run in range(3)]}
+        runs, _ = feed_runs(head, spec.pipeline.feed, spec.pipeline.glue, [embed], produced, values=spec.pipeline.values)
+        assert len(runs) == 3 and list(runs[0]) == ["z", "bos"]
+        assert all(run["bos"].dtype == np.int32 and run["bos"].tolist() == [[7, 7]] for run in runs)
+        assert runs[2]["z"][0, 0, 0] == np.float32(side * 2)
+    listed = constant_spec(tmp_path / "list", "{" + GLUED + ", head.bos: {value: [[50257, 7]]}}").pipeline
+    runs, _ = feed_runs(head, listed.feed, listed.glue, [embed], produced, values=listed.values)
+    assert runs[0]["bos"].tolist() == [[50257, 7]]
+    # the package tells the app what to feed: the ModelPackage's pipelines[].feeds (ship/inventory.py)
+    from qnn_tasks.plan.stages import Planner
+    from qnn_tasks.ship.inventory import of_model
+    from qnn_tasks.spec.load import load_project
+
+    [chain] = of_model(Planner(load_project(tmp_path / "project")), "glued")["chains"]
+    assert {"to": "head.bos", "value": 7} in chain["feeds"] and chain["feeds"][0]["from"] == "embed.y"
+
+
+@pytest.mark.parametrize("feed, expected", [
+    ("head.bos: {value: bos}", "pipeline.feed.head.bos.value: expected a number or a list of numbers, got 'bos' "
+                               "(fix: e.g. value: 1 (every value of the input), or a list of the input's shape)"),
+    ("head.bos: {value: true}", "pipeline.feed.head.bos.value: expected a number or a list of numbers, got true"),
+    ("head.bos: {value: [1, 2, 3]}", "pipeline.feed.head.bos.value: a list of shape [3], input 'bos' of graph 'head' "
+                                     "is [1, 2] (fix: give one number (every value of the input), or a list of shape "
+                                     "[1, 2])"),
+    ("head.bos: {value: [[1, 2], [3]]}", "pipeline.feed.head.bos.value: a ragged list"),
+    ("head.bos: {value: 0.5}", "pipeline.feed.head.bos.value: 0.5 is not a whole number: a int32 input holds only "
+                               "whole numbers (fix: give a value that input 'bos' (int32) holds)"),
+    ("head.bos: {value: 1, from: embed.y}", "pipeline.feed.head.bos.from: a constant is fed as written: it has no "
+                                            "output to take"),
+    ("head.bos: {value: 1}, embed.x: {value: 1}", "pipeline.feed.embed.x: graph 'embed' is the pipeline's first graph: "
+                                                  "its inputs are its own samples (fix: give graphs.embed the constant "
+                                                  "in its samples, e.g. samples: {fill: {x: 1}})"),
+    ("head.bos: {value: 1}, head.nope: {value: 1}", "pipeline.feed.head.nope: 'head.nope' is not an input of a graph "
+                                                    "of the pipeline"),
+    ("head.bos: {value: 1}, head.z: {value: 1}", "pipeline.feed.head.z: every input of graph 'head' is a constant: its "
+                                                 "runs would follow nothing of the chain"),
+])
+def test_a_constant_feed_is_checked_at_load_in_one_line(tmp_path, feed, expected):
+    from qnn_tasks.errors import SpecError
+
+    feed = feed if "head.z" in feed else GLUED + ", " + feed
+    with pytest.raises(SpecError) as caught:
+        constant_spec(tmp_path, "{" + feed + "}")
+    line = str(caught.value)
+    assert expected in line and "\n" not in line and "(fix: " in line, line
+
+
 # Stacking: a streaming embedding graph run over successive windows, a classifier over the last N embeddings.
 STACK_YAML = "models/stacked/model.yaml"
 STACK_MODEL_YAML = """\

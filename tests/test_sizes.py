@@ -13,11 +13,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 from modelpackage_check import agreement
-from sized_project import LENGTHS, attention_project, packaged_sized_project, sized_project
+from sized_project import (
+    CHAIN_LENGTHS,
+    LENGTHS,
+    attention_project,
+    chained_sized_project,
+    packaged_sized_project,
+    sized_project,
+)
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
-from qnn_tasks.plan.stages import LOOP, Planner, loop_chips, plan_loop, start_pipeline
+from qnn_tasks.plan.stages import LOOP, PIPELINE, Planner, loop_chips, plan_loop, plan_pipeline, start_pipeline
 from qnn_tasks.ship import select
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec.load import load_model, load_project, load_soc_table
@@ -417,3 +424,135 @@ def test_an_attention_mask_on_two_axes_builds_and_the_cross_size_check_sees_its_
     project.doit("dist:attn", check=True)
     manifest = json.loads(project.path("dist/attn/manifest.json").read_text())
     assert manifest["selection"]["sizes"][0]["axes"] == {"x": 1, "mask": [1, 2], "probs": [1, 2], "ctx": 1}
+
+
+def test_a_graph_with_sizes_takes_its_samples_from_the_same_size_of_the_graph_before_it(tmp_path):
+    """`samples: {from: enc.mem}` on a decoder with the encoder's dims: each size of dec takes the CPU outputs of
+    the same size of enc (the samples that fit that size); it was refused (`enc` named no graph: only its sizes)."""
+    project = chained_sized_project(tmp_path / "p")
+    project.doit("cpucheck:dec.seq8", "cpucheck:dec.seq16", check=True)
+    for size in (8, 16):
+        with np.load(project.path(f"build/chain/enc.seq{size}/cpucheck/reference.npz")) as reference, \
+                np.load(project.path(f"build/chain/dec.seq{size}/cpucheck/inputs.npz")) as inputs:
+            kept = sum(n <= size for n in CHAIN_LENGTHS)
+            assert inputs["mem"].shape == (kept, 1, size, 4)
+            np.testing.assert_array_equal(inputs["mem"], reference["mem"])
+    # a graph without those sizes cannot follow them: one line saying what to write instead
+    model_yaml = "models/chain/model.yaml"
+    project.edit(model_yaml, "pipeline:\n  graphs: [enc, dec]\n  feed: {dec.tok: {value: 1.0}}\n", "")
+    project.edit(model_yaml, "    dims: {seq: [8, 16]}\n    inputs:\n      mem: {shape: [1, seq, 4]",
+                 "    inputs:\n      mem: {shape: [1, 8, 4]")
+    line = project.doit("list").stderr.strip()
+    assert line.count("\n") == 0 and ("graphs.dec.samples.from: 'enc.mem' names graph 'enc', which has sizes (seq "
+                                      "[8, 16]), and 'dec' has none: which size's outputs? (fix: give graphs.dec the "
+                                      "same dims (seq: [8, 16]) to take each size's samples from the same size of "
+                                      "'enc', or name one size, e.g. from: enc.seq8.mem)") in line, line
+    project.edit(model_yaml, "samples: {from: {mem: enc.mem}", "samples: {from: {mem: enc.seq8.mem}")
+    assert project.doit("list").returncode == 0
+    project.edit(model_yaml, "    inputs:\n      mem: {shape: [1, 8, 4]",
+                 "    dims: {seq: [8, 32]}\n    inputs:\n      mem: {shape: [1, seq, 4]")
+    project.edit(model_yaml, "samples: {from: {mem: enc.seq8.mem}", "samples: {from: {mem: enc.mem}")
+    line = project.doit("list").stderr.strip()
+    assert ("graphs.dec.samples.from: graphs 'enc' (seq [8, 16]) and 'dec' (seq [8, 32]) have different sizes: each "
+            "size of 'dec' takes its samples from the same size of 'enc' (fix: give both the same dims, or name one "
+            "size, e.g. from: enc.seq8.mem)") in line, line
+
+
+CHAINED = "  dec:\n    dims: {seq: [8, 32]}\n    inputs: {hidden: {shape: [1, seq, 4], dtype: float32}}\n" \
+          "    outputs: {out: {shape: [1, 4]}}\n"
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("[1, seq, 4], dtype", "[1, seq, 8], dtype",
+     "pipeline: input 'hidden' of graph 'dec' at size seq 8 is [1, 8, 8], the output feeding it is [1, 8, 4] (fix: "
+     "make the shapes agree in model.yaml, or, for one size, feed: {dec.hidden: {from: <graph>.<output>, reshape: "
+     "true}})"),
+    ("{hidden: {shape", "{q: {shape: [1, 2], dtype: float32}, hidden: {shape",
+     "pipeline: input 'q' of graph 'dec' at size seq 8 is fed by no earlier graph's output (fix: add feed: {dec.q: "
+     "<graph>.<output>})"),
+    ("graphs: [enc, dec]}", "graphs: [enc, dec], feed: {dec.hidden: {from: enc.hidden, stack: {runs: 3, axis: 1}}}}",
+     "pipeline.feed.dec.hidden.stack: output 'hidden' of graph 'enc' at size seq 8 [1, 8, 4] stacked over 3 runs on "
+     "axis 1 is [1, 24, 4], input 'hidden' of graph 'dec' at size seq 8 is [1, 8, 4]"),
+    ("graphs: [enc, dec]}", "graphs: [enc, dec], feed: {enc.scale: dec.out}}",
+     "pipeline.feed.enc.scale: 'enc.scale: dec.out' does not feed a later graph's input from an earlier graph's output"),
+])
+def test_a_pipeline_per_size_names_the_declared_graph_and_the_size_not_the_size_graph(tmp_path, old, new, expected):
+    """A pipeline over graphs with sizes runs one chain per size of graphs renamed `dec.seq8`: a name model.yaml never
+    writes. Its errors name the declared graph at its size and the feed key as written (they said `dec.seq8`)."""
+    text = SIZED_YAML + CHAINED + "pipeline: {graphs: [enc, dec]}\n"
+    assert old in text
+    line = spec_error(tmp_path, text.replace(old, new))
+    assert expected in line and "seq8" not in line and "seq32" not in line, line
+
+
+def test_a_stage_of_a_pipeline_per_size_names_the_declared_graph_and_the_size(tmp_path):
+    """The glue between a size's graphs names the declared graph at its size and the feed key as written."""
+    from qnn_tasks.spec.pipeline import Naming
+    from qnn_tasks.stages.glue import feed_runs
+
+    stacked = CHAINED.replace("[1, seq, 4], dtype", "[1, 3, seq, 4], dtype")  # 3 runs of enc's hidden
+    model = load(tmp_path, SIZED_YAML + stacked + "pipeline: {graphs: [enc, dec], feed: {dec.hidden: {from: enc.hidden, "
+                 "stack: {runs: 3, axis: 1}}}}\n")
+    chain = model.size_pipelines[0]
+    enc, dec = (next(g for g in model.graphs if g.name == name) for name in chain.graphs)
+    produced = {"enc.seq8": [{"hidden": np.zeros((1, 8, 4), np.float32)}] * 2}
+    naming = Naming({g.name: g for g in (enc, dec)}, per_size=True)
+    with pytest.raises(Exception) as caught:
+        feed_runs(dec, chain.feed, chain.glue, [enc], produced, naming)
+    assert ("model.yaml: pipeline.feed.dec.hidden.stack: stacks 3 runs of graph 'enc' at size seq 8, which ran only 2 "
+            "times (fix: give the pipeline's first graph more samples, or stack fewer runs)") in str(caught.value)
+    # the stage learns that its chain is one size's from its call (and names graphs as above)
+    planner = Planner(load_project(tmp_path))
+    pt = next(pt for pt in planner.pipelines if pt.name == "m.seq8-SM8650")
+    assert plan_pipeline(planner, PIPELINE, pt).args()["size"] == "seq8"
+
+
+def test_a_decoder_fed_its_encoders_size_and_a_start_token_runs_per_size_on_the_simulator(tmp_path):
+    """The encoder -> decoder chain per size on SM8650's simulator, the decoder's start token a constant
+    (`feed: {dec.tok: {value: 1.0}}`): both chains give it the token on every run, so the CPU chain's end is the
+    sum over the encoder's positions plus 1, and the NPU chain's agrees with it."""
+    project = chained_sized_project(tmp_path / "p")
+    project.doit("pipeline:chain.seq8-SM8650", check=True)
+    record = project.one_json("build/chain/pipeline.seq8/*/SM8650/pipeline/pipeline.json")
+    assert record["status"] == "passed" and [link["graph"] for link in record["links"]] == ["enc.seq8", "dec.seq8"]
+    with np.load(project.path("build/chain/enc.seq8/cpucheck/reference.npz")) as encoded:
+        expected = encoded["mem"].sum(axis=2) + 1.0  # [n, 1, 4]: the decoder's math with tok = 1
+    chain = Path(record["reference_file"])
+    chain = chain if chain.is_absolute() else project.path(str(chain))
+    with np.load(chain) as reference, np.load(chain.with_name("outputs.npz")) as npu:
+        np.testing.assert_allclose(reference["y"], expected, rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(npu["y"], expected, rtol=1e-2, atol=1e-2)
+
+
+def test_raw_records_under_dims_have_a_length_and_longer_applies_to_them(tmp_path):
+    """A raw file for an input with a sized dim is records of `record_length` positions, each fitted to every size
+    like any sample (padded; `longer: skip` leaves the longer ones out of the smaller size). It was cut into
+    size-long chunks: at 8 the 6 records of 12 positions were 9 chunks, halves of records and pad-only tails."""
+    project = chained_sized_project(tmp_path / "p")
+    folder = project.path("models/chain")
+    with np.load(folder / "samples.npz") as stored:
+        records = stored["x"]  # [6, 1, 12, 4]: each record padded with 0 after its length
+    (folder / "x.bin").write_bytes(records.astype("<f4").tobytes())
+    model_yaml = "models/chain/model.yaml"
+    project.edit(model_yaml, "samples: {files: samples.npz}", "samples: {raw: {files: x.bin}}")
+    line = project.doit("list").stderr.strip()
+    assert line.count("\n") == 0 and ("graphs.enc.samples.raw.record_length: required: input 'x' has dim 'seq' (sizes "
+                                      "[8, 16]), and without it each size would cut the files into chunks of its own "
+                                      "length, splitting records (fix: add record_length:") in line, line
+    project.edit(model_yaml, "samples: {raw: {files: x.bin}}", "samples: {raw: {files: x.bin, record_length: 12}}")
+    project.doit("cpucheck:enc.seq8", "cpucheck:enc.seq16", check=True)
+    for size in (8, 16):
+        fitted = project.one_json(f"build/chain/enc.seq{size}/cpucheck/cpucheck.json")["fitted"]
+        longer = [i for i, n in enumerate(CHAIN_LENGTHS) if n > size]
+        assert (fitted["samples"], fitted["skipped"], fitted["kept"]) == (6, longer, 6 - len(longer)), fitted
+        with np.load(project.path(f"build/chain/enc.seq{size}/cpucheck/inputs.npz")) as inputs:
+            kept = [i for i in range(6) if i not in longer]
+            expected = np.zeros((len(kept), 1, size, 4), np.float32)
+            expected[:, :, :min(size, 12)] = records[kept][:, :, :size]
+            np.testing.assert_array_equal(inputs["x"], expected)
+    # an input without a sized dim has no records: its chunks are its samples
+    project.edit(model_yaml, "samples: {from: {mem: enc.mem}, fill: {tok: 1.0}}",
+                 "samples: {from: {mem: enc.mem}, raw: {files: x.bin, input: tok, record_length: 2}}")
+    line = project.doit("list").stderr.strip()
+    assert ("graphs.dec.samples.raw.record_length: input 'tok' has no dim with sizes: each sample is one input-sized "
+            "chunk [1, 1] (fix: remove record_length)") in line, line

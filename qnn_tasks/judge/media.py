@@ -15,7 +15,7 @@ resampling.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -49,12 +49,15 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
     (orientation applied, bit depth, decoder, resampler; the samples that are zero-padded audio windows)."""
     where = f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples"
     specs = {t.name: t for t in graph.inputs}
+    read_as = dict(specs)  # what each sample is read as: a raw record under dims is `record`-shaped, fitted later
     plans: dict[str, tuple[str, list[Planned], list[int]]] = {}
     for kind in KINDS:
         if kind not in graph.samples:
             continue
         options = graph.samples[kind]
-        spec = specs[options["input"]]
+        if options.get("record"):
+            read_as[options["input"]] = replace(specs[options["input"]], shape=tuple(options["record"]))
+        spec = read_as[options["input"]]
         files = specport.media_files(graph.model_dir, options["files"], kind)
         if not files:
             raise StageError(f"{where}.{kind}.files: {options['files']} match no file now "
@@ -78,7 +81,7 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
         raise StageError(f"{where}: the sources give different numbers of samples {counts} "
                          f"(fix: make each source give the same number, or set limit on each)")
     count = next(iter(counts.values()))
-    per_sample = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in graph.inputs)
+    per_sample = sum(int(np.prod(t.shape)) * np.dtype(t.dtype).itemsize for t in read_as.values())
     bound = bounds.MAX_SAMPLE_BYTES
     if count * per_sample > bound:
         raise StageError(f"{where}: {count} samples of {per_sample} bytes take {bounds.mib(count * per_sample)}, "
@@ -89,7 +92,7 @@ def load(graph: GraphSpec, notes: dict[str, Any] | None = None,
         options = graph.samples[kind]
         seen: dict[str, Any] = {}
         columns[name] = decode(planned, chosen, lambda p, picks, options=options, kind=kind, seen=seen: _guarded(
-            READERS[kind], p.path, options, specs[name], f"{where}.{kind}: {p.path.name}", kind, p, picks, seen))
+            READERS[kind], p.path, options, read_as[name], f"{where}.{kind}: {p.path.name}", kind, p, picks, seen))
         if notes is not None:
             notes[kind] = {"files": len(planned), "samples": len(chosen), **seen}
         if kind != "audio":

@@ -568,7 +568,8 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
     file_dep = [first_inputs] + [f for link in chain for f in link["ctx"] + [link["config"], link["simplified"]]] \
         + p.check_deps(chain[-1]["graph"], spec.verify) + ([first_outputs] if first_outputs else [])
     settings = json.dumps({"graphs": spec.graphs, "feed": spec.feed, "verify": spec.verify,
-                           **({"glue": spec.glue} if spec.glue else {})}, sort_keys=True)
+                           **({"glue": spec.glue} if spec.glue else {}),
+                           **({"values": spec.values} if spec.values else {})}, sort_keys=True)
     soc = p.cached_json("soc", pt.soc.name, pt.soc.row)
     binding = p.binding(pt)
     return Plan(name=pt.name, out_dir=str(pt.stage_dir(stage.name)), file_dep=file_dep, model=spec.model,
@@ -583,6 +584,8 @@ def plan_pipeline(p: Planner, stage: StageDef, pt: PipelineTarget) -> Plan:
                               "binaries": [[next((f for f in link["ctx"] if f.endswith(".bin")), None), link["target"]]
                                            for link in chain],
                               **({"glue": spec.glue} if spec.glue else {}),
+                              **({"values": spec.values} if spec.values else {}),
+                              **({"size": spec.size} if spec.size else {}),  # messages name graphs as written
                               **({"first_outputs": first_outputs, "first_record": record_path("simulate", pt.chips[0])}
                                  if first_outputs else {})},
                 base=lambda: {"model": spec.model, "graphs": list(spec.graphs), "soc": pt.soc.row(),
@@ -597,7 +600,7 @@ def simulated_first_link(pt: PipelineTarget) -> str | None:
     if any(not ct.graph.inputs for ct in pt.chips):  # a split graph's parts (I/O known once split): fed plainly
         needed = spec.verify["samples"]
     else:
-        needed = first_samples([ct.graph for ct in pt.chips], spec.glue, spec.feed, spec.verify["samples"])
+        needed = first_samples([ct.graph for ct in pt.chips], spec.glue, spec.feed, spec.verify["samples"], spec.values)
     limit = first.verify["samples"]
     if limit is None or (needed is not None and needed <= limit):
         return f"{first.dir_str}/simulate/outputs.npz"

@@ -57,7 +57,7 @@ def of_model(planner, model: str) -> dict[str, Any]:
 
 def _feeds(pipeline, graphs: list[GraphTarget]) -> list[dict[str, Any]]:
     """Each later graph's inputs of a chain and the earlier output feeding each (with its glue: reshape, scale,
-    offset, stack), as the pipeline stage feeds them (spec/pipeline.py `source`)."""
+    offset, stack) or the constant it is fed, as the pipeline stage feeds them (spec/pipeline.py `source`)."""
     from qnn_tasks.spec.pipeline import source
 
     by_name = {gt.graph.name: gt.graph for gt in graphs}
@@ -67,8 +67,11 @@ def _feeds(pipeline, graphs: list[GraphTarget]) -> list[dict[str, Any]]:
     found = []
     for position, graph in enumerate(chain[1:], start=1):
         for tensor in graph.inputs:
-            origin, output = source(graph, tensor.name, pipeline.feed, chain[:position])
             key = f"{graph.name}.{tensor.name}"
+            if key in pipeline.values:  # a constant the app feeds on every run (a start token)
+                found.append({"to": key, "value": pipeline.values[key]})
+                continue
+            origin, output = source(graph, tensor.name, pipeline.feed, chain[:position])
             found.append({"to": key, "from": f"{origin}.{output}", **pipeline.glue.get(key, {})})
     return found
 

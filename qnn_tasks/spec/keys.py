@@ -78,7 +78,8 @@ SAMPLES = Fields({
     "audio": Fields({**_COMMON, "rate": Int(1000, 384000), "frame": Int(1, MAX_WINDOW), "hop": Int(1, MAX_WINDOW),
                      "int16_scale": Bool(), "gain": Either((Num(0.0, 1.0e6), ListOf(Num(0.0, 1.0e6), min_items=1))),
                      "pad": Bool(), "pad_min": Int(1, MAX_WINDOW), "lengths": NAME}, required=("files",)),
-    "raw": Fields({**_COMMON, "dtype": Text(max_len=40), "offset": Int(0, None)}, required=("files",)),
+    "raw": Fields({**_COMMON, "dtype": Text(max_len=40), "offset": Int(0, None), "record_length": Int(1, MAX_DIM)},
+                  required=("files",)),
     "fill": MapOf(Num(), "<input>"),
     "from": Either((Text(max_len=300), MapOf(Text(max_len=300), "<input>")), fix="e.g. from: embed.y or from: {x: embed.y}"),
 }, fix='e.g. samples: {files: "samples/*.npz"} or samples: {image: {files: "images/*.png"}}')
@@ -115,8 +116,10 @@ GRAPH = Fields({
 
 GLUE = Fields({"from": Text(max_len=300), "reshape": Bool(), "scale": Num(), "offset": Num(),
                "stack": Fields({"runs": Int(1, MAX_RUNS), "axis": Int(-MAX_RANK, MAX_RANK), "hop": Int(1, MAX_RUNS)},
-                               required=("runs",), fix="write e.g. stack: {runs: 16, axis: 1}")},
-              required=("from",))
+                               required=("runs",), fix="write e.g. stack: {runs: 16, axis: 1}"),
+               # a constant instead of an output (a start token): spec/pipeline.py wants one of from and value
+               "value": Numbers(fix="e.g. value: 1 (every value of the input), or a list of the input's shape",
+                                bools=False)})
 PIPELINE = Fields({
     "graphs": ListOf(NAME, 2, 100, bad="needs two or more different graph names in order",
                      fix="e.g. graphs: [features, classifier]"),

@@ -197,7 +197,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
         if isinstance(pipeline_data, dict) else None
     if chain is not None:  # one pipeline per size: each graph with sizes at that size
         size_pipelines = tuple(replace(specpipeline.load(specsizes.at_size(pipeline_data, sized, size), graphs,
-                                                         model_dir.name, path),
+                                                         model_dir.name, path, per_size=True),
                                        name=f"{model_dir.name}.{chain.dim}{size}", size=f"{chain.dim}{size}")
                                for size in chain.sizes)
         pipeline_data = None
@@ -207,7 +207,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     specsplit.not_chained(graphs, pipeline, loop, path)
     from qnn_tasks.spec.pipeline import check_upstream
 
-    check_upstream(graphs, pipeline, path)
+    check_upstream(graphs, [p for p in (pipeline, *size_pipelines) if p is not None], path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
                      description=str(data.get("description", "")), source=source, graphs=graphs, pipeline=pipeline,
                      loop=loop, size_pipelines=size_pipelines,
@@ -253,7 +253,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
                         f"pip install {source_data['package']}")
     inputs = _tensors(data["inputs"], path, f"{key}.inputs", need_dtype=True)
     samples = specport.samples(data.get("samples"), path, f"{key}.samples", model_dir,
-                               {t.name: (t.shape, t.dtype) for t in inputs})
+                               {t.name: (t.shape, t.dtype) for t in inputs}, size)
     has_code = (model_dir / "export.py").is_file()
     if not has_code:  # the YAML-only path: the packaged ONNX is the graph (docs/packaged-models.md)
         specport.require_packaged_onnx(source_data, path, key, source_key, data)

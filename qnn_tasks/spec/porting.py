@@ -153,9 +153,10 @@ def _number_or_list(value: Any) -> bool:
 
 
 def samples(data: Any, path: Path, key: str, model_dir: Path,
-            inputs: dict[str, tuple[tuple[int, ...], str]] | None = None) -> dict[str, Any] | None:
+            inputs: dict[str, tuple[tuple[int, ...], str]] | None = None, size: Any = None) -> dict[str, Any] | None:
     """`samples: {files: PATTERN or [PATTERNS]}`: .npz/.npy files (or folders of them) in the model folder;
-    or media sources (`image:`, `audio:`, `raw:`, `fill:`; spec/samples.py) checked against the declared inputs."""
+    or media sources (`image:`, `audio:`, `raw:`, `fill:`; spec/samples.py) checked against the declared inputs
+    (`size`: the graph's SizeSpec, for one size of a graph with `dims:`)."""
     if data is None:
         return None
     fix = 'e.g. samples: {files: "samples/*.npz"} or samples: {image: {files: "images/*.png"}} (paths relative to the model folder)'
@@ -170,7 +171,7 @@ def samples(data: Any, path: Path, key: str, model_dir: Path,
         if not any(k in data for k in (*specsamples.KINDS, "fill", "from")):  # fill alone: every input a constant
             raise SpecError(path, f"{key}.files", "required key is missing", fix)
         return specsamples.validate(data, path, key, inputs or {},
-                                    lambda value, k, kind: _patterns(value, path, k, model_dir, kind))
+                                    lambda value, k, kind: _patterns(value, path, k, model_dir, kind), size)
     if len(data) > 1:
         raise SpecError(path, f"{key}.{min(set(data) - {'files'})}", "files (.npz/.npy) already give every input",
                         "use either files: or media sources (image, audio, raw, fill), not both")

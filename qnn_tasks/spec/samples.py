@@ -5,7 +5,7 @@
               scale: 0.00392156862745098, mean: [0.485, 0.456, 0.406], std: [0.229, 0.224, 0.225]}
       audio: {files: "clips/*.wav", input: audio, rate: 16000, hop: 512, int16_scale: false, pad: true,
               pad_min: 1600, lengths: audio_lens}   # pad only windows of >= 1600 real samples; valid length input
-      raw:   {files: "tensors/*.bin", input: ids, dtype: int32, offset: 0}
+      raw:   {files: "tensors/*.bin", input: ids, dtype: int32, offset: 0}   # under dims: record_length: 512
       fill:  {state: 0.0}          # inputs no source feeds: a constant of the declared shape
       from:  embed.y               # a graph inside a pipeline: an earlier graph's CPU outputs (or {x: embed.y})
 
@@ -29,7 +29,7 @@ COMMON_KEYS = {"files", "input", "limit"}
 KIND_KEYS = {"image": COMMON_KEYS | {"resize", "pad_value", "pad_normalised", "layout", "channels", "scale", "mean",
                                      "std"},
              "audio": COMMON_KEYS | {"rate", "frame", "hop", "int16_scale", "gain", "pad", "pad_min", "lengths"},
-             "raw": COMMON_KEYS | {"dtype", "offset"}}
+             "raw": COMMON_KEYS | {"dtype", "offset", "record_length"}}
 RESIZE = ("stretch", "letterbox", "fit-height", "none")  # fit-height: height kept, aspect kept, padded right
 LAYOUTS = ("NCHW", "NHWC")
 CHANNELS = {"RGB": 3, "BGR": 3, "grey": 1}
@@ -45,10 +45,12 @@ def suffixes(kind: str) -> tuple[str, ...] | None:
 
 
 def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple[tuple[int, ...], str]],
-             patterns_of: Any) -> dict[str, Any]:
+             patterns_of: Any, size: Any = None) -> dict[str, Any]:
     """The media form of `samples:`, checked against the declared inputs (name -> (shape, dtype)), defaults filled.
 
     `patterns_of(value, key, kind)` confines and globs a `files:` value (specport), returning the pattern list.
+    `size`: the graph's SizeSpec when it is one size of a graph with `dims:` (a raw source then needs its records'
+    length along the dim).
     """
     fill = data.get("fill") or {}
     if not isinstance(fill, dict):
@@ -103,6 +105,8 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
         if "limit" in section:
             options["limit"] = as_int(section["limit"], path, f"{skey}.limit", 1, MAX_SAMPLES)
         options.update(_CHECKERS[kind](section, path, skey, name, shape, dtype))
+        if kind == "raw":
+            options.update(_record(section, path, skey, name, shape, size))
         result[kind] = options
     missing = [n for n in inputs if n not in fed and n not in fill]
     if missing:
@@ -209,6 +213,27 @@ def _audio(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...
 def _raw(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], dtype: str) -> dict[str, Any]:
     return {"dtype": _choice(section.get("dtype", dtype), RAW_DTYPES, path, f"{key}.dtype"),
             "offset": as_int(section.get("offset", 0), path, f"{key}.offset", 0, None)}
+
+
+def _record(section: dict, path: Path, key: str, name: str, shape: tuple[int, ...], size: Any) -> dict[str, Any]:
+    """A raw file of records for an input with a sized dim: each record is `record_length` long along the dim
+    (`record`: its shape), fitted to each size as any sample is (padded, or `longer` skipped or truncated). Without
+    it each size would cut the file into chunks of its own length: records split in two, pad-only chunks, and
+    `longer` never applied."""
+    axes = size.axes.get(name) if size is not None and name in size.pad else None
+    if axes is None:
+        if "record_length" in section:
+            raise SpecError(path, f"{key}.record_length", f"input '{name}' has no dim with sizes: each sample is one "
+                            f"input-sized chunk {list(shape)}", "remove record_length")
+        return {}
+    if "record_length" not in section:
+        raise SpecError(path, f"{key}.record_length", f"required: input '{name}' has dim '{size.dim}' (sizes "
+                        f"{list(size.sizes)}), and without it each size would cut the files into chunks of its own "
+                        "length, splitting records", f"add record_length: <positions per record along {size.dim}> "
+                        "(records written at that length, padded with the dim's pad value; longer: then applies to "
+                        "each size)")
+    length = as_int(section["record_length"], path, f"{key}.record_length", 1, None)
+    return {"record": [length if i in axes else d for i, d in enumerate(shape)]}
 
 
 _CHECKERS = {"image": _image, "audio": _audio, "raw": _raw}

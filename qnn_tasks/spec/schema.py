@@ -149,11 +149,13 @@ class Bool(Type):
 
 @dataclass(frozen=True)
 class Numbers(Type):
-    """A number, or a (nested) list of numbers: a constant tensor."""
+    """A number, or a (nested) list of numbers: a constant tensor. `bools`: true/false count as numbers (1/0)."""
     doc: str = "number or (nested) list of numbers"
+    fix: str = "e.g. sr: 16000"
+    bools: bool = True
 
     def accepts(self, value: Any) -> bool:
-        return isinstance(value, (int, float, list))
+        return isinstance(value, (int, float, list)) and (self.bools or not isinstance(value, bool))
 
     def check(self, value: Any, path: Path, key: str) -> None:
         stack = [value]
@@ -161,8 +163,9 @@ class Numbers(Type):
             item = stack.pop()
             if isinstance(item, list) and item:
                 stack.extend(item)
-            elif not isinstance(item, (int, float)) or (isinstance(item, float) and not math.isfinite(item)):
-                raise SpecError(path, key, f"expected a number or a list of numbers, got {show(value)}", "e.g. sr: 16000")
+            elif not isinstance(item, (int, float)) or (isinstance(item, float) and not math.isfinite(item)) \
+                    or (isinstance(item, bool) and not self.bools):
+                raise SpecError(path, key, f"expected a number or a list of numbers, got {show(value)}", self.fix)
 
 
 @dataclass(frozen=True)

@@ -74,6 +74,12 @@ def sized_name(graph: str, dim: str, size: int) -> str:
     return f"{graph}.{dim}{size}"
 
 
+def described(graph: str, dim: str | None = None, size: int | None = None) -> str:
+    """A graph as a message names it: one size of a graph with sizes as the declared graph at that size
+    ("graph 'dec' at size src_len 8"), since `dec.src_len8` is a name model.yaml never writes."""
+    return f"graph '{graph}'" if dim is None else f"graph '{graph}' at size {dim} {size}"
+
+
 def expand(name: str, data: dict[str, Any], path: Path, key: str) -> list[tuple[str, dict[str, Any], SizeSpec | None]]:
     """The graphs one declared graph stands for: itself (no `dims:`), or one per size, shapes written out.
 
@@ -203,7 +209,8 @@ def at_size(data: dict[str, Any], sized: dict[str, SizeSpec], size: int) -> dict
 
     feed = data.get("feed")
     if isinstance(feed, dict):
-        feed = {rename(k): ({**v, "from": rename(v.get("from"))} if isinstance(v, dict) else rename(v))
+        feed = {rename(k): ({**v, **({"from": rename(v["from"])} if "from" in v else {})} if isinstance(v, dict)
+                            else rename(v))  # a constant ({value: ...}) has no from
                 for k, v in feed.items()}
     graphs = data.get("graphs")
     return {**data, **({"graphs": [rename(n) for n in graphs]} if isinstance(graphs, list) else {}),

@@ -197,10 +197,20 @@ def upstream_columns(graph: GraphSpec) -> dict[str, list[np.ndarray]]:
             values = glue_step.windows(values, settings["runs"], settings["axis"], settings["hop"], rank)
         columns[name] = [glue_step.glued(np.asarray(v), source["glue"], tensor) for v in values]
         if not columns[name]:
-            raise StageError(f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples.from: graph "
-                             f"'{source['graph']}' gave {len(produced[source['graph']])} runs, too few for one sample "
-                             f"of '{name}' (fix: give '{source['graph']}' more samples)")
+            raise StageError(f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples.from: "
+                             f"{_source_words(graph, source)} gave {len(produced[source['graph']])} runs, too few "
+                             f"for one sample of '{name}' (fix: give '{source.get('declared', source['graph'])}' more "
+                             "samples)")
     return columns
+
+
+def _source_words(graph: GraphSpec, source: dict[str, Any]) -> str:
+    """The graph a `from:` source reads, as the user wrote it: a size followed is that graph at this graph's size."""
+    from qnn_tasks.spec.sizes import described
+
+    if "declared" in source and graph.size:
+        return described(source["declared"], graph.size.dim, graph.size.size)
+    return described(source["graph"])
 
 
 def _bounded_upstream(graph: GraphSpec, runs: dict[str, int]) -> None:
@@ -219,11 +229,14 @@ def _bounded_upstream(graph: GraphSpec, runs: dict[str, int]) -> None:
         upstream = most if not settings else (most - 1) * settings["hop"] + settings["runs"]
         how = "" if not settings else (f" (windows of {settings['runs']} of its {count} runs, one every "
                                        f"{settings['hop']})")
-        stack = "" if not settings else f", or a larger hop in pipeline.feed.{graph.name}.{name}.stack"
-        raise StageError(f"{graph.model_dir / 'model.yaml'}: graphs.{graph.name}.samples.from: '{source['graph']}' "
-                         f"gives {made} samples of {per_sample} bytes{how}, {bounds.mib(made * per_sample)}, more "
-                         f"than the bound of {bounds.mib(bounds.MAX_SAMPLE_BYTES)} (fix: give '{source['graph']}' at "
-                         f"most {upstream} samples (a limit: on the media its samples come from){stack})")
+        # a size followed is fed by the size's pipeline: its feed is written under the declared graph's name
+        fed = graph.size.graph if "declared" in source and graph.size else graph.name
+        stack = "" if not settings else f", or a larger hop in pipeline.feed.{fed}.{name}.stack"
+        who = _source_words(graph, source) if "declared" in source else repr(source["graph"])
+        raise StageError(f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples.from: {who} gives {made} samples "
+                         f"of {per_sample} bytes{how}, {bounds.mib(made * per_sample)}, more than the bound of {bounds.mib(bounds.MAX_SAMPLE_BYTES)} (fix: give "
+                         f"'{source.get('declared', source['graph'])}' at most {upstream} samples (a limit: on the "
+                         f"media its samples come from){stack})")
 
 
 def run_onnx_cpu(model_path: Path, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:

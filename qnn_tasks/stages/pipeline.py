@@ -24,7 +24,7 @@ from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.qnn import chipcheck as binchip
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.pipeline import first_samples
+from qnn_tasks.spec.pipeline import Naming, first_samples
 from qnn_tasks.spec.project import GraphSpec, Soc
 from qnn_tasks.stages import glue as glue_step
 from qnn_tasks.stages.cpucheck import run_onnx_cpu
@@ -34,31 +34,35 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
         feed: dict[str, list[str]], verify: dict[str, Any], target: str, out_dir: Path,
         glue: dict[str, dict[str, Any]] | None = None,
         binaries: list[tuple[Path, str]] | None = None, soc: Soc | None = None,
-        first_outputs: Path | None = None, first_record: Path | None = None) -> dict[str, Any]:
+        first_outputs: Path | None = None, first_record: Path | None = None, size: str = "",
+        values: dict[str, Any] | None = None) -> dict[str, Any]:
+    # `size`: one size's chain of a pipeline over graphs with sizes; messages name its graphs as model.yaml does
+    naming = Naming({g.name: g for g in graphs}, per_size=bool(size))
     if soc is not None:  # every link's binary (and its chip target) must be this chip's before any of them runs
         for binary, chip_target in binaries or []:
             binchip.refuse_other_chip(binary, soc, chip_target)
-    first = sample_store.load(inputs_file, limit=first_samples(graphs, glue or {}, feed, verify["samples"]))
+    first = sample_store.load(inputs_file, limit=first_samples(graphs, glue or {}, feed, verify["samples"], values))
     produced_cpu: dict[str, glue_step.Runs] = {}
     produced_npu: dict[str, glue_step.Runs] = {}
     links, stacked, log, flat_links = [], {}, out_dir / "simulator.log", []
     for index, (graph, ctx, config, onnx_file) in enumerate(zip(graphs, ctx_files, configs, simplified)):
         cpu_in, npu_in, stacks = first, first, []
         if index:
-            cpu_in, stacks = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_cpu)
-            npu_in, _ = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_npu)
+            # constants (`{value: ...}`) go to both chains alike, beside what each chain made
+            cpu_in, stacks = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_cpu, naming, values)
+            npu_in, _ = glue_step.feed_runs(graph, feed, glue or {}, graphs[:index], produced_npu, naming, values)
             flat = degenerate.constant_inputs(cpu_in)
             if flat and flat == degenerate.constant_inputs(npu_in):  # e.g. a glue that multiplies by 0
-                flat_links.append(f"not verified: graph '{graph.name}' gets inputs where {flat}, on both chains "
-                                  f"(fix: check pipeline.feed for '{graph.name}': a scale of 0, or an output that "
-                                  "does not vary)")
+                flat_links.append(f"not verified: {naming.graph(graph.name)} gets inputs where {flat}, on both chains "
+                                  f"(fix: check pipeline.feed for '{naming.written(graph.name)}': a scale of 0, or an "
+                                  "output that does not vary)")
         if not cpu_in:
-            raise StageError(f"pipeline {target}: graph '{graph.name}' has no run to make (its first graph has no "
-                             "samples)")
+            raise StageError(f"pipeline {target}: {naming.graph(graph.name)} has no run to make (its first graph has "
+                             "no samples)")
         cpu_out = run_onnx_cpu(onnx_file, cpu_in)
         kept = first_outputs if index == 0 else None  # the first graph's simulate stage ran these very runs
         if kept is not None:
-            npu_out, seconds = kept_outputs(kept, len(npu_in), graph, target, first_record)
+            npu_out, seconds = kept_outputs(kept, len(npu_in), graph, target, first_record, naming)
         else:
             npu_out, seconds = simulator.run(ctx, fileio.read_json(config), npu_in, log, graph.allow_cpu_fallback)[:2]
         links.append({"graph": graph.name, "runs": len(npu_in), "seconds": float(np.sum(seconds)),
@@ -86,8 +90,8 @@ def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], sim
               **({"stacked": stacked} if stacked else {})}
     if violations:
         worst = min(links, key=weakness)
-        raise StageError(f"pipeline {target} failed at its end: " + "; ".join(violations) + f" (the weakest link is "
-                         f"graph '{worst['graph']}': check its own simverify and doit diagnose)", record)
+        raise StageError(f"pipeline {target} failed at its end: " + "; ".join(violations) + " (the weakest link is "
+                         f"{naming.graph(worst['graph'])}: check its own simverify and doit diagnose)", record)
     return record
 
 
@@ -98,13 +102,14 @@ def weakness(link: dict[str, Any]) -> float:
 
 
 def kept_outputs(outputs_file: Path, runs: int, graph: GraphSpec, target: str,
-                 record: Path | None = None) -> tuple[glue_step.Runs, list[float]]:
+                 record: Path | None = None, naming: Naming | None = None) -> tuple[glue_step.Runs, list[float]]:
     """The first `runs` outputs the first graph's simulate stage kept, and its seconds for them (from its record,
     when there is one: timing only, never a verdict)."""
     kept = sample_store.load(outputs_file, limit=runs)
     if len(kept) < runs or set(kept[0]) != {t.name for t in graph.outputs}:
+        named = (naming or Naming({graph.name: graph})).graph(graph.name)
         raise StageError(f"pipeline {target}: {outputs_file} holds {len(kept)} runs of {sorted(kept[0]) if kept else []}, "
-                         f"not {runs} runs of the outputs of graph '{graph.name}' (rerun its simulate task)")
+                         f"not {runs} runs of the outputs of {named} (rerun its simulate task)")
     try:
         timing = fileio.read_json(record)["timing"]
         per_run = timing["total_s"] / timing["runs"]
@@ -120,4 +125,4 @@ def run_call(call: StageCall) -> dict[str, Any]:
                a["verify"], call.target, Path(call.out_dir), glue=a.get("glue"),
                binaries=[(Path(b), target) for b, target in a.get("binaries") or [] if b],
                soc=calls.soc(a) if a.get("soc") else None, first_outputs=calls.path(a, "first_outputs"),
-               first_record=calls.path(a, "first_record"))
+               first_record=calls.path(a, "first_record"), size=a.get("size", ""), values=a.get("values"))
