@@ -185,10 +185,21 @@ def _row(r: dict) -> str:
 
 
 def summary(rows: list[dict]) -> str:
-    errors = [abs(r["estimate"] / r["measured"] - 1) for r in rows if r["measured"]]
+    return summary_line([abs(r["estimate"] / r["measured"] - 1) for r in rows if r["measured"]])
+
+
+def summary_line(errors: list[float]) -> str:
     within = sum(e <= 0.10 for e in errors)
     return (f"memory estimate: {len(errors)} graphs, {within} within +-10% of the binary's figure (median |error| "
             f"{100 * statistics.median(errors):.1f}%, max {100 * max(errors):.1f}%)")
+
+
+def summary_of_lines(lines: list[str]) -> str:
+    """The summary line of a table's rows as printed (their error column), for --append."""
+    import re
+
+    return summary_line([abs(float(m.group(1))) / 100 for line in lines
+                         if (m := re.search(r"MiB\s+([+-]\d+\.\d)%", line))])
 
 
 def main() -> int:
@@ -197,9 +208,17 @@ def main() -> int:
     parser.add_argument("--sizes", nargs="*", default=["100M", "300M", "1B"])
     parser.add_argument("--no-w8a16", action="store_true", help="skip the quantized small transformers")
     parser.add_argument("--max-gb", type=float, default=14.0)
+    parser.add_argument("--append", action="store_true",
+                        help="add the project's rows to the last run's table (benchmarks/results) instead of compiling")
     args = parser.parse_args()
-    lines: list[str] = []
     rows = from_project(args.project) if args.project else []
+    if args.append:  # the synthetic rows of the last run, kept as they were measured
+        kept = RESULT.read_text().split("\n\n")[0].splitlines() if RESULT.is_file() else []
+        lines = [line for line in kept if "(demo)" not in line] + [_row(r) for r in rows]
+        lines += ["", summary_of_lines(lines)]
+        print(lines[-1])
+        RESULT.write_text("\n".join(lines) + "\n")
+        return 0
     with tempfile.TemporaryDirectory(prefix="bench-memory-") as tmp:
         rows += synthetic(Path(tmp), args.sizes, args.max_gb, not args.no_w8a16)
     lines = [_row(r) for r in rows] + ["", summary(rows)]
