@@ -397,14 +397,21 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
     """An fp16 overflow that a graph input's scale reaches exactly: advise scale-input with a computed factor.
 
     Not w8a16: its calibrated 16-bit range made the STFT conv this was seen in worse. `values` are the CPU
-    tensors (inputs included) per sample; the factor fits every scaled tensor they show.
+    tensors (inputs included) per sample; the factor fits every scaled tensor they show. A graph that declares
+    scale-input already is diagnosed scaled: the factor advised in its place is the declared one times what it
+    still needs.
     """
+    from fractions import Fraction
+
     from qnn_tasks.graphs.rewrites import entry_yaml, inputscale, yaml_fix
 
     overflow = next((h for h in detail["hazards"] if h["hazard"] == "fp16 overflow"), None)
     if overflow is None:
         return
-    for name in inputscale.float_inputs(model):
+    declared = graph.rewrites.get("scale-input")
+    candidates = inputscale.float_inputs(model)
+    scaled = (declared.get("input") or (candidates[0] if len(candidates) == 1 else None)) if declared else None
+    for name in candidates:
         found = inputscale.plan(model, name)
         if detail["tensor"] not in found.degrees:
             continue
@@ -412,8 +419,14 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
             overflow["fix"] = (f"scaling input '{name}' by a power of two would keep this node in range, but the scale "
                                f"cannot be undone exactly ({found.refusal}): scale it at export where it can be undone")
             return
+        if declared and name != scaled:  # the rewrite scales one input
+            overflow["fix"] = (f"scaling input '{name}' by a power of two would keep this node in range, but "
+                               f"{graph.key}.rewrites scales input '{scaled}' already (scale-input scales one input): "
+                               f"scale '{name}' at export")
+            return
         maxima = {t: max(float(np.abs(v[t]).max(initial=0.0)) for v in values) for t in found.degrees if t in values[0]}
-        factor = inputscale.advised_factor(model, found, maxima)
+        applied = Fraction(declared["factor"]) if declared else Fraction(1)
+        factor = inputscale.advised_factor(model, found, maxima, applied)
         if factor is None:
             return
         options = {"input": name, "factor": str(factor)}
