@@ -73,7 +73,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
         first = bisect(model, tensors, inputs, toolchain, options, out_dir, threshold) or first
     if first and method != "bisect":
         first = cancellation_source(model, nodes, first, cpu, threshold) or first
-    detail = explain(model, first, cpu, npu, inputs, precision) if first else None
+    detail = explain(model, first, cpu, npu, inputs, precision, graph) if first else None
     if detail and precision == "fp16":
         advise_scale_input(model, detail, [{**i, **c} for i, c in zip(inputs, cpu)], graph)
     if detail:
@@ -249,9 +249,13 @@ def verdict(first: dict[str, Any] | None, nodes: list[dict[str, Any]], threshold
 
 # ------------------------------------------------------------------ explanation
 
-def explain(model, first: dict[str, Any], cpu, npu, inputs, precision: str = "fp16") -> dict[str, Any]:
-    """The diverging node: op, inputs, attributes, worst element with CPU/NPU/input values, hazards."""
+def explain(model, first: dict[str, Any], cpu, npu, inputs, precision: str = "fp16",
+            graph: GraphSpec | None = None) -> dict[str, Any]:
+    """The diverging node: op, inputs, attributes, worst element with CPU/NPU/input values, hazards (a fix that
+    names a rewrite names the model.yaml line of `graph`)."""
     from onnx import helper, numpy_helper
+
+    from qnn_tasks.graphs import rewrites
 
     node = model.graph.node[first["index"]]
     tensor = first["tensor"]
@@ -276,18 +280,43 @@ def explain(model, first: dict[str, Any], cpu, npu, inputs, precision: str = "fp
     if worst is not None:
         detail.update(worst_element={"sample": worst[0], "index": list(worst[1:])},
                       cpu_value=float(ref[worst]), npu_value=float(got[worst]), input_values=input_values)
-    detail["hazards"] = hazards(node, detail, initializers, precision)
+    detail["hazards"] = hazards(node, detail, {**initializers, **constant_values(model)}, precision,
+                                rewrites.find(model, HAZARD_REWRITES), graph)
     return detail
 
 
-def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray],
-            precision: str = "fp16") -> list[dict[str, str]]:
+HAZARD_REWRITES = ("pow-square", "centred-variance", "finite-mask")  # the rewrites a hazard's fix may name
+
+
+def constant_values(model) -> dict[str, np.ndarray]:
+    """The values of Constant nodes and ConstantOfShape fills (a mask need not be an initializer)."""
+    from onnx import numpy_helper
+
+    return {n.output[0]: numpy_helper.to_array(a.t) for n in model.graph.node
+            if n.op_type in ("Constant", "ConstantOfShape") for a in n.attribute
+            if a.name == "value" and a.HasField("t")}
+
+
+def rewrite_fix(name: str, graph: GraphSpec | None) -> str:
+    """The fix naming rewrite `name`: the one lint gives (the model.yaml line of `graph` that enables it)."""
+    from qnn_tasks.graphs.rewrites import advice
+
+    return advice(name, graph) if graph is not None else f'add "rewrites: [{name}]" to the graph in its model.yaml'
+
+
+def hazards(node, detail: dict[str, Any], constants: dict[str, np.ndarray], precision: str = "fp16",
+            sites: dict[str, list[str]] | None = None, graph: GraphSpec | None = None) -> list[dict[str, Any]]:
     """Known fp16/HTP hazards that fit what was observed, each with its export-time fix.
 
-    The fixes read the target's own precision: a w8a16 build is never told to use w8a16.
+    The fixes read the target's own precision: a w8a16 build is never told to use w8a16. A fix names a built-in
+    rewrite only where that rewrite's own matcher finds this node or constant (`sites`: rewrites.find, as lint uses
+    it), so the rewrite it names changes it; `constants`: initializers and constant values by name.
     """
+    from qnn_tasks.graphs.rewrites.graphtools import label
+
     found = []
     op = node.op_type
+    sites = sites or {}
     values = [abs(v) for v in detail.get("input_values", {}).values() if isinstance(v, float)]
     cpu_value = detail.get("cpu_value")
     if cpu_value is not None and abs(cpu_value) > FP16_MAX:
@@ -300,18 +329,24 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray],
                                      "rescaling)")})
     if detail.get("cancellation") or (op == "Sub" and cpu_value is not None and values
                                       and abs(cpu_value) < CANCELLATION_RATIO * max(values)):
+        centred = label(node) in sites.get("centred-variance", ())
         found.append({"hazard": "cancellation in fp16",
                       "why": "this subtraction of nearly equal values (e.g. variance as E[x^2] - E[x]^2) leaves mostly "
                              "rounding noise in fp16; the error shows downstream (a Reciprocal, a Div)",
-                      "fix": "compute the centred form E[(x - E[x])^2] (rewrites: [centred-variance])"})
+                      "fix": "compute the centred form E[(x - E[x])^2] at export; built in: "
+                             f"{rewrite_fix('centred-variance', graph)}" if centred else
+                             "compute it at export without subtracting nearly equal values (a variance as "
+                             "E[(x - E[x])^2]); the built-in centred-variance does not match this Sub",
+                      **({"rewrite": {"centred-variance": {}}} if centred else {})})
     tiny = any(0 < v < FP16_TINY for v in values)
-    exponent = initializers.get(node.input[1]) if op == "Pow" and len(node.input) > 1 else None
     if op == "Pow":
-        square = exponent is not None and exponent.size == 1 and float(exponent.reshape(-1)[0]) == 2.0
+        square = label(node) in sites.get("pow-square", ())
         found.append({"hazard": "fp16 Pow on tiny inputs",
                       "why": "HTP's fp16 Pow returns garbage (e.g. -4) when its input underflows fp16"
                              + (f" (|x| = {min(values):.2g} here, fp16's normal range starts at 6.1e-5)" if tiny else ""),
-                      "fix": "write Mul(x, x) at export (built in: rewrites: [pow-square] in model.yaml)" if square else "avoid Pow at export (Mul chains, or Exp/Log in fp32)"})
+                      "fix": f"write Mul(x, x) at export; built in: {rewrite_fix('pow-square', graph)}" if square
+                             else "avoid Pow at export (Mul chains, or Exp/Log in fp32)",
+                      **({"rewrite": {"pow-square": {}}} if square else {})})
     elif op in ("Sqrt", "Log", "Reciprocal", "Div") and tiny:
         found.append({"hazard": f"{op} of a value in fp16's underflow range",
                       "why": f"an input of {min(values):.2g} is below fp16's normal range (6.1e-5): it flushes to 0 or "
@@ -320,11 +355,14 @@ def hazards(node, detail: dict[str, Any], initializers: dict[str, np.ndarray],
     elif op in ("Exp", "Softmax") and any(v > 11 for v in values):
         found.append({"hazard": f"{op} overflow in fp16", "why": "exp(x) for x > 11 exceeds fp16's max 65504",
                       "fix": "subtract the max before Exp at export (Softmax does this), or clamp"})
-    for name, value in initializers.items():
-        if name in node.input and value.dtype.kind == "f" and value.size and float(value.min()) < -FP16_MAX:
+    for name in dict.fromkeys(node.input):  # finite-mask's own rule: not a -inf that only seeds a Max (harmless)
+        if name in sites.get("finite-mask", ()) and name in constants:
             found.append({"hazard": "mask constant overflows fp16",
-                          "why": f"constant '{name}' holds {float(value.min()):.3g}, beyond fp16's -65504 (becomes -inf)",
-                          "fix": "use a finite mask constant such as -1e4 at export (built in: rewrites: [finite-mask])"})
+                          "why": f"constant '{name}' holds {float(constants[name].min()):.3g}, beyond fp16's -65504 "
+                                 "(becomes -inf)",
+                          "fix": "use a finite mask constant such as -1e4 at export; built in: "
+                                 f"{rewrite_fix('finite-mask', graph)}",
+                          "rewrite": {"finite-mask": {}}})
     if not found and tiny:
         found.append({"hazard": "fp16 underflow", "why": f"inputs at the worst element are tiny ({min(values):.2g}) for fp16",
                       "fix": "rescale at export, or keep this part of the graph out of fp16"})
@@ -359,14 +397,21 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
     """An fp16 overflow that a graph input's scale reaches exactly: advise scale-input with a computed factor.
 
     Not w8a16: its calibrated 16-bit range made the STFT conv this was seen in worse. `values` are the CPU
-    tensors (inputs included) per sample; the factor fits every scaled tensor they show.
+    tensors (inputs included) per sample; the factor fits every scaled tensor they show. A graph that declares
+    scale-input already is diagnosed scaled: the factor advised in its place is the declared one times what it
+    still needs.
     """
+    from fractions import Fraction
+
     from qnn_tasks.graphs.rewrites import entry_yaml, inputscale, yaml_fix
 
     overflow = next((h for h in detail["hazards"] if h["hazard"] == "fp16 overflow"), None)
     if overflow is None:
         return
-    for name in inputscale.float_inputs(model):
+    declared = graph.rewrites.get("scale-input")
+    candidates = inputscale.float_inputs(model)
+    scaled = (declared.get("input") or (candidates[0] if len(candidates) == 1 else None)) if declared else None
+    for name in candidates:
         found = inputscale.plan(model, name)
         if detail["tensor"] not in found.degrees:
             continue
@@ -374,8 +419,14 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
             overflow["fix"] = (f"scaling input '{name}' by a power of two would keep this node in range, but the scale "
                                f"cannot be undone exactly ({found.refusal}): scale it at export where it can be undone")
             return
+        if declared and name != scaled:  # the rewrite scales one input
+            overflow["fix"] = (f"scaling input '{name}' by a power of two would keep this node in range, but "
+                               f"{graph.key}.rewrites scales input '{scaled}' already (scale-input scales one input): "
+                               f"scale '{name}' at export")
+            return
         maxima = {t: max(float(np.abs(v[t]).max(initial=0.0)) for v in values) for t in found.degrees if t in values[0]}
-        factor = inputscale.advised_factor(model, found, maxima)
+        applied = Fraction(declared["factor"]) if declared else Fraction(1)
+        factor = inputscale.advised_factor(model, found, maxima, applied)
         if factor is None:
             return
         options = {"input": name, "factor": str(factor)}

@@ -198,10 +198,16 @@ def _removal_fix(condition, select, graph: GraphSpec) -> str:
         return f"{yaml_fix('fold-if', graph.name, graph.model, graph.rewrites)} to constant-fold the condition (it is a constant)"
     fold = ""
     if condition is not None and condition.blockers:
-        fixed = ", ".join(f"{b}: <value>" for b in condition.blockers)
-        fold = (f"if the condition's input(s) {', '.join(condition.blockers)} are fixed in deployment, add "
-                f"\"constant_inputs: {{{fixed}}}\" and \"rewrites: [fold-if]\" to graphs.{graph.name} in "
-                f"models/{graph.model}/model.yaml")
+        values = ", ".join(f"{b}: <value>" for b in condition.blockers)
+        # each as the spec loader accepts it pasted: an input is fed (inputs) or fixed (constant_inputs), not both,
+        # and a second constant_inputs key would be a duplicate
+        declared = [b for b in condition.blockers if b in {t.name for t in graph.inputs}]
+        target = (f"graphs.{graph.name}.constant_inputs (as {values})" if graph.constant_inputs
+                  else f'"constant_inputs: {{{values}}}" under graphs.{graph.name}')
+        where = (f"move {', '.join(declared)} from graphs.{graph.name}.inputs to {target}" if declared
+                 else f"declare them in {target}")
+        fold = (f"if the condition's input(s) {', '.join(condition.blockers)} are fixed in deployment, {where}, and "
+                f"{yaml_fix('fold-if', graph.name, graph.model, graph.rewrites)}")
     if select is not None and not select.reason:
         where = (f"{yaml_fix('if-to-where', graph.name, graph.model, graph.rewrites)}: it computes both branches and "
                  "picks with Where (both are pure and cheap)")
@@ -225,12 +231,7 @@ def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
                       for a in n.attribute if a.name == "value"})
     findings = []
     for rule, (name, op, problem) in REWRITE_RULES.items():
-        rewrite = rewrites.CATALOGUE[name]
-        if name in graph.rewrites:
-            fix = (f"rewrite '{name}' ({rewrite.summary}) is declared for graphs.{graph.name} but this site is still "
-                   f"there: export.py skipped it, or simplify re-created it; fix it at export")
-        else:
-            fix = f"{rewrites.yaml_fix(name, graph.name, graph.model, graph.rewrites)}: {rewrite.summary}"
+        rewrite, fix = rewrites.CATALOGUE[name], rewrites.advice(name, graph)
         for site in sites[name]:
             if op is None:
                 lowest = float(numpy_helper.to_array(constants[site]).min())

@@ -244,6 +244,16 @@ def example() -> str:
     return f"rewrites: [pow-square, {entry_yaml('finite-mask', CATALOGUE['finite-mask'].options)}]"
 
 
+def advice(name: str, graph: Any) -> str:
+    """The fix lint and diagnose give where rewrite `name`'s own matcher finds a site in `graph` (a GraphSpec): the
+    model.yaml line that enables it, or, when the graph declares it already, that the site survived it."""
+    rewrite = CATALOGUE[name]
+    if name in graph.rewrites:
+        return (f"rewrite '{name}' ({rewrite.summary}) is declared for graphs.{graph.name} but this site is still "
+                f"there: export.py skipped it, or simplify re-created it; fix it at export")
+    return f"{yaml_fix(name, graph.name, graph.model, graph.rewrites)}: {rewrite.summary}"
+
+
 def yaml_fix(name: str, graph_name: str, model_name: str, declared: Iterable[str] = (),
              options: Mapping[str, Any] | None = None) -> str:
     """The model.yaml line that enables rewrite `name` (with `options`) for a graph: the `fix:` of lint, diagnose and

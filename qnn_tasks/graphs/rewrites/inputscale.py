@@ -190,16 +190,17 @@ def scale_input(model: onnx.ModelProto, dry_run: bool = False, input: str | None
 FP16_POWERS = tuple(2.0 ** k for k in FP16_SCALES)  # the powers of two fp16 holds as normal numbers
 
 
-def fp16_products(model: onnx.ModelProto, found: Plan, factor: float) -> str:
+def fp16_products(model: onnx.ModelProto, found: Plan, factor: float, applied: float = 1.0) -> str:
     """Why a constant the rewrite writes would leave fp16's range on the NPU ("" when every one fits): the factor
     undone at an output (s^-d), or a constant scaled with its neighbour (c s^d) beyond 65504.
 
     The one rule for a factor: the rewrite refuses what this names, and diagnose advises only a factor it accepts.
     A value already beyond fp16 before scaling is not the scale's doing: an infinite Clip bound (no bound) stays
-    infinite, and a -inf mask is lint's fp16-overflow-constant (finite-mask)."""
+    infinite, and a -inf mask is lint's fp16-overflow-constant (finite-mask). `applied`: a scale `model` already
+    has (a graph scale-input rewrote: its constants are scaled, its outputs will be undone by applied * factor)."""
     low, high = FP16_POWERS
     for out in found.outputs:
-        back = factor ** -float(found.degrees[out])
+        back = (applied * factor) ** -float(found.degrees[out])
         if not low <= back <= high:
             return (f"undoing it at output '{out}' multiplies by {_power(back)}, outside fp16's powers of two "
                     f"({_power(low)} .. {_power(high)})")
@@ -285,17 +286,22 @@ def _apply(model: onnx.ModelProto, found: Plan, factor: float) -> None:
 HEADROOM = 4.0  # the advised factor keeps the largest scaled value this far under fp16's max (unseen inputs)
 
 
-def advised_factor(model: onnx.ModelProto, found: Plan, maxima: dict[str, float]) -> Fraction | None:
+def advised_factor(model: onnx.ModelProto, found: Plan, maxima: dict[str, float],
+                   applied: Fraction = Fraction(1)) -> Fraction | None:
     """The largest power of two s <= 1/2 that brings every scaled tensor's measured max under FP16_MAX / HEADROOM
-    and that the rewrite accepts (`fp16_products`, the check scale_input makes).
+    and that the rewrite accepts (`fp16_products`, the check scale_input makes), as the factor to declare.
 
-    `maxima`: tensor -> largest |value| seen on CPU. None when no power of two fits every tensor.
+    `maxima`: tensor -> largest |value| seen on CPU. `applied`: the factor scale-input already applied to `model`
+    (the graph declares it): the factor to declare is then applied * s, which must be one fp16 holds as well.
+    None when no power of two fits every tensor.
     """
     limit = FP16_MAX / HEADROOM
     for k in range(1, 1 - FP16_SCALES[0]):  # to 2^-14, fp16's smallest normal power of two (smaller is refused)
         s = 2.0 ** -k
-        if fp16_products(model, found, s):
+        if applied * Fraction(1, 2 ** k) < Fraction(2) ** FP16_SCALES[0]:
+            break  # the factor to declare would be below fp16's normal powers of two (refused)
+        if fp16_products(model, found, s, float(applied)):
             continue
         if all(m * s ** float(d) <= limit for t, d in found.degrees.items() if (m := maxima.get(t)) is not None):
-            return Fraction(1, 2 ** k)
+            return applied * Fraction(1, 2 ** k)
     return None
