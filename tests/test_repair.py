@@ -1,7 +1,7 @@
 """The precision repair (issue 42, item 1): a w8a16 graph that fails its checks because of one weight with an outlier
 input channel, repaired by keeping the fewest weights at 16 bits, found on the x86 HTP simulator.
 
-The graph is built here: a residual MLP stack like test_split's (12 blocks of LayerNorm -> MatMul -> Relu -> MatMul,
+The graph is built here: test_split's residual MLP stack (12 blocks of LayerNorm -> MatMul -> Relu -> MatMul,
 [1, 16, 256], 24 weights of equal size) where block 2 scales its input's channel 7 by 0.01 and its first weight's
 row 7 by 100, as a model with an outlier channel does. Per-output-channel 8-bit weights then spend their range on row 7 (measured: cosine
 0.966 against the float graph); the same weight at 16 bits gives 0.9999. Real: onnxruntime's QNN quantizer (its
@@ -14,8 +14,7 @@ import json
 import numpy as np
 import onnx
 import pytest
-from onnx import TensorProto, helper, numpy_helper
-from test_split import YAML, stack_project
+from test_split import YAML, stack_model, stack_project
 
 pytestmark = pytest.mark.slow
 SOC = "SM8650"
@@ -23,41 +22,11 @@ SEQ, WIDTH, BLOCKS = 16, 256, 12
 TARGET = f"net-w8a16-mixed-{SOC}"
 
 
-def outlier_stack() -> onnx.ModelProto:
-    rng = np.random.default_rng(3)
-    nodes, inits, x = [], [], "x"
-
-    def weight(name: str, array: np.ndarray) -> str:
-        inits.append(numpy_helper.from_array(array.astype(np.float32), name))
-        return name
-
-    for b in range(BLOCKS):
-        p = f"b{b}"
-        nodes.append(helper.make_node("LayerNormalization", [x, weight(f"{p}.g", np.ones(WIDTH)),
-                                                             weight(f"{p}.beta", np.zeros(WIDTH))], [f"{p}.ln"], axis=-1))
-        up, fed = rng.standard_normal((WIDTH, 2 * WIDTH)) / 16, f"{p}.ln"
-        if b == 2:  # an outlier channel: tiny activations on channel 7 meet a weight row 100x the others
-            scale = np.ones(WIDTH)
-            scale[7] = 0.01
-            nodes.append(helper.make_node("Mul", [fed, weight(f"{p}.s", scale)], [f"{p}.scaled"]))
-            fed, up[7, :] = f"{p}.scaled", up[7, :] * 100
-        nodes += [helper.make_node("MatMul", [fed, weight(f"{p}.w1", up)], [f"{p}.up"]),
-                  helper.make_node("Relu", [f"{p}.up"], [f"{p}.act"]),
-                  helper.make_node("MatMul", [f"{p}.act", weight(f"{p}.w2", rng.standard_normal((2 * WIDTH, WIDTH)) / 23)],
-                                   [f"{p}.down"]),
-                  helper.make_node("Add", [x, f"{p}.down"], [f"{p}.res"])]
-        x = f"{p}.res"
-    nodes.append(helper.make_node("Identity", [x], ["y"]))
-    graph = helper.make_graph(nodes, "outliers", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, SEQ, WIDTH])],
-                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, SEQ, WIDTH])], inits)
-    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
-
-
 def outlier_project(root, budget: int | None = None):
     project = stack_project(root)
     own = project.path("socs/socs.yaml")  # test_split's lowered weight budget is not this test's
     own.write_text(own.read_text().replace("context_mb: 2,", ""))
-    onnx.save(outlier_stack(), str(project.path("models/stack/stack.onnx")))
+    onnx.save(stack_model(BLOCKS, outlier=2), str(project.path("models/stack/stack.onnx")))
     np.savez(project.path("models/stack/samples/x.npz"),
              x=np.random.default_rng(4).standard_normal((8, 1, SEQ, WIDTH)).astype(np.float32))
     calibration = "{samples: 8" + (f", repair_budget: {budget}" if budget else "") + "}"

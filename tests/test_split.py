@@ -34,7 +34,8 @@ MODEL_YAML = "licence: test fixture\nsource: {file: stack.onnx}\ngraphs:\n" + GR
 SECOND = GRAPH.format(name="net2") + "    split: {at: [b0.res, b1.res]}\n"
 
 
-def stack_model(blocks: int = BLOCKS) -> onnx.ModelProto:
+def stack_model(blocks: int = BLOCKS, outlier: int | None = None) -> onnx.ModelProto:
+    """The residual MLP stack; `outlier`: the block whose first MatMul meets an outlier input channel (test_repair)."""
     rng = np.random.default_rng(3)
     inits, nodes, x = [], [], "x"
 
@@ -44,10 +45,15 @@ def stack_model(blocks: int = BLOCKS) -> onnx.ModelProto:
 
     for b in range(blocks):
         p = f"b{b}"
-        nodes += [helper.make_node("LayerNormalization", [x, weight(f"{p}.g", np.ones(WIDTH)),
-                                                          weight(f"{p}.beta", np.zeros(WIDTH))], [f"{p}.ln"], axis=-1),
-                  helper.make_node("MatMul", [f"{p}.ln", weight(f"{p}.w1", rng.standard_normal((WIDTH, 2 * WIDTH)) / 16)],
-                                   [f"{p}.up"]),
+        nodes.append(helper.make_node("LayerNormalization", [x, weight(f"{p}.g", np.ones(WIDTH)),
+                                                             weight(f"{p}.beta", np.zeros(WIDTH))], [f"{p}.ln"], axis=-1))
+        up, fed = rng.standard_normal((WIDTH, 2 * WIDTH)) / 16, f"{p}.ln"
+        if b == outlier:  # an outlier channel: tiny activations on channel 7 meet a weight row 100x the others
+            scale = np.ones(WIDTH)
+            scale[7] = 0.01
+            nodes.append(helper.make_node("Mul", [fed, weight(f"{p}.s", scale)], [f"{p}.scaled"]))
+            fed, up[7, :] = f"{p}.scaled", up[7, :] * 100
+        nodes += [helper.make_node("MatMul", [fed, weight(f"{p}.w1", up)], [f"{p}.up"]),
                   helper.make_node("Relu", [f"{p}.up"], [f"{p}.act"]),
                   helper.make_node("MatMul", [f"{p}.act", weight(f"{p}.w2", rng.standard_normal((2 * WIDTH, WIDTH)) / 23)],
                                    [f"{p}.down"]),
