@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 from conftest import Project, copy_project
 from onnx import TensorProto, helper, numpy_helper
+from tiny_project import only_model
 
 MODEL_YAML = """\
 licence: test fixture
@@ -348,11 +349,7 @@ def chained_sized_project(root: Path, model_yaml: str = CHAIN_YAML) -> Project:
     decoder fed the encoder's `mem` and a start token `tok` (a constant: `pipeline.feed: {dec.tok: {value: 1.0}}`):
     enc mem = x @ W (padding stays 0), dec y = sum over seq of mem, plus tok. The encoder's samples are files
     padded to 12 positions."""
-    project = copy_project(root)
-    for model in project.root.glob("models/*"):
-        shutil.rmtree(model)
-    folder = project.path("models/chain")
-    folder.mkdir(parents=True)
+    project, folder = only_model(root, "chain")
     rng = np.random.default_rng(5)
     weights = rng.standard_normal((4, 4)).astype(np.float32)
     enc = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["mem"])], "enc",
