@@ -23,6 +23,8 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from qnn_tasks.graphs import split
+from qnn_tasks.graphs.weights import weight_axes
+from qnn_tasks.spec import precisions as precision_table
 
 MB = 1 << 20
 OP_DATA_PER_NODE = 512       # bytes of run list per node (fitted, benchmarks/bench_memory_estimate.py)
@@ -32,7 +34,7 @@ MEASURED_PARTS = ("const", "io", "op_data", "ddr", "spill_fill", "shared_weights
 ESTIMATE_BASIS = ("estimated at lint from the ONNX: weights at the precision + graph I/O + run lists + the spill "
                   "buffer of activations larger than VTCM")
 MEASURED_BASIS = "read from the context binary: the HTP prepare library's per-graph memory figures"
-_ITEMSIZE = {1: 4, 2: 1, 3: 1, 4: 2, 5: 2, 6: 4, 7: 8, 9: 1, 10: 4, 11: 8, 12: 4, 13: 8, 16: 4}  # float I/O: float32
+FLOAT_IO = {1, 10, 16}        # float32, float16, bfloat16 I/O: float32 at the QNN boundary
 
 
 def _elements(shape: list[int]) -> int:
@@ -55,13 +57,13 @@ def _activations(model) -> tuple[int, int, int]:
 
 
 def const_bytes(model, precision: str) -> int:
-    """The weights' bytes as compiled at `precision` (see the module doc). w4a16: the 4-bit weights of
-    Conv/MatMul/Gemm (ort_quantize's choice), the rest as at w8a16."""
-    if precision not in ("w8a16", "w4a16"):
+    """The weights' bytes as compiled at `precision` (see the module doc). A quantized precision with 4-bit weights
+    (w4a16): those of Conv/MatMul/Gemm (onnxinfo.weight_axes, what ort_quantize keeps at 4 bits), the rest as at
+    w8a16."""
+    if not precision_table.is_quantized(precision):
         return split.weight_bytes(model, precision)
     tables = {node.input[0] for node in model.graph.node if node.op_type == "Gather" and node.input}
-    four = ({node.input[1] for node in model.graph.node if node.op_type in ("Conv", "ConvTranspose", "MatMul", "Gemm")
-             and len(node.input) > 1} if precision == "w4a16" else set())
+    four = set(weight_axes(model)) if precision_table.BY_NAME[precision].weight_bits == 4 else set()
     total = 0
     for tensor in model.graph.initializer:
         eight = split.tensor_bytes(tensor, "w8a16")
@@ -82,18 +84,26 @@ def io_bytes(model) -> int:
     for value in list(model.graph.input) + list(model.graph.output):
         tensor = value.type.tensor_type
         dims = [d.dim_value for d in tensor.shape.dim]
-        total += _elements(dims) * _ITEMSIZE.get(tensor.elem_type, 4)
+        total += _elements(dims) * (4 if tensor.elem_type in FLOAT_IO else split.ITEMSIZE.get(tensor.elem_type, 4))
     return total
 
 
 def estimate(model, precision: str, vtcm_mb: int) -> dict[str, Any]:
     """The resident bytes a context of this graph needs at `precision` on a chip with `vtcm_mb` of VTCM: each
     part and their sum, with the basis."""
+    return estimates(model, (precision,), vtcm_mb)[precision]
+
+
+def estimates(model, precisions, vtcm_mb: int) -> dict[str, dict[str, Any]]:
+    """`estimate` at each precision; the activations (a shape inference) and the I/O are read once for all."""
     nodes, activations, largest = _activations(model)
-    parts = {"const": const_bytes(model, precision), "io": io_bytes(model),
-             "op_data": int(OP_DATA_PER_NODE * nodes + OP_DATA_SHARE * 2 * activations),
-             "spill_fill": 2 * largest if 2 * largest > vtcm_mb * MB else 0}
-    return {**parts, "resident": sum(parts.values()), "vtcm_mb": vtcm_mb, "basis": ESTIMATE_BASIS}
+    shared = {"io": io_bytes(model), "op_data": int(OP_DATA_PER_NODE * nodes + OP_DATA_SHARE * 2 * activations),
+              "spill_fill": 2 * largest if 2 * largest > vtcm_mb * MB else 0}
+    found = {}
+    for precision in precisions:
+        parts = {"const": const_bytes(model, precision), **shared}
+        found[precision] = {**parts, "resident": sum(parts.values()), "vtcm_mb": vtcm_mb, "basis": ESTIMATE_BASIS}
+    return found
 
 
 def measured(binary_info: Mapping[str, Any] | None) -> dict[str, Any] | None:
@@ -119,6 +129,12 @@ def mb(size: float) -> str:
     if value < 1:
         return f"{value:.3f} MiB"
     return f"{value:,.1f} MiB" if value < 100 else f"{value:,.0f} MiB"
+
+
+def of_records(lint: Mapping[str, Any] | None, context: Mapping[str, Any] | None,
+               precision: str) -> dict[str, Any] | None:
+    """`figure` of a target from its graph's lint record (the estimate) and its context record (the binary)."""
+    return figure(((lint or {}).get("memory_estimate") or {}).get(precision), measured((context or {}).get("binary")))
 
 
 def figure(estimated: Mapping[str, Any] | None, read: Mapping[str, Any] | None) -> dict[str, Any] | None:

@@ -220,9 +220,7 @@ def memory_figure(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, A
     estimate and its error beside it; the estimate alone (said as one) before."""
     from qnn_tasks.graphs import memory
 
-    lint = read_checked(record_path("lint", ct.graph_target)) or {}
-    return memory.figure((lint.get("memory_estimate") or {}).get(ct.precision),
-                         memory.measured((context or {}).get("binary")))
+    return memory.of_records(read_checked(record_path("lint", ct.graph_target)), context, ct.precision)
 
 
 def latency(ct: ChipTarget) -> dict[str, Any] | None:

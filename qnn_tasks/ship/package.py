@@ -236,8 +236,8 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
             entry["repair"] = {"promoted": repaired.get("promoted", []), "share": repaired.get("share"),
                                "chip": repaired.get("chip"), "steps": len(repaired.get("steps") or ()),
                                "budget": repaired.get("budget"), "plain_w8a16": repaired.get("plain_w8a16")}
-        fit = memory.figure(((graph_records[graph["name"]] or {}).get("lint") or {}).get("memory_estimate", {})
-                            .get(item.chip["precision"]), memory.measured(item.records["context"].get("binary")))
+        fit = memory.of_records((graph_records[graph["name"]] or {}).get("lint"), item.records["context"],
+                                item.chip["precision"])
         if fit:  # what a load holds (docs/load-and-fit.md): the selectors refuse a device with less free
             entry["memory"] = fit
         graphs[graph["name"]]["binaries"].append(entry)

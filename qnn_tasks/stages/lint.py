@@ -77,13 +77,15 @@ def summary_lines(findings: list[Finding]) -> list[str]:
 
 
 def find_problems(model, graph: GraphSpec, loop_feed: dict[str, str] | None = None,
-                  budgets: dict[str, dict[str, Any]] | None = None) -> list[Finding]:
+                  budgets: dict[str, dict[str, Any]] | None = None,
+                  estimates: dict[str, dict[str, Any]] | None = None) -> list[Finding]:
     """Every finding on the model, with its severity before `allow` is applied. `loop_feed`: the model's `loop:` feed
-    when it loops this graph; `budgets`: the context budget of each arch it builds for."""
+    when it loops this graph; `budgets`: the context budget of each arch it builds for; `estimates`: its memory
+    estimates when the caller has them (without budgets there is no limit to hold them to, and none is made)."""
     sizes = size_findings(split.size_line(model), graph, budgets or {})
-    findings = _io_findings(model) + _node_findings(model, graph) + _rewrite_findings(model, graph) + sizes \
-        + memory_findings(model, memory_estimates(model, graph, budgets or {}), graph, budgets or {},
-                          {f.where for f in sizes}) \
+    held = memory_findings(model, estimates if estimates is not None else memory_estimates(model, graph, budgets),
+                           graph, budgets, {f.where for f in sizes}) if budgets else []
+    findings = _io_findings(model) + _node_findings(model, graph) + _rewrite_findings(model, graph) + sizes + held \
         + _recurrent_findings(model, graph, loop_feed or {})
     allowed = set(graph.lint.get("allow", []))
     for f in findings:
@@ -96,10 +98,11 @@ def run(graph: GraphSpec, simplified: Path, loop_feed: dict[str, str] | None = N
         budgets: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
     """Lint the simplified graph; return the record; raise StageError listing every error."""
     model = onnxinfo.load(simplified, "simplified ONNX")
-    findings = find_problems(model, graph, loop_feed, budgets)
+    estimates = memory_estimates(model, graph, budgets or {})
+    findings = find_problems(model, graph, loop_feed, budgets, estimates)
     record = {"parameters": onnxinfo.parameter_count(model), "weight_bytes": split.size_line(model),
               "context_budgets": budgets or {},
-              "memory_estimate": memory_estimates(model, graph, budgets or {}),
+              "memory_estimate": estimates,
               "op_counts": _op_counts(model),
               "findings": [asdict(f) for f in findings],
               "warnings": summary_lines([f for f in findings if f.severity == "warning"]),  # a hint once per rule
@@ -352,7 +355,7 @@ def memory_estimates(model, graph: GraphSpec, budgets: dict[str, dict[str, Any]]
     """{precision: the resident memory a loaded context of this graph needs} (graphs/memory.py), on the smallest
     VTCM of the chips it builds for (8 MB where it builds for none)."""
     vtcm = min((b.get("vtcm_mb", 8) for b in budgets.values()), default=8)
-    return {precision: memory.estimate(model, precision, vtcm) for precision in graph.precisions}
+    return memory.estimates(model, graph.precisions, vtcm)
 
 
 def parts_that_fit(model, precision: str, overhead: int, limit: int, most: int = 64) -> int | None:

@@ -25,6 +25,7 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs.intermediates import expose_intermediates
+from qnn_tasks.graphs.weights import weight_axes
 from qnn_tasks.judge import checks as verification
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.plan.paths import PROMOTED_FILE
@@ -42,7 +43,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     """Search the promotion for `graph` on `soc` with `toolchain`; write promoted.json; return the record."""
     import onnx
 
-    from qnn_tasks.toolchains.ort_quantize import quantize_model, weight_axes
+    from qnn_tasks.toolchains.ort_quantize import quantize_model
 
     if not hasattr(toolchain, "compile_variant"):
         raise StageError(f"the precision repair needs a toolchain that compiles a derived model (ort-qnn); "

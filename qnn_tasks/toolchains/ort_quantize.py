@@ -15,27 +15,11 @@ from typing import Any
 from qnn_tasks import fileio
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
+from qnn_tasks.graphs.weights import weight_axes
 from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.toolchains.base import StageInput, quantized_outputs
-
-FOUR_BIT_OPS = {"Conv": 0, "ConvTranspose": 1, "MatMul": -1, "Gemm": None}  # op -> its weight's output-channel axis
-
-
-def weight_axes(model) -> dict[str, int]:
-    """{weight: its output-channel axis} of every 2+-dim float initializer a Conv/ConvTranspose/MatMul/Gemm reads
-    as its weight (input 1): the weights w4a16 keeps in 4 bits and the repair may promote to 16."""
-    floats = {t.name: len(t.dims) for t in model.graph.initializer if t.data_type in (1, 10, 11, 16)}
-    found: dict[str, int] = {}
-    for node in model.graph.node:
-        if node.op_type not in FOUR_BIT_OPS or len(node.input) < 2 or floats.get(node.input[1], 0) < 2:
-            continue
-        axis = FOUR_BIT_OPS[node.op_type]
-        if axis is None:  # Gemm: B is [K, N] unless transB
-            axis = 0 if any(a.name == "transB" and a.i for a in node.attribute) else 1
-        found[node.input[1]] = axis % floats[node.input[1]]
-    return found
 
 
 def run(si: StageInput) -> dict[str, Any]:
