@@ -47,7 +47,7 @@ def test_the_repair_promotes_the_outlier_weight_and_the_variant_verifies(repaire
     assert {"repair:net-w8a16-mixed", "quantize:net-w8a16-mixed", f"simverify:{TARGET}"} <= repaired.result.executed
     record = repaired.one_json("build/stack/net/*/w8a16-mixed/repair/repair.json")
     assert record["chip"] == SOC and record["budget"] == 6 and record["compiles"] <= record["budget"]
-    assert not record["plain_w8a16"]["passed"] and record["plain_w8a16"]["min_cosine"] < 0.99
+    assert not record["plain"]["passed"] and record["plain"]["min_cosine"] < 0.99
     assert record["ranked"][0]["weight"] == "b2.w1"  # the simulator's per-node error names the outlier's weight
     assert [p["weight"] for p in record["promoted"]] == ["b2.w1"]
     assert record["share"] == pytest.approx(1 / (2 * BLOCKS), abs=1e-3)  # one of 24 equal weights: under 10%

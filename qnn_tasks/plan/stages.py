@@ -439,7 +439,8 @@ def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan |
 
 
 def plan_repair(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan | None:
-    """A w8a16-mixed variant's search for the weights to keep at 16 bits, measured on the first chip it builds for."""
+    """A repaired variant's (w8a16-mixed, w4a16-mixed) search for the weights to keep at 16 bits, measured on the
+    first chip it builds for."""
     chip = next((ct for ct in p.chips if ct.variant is vt and not ct.skip_reason), None) \
         if precision_table.is_repaired(vt.precision) else None
     if chip is None:
@@ -449,17 +450,19 @@ def plan_repair(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan | None:
     budget = g.calibration.get("repair_budget", DEFAULT_REPAIR_BUDGET)
     runs_code = any(check["kind"] in MODEL_CHECKS for check in chip.verify["checks"])
     settings = json.dumps({"verify": chip.verify, "calibration": g.calibration, "budget": budget, "io": g.io(),
-                           "soc": chip.soc.row()}, sort_keys=True)
+                           "soc": chip.soc.row(), "precision": vt.precision}, sort_keys=True)
     binding = p.binding(vt)
     return Plan(name=vt.name, out_dir=out, model=g.model,
                 file_dep=[str(gt.simplified), str(gt.calibration), str(gt.inputs), str(gt.reference)]
                 + (p.code_deps(g) if runs_code else []) + p.check_deps(g, chip.verify),
                 outputs=[f"{out}/{PROMOTED_FILE}"], key=p.key(stage, binding, settings, labels=("",)),
-                doc=f"find the fewest weights of {g.name} to keep at 16 bits so that w8a16 passes its checks, on "
-                    f"{chip.soc.name}'s simulator (budget {budget} compiles)",
+                doc=f"find the fewest weights of {g.name} to keep at 16 bits so that "
+                    f"{precision_table.BY_NAME[vt.precision].base} passes its checks, on {chip.soc.name}'s simulator "
+                    f"(budget {budget} compiles)",
                 args=lambda: {"graph": p.graph_dict(g), "verify": chip.verify, "soc": specjson.soc_to_dict(chip.soc),
                               "simplified": str(gt.simplified), "calibration": str(gt.calibration),
-                              "inputs": str(gt.inputs), "reference": str(gt.reference), "budget": budget},
+                              "inputs": str(gt.inputs), "reference": str(gt.reference), "budget": budget,
+                              "precision": vt.precision},
                 base=lambda: {"graph": g.name, "precision": vt.precision, "soc": chip.soc.name,
                               "toolchain": {"id": vt.toolchain_id, "profile": binding.profile.name,
                                             **binding.fingerprint}},
@@ -762,7 +765,7 @@ CROSSSIZE = StageDef("crosssize", "chip", "Check each graph with sizes (dims:) o
                      "fits a smaller size gives the same result padded into every larger one.",
                      "qnn_tasks.stages.crosssize:run_call", plan_crosssize, heavy=False, column=False)
 VARIANT_RUNNER = "qnn_tasks.toolchains.calls:graph_stage"  # quantize; convert, modellib: rows from the toolchain
-REPAIR = StageDef("repair", "variant", "Find the fewest weights of each w8a16-mixed graph to keep at 16 bits so that "
+REPAIR = StageDef("repair", "variant", "Find the fewest weights of each w8a16-mixed/w4a16-mixed graph to keep at 16 bits so that "
                   "it passes its checks, measured on the first chip's host simulator.",
                   "qnn_tasks.stages.repair:run_call", plan_repair, remote=True, toolchain=True, column=False)
 # On demand: created only when asked for (`doit diagnose`), never in the default run. Rows without a runner are

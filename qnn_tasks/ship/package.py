@@ -235,7 +235,7 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
         if repaired:  # what the repair kept at 16 bits and how it was found (stages/repair.py)
             entry["repair"] = {"promoted": repaired.get("promoted", []), "share": repaired.get("share"),
                                "chip": repaired.get("chip"), "steps": len(repaired.get("steps") or ()),
-                               "budget": repaired.get("budget"), "plain_w8a16": repaired.get("plain_w8a16")}
+                               "budget": repaired.get("budget"), "plain": repaired.get("plain")}
         fit = memory.of_records((graph_records[graph["name"]] or {}).get("lint"), item.records["context"],
                                 item.chip["precision"])
         if fit:  # what a load holds (docs/load-and-fit.md): the selectors refuse a device with less free

@@ -100,8 +100,8 @@ def calibration_section(data: Any, precisions: list[str], path: Path, key: str) 
               "per_channel": as_bool(section.get("per_channel", True), path, f"{key}.per_channel")}
     if "repair_budget" in section:  # only where declared: a quantized graph's keys stay as they were without it
         if not any(precision_table.is_repaired(p) for p in precisions):
-            raise SpecError(path, f"{key}.repair_budget", "only the repair of precision w8a16-mixed spends it",
-                            "add w8a16-mixed to precision or remove it")
+            raise SpecError(path, f"{key}.repair_budget", f"only the repair of precision "
+                            f"{precision_table.repaired_names()} spends it", "add w8a16-mixed to precision or remove it")
         result["repair_budget"] = as_int(section["repair_budget"], path, f"{key}.repair_budget", *REPAIR_BUDGET)
     return result
 

@@ -20,6 +20,7 @@ class Precision:
     runs_as: str              # the word a SoC row's `runs:` uses for the chips that build it
     doc: str
     repaired: bool = False    # its weights' widths are searched by the repair stage (stages/repair.py)
+    base: str = ""            # a repaired precision: the plain one it repairs (its weights before any promotion)
 
 
 TABLE = (
@@ -29,7 +30,10 @@ TABLE = (
                                          "16-bit activations, quantized in QNN"),
     Precision("w8a16-mixed", 8, True, "w8a16", "w8a16 with the fewest weights kept at 16 bits that make the graph "
                                                "pass its checks, found on the simulator (the repair stage)",
-              repaired=True),
+              repaired=True, base="w8a16"),
+    Precision("w4a16-mixed", 4, True, "w8a16", "w4a16 with the fewest 4-bit weights kept at 16 bits that make the graph "
+                                               "pass its checks, found on the simulator (the repair stage)",
+              repaired=True, base="w4a16"),
 )
 BY_NAME = {p.name: p for p in TABLE}
 NAMES = tuple(BY_NAME)
@@ -48,6 +52,11 @@ def any_quantized(names) -> bool:
 
 def is_repaired(name: str) -> bool:
     return name in BY_NAME and BY_NAME[name].repaired
+
+
+def repaired_names() -> str:
+    """The repaired precisions, for messages: "w8a16-mixed or w4a16-mixed"."""
+    return " or ".join(p.name for p in TABLE if p.repaired)
 
 
 def runs_as(name: str) -> str:

@@ -1,8 +1,10 @@
-"""repair: the fewest weights of a w8a16 graph to keep at 16 bits so that it passes its checks (precision w8a16-mixed).
+"""repair: the fewest weights of a quantized graph to keep at 16 bits so that it passes its checks (precisions
+w8a16-mixed and w4a16-mixed: plain w8a16 or w4a16 repaired).
 
 Measured on the NPU's own arithmetic, on one chip's x86 HTP simulator (the first chip the variant builds for):
-1. plain w8a16 (no weight promoted) is quantized, compiled, run on the verification inputs and judged by the graph's
-   w8a16-mixed checks (thresholds and task checks, as simverify judges); if it passes, nothing is promoted;
+1. the plain precision (no weight promoted) is quantized, compiled, run on the verification inputs and judged by the
+   graph's checks for the repaired precision (thresholds and task checks, as simverify judges: a task check such as
+   a transcript's words stops the search, not the cosine alone); if it passes, nothing is promoted;
 2. sensitivity: every intermediate tensor is made an output (graphs/intermediates.py), the graph quantized and run
    on the simulator beside the float graph on the CPU; each weight-bearing node (Conv, ConvTranspose, MatMul, Gemm)
    is scored by the error it creates: its output's relative error less its input's;
@@ -31,6 +33,7 @@ from qnn_tasks.judge import samples as sample_store
 from qnn_tasks.plan.paths import PROMOTED_FILE
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
+from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.checks import DEFAULT_REPAIR_BUDGET
 from qnn_tasks.spec.project import GraphSpec, Soc
 from qnn_tasks.toolchains import calls as toolchains_calls
@@ -39,8 +42,10 @@ SENSITIVITY_SAMPLES = 4     # verification samples the per-node error is measure
 
 
 def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplified: Path, calibration: Path,
-        inputs_file: Path, reference_file: Path, out_dir: Path, budget: int = DEFAULT_REPAIR_BUDGET) -> dict[str, Any]:
-    """Search the promotion for `graph` on `soc` with `toolchain`; write promoted.json; return the record."""
+        inputs_file: Path, reference_file: Path, out_dir: Path, budget: int = DEFAULT_REPAIR_BUDGET,
+        precision: str = "w8a16-mixed") -> dict[str, Any]:
+    """Search the promotion of `precision` (a repaired one) for `graph` on `soc` with `toolchain`; write
+    promoted.json; return the record."""
     import onnx
 
     from qnn_tasks.toolchains.ort_quantize import quantize_model
@@ -48,13 +53,14 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     if not hasattr(toolchain, "compile_variant"):
         raise StageError(f"the precision repair needs a toolchain that compiles a derived model (ort-qnn); "
                          f"{toolchain.kind} does not (fix: build this graph with an ort-qnn toolchain, or "
-                         "precision: w8a16)")
+                         f"precision: {precision_table.BY_NAME[precision].base})")
     start = time.monotonic()
     work = out_dir / ".work"
     work.mkdir(parents=True, exist_ok=True)
     samples = sample_store.load(calibration)
     inputs, reference = sample_store.load(inputs_file), sample_store.load(reference_file)
-    options = toolchain.write_config(graph, "w8a16", soc, work)["provider_options"]
+    plain_precision = precision_table.BY_NAME[precision].base
+    options = toolchain.write_config(graph, plain_precision, soc, work)["provider_options"]
     model = onnx.load(str(simplified), load_external_data=False)
     weights = _weights(model, weight_axes(model))
     total = sum(w["bytes"] for w in weights.values()) or 1
@@ -64,7 +70,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
         folder = work / f"step{len(steps)}"
         folder.mkdir(parents=True, exist_ok=True)
         qdq = folder / "qdq.onnx"
-        quantize_model(graph, "w8a16", simplified, samples, qdq, folder, promoted=promoted)
+        quantize_model(graph, precision, simplified, samples, qdq, folder, promoted=promoted)
         ctx = toolchain.compile_variant(qdq, options, folder / "compiled")
         outputs, _, _ = simulator.run(ctx, options, inputs, folder / "simulator.log")
         result, violations = verification.judge(graph, verify, reference, outputs)
@@ -80,12 +86,12 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     plain = attempt([])
     ranked: list[dict[str, Any]] = []
     if not plain["passed"]:
-        ranked = sensitivity(graph, simplified, samples, inputs, options, toolchain, weights, work)
+        ranked = sensitivity(graph, precision, simplified, samples, inputs, options, toolchain, weights, work)
     found = _search([r["weight"] for r in ranked], attempt, budget - 2) if ranked else None
     chosen = [] if plain["passed"] else found
     record = {"chip": soc.name, "budget": budget, "compiles": len(steps) + (1 if ranked else 0),
-              "seconds": round(time.monotonic() - start, 1), "plain_w8a16": {k: plain[k] for k in (
-                  "min_cosine", "checks", "passed", "binary_bytes")},
+              "seconds": round(time.monotonic() - start, 1), "plain": {"precision": plain_precision, **{
+                  k: plain[k] for k in ("min_cosine", "checks", "passed", "binary_bytes")}},
               "ranked": ranked[:20], "steps": steps, "weights": len(weights), "weight_bytes": total}
     if chosen is None:
         best = max(steps, key=lambda s: (s["passed"], s["min_cosine"] if s["min_cosine"] is not None else -2))
@@ -94,7 +100,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
                          f"compiles passes its checks: promoted {tried} of {len(ranked)} ranked weights; best: "
                          f"{len(best['promoted'])} promoted ({', '.join(best['promoted'][:4]) or 'none'}), "
                          f"min cosine {best['min_cosine']}, {'; '.join(best['violations'][:1])} (fix: raise "
-                         "calibration.repair_budget, or precision: fp16)", record)
+                         f"calibration.repair_budget, or {_wider(precision)})", record)
     final = next(s for s in steps if s["promoted"] == chosen)
     promoted = [{**weights[w], "weight": w, **_score(ranked, w)} for w in chosen]
     fileio.write_json(out_dir / PROMOTED_FILE, {"promoted": promoted, "share": final["share"]})
@@ -104,8 +110,8 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     return record
 
 
-def sensitivity(graph: GraphSpec, simplified: Path, samples: list, inputs: list, options: dict[str, str], toolchain,
-                weights: dict[str, dict[str, Any]], work: Path) -> list[dict[str, Any]]:
+def sensitivity(graph: GraphSpec, precision: str, simplified: Path, samples: list, inputs: list,
+                options: dict[str, str], toolchain, weights: dict[str, dict[str, Any]], work: Path) -> list[dict[str, Any]]:
     """The weight-bearing nodes ranked by the error each creates on the simulator (its output's relative error less
     the worst of its inputs'), largest first, ties in graph order."""
     import onnx
@@ -121,7 +127,7 @@ def sensitivity(graph: GraphSpec, simplified: Path, samples: list, inputs: list,
     picked = inputs[:SENSITIVITY_SAMPLES]
     cpu = run_onnx_cpu(diag_path, picked)
     qdq = folder / "qdq.onnx"
-    quantize_model(graph, "w8a16", diag_path, samples, qdq, folder)
+    quantize_model(graph, precision, diag_path, samples, qdq, folder)
     ctx = toolchain.compile_variant(qdq, options, folder / "compiled")
     npu, _, _ = simulator.run(ctx, options, picked, folder / "simulator.log", allow_cpu_fallback=True)
     error = {name: float(np.mean([_relative(c[name], n[name]) for c, n in zip(cpu, npu)]))
@@ -164,6 +170,11 @@ def _search(ranked: list[str], attempt, budget: int) -> list[str] | None:
     return ranked[:high]
 
 
+def _wider(precision: str) -> str:
+    """The next precision to try when a repair finds no promotion: 8-bit weights before float."""
+    return "precision: w8a16-mixed or fp16" if precision_table.BY_NAME[precision].weight_bits < 8 else "precision: fp16"
+
+
 def _weights(model, axes: dict[str, int]) -> dict[str, dict[str, Any]]:
     """Each promotable weight: its node, op, output, activation inputs and bytes at 8 bits."""
     sizes = {t.name: int(np.prod(t.dims)) if t.dims else 1 for t in model.graph.initializer}
@@ -198,4 +209,4 @@ def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run(calls.graph(a), a["verify"], calls.soc(a), toolchains_calls.toolchain(call), Path(a["simplified"]),
                Path(a["calibration"]), Path(a["inputs"]), Path(a["reference"]), Path(call.out_dir),
-               budget=a["budget"])
+               budget=a["budget"], precision=a.get("precision", "w8a16-mixed"))
