@@ -22,7 +22,7 @@ SEQ, WIDTH, BLOCKS = 16, 256, 12
 TARGET = f"net-w8a16-mixed-{SOC}"
 
 
-def outlier_project(root, budget: int | None = None):
+def outlier_project(root, budget: int | None = None, precision: str = "[fp16, w8a16-mixed]"):
     project = stack_project(root)
     own = project.path("socs/socs.yaml")  # test_split's lowered weight budget is not this test's
     own.write_text(own.read_text().replace("context_mb: 2,", ""))
@@ -30,7 +30,7 @@ def outlier_project(root, budget: int | None = None):
     np.savez(project.path("models/stack/samples/x.npz"),
              x=np.random.default_rng(4).standard_normal((8, 1, SEQ, WIDTH)).astype(np.float32))
     calibration = "{samples: 8" + (f", repair_budget: {budget}" if budget else "") + "}"
-    project.edit(YAML, "    socs: [SM8650]\n", f"    socs: [SM8650]\n    precision: [fp16, w8a16-mixed]\n"
+    project.edit(YAML, "    socs: [SM8650]\n", f"    socs: [SM8650]\n    precision: {precision}\n"
                                                f"    calibration: {calibration}\n")
     return project
 

@@ -80,7 +80,7 @@ def test_report_shows_fp16_and_w8a16_side_by_side(quantized):
         if r["status"] == "passed":
             assert r["bin_size"] and r["sim_median_s"] and r["min_cosine"]
     html = (quantized.root / "build/report/index.html").read_text()
-    assert "fp16 vs w8a16" in html
+    assert "Precisions side by side" in html
 
 
 def test_dist_ships_fp16_and_w8a16_side_by_side(quantized, tmp_path, monkeypatch):

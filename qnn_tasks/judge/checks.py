@@ -48,6 +48,12 @@ def judge(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, np
             **({"not_verified": not_verified} if not_verified else {})}, violations
 
 
+def min_cosine(result: dict[str, Any]) -> float | None:
+    """The lowest cosine over a judged result's (or a simverify record's) outputs, rounded; None without one."""
+    values = [m.get("cosine") for m in (result.get("metrics") or {}).values() if m.get("cosine") is not None]
+    return round(min(values), 6) if values else None
+
+
 def run_check(graph: GraphSpec, check: dict[str, Any], reference: list[dict[str, np.ndarray]],
               actual: list[dict[str, np.ndarray]]) -> dict[str, Any]:
     """One task-level check. Array checks see the stacked output; model checks see the graph and every sample."""

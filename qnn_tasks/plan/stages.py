@@ -706,6 +706,50 @@ def plan_crosssize(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
                      task_dep=[f"simulate:{c.name}" for c in sizes[:-1]])
 
 
+def auto_candidates(p: Planner, ct: ChipTarget) -> list[ChipTarget]:
+    """`precision: auto`: the candidates of ct's graph on ct's chip with ct's toolchain, in the model's order."""
+    found = {c.precision: c for c in p.chips if c.graph_target is ct.graph_target and c.soc.name == ct.soc.name
+             and c.toolchain_id == ct.toolchain_id}
+    return [found[precision] for precision in ct.graph.auto if precision in found]
+
+
+def plan_choose(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
+    """`precision: auto` on one chip: the smallest verified candidate. Planned on the first candidate's target (its
+    record lives there); named `choose:<graph>-<chip>`."""
+    g = ct.graph
+    if not g.auto or ct.precision != g.auto[0]:
+        return None
+    candidates = auto_candidates(p, ct)
+    built = [c for c in candidates if not c.skip_reason]
+    binding = p.binding(ct)
+
+    def stage_records(c: ChipTarget) -> dict[str, str]:
+        found = {s.name: record_path(s.name, c.variant) for s in binding.toolchain.graph_stages(c.precision)}
+        if precision_table.is_repaired(c.precision):
+            found[REPAIR.name] = REPAIR.record_of(c.variant)
+        return {**found, **{name: record_path(name, c) for name in ("context", "simulate", "simverify")}}
+
+    settings = json.dumps({"order": list(g.auto), "verify": {c.precision: c.verify for c in candidates}},
+                          sort_keys=True)
+    binaries = [f for c in built for f in p.context_files(c) if f.endswith(".bin")]
+    return Plan(name=f"{g.name}-{ct.soc.name}{ct.variant.suffix}", out_dir=f"{ct.dir_str}/{stage.name}",
+                file_dep=binaries + [f"{c.dir_str}/simulate/outputs.npz" for c in built]
+                + [str(ct.graph_target.reference)],
+                outputs=[], key=p.key(stage, None, settings, labels=("",)), model=g.model,
+                doc=f"precision auto: the smallest of {', '.join(g.auto)} that passes its checks on {ct.soc.name}",
+                args=lambda: {"graph": g.name, "soc": ct.soc.name,
+                              "candidates": [{"precision": c.precision, "target": c.name, "skip": c.skip_reason,
+                                              "records": stage_records(c)} for c in candidates]},
+                base=lambda: {"graph": g.name, "soc": ct.soc.row(), "toolchain": {"id": ct.toolchain_id}},
+                binding=binding, task_dep=[f"simverify:{c.name}" for c in built],
+                skip=None if built else f"no candidate of precision auto builds for {ct.soc.name}")
+
+
+def choose_chips(planner: Planner) -> list[ChipTarget]:
+    """The chip targets that carry `precision: auto`'s choice (each auto graph's first candidate, per chip)."""
+    return [ct for ct in planner.chips if ct.graph.auto and ct.precision == ct.graph.auto[0]]
+
+
 def crosssize_chips(planner: Planner) -> list[ChipTarget]:
     """The chip targets that carry a cross-size check (the largest size of each graph with sizes, not skipped)."""
     return [ct for ct in planner.chips if not ct.skip_reason and plan_crosssize(planner, CROSSSIZE, ct) is not None]
@@ -768,6 +812,9 @@ VARIANT_RUNNER = "qnn_tasks.toolchains.calls:graph_stage"  # quantize; convert, 
 REPAIR = StageDef("repair", "variant", "Find the fewest weights of each w8a16-mixed/w4a16-mixed graph to keep at 16 bits so that "
                   "it passes its checks, measured on the first chip's host simulator.",
                   "qnn_tasks.stages.repair:run_call", plan_repair, remote=True, toolchain=True, column=False)
+CHOOSE = StageDef("choose", "chip", "precision auto: per chip, ship the smallest candidate binary that passed its "
+                  "checks (every candidate built and verified; one that missed its checks is `rejected`).",
+                  "qnn_tasks.stages.choose:run_call", plan_choose, heavy=False, column=False)
 # On demand: created only when asked for (`doit diagnose`), never in the default run. Rows without a runner are
 # task-layer work (phones, dependency checks) that calls no stage function.
 LOOP = StageDef("loop", "chip", "Run each model's loop: graph step after step on the host simulator (its outputs fed "
@@ -846,7 +893,8 @@ def build_stage_defs(planner: Planner) -> list[StageDef]:
     repairs = [REPAIR] if any(precision_table.is_repaired(vt.precision) for vt in planner.variants) else []
     return (rows + registered("graph") + repairs + variant_stage_defs(planner) + list(CHIP_STAGES) + registered("chip")
             + ([PIPELINE] if planner.pipelines else []) + ([LOOP] if any(m.loop for m in planner.project.models) else [])
-            + ([CROSSSIZE] if any(gt.graph.size for gt in planner.graphs) else []))
+            + ([CROSSSIZE] if any(gt.graph.size for gt in planner.graphs) else [])
+            + ([CHOOSE] if any(gt.graph.auto for gt in planner.graphs) else []))
 
 
 def targets_of(planner: Planner, stage: StageDef) -> list:
@@ -875,8 +923,10 @@ def record_paths(planner: Planner) -> list[str]:
     paths = list(dict.fromkeys(record_path(stage, gt) for gt in planner.graphs for stage in report_columns("graph")))
     paths += sorted({record_path(s.name, ct.variant) for ct in planner.chips
                      for s in planner.binding(ct).toolchain.graph_stages(ct.precision)})
+    paths += sorted({REPAIR.record_of(ct.variant) for ct in planner.chips if precision_table.is_repaired(ct.precision)})
     paths += [record_path(stage.name, ct) for ct in planner.chips for stage in CHIP_STAGES + (DIAGNOSE,)]
     paths += [PIPELINE.record_of(pt) for pt in planner.pipelines]
     paths += [LOOP.record_of(ct) for ct in loop_chips(planner)]
     paths += [CROSSSIZE.record_of(ct) for ct in crosssize_chips(planner)]
+    paths += [CHOOSE.record_of(ct) for ct in choose_chips(planner)]
     return paths + [DEVICE_STAMP, COMPAT_RECORD]  # one file for all device records (not 2 stats per target)

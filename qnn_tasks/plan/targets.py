@@ -70,7 +70,8 @@ class VariantTarget:
     @property
     def base_name(self) -> str:
         graph = self.graph_target.graph
-        return graph.name if self.precision == graph.precision else f"{graph.name}-{self.precision}"
+        # `precision: auto`: every candidate is named by its precision (none is the graph's one binary until chosen)
+        return graph.name if self.precision == graph.precision and not graph.auto else f"{graph.name}-{self.precision}"
 
     @property
     def name(self) -> str:

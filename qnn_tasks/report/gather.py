@@ -20,9 +20,11 @@ from typing import Any
 from qnn_tasks.plan import freshness
 from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.plan.stages import (
+    CHOOSE,
     CROSSSIZE,
     LOOP,
     PIPELINE,
+    choose_chips,
     crosssize_chips,
     loop_chips,
     record_path,
@@ -35,8 +37,8 @@ from qnn_tasks.run.status import BAD, NO_VERDICT, good
 from qnn_tasks.spec import split as specsplit
 
 SCHEMA = "qnn-npu-compile/report/v1"
-STATUSES = ("passed", "warning", "failed", "stale", "skipped", "pending")
-JUDGED = ("passed", "warning", "failed")  # verdicts that hold only under the spec they were made under
+STATUSES = ("passed", "warning", "failed", "stale", "skipped", "pending", "rejected")
+JUDGED = ("passed", "warning", "failed", "rejected")  # verdicts that hold only under the spec they were made under
 DEVICE_STAGES = ("verify", "power")
 
 
@@ -122,6 +124,7 @@ def collect(planner) -> dict[str, Any]:
 
     pipelines = [pipeline_entry(pt, expect.of(PIPELINE.name, pt)) for pt in planner.pipelines]
     loops = [loop_entry(ct, expect.of(LOOP.name, ct)) for ct in loop_chips(planner)]
+    choices = [choice_entry(ct, expect.of(CHOOSE.name, ct)) for ct in choose_chips(planner)]
     from qnn_tasks.report import sizes as size_report
 
     checked = {CROSSSIZE.record_of(ct): ct for ct in crosssize_chips(planner)}
@@ -134,7 +137,7 @@ def collect(planner) -> dict[str, Any]:
                             "upgrade": b.profile.upgrade} for b in planner.bindings],
             "graphs": graph_entries, "splits": _splits(planner), "variants": variants, "targets": targets,
             "pipelines": pipelines, "loops": loops, "sizes": sizes, "models_not_buildable": broken,
-            "precision_comparison": precision_comparison(targets)}
+            "choices": choices, "precision_comparison": precision_comparison(targets, choices)}
     data["comparison"] = compare.upgrade_diff(data)
     data["compatibility"] = records.read(COMPAT_RECORD)
     data["summary"] = summarize(data)
@@ -143,17 +146,19 @@ def collect(planner) -> dict[str, Any]:
 
 # counts that say what there is, never what failed; every other count of the summary must be 0 for `ok`, so a
 # count added later fails the gate until it is declared here
-INFORMATIONAL = frozenset({"targets", "passed", "warning", "skipped", "from_cache"})
+INFORMATIONAL = frozenset({"targets", "passed", "warning", "skipped", "from_cache", "rejected"})  # rejected: an
+# auto candidate that failed its checks; the graph's `choose` fails the gate when none passes
 
 
 def summarize(data: dict[str, Any]) -> dict[str, Any]:
     """report.json's `summary`, from its entries alone (targets, graphs, pipelines, loops, sizes, unbuildable models,
     upgrade comparison): every count, `complete`, and `ok`, the one field the documented gate reads."""
     targets, pipelines = data["targets"], data.get("pipelines", [])
-    loops, sizes = data.get("loops", []), data.get("sizes", [])
+    loops, sizes, choices = data.get("loops", []), data.get("sizes", []), data.get("choices", [])
     # complete: every graph and expected (not skipped) target, pipeline, loop and size check has a verdict its
     # outputs still back
-    no_verdict = [t for t in data.get("graphs", []) + targets + pipelines + loops + sizes if t["status"] in NO_VERDICT]
+    no_verdict = [t for t in data.get("graphs", []) + targets + pipelines + loops + sizes + choices
+                  if t["status"] in NO_VERDICT]
     summary = {"targets": len(targets), **{s: sum(1 for t in targets if t["status"] == s) for s in STATUSES},
                "graphs_failed": sum(1 for g in data.get("graphs", []) if g["status"] in BAD),
                "from_cache": sum(1 for t in targets if (t.get("provenance") or {}).get("from_cache")),
@@ -161,6 +166,7 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
                "models_not_buildable": len(data.get("models_not_buildable", [])),
                "loops_failed": sum(1 for p in loops if p["status"] in BAD),
                "crosssize_failed": sum(1 for p in sizes if p["status"] in BAD),
+               "choices_failed": sum(1 for c in choices if c["status"] in BAD),
                "upgrade_regressions": sum(len(b.get("regressions") or []) for b in data.get("comparison") or []
                                           if b.get("gate")),
                "complete": not no_verdict and not data.get("models_not_buildable"), "current": True,
@@ -204,6 +210,8 @@ def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: d
     graph_failed = upstream in BAD
     reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else
                                 _first_error(own) if status in BAD else None)
+    if status == "rejected":  # a `precision: auto` candidate that missed its checks: why, as the stage said
+        reason = next((r["rejected"] for r in own if r and r.get("rejected")), None)
     if status == "warning" and not reason:
         reason = "; ".join(w for r in own if r for w in r.get("warnings") or [])
     if graph_failed:
@@ -275,6 +283,15 @@ def loop_entry(ct: ChipTarget, facts: dict[str, Any] | None = None) -> dict[str,
             "latency_ms": None if (found := latency(ct)) is None else {**found, "per": "step"}}
 
 
+def choice_entry(ct: ChipTarget, facts: dict[str, Any] | None = None) -> dict[str, Any]:
+    """`precision: auto` on one chip: which candidate was chosen, and each candidate's verdict, size and cost."""
+    record = read_current(CHOOSE.record_of(ct), facts)
+    return {"name": f"{ct.graph.name}-{ct.soc.name}{ct.variant.suffix}", "model": ct.graph.model,
+            "graph": ct.graph.name, "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id,
+            "order": list(ct.graph.auto), "status": combine([record]), "reason": _first_error([record]),
+            "chosen": (record or {}).get("chosen"), "record": record}
+
+
 def provenance(stages: dict[str, Any]) -> dict[str, Any]:
     """Where the heavy stages ran: the cache (restored), a Dask worker, or here."""
     found: dict[str, Any] = {"from_cache": [], "workers": {}}
@@ -312,16 +329,19 @@ def current_inputs_sha256(ct: ChipTarget) -> str | None:
     return ((cpucheck.get("files") or {}).get(inputs) or {}).get("sha256")
 
 
-def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def precision_comparison(targets: list[dict[str, Any]], choices: list[dict[str, Any]] = ()) -> list[dict[str, Any]]:
     """The precisions side by side (fp16 vs w8a16, w4a16, w8a16-mixed with the share of weight bytes its repair
-    kept at 16 bits) per graph, chip and toolchain (graphs built at more than one precision)."""
+    kept at 16 bits) per graph, chip and toolchain (graphs built at more than one precision); `chosen` marks the
+    candidate `precision: auto` picked there."""
+    picked = {(c["graph"], c["soc"]["name"], c["toolchain_id"]): (c.get("chosen") or {}).get("precision")
+              for c in choices}
     from qnn_tasks.report.upgrade_diff import target_figures
 
     rows = []
     groups: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
     for t in targets:
         groups.setdefault((t["graph"], t["soc"]["name"], t["toolchain_id"]), []).append(t)
-    for (graph, soc, _), group in groups.items():
+    for (graph, soc, toolchain_id), group in groups.items():
         if len(group) < 2:
             continue
         for t in group:
@@ -329,7 +349,8 @@ def precision_comparison(targets: list[dict[str, Any]]) -> list[dict[str, Any]]:
             rows.append({"graph": graph, "soc": soc, "precision": t["precision"], "status": t["status"],
                          "bin_size": figures["bin_size"], "sim_median_s": figures["sim_median_s"],
                          "min_cosine": figures["min_cosine"], "checks_passed": figures["checks_passed"],
-                         "promoted_share": ((t.get("toolchain_stages") or {}).get("repair") or {}).get("share")})
+                         "promoted_share": ((t.get("toolchain_stages") or {}).get("repair") or {}).get("share"),
+                         "chosen": picked.get((graph, soc, toolchain_id)) == t["precision"]})
     return rows
 
 
@@ -385,9 +406,9 @@ def device_results(ct: ChipTarget) -> dict[str, Any] | None:
 # ------------------------------------------------------------------ helpers
 
 def combine(stage_records) -> str:
-    """A status from records: failed > stale > pending > warning > passed."""
+    """A status from records: failed > stale > pending > rejected > warning > passed."""
     statuses = [r.get("status") if r else "pending" for r in stage_records]
-    for status in ("failed", "stale", "pending", "warning"):
+    for status in ("failed", "stale", "pending", "rejected", "warning"):
         if status in statuses:
             return status
     return "passed"

@@ -57,6 +57,22 @@ def figure_groups(entries: list[dict[str, Any]], record_of, outputs_name: str,
 
 # ------------------------------------------------------------------ markdown
 
+def choices_markdown(data: dict[str, Any]) -> list[str]:
+    """`precision: auto`: per graph and chip, the chosen candidate and each candidate's verdict and size."""
+    if not data.get("choices"):
+        return []
+    lines = ["", "## Precision auto", "", "| graph | chip | status | chosen | candidates | cost |", "|---|---|---|---|---|---|"]
+    for c in data["choices"]:
+        record = c.get("record") or {}
+        tried = "; ".join(f"{k['precision']} {k['status']} {size(k.get('binary_bytes'))}"
+                          for k in record.get("candidates") or [])
+        chosen = c.get("chosen") or {}
+        cost = f"{record['compiles']} compiles, {num(record.get('build_seconds'))} s" if "compiles" in record else "-"
+        lines.append(f"| {c['graph']} | {c['soc']['name']} | {c['status']} | {chosen.get('precision', '-')} | {tried} "
+                     f"| {cost} |")
+    return lines
+
+
 def markdown(data: dict[str, Any]) -> str:
     socs = soc_names(data)
     lines = ["# NPU build report", "", f"Generated {data['generated']}. " + summary_line(data), "",
@@ -68,13 +84,15 @@ def markdown(data: dict[str, Any]) -> str:
         cells = [cell_text(data, variant["name"], soc) for soc in socs]
         lines.append(f"| {variant['model']}/{variant['name']} ({variant['precision']}) | " + " | ".join(cells) + " |")
     if data["precision_comparison"]:
-        lines += ["", "## fp16 vs w8a16", "", "| graph | chip | precision | status | .bin size | simulator time | min cosine "
+        lines += ["", "## Precisions side by side", "", "| graph | chip | precision | status | .bin size | simulator time | min cosine "
                   "| weight bytes kept at 16 bits |", "|---|---|---|---|---|---|---|---|"]
         for r in data["precision_comparison"]:
             share = r.get("promoted_share")
-            lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']} | {r['status']} | {size(r['bin_size'])} | "
+            chosen = " (chosen by auto)" if r.get("chosen") else ""
+            lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']}{chosen} | {r['status']} | {size(r['bin_size'])} | "
                          f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} | "
                          f"{'-' if share is None else f'{100 * share:.1f}%'} |")
+    lines += choices_markdown(data)
     unlooped = [g for g in data["graphs"] if g.get("recurrent") and not g["recurrent"]["loop"]]
     if unlooped:
         lines += ["", "## Recurrent graphs verified without a loop", ""]

@@ -51,6 +51,8 @@ def finished(task: str, record: dict[str, Any]) -> None:
              else _where(record.get("executor")))
     lines = [f"{task}: {record['status']} in {_clock(record.get('seconds') or 0.0)}{where}"]
     lines += [f"  warning: {w}" for w in record.get("warnings") or []]
+    if record.get("rejected"):
+        lines.append(f"  {record['rejected']}")
     for extra in record.get("console") or []:
         lines.append(f"  {extra}")
     with _lock:

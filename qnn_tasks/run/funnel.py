@@ -76,8 +76,8 @@ def _run(call: StageCall, base: dict[str, Any], root: str, cache, task: str) -> 
         return _failed(call, record, Outcome.failure(f"the stage finished but wrote no {', '.join(missing)}"),
                        seconds, task)
     beside = records.beside(record.pop("also_wrote", None), call.outputs)  # e.g. a > 2 GB model's weights file
-    record.update(status=Status.WARNING if record.get("warnings") else Status.PASSED, seconds=seconds,
-                  files=records.vouch(call.outputs + beside))
+    verdict = Status.REJECTED if record.get("rejected") else Status.WARNING if record.get("warnings") else Status.PASSED
+    record.update(status=verdict, seconds=seconds, files=records.vouch(call.outputs + beside))
     records.write(call.record, record)
     if cache is not None and cache_key and not outcome.stored and cache.writable:
         from qnn_tasks.run.cache import StoreUnreachable

@@ -13,6 +13,8 @@ class Status(str, Enum):
     WARNING = "warning"     # passed, with warnings the record lists
     FAILED = "failed"
     SKIPPED = "skipped"     # visibly not built (e.g. no fp16 on this chip)
+    REJECTED = "rejected"   # judged and failed its checks as a candidate of `precision: auto`: not chosen, not a
+                            # failed build (the choose stage fails when no candidate passes)
     STALE = "stale"         # a record whose outputs are gone or changed since
     PENDING = "pending"     # no verdict yet: not built, or its run was interrupted
     RUNNING = "running"     # a device stage's record while its phones run (rewritten after every step)

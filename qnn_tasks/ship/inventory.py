@@ -11,10 +11,13 @@ from typing import Any
 
 from qnn_tasks.plan import freshness
 from qnn_tasks.plan.stages import (
+    CHOOSE,
     CROSSSIZE,
     LOOP,
     PIPELINE,
     REPAIR,
+    auto_candidates,
+    choose_chips,
     loop_chips,
     record_path,
     report_columns,
@@ -51,6 +54,10 @@ def of_model(planner, model: str) -> dict[str, Any]:
         # the graph run step after step and what it feeds back (input <- output), for the app that runs it
         "loop": None if spec.loop is None else {"graph": spec.loop.graph, "feed": dict(spec.loop.feed),
                                                 "start": dict(spec.loop.start or {}), "steps": spec.loop.steps},
+        # `precision: auto`: per graph and chip, the record that says which candidate ships (stages/choose.py)
+        "choices": [{"graph": ct.graph.name, "soc": ct.soc.name, "record": CHOOSE.record_of(ct),
+                     "targets": [c.name for c in auto_candidates(planner, ct)]}
+                    for ct in choose_chips(planner) if ct in chips],
         "expected": expected(planner, graphs, chips, pipelines),
     }
 
@@ -115,6 +122,9 @@ def expected(planner, graphs: list[GraphTarget], chips: list[ChipTarget], pipeli
             add(path, stage, ct.variant if variant else size_chips(planner, ct)[-1] if stage == CROSSSIZE.name else ct)
     for pt in pipelines:
         add(PIPELINE.record_of(pt), PIPELINE.name, pt)
+    for ct in choose_chips(planner):
+        if ct in chips:
+            add(CHOOSE.record_of(ct), CHOOSE.name, ct)
     return found
 
 

@@ -48,9 +48,11 @@ def validate(data: dict[str, Any]) -> None:
         raise StageError(f"manifest.json: {where}: {errors[0].message} (a bug in dist: please report it)")
 
 
-def precision_order(ship: dict[str, Any]) -> list[str]:
-    """The model's declared precision order (model.yaml `ship.precision_order`; spec/ship.py fills the default)."""
-    return list(dict.fromkeys(list(ship.get("precision_order") or ()) + list(DEFAULT_PRECISION_ORDER)))
+def precision_order(ship: dict[str, Any], shipped: list[str] = ()) -> list[str]:
+    """The model's declared precision order (model.yaml `ship.precision_order`; spec/ship.py fills the default),
+    then every other precision the package ships (e.g. what `precision: auto` chose), so each binary is named."""
+    return list(dict.fromkeys(list(ship.get("precision_order") or ()) + list(DEFAULT_PRECISION_ORDER)
+                              + list(shipped)))
 
 
 def sizes(graphs: list[dict[str, Any]], unpadded: dict[str, str]) -> dict[str, Any]:

@@ -236,6 +236,12 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
             entry["repair"] = {"promoted": repaired.get("promoted", []), "share": repaired.get("share"),
                                "chip": repaired.get("chip"), "steps": len(repaired.get("steps") or ()),
                                "budget": repaired.get("budget"), "plain": repaired.get("plain")}
+        chose = item.records.get("choose")
+        if chose:  # precision auto: this binary is the smallest candidate that passed (stages/choose.py)
+            entry["auto"] = {"order": chose.get("order"), "chosen": chose["chosen"]["precision"],
+                             "candidates": [{k: c.get(k) for k in ("precision", "status", "binary_bytes")}
+                                            for c in chose.get("candidates") or ()],
+                             "compiles": chose.get("compiles")}
         fit = memory.of_records((graph_records[graph["name"]] or {}).get("lint"), item.records["context"],
                                 item.chip["precision"])
         if fit:  # what a load holds (docs/load-and-fit.md): the selectors refuse a device with less free
@@ -256,7 +262,8 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
             "source": mf.source(export, source_read(export, source_file)),
             "tool": {"name": "qnn-npu-compile", "version": mf.tool_version()},
             "toolchain": toolchain_facts(toolchain, compiler_qnn),
-            "selection": {"precision_order": mf.precision_order(inventory.get("ship") or {}), "rule": mf.RULE,
+            "selection": {"precision_order": mf.precision_order(inventory.get("ship") or {},
+                                                                [s.chip["precision"] for s in ship]), "rule": mf.RULE,
                           **mf.sizes(inventory["graphs"], claims.unpadded(inventory)),
                           **({"splits": splits} if splits else {})},
             "graphs": graphs, "runtime_libs": libs, "omitted": sorted(omitted, key=lambda o: o["target"])}

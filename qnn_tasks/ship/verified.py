@@ -48,7 +48,34 @@ def sort_out(inventory: dict[str, Any]) -> tuple[list[Shippable], list[dict[str,
             omitted.append(left_out(chip, reason))
         else:
             ship.append(Shippable(chip=chip, records=own, pipelines=[r for _, r in links]))
+    ship, omitted = auto_chosen(inventory, ship, omitted)
     return whole_chains(inventory, ship, omitted) + (graph_records,)
+
+
+def auto_chosen(inventory: dict[str, Any], ship: list[Shippable],
+                omitted: list[dict[str, str]]) -> tuple[list[Shippable], list[dict[str, str]]]:
+    """`precision: auto`: of a graph's verified candidates on a chip, only the one its choose record names ships
+    (the smallest that passed); the others are left out saying so. Without a passing choice, none ships."""
+    kept = list(ship)
+    for choice in inventory.get("choices") or []:
+        record = read(inventory, choice["record"])
+        status = combine([record])
+        chosen = (record or {}).get("chosen") if good(status) else None
+        for item in [s for s in kept if s.chip["target"] in choice["targets"]]:
+            if chosen and item.chip["target"] == chosen["target"]:
+                item.records["choose"] = record
+                continue
+            kept.remove(item)
+            if chosen:
+                why = (f"not chosen: precision auto ships {chosen['precision']} on {choice['soc']}, the smallest "
+                       "candidate that passes its checks")
+            elif status == "pending":
+                why = "unbuilt: choose has no record (run doit to build and verify it)"
+            else:
+                word = "stale" if status == "stale" else "failed"
+                why = f"{word}: choose: {(record or {}).get('error') or status}"
+            omitted.append(left_out(item.chip, why))
+    return kept, omitted
 
 
 def whole_chains(inventory: dict[str, Any], ship: list[Shippable],
@@ -88,9 +115,9 @@ def _why_not(graph: dict[str, Any], own: dict[str, Any], links: list[tuple[str, 
         + [(f"pipeline {name}", r) for name, r in links]
     for label, record in stages:
         status = combine([record])
-        if status in BAD:
-            word = "stale" if status == "stale" else "failed"
-            error = str(record.get("error") or status)
+        if status in BAD or status == "rejected":
+            word = status if status in ("stale", "rejected") else "failed"
+            error = str(record.get("error") or record.get("rejected") or status)
             return f"{word}: {label}: {error.removeprefix(f'{word}: ')}"
         if status == "pending":
             return f"unbuilt: {label} has no record (run doit to build and verify it)"

@@ -93,7 +93,9 @@ REWRITES = Either((ListOf(Either((Text(max_len=100), MapOf(REWRITE_OPTIONS, "<re
 GRAPH = Fields({
     "inputs": MapOf(INPUT, "<input>", max_items=1000),
     "outputs": MapOf(OUTPUT, "<output>", max_items=1000),
-    "precision": Either((Text(max_len=40), ListOf(Text(max_len=40))), fix="e.g. precision: [fp16, w8a16]"),
+    "precision": Either((Text(max_len=40), ListOf(Text(max_len=40)),
+                         Fields({"auto": ListOf(Text(max_len=40), min_items=2, max_items=8)})),
+                        fix="e.g. precision: [fp16, w8a16], or precision: auto"),
     "socs": ListOf(NAME, min_items=1, bad="must be a non-empty list of SoC names", fix="e.g. socs: [SM8650, SM8750]"),
     "export": NAME,
     "options": Free(),

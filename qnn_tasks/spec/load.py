@@ -16,7 +16,7 @@ from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec import ship as specship
 from qnn_tasks.spec.checks import PRECISIONS, THRESHOLD_RANGES, calibration_section, check_lint, verify_section
-from qnn_tasks.spec.precisions import RUNS_WORDS
+from qnn_tasks.spec.precisions import AUTO, DEFAULT_AUTO_ORDER, RUNS_WORDS
 from qnn_tasks.spec.project import (
     DEFAULT_CONTEXT_MB,
     DEFAULT_MEMORY_MB,
@@ -205,6 +205,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     loop = specloop.load_sized(loop_data, graphs, model_dir.name, path, pipeline, sized, chain,
                                 size_pipelines)
     specsplit.not_chained(graphs, pipeline, loop, path)
+    _auto_alone(graphs, pipeline, loop, size_pipelines, path)
     from qnn_tasks.spec.pipeline import check_upstream
 
     check_upstream(graphs, [p for p in (pipeline, *size_pipelines) if p is not None], path)
@@ -226,14 +227,7 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
                 model_source: dict[str, Any], size: SizeSpec | None = None, key: str | None = None) -> GraphSpec:
     key = key or f"graphs.{name}"
     data = as_mapping(data, path, key)
-    precisions = data.get("precision", "fp16")
-    precisions = precisions if isinstance(precisions, list) else [precisions]
-    for precision in precisions:
-        if precision not in PRECISIONS:
-            raise SpecError(path, f"{key}.precision", f"unknown precision '{precision}'",
-                            f"use one of {', '.join(PRECISIONS)}, or a list of them")
-    if not precisions or len(set(precisions)) != len(precisions):
-        raise SpecError(path, f"{key}.precision", f"{precisions} is empty or repeats a precision", "e.g. [fp16, w8a16]")
+    precisions, auto = _precisions(data.get("precision", "fp16"), path, f"{key}.precision")
     chips = data.get("socs")
     if chips is not None:
         if not isinstance(chips, list) or not chips:
@@ -280,8 +274,49 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
         constant_inputs=specport.constant_inputs(data.get("constant_inputs"), path, f"{key}.constant_inputs",
                                                  {t.name for t in inputs}),
         samples=samples, has_code=has_code, size=size,
-        split=_split(data.get("split"), path, f"{key}.split"),
+        split=_split(data.get("split"), path, f"{key}.split"), auto=auto,
     )
+
+
+def _auto_alone(graphs: tuple[GraphSpec, ...], pipeline: Any, loop: Any, size_pipelines: tuple, path: Path) -> None:
+    """`precision: auto` picks a precision per chip after verification; a chain (pipeline, loop, split parts) or a
+    graph with sizes is built at one declared precision, so an auto graph stands alone."""
+    chained = {name: "pipeline.graphs" for p in (pipeline, *size_pipelines) if p for name in p.graphs}
+    if loop:
+        chained[loop.graph] = "loop.graph"
+    for g in graphs:
+        if not g.auto:
+            continue
+        where = chained.get(g.name) or ("split" if g.split else "dims" if g.size else None)
+        if where:
+            raise SpecError(path, f"{g.key}.precision", f"auto picks a precision per chip after verification; "
+                            f"{g.name} is {'in ' + where if '.' in where else 'built with ' + where + ':'}, which "
+                            "builds one declared precision", "name its precisions, e.g. precision: [w8a16-mixed, fp16]")
+
+
+def _precisions(value: Any, path: Path, key: str) -> tuple[list[str], tuple[str, ...]]:
+    """(the precisions built, `precision: auto`'s candidates in order or ()): `auto` builds every candidate and ships
+    the smallest that passes, per chip."""
+    auto: tuple[str, ...] = ()
+    if value == AUTO or isinstance(value, dict):
+        order = value.get(AUTO) if isinstance(value, dict) else DEFAULT_AUTO_ORDER
+        if not isinstance(order, (list, tuple)) or set(value if isinstance(value, dict) else {AUTO: 0}) != {AUTO}:
+            raise SpecError(path, key, f"{value!r} is not `auto` or {{auto: [candidates]}}",
+                            "e.g. precision: auto, or precision: {auto: [w8a16-mixed, fp16]}")
+        value = auto = tuple(order)
+        key = f"{key}.auto"
+        if len(auto) < 2:
+            raise SpecError(path, key, f"{list(auto)} is fewer than two candidates to choose from",
+                            "e.g. [w8a16-mixed, fp16], or name the one precision: precision: fp16")
+    precisions = list(value) if isinstance(value, (list, tuple)) else [value]
+    for precision in precisions:
+        if precision not in PRECISIONS:
+            raise SpecError(path, key, f"unknown precision {precision!r}",
+                            f"use one of {', '.join(PRECISIONS)}, or a list of them"
+                            + ("" if auto else ", or auto"))
+    if not precisions or len(set(precisions)) != len(precisions):
+        raise SpecError(path, key, f"{precisions} is empty or repeats a precision", "e.g. [fp16, w8a16]")
+    return precisions, auto
 
 
 def _split(data: Any, path: Path, key: str) -> dict[str, Any] | None:

@@ -1,4 +1,5 @@
-"""The precisions a graph variant is built at: one row each (docs/precision.md).
+"""The precisions a graph variant is built at: one row each (docs/precision.md), and `auto`, the smallest of a
+list that passes.
 
 fp16 is float on the HTP, near-lossless, no data needed. A quantized precision is calibrated on the graph's real
 samples and quantized in QNN (never int8 written into the ONNX): activations 16-bit, weights `weight_bits` wide.
@@ -36,6 +37,10 @@ TABLE = (
               repaired=True, base="w4a16"),
 )
 BY_NAME = {p.name: p for p in TABLE}
+# `precision: auto`: every candidate is built and verified on every chip; per chip the smallest binary that passes
+# its checks ships (stages/choose.py). Smallest expected first: a model may give its own list.
+AUTO = "auto"
+DEFAULT_AUTO_ORDER = ("w4a16-mixed", "w8a16-mixed", "fp16")
 NAMES = tuple(BY_NAME)
 QUANTIZED = tuple(p.name for p in TABLE if p.quantized)
 RUNS_WORDS = tuple(dict.fromkeys(p.runs_as for p in TABLE))  # what a SoC row's `runs:` may list: fp16, w8a16

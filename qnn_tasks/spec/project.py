@@ -166,6 +166,7 @@ class GraphSpec:
     has_code: bool = True                  # models/<model>/export.py exists
     size: SizeSpec | None = None           # which size of a graph with `dims:` this one is
     split: dict[str, Any] | None = None    # `split:` ({"at": [...]} | {"parts": N}); a part: {"part", "of", "parts"}
+    auto: tuple[str, ...] = ()             # `precision: auto`: its candidates (= precisions), smallest expected first
 
     @property
     def precision(self) -> str:

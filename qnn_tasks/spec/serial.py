@@ -44,6 +44,7 @@ def graph_to_dict(graph: GraphSpec, root: Path) -> dict[str, Any]:
                                                          "url": graph.source.url},
             "source_key": graph.source_key, "rewrites": graph.rewrites, "constant_inputs": graph.constant_inputs,
             "samples": graph.samples, "has_code": graph.has_code, "split": graph.split,
+            **({"auto": list(graph.auto)} if graph.auto else {}),  # only where declared: other graphs' keys stay
             **({"size": graph.size.as_dict()} if graph.size else {})}
 
 
@@ -61,7 +62,7 @@ def graph_from_dict(data: dict[str, Any]) -> GraphSpec:
                      source=Source(**data["source"]) if data.get("source") else None,
                      source_key=data.get("source_key", "source.file"), rewrites=data.get("rewrites") or {},
                      constant_inputs=data.get("constant_inputs") or {}, samples=data.get("samples"),
-                     has_code=data.get("has_code", True), split=data.get("split"),
+                     has_code=data.get("has_code", True), split=data.get("split"), auto=tuple(data.get("auto") or ()),
                      size=SizeSpec.from_dict(data["size"]) if data.get("size") else None)
 
 

@@ -58,7 +58,9 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     work = out_dir / ".work"
     work.mkdir(parents=True, exist_ok=True)
     samples = sample_store.load(calibration)
-    inputs, reference = sample_store.load(inputs_file), sample_store.load(reference_file)
+    # judged on the samples simverify judges (verify.samples of them), so a step that passes here passes there
+    count = verify.get("samples")
+    inputs, reference = sample_store.load(inputs_file, limit=count), sample_store.load(reference_file, limit=count)
     plain_precision = precision_table.BY_NAME[precision].base
     options = toolchain.write_config(graph, plain_precision, soc, work)["provider_options"]
     model = onnx.load(str(simplified), load_external_data=False)
@@ -77,7 +79,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
         step = {"promoted": promoted, "weight_bytes": sum(weights[w]["bytes"] for w in promoted),
                 "share": round(sum(weights[w]["bytes"] for w in promoted) / total, 4),
                 "binary_bytes": sum(f.stat().st_size for f in ctx.parent.glob("*.bin")),
-                "min_cosine": _min_cosine(result), "checks": [{k: c.get(k) for k in ("kind", "value", "passed")}
+                "min_cosine": verification.min_cosine(result), "checks": [{k: c.get(k) for k in ("kind", "value", "passed")}
                                                               for c in result.get("checks", [])],
                 "passed": not violations, "violations": violations[:3]}
         steps.append(step)
@@ -96,11 +98,14 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     if chosen is None:
         best = max(steps, key=lambda s: (s["passed"], s["min_cosine"] if s["min_cosine"] is not None else -2))
         tried = ", ".join(str(len(s["promoted"])) for s in steps[1:]) or "none"
-        raise StageError(f"repair of '{graph.name}' on {soc.name}: no promotion within the budget of {budget} "
-                         f"compiles passes its checks: promoted {tried} of {len(ranked)} ranked weights; best: "
-                         f"{len(best['promoted'])} promoted ({', '.join(best['promoted'][:4]) or 'none'}), "
-                         f"min cosine {best['min_cosine']}, {'; '.join(best['violations'][:1])} (fix: raise "
-                         f"calibration.repair_budget, or {_wider(precision)})", record)
+        said = (f"repair of '{graph.name}' on {soc.name}: no promotion within the budget of {budget} compiles passes "
+                f"its checks: promoted {tried} of {len(ranked)} ranked weights; best: {len(best['promoted'])} "
+                f"promoted ({', '.join(best['promoted'][:4]) or 'none'}), min cosine {best['min_cosine']}, "
+                f"{'; '.join(best['violations'][:1])}")
+        if not graph.auto:
+            raise StageError(f"{said} (fix: raise calibration.repair_budget, or {_wider(precision)})", record)
+        # a `precision: auto` candidate: rejected, built with its best step so its verdict is judged like any other
+        record["rejected"], chosen = said, best["promoted"]
     final = next(s for s in steps if s["promoted"] == chosen)
     promoted = [{**weights[w], "weight": w, **_score(ranked, w)} for w in chosen]
     fileio.write_json(out_dir / PROMOTED_FILE, {"promoted": promoted, "share": final["share"]})
@@ -198,11 +203,6 @@ def _relative(ref: np.ndarray, got: np.ndarray) -> float:
         return float("nan")
     scale = np.linalg.norm(ref)
     return float(np.linalg.norm(got - ref) / scale) if scale > 0 else float(np.linalg.norm(got))
-
-
-def _min_cosine(result: dict[str, Any]) -> float | None:
-    values = [m.get("cosine") for m in (result.get("metrics") or {}).values() if m.get("cosine") is not None]
-    return round(min(values), 6) if values else None
 
 
 def run_call(call: StageCall) -> dict[str, Any]:

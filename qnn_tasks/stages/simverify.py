@@ -69,8 +69,12 @@ def run(graph: GraphSpec, verify: dict[str, Any], outputs_file: Path, reference_
         said = f" (judged against {made_by})" if "float64" in made_by else ""
         said += f"; {truth['note']}" if truth.get("note") else ""
         said += padded_windows(graph, verify, reference, outputs, cpucheck, record)
+        if graph.auto:  # a candidate of `precision: auto` that misses its checks is not chosen: a verdict, not a failure
+            record["rejected"] = f"{precision} misses its checks: " + "; ".join(violations) + said
+            return record
         raise StageError(f"simverify of {target} failed: " + "; ".join(violations) + said
-                         + (quantized_hint(graph, precision) if precision_table.is_quantized(precision) else "") + (accuracy_hints(lint_record) if lint_record else "")
+                         + (quantized_hint(graph, precision) if precision_table.is_quantized(precision) else "")
+                         + (accuracy_hints(lint_record) if lint_record else "")
                          + f" (to find the first diverging node: doit diagnose:{target})", record)
     return record
 
