@@ -81,6 +81,11 @@ def test_report_shows_fp16_and_w8a16_side_by_side(quantized):
             assert r["bin_size"] and r["sim_median_s"] and r["min_cosine"]
     html = (quantized.root / "build/report/index.html").read_text()
     assert "Precisions side by side" in html
+    # what keeps MiniLM's w8a16 binary well above 8 bits a weight: its token table, read by a Gather, stays 16-bit
+    w8a16 = next(r for r in rows if (r["graph"], r["precision"]) == ("minilm", "w8a16"))
+    [table] = w8a16["sixteen_bit"]
+    assert "word_embeddings" in table["tensor"] and table["bytes"] == 2 * 30522 * 384, table
+    assert "a Gather (an embedding table): quantized as a 16-bit activation" in html
 
 
 def test_dist_ships_fp16_and_w8a16_side_by_side(quantized, tmp_path, monkeypatch):

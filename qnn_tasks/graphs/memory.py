@@ -56,6 +56,15 @@ def _activations(model) -> tuple[int, int, int]:
     return nodes, sum(sizes), max(sizes, default=0)
 
 
+def gather_tables(model) -> list[dict[str, Any]]:
+    """The weights a quantized precision keeps at 16 bits without being asked: tables a Gather reads (an embedding),
+    which the quantizer treats as activations (16-bit at w8a16 and w4a16), with their bytes so."""
+    tables = {node.input[0] for node in model.graph.node if node.op_type == "Gather" and node.input}
+    return [{"tensor": t.name, "bytes": 2 * split.tensor_bytes(t, "w8a16"),
+             "why": "read by a Gather (an embedding table): quantized as a 16-bit activation"}
+            for t in model.graph.initializer if t.name in tables and len(t.dims) >= 2]
+
+
 def const_bytes(model, precision: str) -> int:
     """The weights' bytes as compiled at `precision` (see the module doc). A quantized precision with 4-bit weights
     (w4a16): those of Conv/MatMul/Gemm (onnxinfo.weight_axes, what ort_quantize keeps at 4 bits), the rest as at
@@ -99,10 +108,13 @@ def estimates(model, precisions, vtcm_mb: int) -> dict[str, dict[str, Any]]:
     nodes, activations, largest = _activations(model)
     shared = {"io": io_bytes(model), "op_data": int(OP_DATA_PER_NODE * nodes + OP_DATA_SHARE * 2 * activations),
               "spill_fill": 2 * largest if 2 * largest > vtcm_mb * MB else 0}
+    tables = gather_tables(model) if precision_table.any_quantized(precisions) else []
     found = {}
     for precision in precisions:
         parts = {"const": const_bytes(model, precision), **shared}
         found[precision] = {**parts, "resident": sum(parts.values()), "vtcm_mb": vtcm_mb, "basis": ESTIMATE_BASIS}
+        if tables and precision_table.is_quantized(precision):
+            found[precision]["sixteen_bit"] = tables
     return found
 
 

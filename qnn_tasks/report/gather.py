@@ -220,7 +220,14 @@ def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: d
             "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "toolchain": planner.binding(ct).profile.name,
             "precision": ct.precision, "status": status, "reason": reason, "toolchain_stages": toolchain_stages,
             "stages": stages, "provenance": provenance(stages), "diagnosis": diagnosis(ct, stages.get("context")),
-            "device": device_results(ct), "latency_ms": latency(ct), "memory": memory_figure(ct, stages.get("context"))}
+            "device": device_results(ct), "latency_ms": latency(ct), "memory": memory_figure(ct, stages.get("context")),
+            "sixteen_bit": sixteen_bit(ct)}
+
+
+def sixteen_bit(ct: ChipTarget) -> list[dict[str, Any]] | None:
+    """The weights a quantized binary keeps at 16 bits unasked (an embedding table a Gather reads), from lint."""
+    lint = read_checked(record_path("lint", ct.graph_target)) or {}
+    return ((lint.get("memory_estimate") or {}).get(ct.precision) or {}).get("sixteen_bit")
 
 
 def memory_figure(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -350,7 +357,8 @@ def precision_comparison(targets: list[dict[str, Any]], choices: list[dict[str, 
                          "bin_size": figures["bin_size"], "sim_median_s": figures["sim_median_s"],
                          "min_cosine": figures["min_cosine"], "checks_passed": figures["checks_passed"],
                          "promoted_share": ((t.get("toolchain_stages") or {}).get("repair") or {}).get("share"),
-                         "chosen": picked.get((graph, soc, toolchain_id)) == t["precision"]})
+                         "chosen": picked.get((graph, soc, toolchain_id)) == t["precision"],
+                         "sixteen_bit": t.get("sixteen_bit")})
     return rows
 
 

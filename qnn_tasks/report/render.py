@@ -89,9 +89,10 @@ def markdown(data: dict[str, Any]) -> str:
         for r in data["precision_comparison"]:
             share = r.get("promoted_share")
             chosen = " (chosen by auto)" if r.get("chosen") else ""
+            tables = "".join(f"; {k['tensor']} {size(k['bytes'])} (a Gather's table)" for k in r.get("sixteen_bit") or ())
             lines.append(f"| {r['graph']} | {r['soc']} | {r['precision']}{chosen} | {r['status']} | {size(r['bin_size'])} | "
                          f"{num(r['sim_median_s'])} s | {num(r['min_cosine'], 6)} | "
-                         f"{'-' if share is None else f'{100 * share:.1f}%'} |")
+                         f"{'-' if share is None else f'{100 * share:.1f}%'}{tables} |")
     lines += choices_markdown(data)
     unlooped = [g for g in data["graphs"] if g.get("recurrent") and not g["recurrent"]["loop"]]
     if unlooped:
