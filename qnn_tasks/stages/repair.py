@@ -122,11 +122,12 @@ def sensitivity(graph: GraphSpec, precision: str, simplified: Path, samples: lis
     import onnx
 
     from qnn_tasks.stages.cpucheck import run_onnx_cpu
-    from qnn_tasks.toolchains.ort_quantize import quantize_model
+    from qnn_tasks.toolchains.ort_quantize import preprocessed, quantize_model
 
     folder = work / "sensitivity"
     folder.mkdir(parents=True, exist_ok=True)
-    diag, _ = expose_intermediates(onnx.load(str(simplified)))
+    # exposed after the quantizer's own fusions: a tensor fused away (inside a GELU) is no output to quantize
+    diag, _ = expose_intermediates(onnx.load(str(preprocessed(simplified, folder / "float"))))
     diag_path = folder / "intermediates.onnx"
     onnx.save(diag, str(diag_path))
     picked = inputs[:SENSITIVITY_SAMPLES]

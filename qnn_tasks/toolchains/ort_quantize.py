@@ -33,26 +33,33 @@ def run(si: StageInput) -> dict[str, Any]:
     return record
 
 
+def preprocessed(source: Path, work: Path) -> Path:
+    """`source` as the QNN quantizer sees it: metadata dropped (its preprocessing crashes on onnxsim's), then its
+    fusions (an Erf GELU into one Gelu node...). A graph whose intermediates are exposed must be exposed after this,
+    or a fused-away tensor is an output nothing makes."""
+    import onnx
+    from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
+
+    work.mkdir(parents=True, exist_ok=True)
+    model = onnx.load(str(source))
+    del model.metadata_props[:]
+    plain = work / "float.onnx"
+    onnx.save(model, str(plain))
+    out = work / "preprocessed.onnx"
+    return out if qnn_preprocess_model(str(plain), str(out)) else plain
+
+
 def quantize_model(graph: GraphSpec, precision: str, source: Path, calibration: list, out: Path, log_dir: Path,
                    promoted: list[str] = ()) -> dict[str, Any]:
     """Quantize `source` to `out` at `precision` on `calibration`; `promoted` weights are kept at 16 bits (signed,
     symmetric, per output channel): what the repair promotes. Returns the record's fields."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
-    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config, qnn_preprocess_model
+    from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     log = log_dir / "quantize.log"
     work = log_dir / ".work"
-    work.mkdir(parents=True, exist_ok=True)
-
-    # QNN preprocessing crashes on models carrying metadata_props (onnxsim adds them): drop them first.
-    model = onnx.load(str(source))
-    del model.metadata_props[:]
-    plain = work / "float.onnx"
-    onnx.save(model, str(plain))
-    preprocessed = work / "preprocessed.onnx"
-    changed = qnn_preprocess_model(str(plain), str(preprocessed))
-    source = preprocessed if changed else plain
+    source = preprocessed(source, work)
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
@@ -89,6 +96,6 @@ def quantize_model(graph: GraphSpec, precision: str, source: Path, calibration: 
     return {"calibration_samples": len(calibration), "activation_type": "uint16",
             "weight_type": "int4 (Conv/MatMul/Gemm weights), uint8 (the rest)" if four else "uint8",
             **({"four_bit_weights": len(four)} if bits == 4 else {}), "per_channel": per_channel,
-            "preprocessed": bool(changed), "nodes": len(qdq.graph.node),
+            "preprocessed": source.name == "preprocessed.onnx", "nodes": len(qdq.graph.node),
             "quantize_ops": sum(1 for n in qdq.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")),
             "log": str(log), "notes": warnings}
