@@ -84,3 +84,41 @@ def test_a_repair_that_cannot_pass_within_its_budget_fails_in_one_line(tmp_path)
     assert "no promotion within the budget of 3 compiles passes its checks: promoted 1 of" in line, line
     assert "(fix: raise calibration.repair_budget, or precision: fp16)" in line, line
     assert not list(project.root.glob("build/stack/net/*/w8a16-mixed/repair/promoted.json"))
+
+
+def _gelu_mlp() -> onnx.ModelProto:
+    """x -> MatMul -> GELU written out with Erf (as torch exports it) -> MatMul: the quantizer fuses the GELU."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w1", (32, 64)), ("w2", (64, 32)))]
+    inits += [numpy_helper.from_array(np.array(v, np.float32), n) for n, v in
+              (("sqrt2", 2 ** 0.5), ("one", 1.0), ("half", 0.5))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Div", ["h", "sqrt2"], ["d"]),
+             helper.make_node("Erf", ["d"], ["e"]), helper.make_node("Add", ["e", "one"], ["a"]),
+             helper.make_node("Mul", ["h", "a"], ["m"]), helper.make_node("Mul", ["m", "half"], ["g"]),
+             helper.make_node("MatMul", ["g", "w2"], ["y"])]
+    graph = helper.make_graph(nodes, "gelu", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 32])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize("precision", ["w8a16-mixed", "w4a16-mixed"])
+def test_the_sensitivity_graph_quantizes_after_the_quantizers_fusions(tmp_path, precision):
+    """The quantizer fuses an Erf GELU into one node: exposing its inner tensors first left outputs nothing makes
+    ("Output .../Div_output_0 is undefined", measured on MiniLM); the repair exposes them after the fusions."""
+    from types import SimpleNamespace
+
+    from qnn_tasks.graphs.intermediates import expose_intermediates
+    from qnn_tasks.toolchains.ort_quantize import preprocessed, quantize_model
+
+    source = tmp_path / "gelu.onnx"
+    onnx.save(_gelu_mlp(), str(source))
+    diag, tensors = expose_intermediates(onnx.load(str(preprocessed(source, tmp_path / "float"))))
+    assert "d" not in {t["tensor"] for t in tensors} and {"h", "y"} <= {t["tensor"] for t in tensors}
+    onnx.save(diag, str(tmp_path / "diag.onnx"))
+    samples = [{"x": np.random.default_rng(i).standard_normal((1, 4, 32)).astype(np.float32)} for i in range(8)]
+    graph = SimpleNamespace(name="gelu", calibration={"per_channel": True})
+    record = quantize_model(graph, precision, tmp_path / "diag.onnx", samples, tmp_path / "qdq.onnx", tmp_path)
+    assert record["quantize_ops"] > 0 and (tmp_path / "qdq.onnx").is_file()
