@@ -122,3 +122,105 @@ def test_the_sensitivity_graph_quantizes_after_the_quantizers_fusions(tmp_path, 
     graph = SimpleNamespace(name="gelu", calibration={"per_channel": True})
     record = quantize_model(graph, precision, tmp_path / "diag.onnx", samples, tmp_path / "qdq.onnx", tmp_path)
     assert record["quantize_ops"] > 0 and (tmp_path / "qdq.onnx").is_file()
+
+
+def _conv_stack(layers: int = 12, channels: int = 32, side: int = 16) -> onnx.ModelProto:
+    """Conv 3x3 -> Relu, `layers` deep, x [1, C, side, side]; the first conv's weights for input channel 3 (every
+    output channel's slice) are 100x the others, the input's channel 3 is 100x smaller (the test's samples): a scale
+    on the graph's input, as onnxsim would fold a Mul before a Conv into its weights and hide the outlier."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(5)
+    inits, nodes, x = [], [], "x"
+    for i in range(layers):
+        w = rng.standard_normal((channels, channels, 3, 3)) / (3 * channels ** 0.5)
+        if i == 0:
+            w[:, 3] *= 100
+        inits.append(numpy_helper.from_array(w.astype(np.float32), f"c{i}.w"))
+        nodes += [helper.make_node("Conv", [x, f"c{i}.w"], [f"c{i}.conv"], pads=[1, 1, 1, 1]),
+                  helper.make_node("Relu", [f"c{i}.conv"], [f"c{i}.out"])]
+        x = f"c{i}.out"
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    shape = [1, channels, side, side]
+    graph = helper.make_graph(nodes, "convs", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+def _attention(outlier: int = 0, blocks: int = 3, seq: int = 16, width: int = 64) -> onnx.ModelProto:
+    """Pre-norm single-head self-attention blocks (LayerNorm -> Q, K, V -> softmax(QK^T / sqrt(d)) V -> projection
+    -> + x), x [1, seq, width]; block `outlier`'s value input has a channel scaled by 0.01 and its weight row 100x."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(6)
+    inits, nodes, x = [], [], "x"
+
+    def weight(name: str, array: np.ndarray) -> str:
+        inits.append(numpy_helper.from_array(np.asarray(array, np.float32), name))
+        return name
+
+    for b in range(blocks):
+        p = f"a{b}"
+        nodes.append(helper.make_node("LayerNormalization", [x, weight(f"{p}.g", np.ones(width)),
+                                                             weight(f"{p}.beta", np.zeros(width))], [f"{p}.ln"], axis=-1))
+        fed, wv = f"{p}.ln", rng.standard_normal((width, width)) / width ** 0.5
+        if b == outlier:
+            scale = np.ones(width)
+            scale[5] = 0.01
+            nodes.append(helper.make_node("Mul", [fed, weight(f"{p}.s", scale)], [f"{p}.scaled"]))
+            wv[5, :] *= 100
+            fed_v = f"{p}.scaled"
+        else:
+            fed_v = fed
+        for name in ("q", "k"):
+            nodes.append(helper.make_node("MatMul", [fed, weight(f"{p}.w{name}", rng.standard_normal((width, width))
+                                                                / width ** 0.5)], [f"{p}.{name}"]))
+        nodes += [helper.make_node("MatMul", [fed_v, weight(f"{p}.wv", wv)], [f"{p}.v"]),
+                  helper.make_node("Transpose", [f"{p}.k"], [f"{p}.kt"], perm=[0, 2, 1]),
+                  helper.make_node("MatMul", [f"{p}.q", f"{p}.kt"], [f"{p}.qk"]),
+                  helper.make_node("Mul", [f"{p}.qk", weight(f"{p}.scale", 1 / width ** 0.5)], [f"{p}.scores"]),
+                  helper.make_node("Softmax", [f"{p}.scores"], [f"{p}.attn"], axis=-1),
+                  helper.make_node("MatMul", [f"{p}.attn", f"{p}.v"], [f"{p}.ctx"]),
+                  helper.make_node("MatMul", [f"{p}.ctx", weight(f"{p}.wo", rng.standard_normal((width, width))
+                                                                 / width ** 0.5)], [f"{p}.o"]),
+                  helper.make_node("Add", [x, f"{p}.o"], [f"{p}.res"])]
+        x = f"{p}.res"
+    nodes.append(helper.make_node("Identity", [x], ["y"]))
+    shape = [1, seq, width]
+    graph = helper.make_graph(nodes, "attention", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 10
+    return model
+
+
+@pytest.mark.parametrize("builder, shape, outlier_weight", [
+    (_conv_stack, [1, 32, 16, 16], "c0.w"),
+    (_attention, [1, 16, 64], "a0.wv"),
+], ids=["cnn", "attention"])
+def test_outlier_channels_of_other_graphs_are_repaired(tmp_path, builder, shape, outlier_weight):
+    """Two more graphs with an outlier channel (a CNN, an attention stack): plain w8a16 fails cosine 0.99, the
+    simulator's ranking names the outlier's weight and promoting it alone passes, with <= 10% of the weight bytes."""
+    from tiny_project import only_model
+
+    project, folder = only_model(tmp_path / "p", "net")
+    onnx.save(builder(), str(folder / "net.onnx"))
+    x = np.random.default_rng(7).standard_normal((8, *shape)).astype(np.float32)
+    if builder is _conv_stack:
+        x[:, :, 3] *= 0.01  # the CNN's outlier: a tiny input channel that its weights scale up
+    np.savez(folder / "samples/x.npz", x=x)
+    dims = ", ".join(map(str, shape))
+    (folder / "model.yaml").write_text(
+        "licence: test fixture\nsource: {file: net.onnx}\ngraphs:\n  net:\n"
+        f"    inputs: {{x: {{shape: [{dims}], dtype: float32}}}}\n    outputs: {{y: {{shape: [{dims}]}}}}\n"
+        "    samples: {files: samples/x.npz}\n    precision: w8a16-mixed\n    calibration: {samples: 8}\n"
+        "    verify: {samples: 3}\n    socs: [SM8650]\n")
+    result = project.doit("repair:net")
+    assert result.returncode == 0, result.stdout + result.stderr
+    record = project.one_json("build/net/net/*/w8a16-mixed/repair/repair.json")
+    assert not record["plain"]["passed"] and record["plain"]["min_cosine"] < 0.99, record["plain"]
+    assert record["ranked"][0]["weight"] == outlier_weight, record["ranked"][:3]
+    assert [p["weight"] for p in record["promoted"]] == [outlier_weight] and record["share"] <= 0.10
+    assert record["min_cosine"] >= 0.99 and record["size_ratio"] <= 1.15
