@@ -79,7 +79,7 @@ graphs:
     {AUTO}
     socs: [{SOC}]
     samples: {{files: "samples/*.npz"}}
-    calibration: {{samples: 8}}
+    calibration: {{samples: 8, repair_budget: 3}}     # the plain precision, the sensitivity graph, one step
     verify: {{samples: 4}}
 """)
     return "transformer"
@@ -87,7 +87,9 @@ graphs:
 
 def table(project: Path, graph: str, seconds: float, load: str) -> list[str]:
     choose = json.loads(next(project.glob(f"build/*/{graph}/*/{ORDER[0]}/{SOC}/choose/choose.json")).read_text())
-    lines = [f"{graph} on {SOC} (x86 HTP simulator), doit in {seconds:.0f} s, load before: {load}",
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
+    lines = [f"{graph} on {SOC} (x86 HTP simulator) at {commit.strip() or 'an unknown commit'}, "
+             f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, doit in {seconds:.0f} s, load before: {load}",
              "| precision | verdict | .bin bytes | kept at 16 bits | min cosine | task check | build s |",
              "|---|---|---|---|---|---|---|"]
     for c in choose["candidates"]:
