@@ -26,9 +26,9 @@ from qnn_tasks.spec.load import load_socs
 
 REPORT_DIR = Path("build/report")
 CHROMIUM = Path("/usr/bin/chromium")
-STATUSES = ["passed", "warning", "failed", "stale", "skipped", "pending"]
+STATUSES = ["passed", "warning", "failed", "stale", "skipped", "pending", "rejected"]
 # what a stage writes ("pending" = no record), or "stale": the report found its outputs changed since
-RECORD_STATUSES = ["passed", "warning", "failed", "skipped", "stale"]
+RECORD_STATUSES = ["passed", "warning", "failed", "skipped", "stale", "rejected"]
 GRAPH_STAGES = ["export", "simplify", "lint", "cpucheck"]
 CHIP_STAGES = ["config", "context", "simulate", "simverify"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -84,7 +84,7 @@ STAGE_RECORD = {"type": ["object", "null"], "required": ["stage", "target", "sta
 REPORT_SCHEMA = {  # docs/verification-and-report.md
     "type": "object", "additionalProperties": False,
     "required": ["schema", "generated", "summary", "toolchains", "graphs", "splits", "variants", "targets",
-                 "pipelines", "loops", "sizes", "models_not_buildable", "precision_comparison", "comparison",
+                 "pipelines", "loops", "sizes", "models_not_buildable", "choices", "precision_comparison", "comparison",
                  "compatibility"],
     "properties": {
         "schema": {"const": "qnn-npu-compile/report/v1"},
@@ -105,17 +105,20 @@ REPORT_SCHEMA = {  # docs/verification-and-report.md
         "summary": {"type": "object", "additionalProperties": False,
                     "required": ["targets", *STATUSES, "graphs_failed", "from_cache", "pipelines_failed", "complete",
                                  "current", "superseded_by", "models_not_buildable", "loops_failed",
-                                 "crosssize_failed", "upgrade_regressions", "ok"],
+                                 "crosssize_failed", "choices_failed", "upgrade_regressions", "ok"],
                     "properties": {**{k: {"type": "integer", "minimum": 0}
                                       for k in ["targets", *STATUSES, "graphs_failed", "from_cache", "pipelines_failed",
                                                 "models_not_buildable", "loops_failed", "crosssize_failed",
-                                                "upgrade_regressions"]},
+                                                "choices_failed", "upgrade_regressions"]},
                                    "complete": {"type": "boolean"}, "current": {"type": "boolean"},
                                    "ok": {"type": "boolean"},
                                    "superseded_by": STRING_OR_NULL}},
         "models_not_buildable": {"type": "array", "items": {"type": "object", "required": ["model", "status", "error"]}},
         "pipelines": {"type": "array", "items": {"type": "object", "required": ["name", "model", "graphs", "soc",
                                                                                "toolchain_id", "status", "reason", "record"]}},
+        "choices": {"type": "array", "items": {"type": "object", "required": ["name", "model", "graph", "soc",
+                                                                             "toolchain_id", "order", "status",
+                                                                             "reason", "chosen", "record"]}},
         "sizes": {"type": "array", "items": {"type": "object", "required": ["name", "graph", "model", "dim", "soc",
                                                                            "precision", "toolchain_id", "sizes",
                                                                            "status", "reason", "record"]}},
@@ -205,8 +208,9 @@ def test_report_json_matches_the_documented_schema(verified):
     data = load_report(verified)
     assert report_problems(data, verified) == []
     assert data["summary"] == {"targets": 4, "passed": 4, "warning": 0, "failed": 0, "stale": 0, "skipped": 0,
-                               "pending": 0, "graphs_failed": 0, "from_cache": 0, "pipelines_failed": 0,
+                               "pending": 0, "rejected": 0, "graphs_failed": 0, "from_cache": 0, "pipelines_failed": 0,
                                "models_not_buildable": 0, "loops_failed": 0, "crosssize_failed": 0,
+                               "choices_failed": 0,
                                "upgrade_regressions": 0, "complete": True, "current": True, "superseded_by": None,
                                "ok": True}
     assert {t["name"] for t in data["targets"]} == {f"{g}-{s}" for g in GRAPHS for s in SOCS}

@@ -369,7 +369,8 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
     if summary.get("ok"):
         return []
     problems = [f"model {b['model']} is not buildable: {b['error']}" for b in data.get("models_not_buildable", [])]
-    entries = data["targets"] + data.get("pipelines", []) + data.get("loops", []) + data.get("sizes", [])
+    entries = (data["targets"] + data.get("pipelines", []) + data.get("loops", []) + data.get("sizes", [])
+               + data.get("choices", []))
     stale = [t["name"] for t in entries if t["status"] == "stale"]
     if stale:
         problems.append(f"{len(stale)} target(s) stale (made from other settings or files than today's, or their "

@@ -448,6 +448,10 @@ def summary_line(data: dict[str, Any]) -> str:
         line += f", {s['stale']} STALE"
     if s.get("crosssize_failed"):
         line += f"; {s['crosssize_failed']} cross-size check(s) FAILED"
+    if s.get("rejected"):
+        line += f"; {s['rejected']} precision-auto candidate(s) rejected (not chosen)"
+    if s.get("choices_failed"):
+        line += f"; {s['choices_failed']} precision-auto choice(s) FAILED (no candidate passes)"
     if s.get("upgrade_regressions"):
         line += f"; {s['upgrade_regressions']} upgrade regression(s) of a gating toolchain"
     if s.get("from_cache"):

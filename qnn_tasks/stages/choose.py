@@ -15,7 +15,7 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.judge import checks as verification
 from qnn_tasks.run import records
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.run.status import good
+from qnn_tasks.run.status import Status, good
 
 COST_STAGES = ("repair", "quantize", "context", "simulate", "simverify")  # the stages a candidate's verdict took
 
@@ -44,10 +44,10 @@ def _candidate(candidate: dict[str, Any]) -> dict[str, Any]:
     entry: dict[str, Any] = {"precision": candidate["precision"], "target": candidate["target"], "passed": False,
                              "binary_bytes": None, "compiles": 0, "build_seconds": 0.0}
     if candidate.get("skip"):
-        return {**entry, "status": "skipped", "why": candidate["skip"]}
+        return {**entry, "status": Status.SKIPPED, "why": candidate["skip"]}
     read = {stage: records.read(Path(path)) for stage, path in candidate["records"].items()}
     verdict = read.get("simverify") or {}
-    status = str(verdict.get("status") or "pending")
+    status = str(verdict.get("status") or Status.PENDING)
     entry.update(status=status, passed=good(status), min_cosine=verification.min_cosine(verdict),
                  checks=[{k: c.get(k) for k in ("kind", "value", "passed")} for c in verdict.get("checks") or []])
     why = verdict.get("rejected") or verdict.get("error") or (read.get("repair") or {}).get("rejected")
