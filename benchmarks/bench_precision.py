@@ -31,17 +31,20 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 RESULT = ROOT / "benchmarks" / "results" / "precision.txt"
 ORDER = ["w4a16", "w4a16-mixed", "w8a16", "w8a16-mixed", "fp16"]
 SOC = "SM8650"
-AUTO = "precision: {auto: [" + ", ".join(ORDER) + "]}"
 
 
-def minilm(project: Path) -> str:
+def auto(order: list[str]) -> str:
+    return "precision: {auto: [" + ", ".join(order) + "]}"
+
+
+def minilm(project: Path, order: list[str]) -> str:
     """models/minilm at 16 tokens only (`auto` stands alone: no dims), for SM8650."""
     shutil.copytree(ROOT / "models" / "minilm", project / "models" / "minilm",
                     ignore=shutil.ignore_patterns("__pycache__"))
     spec = project / "models" / "minilm" / "model.yaml"
     text = spec.read_text()
     text = re.sub(r"    dims:.*\n.*\n", "", text)
-    text = text.replace("[1, seq]", "[1, 16]").replace("precision: [fp16, w8a16]", AUTO)
+    text = text.replace("[1, seq]", "[1, 16]").replace("precision: [fp16, w8a16]", auto(order))
     text = re.sub(r"    socs: \[.*\]", f"    socs: [{SOC}]", text)
     spec.write_text(text)
     with (project / "models" / "minilm" / "export.py").open("a") as code:  # what dims' padding would do, at 16
@@ -57,7 +60,7 @@ def samples(ctx):  # the benchmark's one length: each sentence padded with token
     return "minilm"
 
 
-def transformer(project: Path, size: str) -> str:
+def transformer(project: Path, size: str, order: list[str]) -> str:
     """bench_big_graphs' pre-norm transformer (random weights, sequence 16) as a model with an ONNX source."""
     from bench_big_graphs import SEQ, SIZES, build
 
@@ -67,6 +70,8 @@ def transformer(project: Path, size: str) -> str:
     params = build(folder / "transformer.onnx", width, blocks)
     np.savez(folder / "samples" / "x.npz",
              x=np.random.default_rng(1).standard_normal((8, 1, SEQ, width)).astype(np.float32))
+    # a repair's budget: the plain precision, the sensitivity graph and one step (each a compile of the whole graph)
+    budget = ", repair_budget: 3" if any(p.endswith("-mixed") for p in order) else ""
     (folder / "model.yaml").write_text(f"""licence: MIT
 description: synthetic pre-norm transformer, {params / 1e6:.0f}M parameters, random weights (benchmark)
 source: {{file: transformer.onnx}}
@@ -76,17 +81,17 @@ graphs:
       x: {{shape: [1, {SEQ}, {width}], dtype: float32}}
     outputs:
       y: {{shape: [1, {SEQ}, {width}]}}
-    {AUTO}
+    {auto(order)}
     socs: [{SOC}]
     samples: {{files: "samples/*.npz"}}
-    calibration: {{samples: 8, repair_budget: 3}}     # the plain precision, the sensitivity graph, one step
+    calibration: {{samples: 8{budget}}}
     verify: {{samples: 4}}
 """)
     return "transformer"
 
 
-def table(project: Path, graph: str, seconds: float, load: str) -> list[str]:
-    choose = json.loads(next(project.glob(f"build/*/{graph}/*/{ORDER[0]}/{SOC}/choose/choose.json")).read_text())
+def table(project: Path, graph: str, seconds: float, load: str, order: list[str]) -> list[str]:
+    choose = json.loads(next(project.glob(f"build/*/{graph}/*/{order[0]}/{SOC}/choose/choose.json")).read_text())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
     lines = [f"{graph} on {SOC} (x86 HTP simulator) at {commit.strip() or 'an unknown commit'}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, doit in {seconds:.0f} s, load before: {load}",
@@ -108,24 +113,30 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("graph", choices=("minilm", "transformer"))
     parser.add_argument("--size", default="600M", help="transformer size (bench_big_graphs.SIZES)")
+    parser.add_argument("--order", nargs="+", default=ORDER, help="the candidates (default: all five)")
+    parser.add_argument("--jobs", default="2", help="doit -n: 1 for a graph whose quantizer needs the memory twice")
     parser.add_argument("--keep", help="build in this folder and keep it (default: a temporary one)")
     parser.add_argument("--append", action="store_true", help=f"append the table to {RESULT.relative_to(ROOT)}")
     args = parser.parse_args()
     work = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench-precision-"))
     project = work / "p"
+    if project.exists():  # --keep of an earlier run: its build is reused, its spec written anew
+        shutil.rmtree(project / "models", ignore_errors=True)
     project.mkdir(parents=True, exist_ok=True)
     for name in ("dodo.py", "socs"):
+        if (project / name).exists():
+            continue
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, project / name)
-    graph = minilm(project) if args.graph == "minilm" else transformer(project, args.size)
+    graph = minilm(project, args.order) if args.graph == "minilm" else transformer(project, args.size, args.order)
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     start = time.monotonic()
-    run = subprocess.run([sys.executable, "-m", "doit", "-n", "2", f"choose:{graph}-{SOC}"], cwd=project,
+    run = subprocess.run([sys.executable, "-m", "doit", "-n", args.jobs, f"choose:{graph}-{SOC}"], cwd=project,
                          capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
     seconds = time.monotonic() - start
     if run.returncode != 0:
         print(run.stdout[-4000:], run.stderr[-4000:], sep="\n")
         return 1
-    lines = table(project, graph, seconds, load)
+    lines = table(project, graph, seconds, load, args.order)
     print("\n".join(lines))
     if args.append:
         with RESULT.open("a") as out:
