@@ -218,6 +218,10 @@ from qnn_tasks.errors import StageError
 
 
 def run_call(call):
+    if call.args.get("kill"):  # what the kernel's out-of-memory killer does to a process
+        import os
+        import signal
+        os.kill(os.getpid(), signal.SIGKILL)
     if call.args.get("fail"):
         raise StageError("probe: asked to fail (fix: do not ask)", {"partial": call.args["fail"]})
     return {"echo": call.args["echo"], "nan": float("nan")}
@@ -241,6 +245,24 @@ def test_child_process_answers_with_an_outcome(tmp_path: Path) -> None:
         failed = child.run(StageCall.from_json(call.to_json().replace('"echo"', '"fail": 3, "x"')), None)
         assert failed == Outcome.failure("probe: asked to fail (fix: do not ask)", {"partial": 3},
                                          executor=failed.executor)
+    finally:
+        child.stop()
+
+
+def test_a_child_killed_by_signal_9_is_said_to_be_most_likely_out_of_memory(tmp_path: Path) -> None:
+    from qnn_tasks.errors import ToolchainError
+    from qnn_tasks.run.executors.local import Child
+
+    (tmp_path / "probe_stage.py").write_text(PROBE_STAGE)
+    child = Child(str(tmp_path))
+    try:
+        call = StageCall(stage="probe", target="t", args={"kill": True}, inputs=[], out_dir="build/probe",
+                         outputs=[], record="", key="", runner="probe_stage:run_call")
+        with pytest.raises(ToolchainError) as err:
+            child.run(call, None)
+        line = str(err.value)
+        assert "the worker process running probe:t died (signal 9)" in line and "\n" not in line
+        assert "most often the kernel's out-of-memory killer (check `dmesg`; fix: fewer jobs at once" in line
     finally:
         child.stop()
 

@@ -109,9 +109,12 @@ class Child:
                 raise KeyboardInterrupt from None
             if expired.is_set():
                 return timed_out(call, Path(cwd or self.root))
+            # SIGKILL that no timer sent is most often the kernel's out-of-memory killer, not a bug in the tool
+            why = ("killed (signal 9): most often the kernel's out-of-memory killer (check `dmesg`; fix: fewer jobs "
+                   "at once, doit -n 1, or more memory)" if code == -9 else "a crash in native code")
             raise ToolchainError(f"the worker process running {call.stage}:{call.target} died"
                                  + (f" (signal {-code})" if code and code < 0 else f" (exit {code})")
-                                 + f" in {python}: a crash in native code (its output: {call.out_dir}/{call.stage}.log)") from None
+                                 + f" in {python}: {why} (its output: {call.out_dir}/{call.stage}.log)") from None
         except BaseException:
             self._drop(worker)
             raise
