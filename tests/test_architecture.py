@@ -67,6 +67,87 @@ def test_no_import_cycles() -> None:
     assert _cycles(codekeys.imports()) == []
 
 
+# The floors of qnn_tasks, bottom first: each entry is a subpackage or a top-level module. A module imports modules of
+# its own package and of lower floors only (imports inside functions count); packages on one floor do not import each
+# other. This is the order of what uses what, not the order data flows in: the run layer carries calls the plan made,
+# but the plan reads records through it (freshness), so it stands above it. CONTRIBUTING.md repeats it (tested).
+FLOORS = (
+    ("errors", "fileio", "latency"),
+    ("envvalues",),
+    ("spec",),
+    ("graphs", "qnn"),
+    ("judge",),
+    ("toolchains",),
+    ("run",),
+    ("plan", "devices"),
+    ("stages",),
+    ("report",),
+    ("ship",),
+    ("tasks", "scaffold", "rewrites"),
+    ("cli",),
+    ("__main__",),
+)
+# (importer, imported) -> why it must go up. Today's upward imports, each moved to its floor by a commit of its own.
+UPWARD: dict[tuple[str, str], str] = {
+    ("qnn_tasks.qnn.loadoracle", "qnn_tasks.ship.select"): "to move",
+    ("qnn_tasks.qnn.runtimelibs", "qnn_tasks.devices.adb"): "to move",
+    ("qnn_tasks.qnn.socscheck", "qnn_tasks.run.calls"): "to move",
+    ("qnn_tasks.qnn.socscheck", "qnn_tasks.toolchains.ort_qnn"): "to move",
+    ("qnn_tasks.run.funnel", "qnn_tasks.report.mark"): "to move",
+    ("qnn_tasks.spec.cache", "qnn_tasks.plan.codekeys"): "to move",
+    ("qnn_tasks.spec.porting", "qnn_tasks.graphs.rewrites"): "to move",
+    ("qnn_tasks.stages.verify.choice", "qnn_tasks.ship.select"): "to move",
+    ("qnn_tasks.stages.verify.refusal", "qnn_tasks.ship.select"): "to move",
+    ("qnn_tasks.stages.verify.survey", "qnn_tasks.ship.select"): "to move",
+    ("qnn_tasks.toolchains.calls", "qnn_tasks.run.calls"): "to move",
+    ("qnn_tasks.toolchains.ort_qnn", "qnn_tasks.run.nativelog"): "to move",
+}
+
+
+def _unit(module: str) -> str | None:
+    """The floor entry a module belongs to: its subpackage or top-level module (None: the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, list[str]], floors: tuple[tuple[str, ...], ...]) -> list[str]:
+    """`importer -> imported` for every import between packages that does not go down the floors."""
+    floor_of = {unit: index for index, floor in enumerate(floors) for unit in floor}
+    found = []
+    for module, imported in sorted(graph.items()):
+        for other in imported:
+            mine, theirs = _unit(module), _unit(other)
+            if mine and theirs and mine != theirs and floor_of[theirs] >= floor_of[mine]:
+                found.append(f"{module} -> {other}")
+    return found
+
+
+def test_every_package_stands_on_one_floor() -> None:
+    units = [unit for floor in FLOORS for unit in floor]
+    assert len(units) == len(set(units))
+    assert {_unit(m) for m in codekeys.imports()} - {None} == set(units)
+
+
+def test_imports_only_go_down() -> None:
+    """Imports inside functions count. An upward import that must stay is an UPWARD entry saying why."""
+    allowed = {f"{a} -> {b}" for a, b in UPWARD}
+    assert sorted(set(upward_imports(codekeys.imports(), FLOORS)) - allowed) == []
+    assert sorted(allowed - set(upward_imports(codekeys.imports(), FLOORS))) == []  # an entry nothing needs goes
+
+
+def test_upward_import_finder() -> None:
+    graph = {"q.low.a": ["q.high.b", "q.low.c"], "q.high.b": ["q.low.a"], "q.side.d": ["q.low.a", "q.mid.e"],
+             "q.mid.e": ["q.side.d"], "q": ["q.high.b"]}
+    assert upward_imports(graph, (("low",), ("mid", "side"), ("high",))) == [
+        "q.low.a -> q.high.b", "q.mid.e -> q.side.d", "q.side.d -> q.mid.e"]
+
+
+def test_contributing_states_the_floors() -> None:
+    """CONTRIBUTING.md's line of floors is FLOORS, bottom first."""
+    line = " < ".join(", ".join(f"`{unit}`" for unit in floor) for floor in FLOORS)
+    assert line in (ROOT / "CONTRIBUTING.md").read_text().replace("\n", " ")
+
+
 
 def _private(name: str) -> bool:
     return name.startswith("_") and not name.startswith("__")
