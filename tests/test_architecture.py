@@ -93,7 +93,6 @@ UPWARD: dict[tuple[str, str], str] = {
     ("qnn_tasks.qnn.runtimelibs", "qnn_tasks.devices.adb"): "to move",
     ("qnn_tasks.qnn.socscheck", "qnn_tasks.run.calls"): "to move",
     ("qnn_tasks.qnn.socscheck", "qnn_tasks.toolchains.ort_qnn"): "to move",
-    ("qnn_tasks.run.funnel", "qnn_tasks.report.mark"): "to move",
     ("qnn_tasks.spec.cache", "qnn_tasks.plan.codekeys"): "to move",
     ("qnn_tasks.spec.porting", "qnn_tasks.graphs.rewrites"): "to move",
     ("qnn_tasks.stages.verify.choice", "qnn_tasks.ship.select"): "to move",

@@ -147,7 +147,7 @@ def test_a_superseded_report_is_not_ok(failing, tmp_path):
     report = tmp_path / "build" / "report" / "report.json"
     report.write_text(json.dumps(base))
     assert gate(path=report)
-    subprocess.run([sys.executable, "-c", f"from qnn_tasks.report import mark; mark.supersede({str(tmp_path)!r})"],
+    subprocess.run([sys.executable, "-c", f"from qnn_tasks.run import reportmark; reportmark.supersede({str(tmp_path)!r})"],
                    check=True)
     summary = json.loads(report.read_text())["summary"]
     assert summary["ok"] is False and summary["current"] is False and not gate(path=report)

@@ -6,7 +6,7 @@ names (records.problems), and while what it was made from is what today's spec a
 reason, the target is `stale` (counted, and failing the report task: the gate). `summary.complete` says whether
 every expected target has a verdict (none pending or stale); `summary.ok` (holds) whether everything the run
 promised holds: the documented CI gate reads only it, and the report task fails exactly when it is false
-(gate_problems says why). report/mark.py marks a report superseded (not ok) while a run that may change it has not
+(gate_problems says why). run/reportmark.py marks a report superseded (not ok) while a run that may change it has not
 finished.
 Rendering (report.md, index.html, plots) is report/render.py.
 report.json has one stable schema for CI gates (docs/verification-and-report.md).

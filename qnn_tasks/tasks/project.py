@@ -106,10 +106,10 @@ def project_tasks(root: Path) -> dict[str, Any]:
 def cannot_start(root: Path, err: OSError) -> str:
     """The one line for a run that cannot write its tree; the previous report is marked superseded (or removed) first,
     since the specs or samples may have changed since it was written and this run cannot verify them."""
-    from qnn_tasks.report import mark
+    from qnn_tasks.run import reportmark
 
     try:
-        mark.supersede(root, f": it could not start ({err.strerror})")
+        reportmark.supersede(root, f": it could not start ({err.strerror})")
     except MachineError:
         pass  # read-only: nothing here can change the tree either
     return machine_failure(err) or f"{err.filename or root / 'build'}: {err.strerror or err}"
