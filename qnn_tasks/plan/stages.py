@@ -16,8 +16,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from qnn_tasks import toolchains
-from qnn_tasks.plan import codekeys
+from qnn_tasks import codekeys, toolchains
 from qnn_tasks.plan.paths import COMPAT_RECORD, DEVICE_STAMP, PROMOTED_FILE
 from qnn_tasks.plan.targets import (
     BUILD_DIR,

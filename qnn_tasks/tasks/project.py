@@ -422,6 +422,6 @@ def _on_demand(factory: TaskFactory, name: str) -> Any:
 
 def renderer_code() -> str:
     """The report's code version: a new renderer or template re-renders the report (and only the report)."""
-    from qnn_tasks.plan import codekeys
+    from qnn_tasks import codekeys
 
     return codekeys.digest(("qnn_tasks.report.gather",), ("report/templates/report.html.j2",))
