@@ -21,8 +21,8 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 from test_rewrites import const, model_of, run
 
+from qnn_tasks import rewrites
 from qnn_tasks.errors import StageError
-from qnn_tasks.graphs import rewrites
 from qnn_tasks.spec.load import load_project
 from qnn_tasks.stages import diagnose, export, simplify
 from qnn_tasks.stages import lint as lint_stage

@@ -13,8 +13,8 @@ import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, graph_spec, model_of, ops, rewritten, run
 
-from qnn_tasks.graphs import rewrites
-from qnn_tasks.graphs.rewrites import ifwhere
+from qnn_tasks import rewrites
+from qnn_tasks.rewrites import ifwhere
 from qnn_tasks.stages.lint import find_problems
 
 F = TensorProto.FLOAT

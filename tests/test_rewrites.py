@@ -16,8 +16,8 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qnn_tasks.graphs import rewrites
-from qnn_tasks.graphs.rewrites import boundary, foldif
+from qnn_tasks import rewrites
+from qnn_tasks.rewrites import boundary, foldif
 from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec.project import GraphSpec, Source, TensorSpec
 from qnn_tasks.stages.lint import find_problems

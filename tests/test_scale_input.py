@@ -14,9 +14,9 @@ import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, model_of, ops, rewritten, run
 
+from qnn_tasks import rewrites
 from qnn_tasks.errors import RewriteError, StageError
-from qnn_tasks.graphs import rewrites
-from qnn_tasks.graphs.rewrites import inputscale
+from qnn_tasks.rewrites import inputscale
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(2022)

@@ -12,9 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, model_of  # the same small-graph builders
 
+from qnn_tasks import rewrites
 from qnn_tasks.errors import StageError
-from qnn_tasks.graphs import rewrites
-from qnn_tasks.graphs.rewrites import boundary
+from qnn_tasks.rewrites import boundary
 from qnn_tasks.spec.project import GraphSpec, Source, TensorSpec
 from qnn_tasks.stages import export as export_stage
 

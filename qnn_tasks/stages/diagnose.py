@@ -255,7 +255,7 @@ def explain(model, first: dict[str, Any], cpu, npu, inputs, precision: str = "fp
     names a rewrite names the model.yaml line of `graph`)."""
     from onnx import helper, numpy_helper
 
-    from qnn_tasks.graphs import rewrites
+    from qnn_tasks import rewrites
 
     node = model.graph.node[first["index"]]
     tensor = first["tensor"]
@@ -299,7 +299,7 @@ def constant_values(model) -> dict[str, np.ndarray]:
 
 def rewrite_fix(name: str, graph: GraphSpec | None) -> str:
     """The fix naming rewrite `name`: the one lint gives (the model.yaml line of `graph` that enables it)."""
-    from qnn_tasks.graphs.rewrites import advice
+    from qnn_tasks.rewrites import advice
 
     return advice(name, graph) if graph is not None else f'add "rewrites: [{name}]" to the graph in its model.yaml'
 
@@ -312,7 +312,7 @@ def hazards(node, detail: dict[str, Any], constants: dict[str, np.ndarray], prec
     rewrite only where that rewrite's own matcher finds this node or constant (`sites`: rewrites.find, as lint uses
     it), so the rewrite it names changes it; `constants`: initializers and constant values by name.
     """
-    from qnn_tasks.graphs.rewrites.graphtools import label
+    from qnn_tasks.rewrites.graphtools import label
 
     found = []
     op = node.op_type
@@ -403,7 +403,7 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
     """
     from fractions import Fraction
 
-    from qnn_tasks.graphs.rewrites import entry_yaml, inputscale, yaml_fix
+    from qnn_tasks.rewrites import entry_yaml, inputscale, yaml_fix
 
     overflow = next((h for h in detail["hazards"] if h["hazard"] == "fp16 overflow"), None)
     if overflow is None:

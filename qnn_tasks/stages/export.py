@@ -97,10 +97,10 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
 
 def _lift_branch_weights(model, path: Path) -> list[str]:
     """Copy the main-graph constants only an If/Loop/Scan body reads into that body (onnxruntime's compile drops
-    them otherwise), and save the model again if any moved; returns the Sites (graphs/rewrites/branchweights.py)."""
+    them otherwise), and save the model again if any moved; returns the Sites (rewrites/branchweights.py)."""
     import onnx
 
-    from qnn_tasks.graphs.rewrites import branchweights
+    from qnn_tasks.rewrites import branchweights
 
     lifted = branchweights.lift(model)
     if lifted:

@@ -140,7 +140,7 @@ def _io_findings(model) -> list[Finding]:
 def _node_findings(model, graph: GraphSpec) -> list[Finding]:
     from onnx import numpy_helper
 
-    from qnn_tasks.graphs.rewrites import foldif, graphtools, ifwhere
+    from qnn_tasks.rewrites import foldif, graphtools, ifwhere
 
     constants = graphtools.constant_tensors(model.graph)
     consumers: dict[str, list] = {}
@@ -195,7 +195,7 @@ def _cpu_route(graph: GraphSpec) -> str:
 def _removal_fix(condition, select, graph: GraphSpec) -> str:
     """fold-if when the If's condition is (or can be made) a constant; if-to-where when its branches are pure and
     cheap (`select`: its ifwhere.Candidate); otherwise fix it at export."""
-    from qnn_tasks.graphs.rewrites import yaml_fix
+    from qnn_tasks.rewrites import yaml_fix
 
     if condition is not None and condition.value is not None:
         return f"{yaml_fix('fold-if', graph.name, graph.model, graph.rewrites)} to constant-fold the condition (it is a constant)"
@@ -225,8 +225,8 @@ def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
     """The sites each built-in rewrite would change, as warnings whose fix enables it."""
     from onnx import numpy_helper
 
-    from qnn_tasks.graphs import rewrites
-    from qnn_tasks.graphs.rewrites import graphtools
+    from qnn_tasks import rewrites
+    from qnn_tasks.rewrites import graphtools
 
     sites = rewrites.find(model, [rewrite for rewrite, _, _ in REWRITE_RULES.values()])
     constants = graphtools.constant_tensors(model.graph)

@@ -277,7 +277,7 @@ def dropped_constant(model: Path, message: str) -> str:
         return ""
     import onnx
 
-    from qnn_tasks.graphs.rewrites import branchweights
+    from qnn_tasks.rewrites import branchweights
 
     try:
         graph = onnx.load(str(model), load_external_data=False).graph
@@ -359,7 +359,7 @@ def _graph_hint(graph: GraphSpec, node: dict[str, Any]) -> str:
     rewrite = FALLBACK_REWRITES.get(node["op_type"])
     if rewrite is None:
         return node["hint"]
-    from qnn_tasks.graphs.rewrites import yaml_fix
+    from qnn_tasks.rewrites import yaml_fix
 
     line = yaml_fix(rewrite, graph.name, graph.model, graph.rewrites)
     return node["hint"].replace(f'add "rewrites: [{rewrite}]" to the graph in model.yaml', line)
