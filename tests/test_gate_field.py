@@ -29,8 +29,8 @@ from sized_project import HEAD_YAML, sized_project
 from test_ship_select import CASES, JARS, JAVA
 from test_trust_gate import documented_gate
 
+from qnn_tasks.qnn import select
 from qnn_tasks.report import gather
-from qnn_tasks.ship import select
 
 VIEWS = {"precision_comparison"}  # lists that repeat the targets' statuses side by side: not verdicts of their own
 NOT_VERDICTS = {"toolchains", "variants", "comparison"}  # lists without a status (comparison: its own kind below)

@@ -10,7 +10,7 @@ import pytest
 from device_table import DEVICE_CASES, FREE_MEMORY, RUNTIMES, generate, soc_rows, text
 
 from qnn_tasks.qnn import loadoracle as oracle
-from qnn_tasks.ship import select
+from qnn_tasks.qnn import select
 
 SM8650 = {"name": "SM8650", "soc_id": 57, "dsp_arch": "v75", "vtcm_mb": 8}
 ISSUE = "v2:6:2.51.0:5.51.0:0:57:8:0"  # what every _ctx.onnx built here for SM8650 carries

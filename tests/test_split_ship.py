@@ -18,7 +18,8 @@ import pytest
 from modelpackage_check import agreement
 from test_split import SEQ, WIDTH, YAML, stack_project
 
-from qnn_tasks.ship import select, verified
+from qnn_tasks.qnn import select
+from qnn_tasks.ship import verified
 
 JAVA = Path(__file__).resolve().parent.parent / "qnn_tasks" / "ship" / "java"
 JARS = [Path("/usr/share/java/com.android.json.jar"), Path("/usr/share/java/junit4.jar"),

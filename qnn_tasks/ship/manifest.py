@@ -12,7 +12,7 @@ from typing import Any, Callable
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.qnn import runtimelibs
-from qnn_tasks.ship.select import DEFAULT_PRECISION_ORDER, RULE_EXACT
+from qnn_tasks.qnn.select import DEFAULT_PRECISION_ORDER, RULE_EXACT
 
 SCHEMA = "qnn-npu-compile/manifest"
 SCHEMA_VERSION = 1

@@ -15,8 +15,7 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import StageError
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.qnn import runtimelibs
-from qnn_tasks.ship import select
+from qnn_tasks.qnn import runtimelibs, select
 from qnn_tasks.spec.project import BINARY_CHIP_FACTS
 from qnn_tasks.stages.verify import choice
 from qnn_tasks.stages.verify.settings import Job
@@ -93,7 +92,7 @@ def refuse_incompatible(job: Job, binary: dict[str, Any], libs: runtimelibs.Runt
 
 def refused(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs, info: adb.DeviceInfo,
             selection: dict[str, Any], decision: select.Decision) -> StageError:
-    """A CPU decision of rules 1-3 (ship/select.py) as one line with the fix; nothing was pushed."""
+    """A CPU decision of rules 1-3 (qnn/select.py) as one line with the fix; nothing was pushed."""
     shipped = runtimelibs.version_tuple(libs.version)
     built = runtimelibs.version_tuple(binary["build_id"])
     if decision.rule == select.RUNTIME_UNKNOWN:
