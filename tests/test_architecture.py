@@ -90,8 +90,6 @@ FLOORS = (
 )
 # (importer, imported) -> why it must go up. Today's upward imports, each moved to its floor by a commit of its own.
 UPWARD: dict[tuple[str, str], str] = {
-    ("qnn_tasks.qnn.socscheck", "qnn_tasks.run.calls"): "to move",
-    ("qnn_tasks.qnn.socscheck", "qnn_tasks.toolchains.ort_qnn"): "to move",
     ("qnn_tasks.toolchains.calls", "qnn_tasks.run.calls"): "to move",
     ("qnn_tasks.toolchains.ort_qnn", "qnn_tasks.run.nativelog"): "to move",
 }

@@ -171,7 +171,7 @@ def test_the_simulator_loads_a_binary_under_any_chip_it_is_told(tmp_path):
     import onnxruntime as ort
 
     from qnn_tasks.qnn.binary import read_binary_info
-    from qnn_tasks.qnn.socscheck import tiny_model
+    from qnn_tasks.stages.socscheck import tiny_model
     from qnn_tasks.toolchains.ort_qnn import compile_context, session_options
 
     tiny_model(tmp_path / "t.onnx")

@@ -773,7 +773,7 @@ DIAGNOSE = StageDef("diagnose", "chip", "Find the first node where the NPU diver
                     "not in the default run).", "qnn_tasks.stages.diagnose:run_call", plan_diagnose, remote=True,
                     toolchain=True, column=False)
 SOCSCHECK = StageDef("socscheck", "project", "Compile a tiny model for every SoC row and confirm the binary's "
-                     "socModel/arch (on demand).", "qnn_tasks.qnn.socscheck:run_call", None, toolchain=True,
+                     "socModel/arch (on demand).", "qnn_tasks.stages.socscheck:run_call", None, toolchain=True,
                      column=False)
 COMPAT = StageDef("compat", "project", "Load every built binary on every configured runtime's simulator: which QNN "
                   "runtimes load it, and do outputs still match (on demand).", "qnn_tasks.stages.compat:run_call", None,
