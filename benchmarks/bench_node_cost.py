@@ -133,7 +133,7 @@ def profile(models: list[onnx.ModelProto], folder: Path, toolchain, options: dic
     Returns each graph's execute cycles per round."""
     import onnxruntime as ort
 
-    from qnn_tasks.run.nativelog import native_output_to
+    from qnn_tasks.nativelog import native_output_to
     from qnn_tasks.toolchains.ort_qnn import session_options
 
     sessions = []

@@ -73,7 +73,7 @@ def test_no_import_cycles() -> None:
 # other. This is the order of what uses what, not the order data flows in: the run layer carries calls the plan made,
 # but the plan reads records through it (freshness), so it stands above it. CONTRIBUTING.md repeats it (tested).
 FLOORS = (
-    ("errors", "fileio", "latency", "codekeys"),
+    ("errors", "fileio", "latency", "codekeys", "nativelog"),
     ("envvalues", "rewrites"),
     ("spec",),
     ("graphs", "qnn"),
@@ -91,7 +91,6 @@ FLOORS = (
 # (importer, imported) -> why it must go up. Today's upward imports, each moved to its floor by a commit of its own.
 UPWARD: dict[tuple[str, str], str] = {
     ("qnn_tasks.toolchains.calls", "qnn_tasks.run.calls"): "to move",
-    ("qnn_tasks.toolchains.ort_qnn", "qnn_tasks.run.nativelog"): "to move",
 }
 
 

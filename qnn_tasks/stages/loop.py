@@ -23,9 +23,9 @@ from qnn_tasks.graphs import modelcode
 from qnn_tasks.judge import checks as verification
 from qnn_tasks.judge import metrics, plots
 from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.nativelog import native_output_to
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.run.nativelog import native_output_to
 from qnn_tasks.spec.checks import MODEL_CHECKS
 from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.spec.transducer import TOKENS

@@ -14,7 +14,7 @@ from typing import Any
 
 from qnn_tasks import fileio
 from qnn_tasks.errors import SpecError, StageError, ToolchainError, one_line
-from qnn_tasks.run.nativelog import native_output_to
+from qnn_tasks.nativelog import native_output_to
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
 from qnn_tasks.toolchains.base import GraphStage, StageInput, quantized_outputs, quantized_precision
