@@ -88,10 +88,8 @@ FLOORS = (
     ("cli",),
     ("__main__",),
 )
-# (importer, imported) -> why it must go up. Today's upward imports, each moved to its floor by a commit of its own.
-UPWARD: dict[tuple[str, str], str] = {
-    ("qnn_tasks.toolchains.calls", "qnn_tasks.run.calls"): "to move",
-}
+# (importer, imported) -> why it has to go up, for an import that cannot move to its floor. None has to today.
+UPWARD: dict[tuple[str, str], str] = {}
 
 
 def _unit(module: str) -> str | None:

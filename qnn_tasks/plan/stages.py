@@ -746,9 +746,9 @@ GRAPH_STAGES = (
 )
 CHIP_STAGES = (
     StageDef("config", "chip", "Write each chip's HTP settings for each graph (toolchain options + SoC row).",
-             "qnn_tasks.toolchains.calls:config", plan_config, heavy=False, toolchain=True),
+             "qnn_tasks.stages.toolchain:config", plan_config, heavy=False, toolchain=True),
     StageDef("context", "chip", "Compile each graph to a QNN context binary per chip; check CPU fallback and the chip "
-             "it was built for.", "qnn_tasks.toolchains.calls:context", plan_context, remote=True, toolchain=True),
+             "it was built for.", "qnn_tasks.stages.toolchain:context", plan_context, remote=True, toolchain=True),
     StageDef("simulate", "chip", "Run each binary on the host HTP simulator and keep its outputs (judged by "
              "simverify).", "qnn_tasks.stages.simulate:run_call", plan_simulate, remote=True, toolchain=True),
     StageDef("simverify", "chip", "Judge each binary's simulator outputs against the CPU reference (metrics, "
@@ -760,7 +760,7 @@ PIPELINE = StageDef("pipeline", "pipeline", "Chain each model's pipeline graphs 
 CROSSSIZE = StageDef("crosssize", "chip", "Check each graph with sizes (dims:) on each chip's simulator: a sample that "
                      "fits a smaller size gives the same result padded into every larger one.",
                      "qnn_tasks.stages.crosssize:run_call", plan_crosssize, heavy=False, column=False)
-VARIANT_RUNNER = "qnn_tasks.toolchains.calls:graph_stage"  # quantize; convert, modellib: rows from the toolchain
+VARIANT_RUNNER = "qnn_tasks.stages.toolchain:graph_stage"  # quantize; convert, modellib: rows from the toolchain
 REPAIR = StageDef("repair", "variant", "Find the fewest weights of each w8a16-mixed graph to keep at 16 bits so that "
                   "it passes its checks, measured on the first chip's host simulator.",
                   "qnn_tasks.stages.repair:run_call", plan_repair, remote=True, toolchain=True, column=False)
