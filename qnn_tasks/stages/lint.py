@@ -427,26 +427,6 @@ def _op_counts(model) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
-def io_mismatches(model, graph: GraphSpec) -> list[str]:
-    """Differences between the model's I/O and what model.yaml declares, one line each."""
-    io = onnxinfo.graph_io(model)
-    problems = []
-    for kind, declared in (("inputs", graph.inputs), ("outputs", graph.outputs)):
-        actual = {t["name"]: t for t in io[kind]}
-        for spec in declared:
-            got = actual.pop(spec.name, None)
-            if got is None:
-                problems.append(f"{kind[:-1]} '{spec.name}' declared in model.yaml is missing "
-                                f"(the model has {', '.join(t['name'] for t in io[kind]) or 'none'})")
-                continue
-            if list(got["shape"]) != list(spec.shape):
-                problems.append(f"{kind[:-1]} '{spec.name}' has shape {got['shape']}, model.yaml says {list(spec.shape)}")
-            if kind == "inputs" and got["dtype"] != spec.dtype:
-                problems.append(f"input '{spec.name}' has dtype {got['dtype']}, model.yaml says {spec.dtype}")
-        problems += [f"{kind[:-1]} '{name}' is not declared in model.yaml" for name in actual]
-    return problems
-
-
 def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run(calls.graph(a), Path(a["simplified"]), a.get("loop_feed"), a.get("budgets"))
