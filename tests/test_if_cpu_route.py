@@ -192,9 +192,9 @@ def test_lint_and_export_name_the_cpu_route_beside_the_rewrites(tmp_path):
     from test_yaml_defects import packaged_graph
 
     from qnn_tasks.errors import StageError
+    from qnn_tasks.graphs.lintrules import find_problems
     from qnn_tasks.spec.project import TensorSpec
     from qnn_tasks.stages import export
-    from qnn_tasks.stages.lint import find_problems
 
     [line] = [f.line() for f in find_problems(heads(), graph_spec()) if f.rule == "control-flow"]
     assert '"rewrites: [if-to-where]"' in line and '"rewrites: [fold-if]"' in line and line.endswith(f"{ROUTE})")

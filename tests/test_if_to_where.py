@@ -14,8 +14,8 @@ from onnx import TensorProto, helper
 from test_rewrites import const, graph_spec, model_of, ops, rewritten, run
 
 from qnn_tasks import rewrites
+from qnn_tasks.graphs.lintrules import find_problems
 from qnn_tasks.rewrites import ifwhere
-from qnn_tasks.stages.lint import find_problems
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(22)

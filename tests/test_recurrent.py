@@ -12,10 +12,10 @@ import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, graph_spec, model_of
 
+from qnn_tasks.graphs.lintrules import find_problems, recurrent_feed
 from qnn_tasks.plan.stages import GRAPH_STAGES, Planner, plan_lint
 from qnn_tasks.spec.load import load_project
 from qnn_tasks.spec.sizes import SizeSpec
-from qnn_tasks.stages.lint import find_problems, recurrent_feed
 
 F = TensorProto.FLOAT
 

@@ -151,7 +151,7 @@ def test_int8_refusal_is_one_line_per_rule_with_a_count_and_the_first_nodes(tmp_
            "'quant_1' and 41 more)" in message
     assert "\n" not in message and len(message) < 600
     # every contrib op was found (the record of lint lists each node)
-    from qnn_tasks.stages.lint import find_problems
+    from qnn_tasks.graphs.lintrules import find_problems
 
     found = {f.where for f in find_problems(int8_model(), graph) if f.rule == "int8-in-onnx"}
     assert {"DynamicQuantizeLSTM node 'lstm'", "DynamicQuantizeMatMul node 'dqmm'", "MatMulIntegerToFloat node 'mmitf'",
@@ -357,7 +357,7 @@ def _rewritten(model):
 @pytest.mark.parametrize("keepdims", [1, 0])
 @pytest.mark.parametrize("square, opset", [("pow", 17), ("mul", 18)])
 def test_centred_variance_matches_the_arithmetic_forms(mean, keepdims, square, opset):
-    from qnn_tasks.stages.lint import find_problems
+    from qnn_tasks.graphs.lintrules import find_problems
 
     model = arithmetic_layer_norm(mean, keepdims, square, opset)
     graph = packaged_graph(Path("models/m"), [TensorSpec("x", (1, 16, 64), "float32")],
