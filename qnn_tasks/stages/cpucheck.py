@@ -18,13 +18,13 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode, packaged
+from qnn_tasks.graphs.cpu import run_onnx_cpu
 from qnn_tasks.judge import degenerate, fitting, metrics
 from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge.metrics import DEFAULT_TOLERANCE
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec
-
-DEFAULT_TOLERANCE = {"max_abs": 1e-3, "min_cosine": 0.9999}
 
 
 def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Path, reference_out: Path) -> dict[str, Any]:
@@ -237,16 +237,6 @@ def _bounded_upstream(graph: GraphSpec, runs: dict[str, int]) -> None:
                          f"of {per_sample} bytes{how}, {bounds.mib(made * per_sample)}, more than the bound of {bounds.mib(bounds.MAX_SAMPLE_BYTES)} (fix: give "
                          f"'{source.get('declared', source['graph'])}' at most {upstream} samples (a limit: on the "
                          f"media its samples come from){stack})")
-
-
-def run_onnx_cpu(model_path: Path, inputs: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3  # unused-initializer notices are not for the console
-    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    names = [o.name for o in session.get_outputs()]
-    return [dict(zip(names, session.run(None, sample))) for sample in inputs]
 
 
 def run_call(call: StageCall) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import numpy as np
 
 from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
+from qnn_tasks.graphs.cpu import run_onnx_cpu
 from qnn_tasks.graphs.intermediates import expose_intermediates
 from qnn_tasks.judge import checks as verification
 from qnn_tasks.judge import metrics, padding
@@ -27,7 +28,6 @@ from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec, Soc
-from qnn_tasks.stages import cpucheck
 from qnn_tasks.toolchains import calls as toolchains_calls
 
 DEFAULT_THRESHOLD = 0.05  # relative error (see relative_error) that counts as diverged
@@ -57,7 +57,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     out_dir.mkdir(parents=True, exist_ok=True)
     onnx.save(diag_model, str(diag_path))
 
-    cpu = cpucheck.run_onnx_cpu(diag_path, inputs)
+    cpu = run_onnx_cpu(diag_path, inputs)
     compiled = toolchain.compile_variant(diag_path, options, out_dir / "compiled")
     npu, _, _ = simulator.run(compiled, options, inputs, out_dir / "simulator.log", allow_cpu_fallback=True)
 
@@ -165,7 +165,7 @@ def bisect(model, tensors, inputs, toolchain, options: dict[str, str], out_dir: 
         path = out_dir / "bisect" / f"cut_{k}.onnx"
         path.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(cut, str(path))
-        cpu = cpucheck.run_onnx_cpu(path, inputs)
+        cpu = run_onnx_cpu(path, inputs)
         npu, _, _ = simulator.run(toolchain.compile_variant(path, options, path.parent / f"cut_{k}"), options, inputs,
                                   out_dir / "bisect" / "simulator.log", allow_cpu_fallback=True)
         row = rank_nodes(model, [t], cpu, npu)[0]

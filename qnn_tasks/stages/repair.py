@@ -110,7 +110,7 @@ def sensitivity(graph: GraphSpec, simplified: Path, samples: list, inputs: list,
     the worst of its inputs'), largest first, ties in graph order."""
     import onnx
 
-    from qnn_tasks.stages.cpucheck import run_onnx_cpu
+    from qnn_tasks.graphs.cpu import run_onnx_cpu
     from qnn_tasks.toolchains.ort_quantize import quantize_model
 
     folder = work / "sensitivity"
