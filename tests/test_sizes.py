@@ -487,8 +487,8 @@ def test_a_pipeline_per_size_names_the_declared_graph_and_the_size_not_the_size_
 
 def test_a_stage_of_a_pipeline_per_size_names_the_declared_graph_and_the_size(tmp_path):
     """The glue between a size's graphs names the declared graph at its size and the feed key as written."""
+    from qnn_tasks.judge.glue import feed_runs
     from qnn_tasks.spec.pipeline import Naming
-    from qnn_tasks.stages.glue import feed_runs
 
     stacked = CHAINED.replace("[1, seq, 4], dtype", "[1, 3, seq, 4], dtype")  # 3 runs of enc's hidden
     model = load(tmp_path, SIZED_YAML + stacked + "pipeline: {graphs: [enc, dec], feed: {dec.hidden: {from: enc.hidden, "
