@@ -14,6 +14,8 @@ from qnn_tasks.errors import StageError, one_line
 from qnn_tasks.nativelog import native_output_to
 from qnn_tasks.run import progress
 
+SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"  # on every time measured here
+
 
 def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str, np.ndarray]],
         log: Path, allow_cpu_fallback: bool = False) -> tuple[list[dict[str, np.ndarray]], list[float], dict[str, list]]:

@@ -18,6 +18,7 @@ import numpy as np
 
 from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
+from qnn_tasks.devices.simulator import SIMULATOR_LABEL
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
 from qnn_tasks.judge import checks as verification
@@ -30,7 +31,6 @@ from qnn_tasks.spec.checks import MODEL_CHECKS
 from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.spec.transducer import TOKENS
 from qnn_tasks.stages import transducer
-from qnn_tasks.stages.simulate import SIMULATOR_LABEL
 
 OUTPUTS_FILE = "outputs.npz"
 REFERENCE_FILE = "reference.npz"

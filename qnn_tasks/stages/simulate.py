@@ -15,6 +15,7 @@ import numpy as np
 
 from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
+from qnn_tasks.devices.simulator import SIMULATOR_LABEL
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge import plots
 from qnn_tasks.judge import samples as sample_store
@@ -23,7 +24,6 @@ from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec, Soc
 
-SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
 OUTPUTS_FILE = "outputs.npz"
 PLOT_FILE = "cpu_vs_npu.png"
 
