@@ -166,14 +166,6 @@ def minimum_runtime(runs: dict[str, dict[str, Any]]) -> str | None:
     return ".".join(map(str, min(good))) if good else None
 
 
-def lookup(binary_sha256: str | None) -> dict[str, Any] | None:
-    """The compatibility entry measured for this exact binary (by digest), if `doit compat` ran."""
-    table = records.read(COMPAT_RECORD)
-    if not table or not binary_sha256:
-        return None
-    return next((b for b in table.get("binaries", []) if b.get("binary_sha256") == binary_sha256), None)
-
-
 def summary(table: dict[str, Any]) -> str:
     lines = [f"compat: {len(table['binaries'])} binaries x {len(table['runtimes'])} runtimes "
              f"({', '.join('QNN ' + str(r['qnn']) for r in table['runtimes'])}) -> {COMPAT_RECORD}"]

@@ -121,12 +121,12 @@ def refused(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs, inf
 def measured_minimum(binary: dict[str, Any], entry: dict[str, Any]) -> tuple[int, ...] | None:
     """The minimum runtime `doit compat` measured for this exact binary (by SHA-256), if any; records in the
     device entry which rule decides (`compat`: minimum_runtime, source)."""
-    from qnn_tasks.stages import compat
+    from qnn_tasks.stages import compattable
 
     built = runtimelibs.version_tuple(binary["build_id"])
     by_build = {"minimum_runtime": _text(built) if built else None, "source": "the binary's QNN build (build id "
                 f"{binary['build_id']}): a runtime older than the compiler fails to load it"}
-    measured = compat.lookup(binary.get("sha256"))
+    measured = compattable.lookup(binary.get("sha256"))
     if measured is None:
         entry["compat"] = {**by_build, "source": by_build["source"] + f"; no entry for this binary in {COMPAT_FILE}"}
         return None
