@@ -130,6 +130,16 @@ def test_upward_import_finder() -> None:
         "q.low.a -> q.high.b", "q.mid.e -> q.side.d", "q.side.d -> q.mid.e"]
 
 
+def test_no_module_imports_a_stage_runner() -> None:
+    """A stage's runner module is the task layer's to call (executors find it by name): a piece two stages share is a
+    module of judge/ or graphs/ (or of stages/ that is no runner), so a stage's code key holds no other stage's code."""
+    rows = ROWS + (stages.CROSSSIZE, stages.LOOP, stages.REPAIR)
+    runners = {r.runner.partition(":")[0] for r in rows} | {stages.VARIANT_RUNNER.partition(":")[0]}
+    found = [f"{module} -> {other}" for module, imported in sorted(codekeys.imports().items())
+             if not module.startswith("qnn_tasks.tasks.") for other in imported if other in runners and other != module]
+    assert found == []
+
+
 def test_contributing_states_the_floors() -> None:
     """CONTRIBUTING.md's line of floors is FLOORS, bottom first."""
     line = " < ".join(", ".join(f"`{unit}`" for unit in floor) for floor in FLOORS)
