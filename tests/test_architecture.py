@@ -14,11 +14,12 @@ import pytest
 from conftest import copy_project
 
 from qnn_tasks import codekeys
-from qnn_tasks.plan import stages
+from qnn_tasks.plan import rows
+from qnn_tasks.plan.stagedef import StageDef
 from qnn_tasks.run.calls import StageCall, execute
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS = stages.GRAPH_STAGES + stages.CHIP_STAGES + (stages.PIPELINE,) + tuple(r for r in stages.ON_DEMAND if r.runner)
+ROWS = rows.GRAPH_STAGES + rows.CHIP_STAGES + (rows.PIPELINE,) + tuple(r for r in rows.ON_DEMAND if r.runner)
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
@@ -133,8 +134,8 @@ def test_upward_import_finder() -> None:
 def test_no_module_imports_a_stage_runner() -> None:
     """A stage's runner module is the task layer's to call (executors find it by name): a piece two stages share is a
     module of judge/ or graphs/ (or of stages/ that is no runner), so a stage's code key holds no other stage's code."""
-    rows = ROWS + (stages.CROSSSIZE, stages.LOOP, stages.REPAIR)
-    runners = {r.runner.partition(":")[0] for r in rows} | {stages.VARIANT_RUNNER.partition(":")[0]}
+    every = ROWS + (rows.CROSSSIZE, rows.LOOP, rows.REPAIR)
+    runners = {r.runner.partition(":")[0] for r in every} | {rows.VARIANT_RUNNER.partition(":")[0]}
     found = [f"{module} -> {other}" for module, imported in sorted(codekeys.imports().items())
              if not module.startswith("qnn_tasks.tasks.") for other in imported if other in runners and other != module]
     assert found == []
@@ -223,8 +224,8 @@ def test_private_use_finder_finds_both_shapes(tmp_path: Path) -> None:
 
 
 # Every stage's name (the built-in rows, the toolchains' variant stages, the project-wide on-demand ones)
-STAGE_NAMES = {r.name for r in stages.GRAPH_STAGES + stages.CHIP_STAGES + stages.ON_DEMAND} | {
-    stages.PIPELINE.name, stages.LOOP.name, stages.CROSSSIZE.name, "quantize", "convert", "modellib"}
+STAGE_NAMES = {r.name for r in rows.GRAPH_STAGES + rows.CHIP_STAGES + rows.ON_DEMAND} | {
+    rows.PIPELINE.name, rows.LOOP.name, rows.CROSSSIZE.name, "quantize", "convert", "modellib"}
 
 
 def hand_built_records(package: Path, names: set[str] = STAGE_NAMES) -> list[str]:
@@ -258,7 +259,7 @@ def hand_built_records(package: Path, names: set[str] = STAGE_NAMES) -> list[str
 
 
 def test_record_paths_are_made_only_by_the_plan() -> None:
-    """A stage record's path is plan/stages.py `record_path` (or a row's `record_of`): a split part's export ..
+    """A stage record's path is plan/stagedef.py `record_path` (or a row's `record_of`): a split part's export ..
     cpucheck facts are its graph's split record, and a module that builds `<dir>/<stage>/<stage>.json` itself
     looks for a record that is not there (dist once listed every part as unbuilt)."""
     assert hand_built_records(ROOT / "qnn_tasks") == []
@@ -290,7 +291,7 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
-def test_stage_key_covers_what_its_runner_imports(row: stages.StageDef) -> None:
+def test_stage_key_covers_what_its_runner_imports(row: StageDef) -> None:
     """Import the runner in a fresh interpreter: every qnn_tasks module it loaded is in the stage's code key."""
     module = row.runner.partition(":")[0]
     probe = (f"import importlib, sys; importlib.import_module({module!r}); "
@@ -331,8 +332,8 @@ def test_no_stage_key_holds_the_spec_loaders() -> None:
     """Stages get their slice of the spec as data (spec/serial.py): how YAML is read is in no stage's key, so a loader
     edit reruns nothing whose inputs did not change."""
     loaders = {"qnn_tasks." + m.removesuffix(".py").replace("/", ".") for m in LOADER_ONLY}
-    variant = stages.StageDef("quantize", "variant", "", stages.VARIANT_RUNNER, None)
-    for row in ROWS + (stages.CROSSSIZE, stages.LOOP, variant):
+    variant = StageDef("quantize", "variant", "", rows.VARIANT_RUNNER, None)
+    for row in ROWS + (rows.CROSSSIZE, rows.LOOP, variant):
         if row.name in ("socscheck", "dist"):
             continue  # they read the spec files themselves: the SoC tables checked, today's spec a package must meet
         assert loaders.isdisjoint(codekeys.closure((row.runner,))), (row.name, loaders & set(codekeys.closure((row.runner,))))
@@ -389,7 +390,9 @@ TINY_STAGE = '''
 """A test-only stage: counts the nodes of each simplified graph (one row + this module)."""
 from pathlib import Path
 
-from qnn_tasks.plan.stages import StageDef, graph_plan, register
+from qnn_tasks.plan.rows import register
+from qnn_tasks.plan.stagedef import StageDef
+from qnn_tasks.plan.stageplans import graph_plan
 
 
 def plan(p, stage, gt):
@@ -432,7 +435,9 @@ def test_a_stage_is_one_row_and_one_module(tmp_path: Path) -> None:
 BUDGET_STAGE = '''
 """A test-only stage with a report column: the simplified graph must have at most LIMIT nodes."""
 from qnn_tasks.errors import StageError
-from qnn_tasks.plan.stages import StageDef, graph_plan, register
+from qnn_tasks.plan.rows import register
+from qnn_tasks.plan.stagedef import StageDef
+from qnn_tasks.plan.stageplans import graph_plan
 
 LIMIT = 10
 

@@ -191,7 +191,7 @@ def test_a_pipeline_feeds_a_constant_to_an_input_of_a_later_graph(tmp_path):
     runs, _ = feed_runs(head, listed.feed, listed.glue, [embed], produced, values=listed.values)
     assert runs[0]["bos"].tolist() == [[50257, 7]]
     # the package tells the app what to feed: the ModelPackage's pipelines[].feeds (ship/inventory.py)
-    from qnn_tasks.plan.stages import Planner
+    from qnn_tasks.plan.planner import Planner
     from qnn_tasks.ship.inventory import of_model
     from qnn_tasks.spec.load import load_project
 

@@ -24,7 +24,10 @@ from sized_project import (
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
-from qnn_tasks.plan.stages import LOOP, PIPELINE, Planner, loop_chips, plan_loop, plan_pipeline, start_pipeline
+from qnn_tasks.plan.matrix import loop_chips
+from qnn_tasks.plan.planner import Planner
+from qnn_tasks.plan.rows import LOOP, PIPELINE
+from qnn_tasks.plan.stageplans import plan_loop, plan_pipeline, start_pipeline
 from qnn_tasks.qnn import select
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec.load import load_model, load_project, load_soc_table

@@ -18,17 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.plan import freshness
+from qnn_tasks.plan.matrix import crosssize_chips, loop_chips
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import (
-    CROSSSIZE,
-    LOOP,
-    PIPELINE,
-    crosssize_chips,
-    loop_chips,
-    record_path,
-    report_columns,
-    runs_loop,
-)
+from qnn_tasks.plan.rows import CROSSSIZE, LOOP, PIPELINE, report_columns
+from qnn_tasks.plan.stagedef import record_path
+from qnn_tasks.plan.stageplans import runs_loop
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
 from qnn_tasks.run.status import BAD, NO_VERDICT, good

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from qnn_tasks.plan.stages import CROSSSIZE, Planner, crosssize_chips, size_chips
+from qnn_tasks.plan.matrix import crosssize_chips
+from qnn_tasks.plan.planner import Planner
+from qnn_tasks.plan.rows import CROSSSIZE
+from qnn_tasks.plan.stageplans import size_chips
 from qnn_tasks.report.upgrade_diff import target_figures
 from qnn_tasks.run.status import Status
 

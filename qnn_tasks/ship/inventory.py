@@ -10,16 +10,10 @@ from __future__ import annotations
 from typing import Any
 
 from qnn_tasks.plan import freshness
-from qnn_tasks.plan.stages import (
-    CROSSSIZE,
-    LOOP,
-    PIPELINE,
-    REPAIR,
-    loop_chips,
-    record_path,
-    report_columns,
-    size_chips,
-)
+from qnn_tasks.plan.matrix import loop_chips
+from qnn_tasks.plan.rows import CROSSSIZE, LOOP, PIPELINE, REPAIR, report_columns
+from qnn_tasks.plan.stagedef import record_path
+from qnn_tasks.plan.stageplans import size_chips
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec import sizes as specsizes

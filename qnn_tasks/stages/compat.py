@@ -26,7 +26,9 @@ from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import COMPAT, Planner, record_path
+from qnn_tasks.plan.planner import Planner
+from qnn_tasks.plan.rows import COMPAT
+from qnn_tasks.plan.stagedef import record_path
 from qnn_tasks.qnn import loadoracle, runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall

@@ -1,4 +1,4 @@
-"""Where doit meets the stage table: rows (plan/stages.py) x targets -> doit task dicts, and the report.
+"""Where doit meets the stage table: rows (plan/rows.py) x targets -> doit task dicts, and the report.
 
 Every build task is the same shape: its action runs one StageCall through the funnel
 (run/funnel.py); its `uptodate` is one `Fresh` check (the stage's key — settings, code version,
@@ -23,16 +23,10 @@ from doit.loader import create_after
 from qnn_tasks import envvalues
 from qnn_tasks.errors import EXIT_BUSY, EXIT_IO, EXIT_SPEC, MachineError, QnnTasksError, machine_failure
 from qnn_tasks.plan import paths
-from qnn_tasks.plan.stages import (
-    ON_DEMAND,
-    Plan,
-    Planner,
-    StageDef,
-    all_outputs,
-    build_stage_defs,
-    record_paths,
-    targets_of,
-)
+from qnn_tasks.plan.matrix import all_outputs, build_stage_defs, record_paths, targets_of
+from qnn_tasks.plan.planner import Planner
+from qnn_tasks.plan.rows import ON_DEMAND
+from qnn_tasks.plan.stagedef import Plan, StageDef
 from qnn_tasks.run import digests, interrupts, treelock
 from qnn_tasks.run.status import Status
 from qnn_tasks.spec.load import load_project
