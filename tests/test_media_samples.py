@@ -16,7 +16,7 @@ from PIL import Image
 
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.judge import bounds, media
-from qnn_tasks.judge.samples import read_declared
+from qnn_tasks.judge.sample_store import read_declared
 from qnn_tasks.spec.load import load_model, load_socs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -410,7 +410,7 @@ def test_a_sparse_gib_of_tiny_raw_samples_is_picked_without_listing_every_sample
         fh.write(np.arange(4, dtype="<f4").tobytes())  # the last sample, which limit's spread includes
     out, peak = child_peak_mib(f"""
 from pathlib import Path
-from qnn_tasks.judge.samples import read_declared
+from qnn_tasks.judge.sample_store import read_declared
 from qnn_tasks.spec.load import load_model, load_socs
 socs = load_socs(Path("tests/examples/socs/socs.yaml"))
 samples = read_declared(load_model(Path({str(folder)!r}), socs).graphs[0])

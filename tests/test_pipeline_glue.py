@@ -355,7 +355,7 @@ def test_kept_first_link_outputs_are_checked_and_timed(tmp_path):
     """The first link's outputs taken from the first graph's simulate stage: its first N runs, each timed at the
     simulate record's mean; a file holding fewer runs or other outputs is one line naming it and the fix."""
     from qnn_tasks.errors import StageError
-    from qnn_tasks.judge import samples as sample_store
+    from qnn_tasks.judge import sample_store
     from qnn_tasks.stages.pipeline import kept_outputs
 
     front = _graph("front", {"audio": (1, 4)}, {"mel": (1, 2)})

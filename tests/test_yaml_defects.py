@@ -399,7 +399,7 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
     simulator runs: the figures README's rewrite table states for the built-in rewrite are measured here."""
     from conftest import EXAMPLES
 
-    from qnn_tasks.judge import metrics, samples
+    from qnn_tasks.judge import metrics, sample_store
     from qnn_tasks.spec.checks import verify_section
     from qnn_tasks.spec.load import load_socs, load_toolchain
     from qnn_tasks.stages import diagnose
@@ -428,8 +428,8 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
 
     # diagnose on the raw graph names the cause: the cancelling Sub (not the Reciprocal where the error shows), or
     # the overflowing sum of squares; each with its fix
-    samples.save(tmp_path / "inputs.npz", feeds)
-    samples.save(tmp_path / "reference.npz", [{"y": y} for y in cpu])
+    sample_store.save(tmp_path / "inputs.npz", feeds)
+    sample_store.save(tmp_path / "reference.npz", [{"y": y} for y in cpu])
     (tmp_path / "options.json").write_text(__import__("json").dumps(options))
     verify = verify_section(None, "fp16", {"y"}, tmp_path / "model.yaml", "graphs.g.verify")
     record = diagnose.run(graph, verify, soc, toolchain, tmp_path / "raw.onnx", tmp_path / "options.json",

@@ -11,7 +11,7 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import sample_store
 from qnn_tasks.spec.project import GraphSpec
 
 

@@ -8,8 +8,7 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
-from qnn_tasks.judge import fitting
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import fitting, sample_store
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec

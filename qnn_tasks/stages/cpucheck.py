@@ -19,8 +19,7 @@ import numpy as np
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode, packaged
 from qnn_tasks.graphs.cpu import run_onnx_cpu
-from qnn_tasks.judge import degenerate, fitting, metrics
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import degenerate, fitting, metrics, sample_store
 from qnn_tasks.judge.inputs import real_inputs
 from qnn_tasks.judge.metrics import DEFAULT_TOLERANCE
 from qnn_tasks.plan.targets import upstream_references

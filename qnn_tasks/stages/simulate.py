@@ -17,8 +17,7 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
 from qnn_tasks.devices.simulator import SIMULATOR_LABEL
 from qnn_tasks.errors import StageError
-from qnn_tasks.judge import plots
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import plots, sample_store
 from qnn_tasks.qnn import chipcheck as binchip
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall

@@ -19,8 +19,7 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import onnxinfo
 from qnn_tasks.graphs import split as cutter
 from qnn_tasks.graphs.cpu import run_onnx_cpu
-from qnn_tasks.judge import metrics
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import metrics, sample_store
 from qnn_tasks.judge.metrics import DEFAULT_TOLERANCE
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
