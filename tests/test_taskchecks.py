@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import taskchecks
+from qnn_tasks.judge import taskchecks, verification
 from qnn_tasks.spec.checkopts import parse_slice, sliced_shape
 from qnn_tasks.spec.checks import verify_section
 from qnn_tasks.spec.project import GraphSpec, TensorSpec

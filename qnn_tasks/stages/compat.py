@@ -46,8 +46,7 @@ def run_binary(graph: GraphSpec, verify: dict[str, Any], ctx_onnx: Path, provide
 
     from qnn_tasks import fileio
     from qnn_tasks.devices import simulator
-    from qnn_tasks.judge import checks as verification
-    from qnn_tasks.judge import sample_store
+    from qnn_tasks.judge import sample_store, verification
 
     inputs = sample_store.load(inputs_file, limit=samples)
     reference = sample_store.load(reference_file, limit=samples)

@@ -21,8 +21,7 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
 from qnn_tasks.graphs.cpu import run_onnx_cpu
 from qnn_tasks.graphs.intermediates import expose_intermediates
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import metrics, padding, sample_store
+from qnn_tasks.judge import metrics, padding, sample_store, verification
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec import precisions as precision_table

@@ -21,8 +21,7 @@ from qnn_tasks.devices import simulator
 from qnn_tasks.devices.simulator import SIMULATOR_LABEL
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import metrics, plots, sample_store
+from qnn_tasks.judge import metrics, plots, sample_store, verification
 from qnn_tasks.nativelog import native_output_to
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall

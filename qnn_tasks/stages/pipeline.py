@@ -19,8 +19,7 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs.cpu import run_onnx_cpu
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import degenerate, metrics, sample_store
+from qnn_tasks.judge import degenerate, metrics, sample_store, verification
 from qnn_tasks.judge import glue as glue_step
 from qnn_tasks.qnn import chipcheck as binchip
 from qnn_tasks.run import calls, progress

@@ -26,8 +26,7 @@ from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs.intermediates import expose_intermediates
 from qnn_tasks.graphs.weights import weight_axes
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import sample_store
+from qnn_tasks.judge import sample_store, verification
 from qnn_tasks.plan.paths import PROMOTED_FILE
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
