@@ -21,7 +21,7 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.graphs.cpu import run_onnx_cpu
 from qnn_tasks.judge import degenerate, metrics, sample_store, verification
 from qnn_tasks.judge import glue as glue_step
-from qnn_tasks.qnn import chipcheck as binchip
+from qnn_tasks.qnn import binchip
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.pipeline import Naming, first_samples
