@@ -23,7 +23,7 @@ NOT_YET = {"report/gather.py", "plan/stageplans.py", "ship/verified.py", "ship/m
 PACKAGE_PATH = re.compile(r"\bqnn_tasks/[\w/-]+\.(?:py|yaml|yml|json)\b")
 TEXT = (".py", ".yaml", ".yml", ".json", ".md", ".html", ".j2", ".txt")
 UNTYPED_PLANNER_YET = {"report/gather.py", "ship/inventory.py"}  # being rewritten on other branches
-SPEC_TYPES = ("project", "loop", "pipeline", "split", "cache", "ship", "checks", "installed")
+SPEC_TYPES = ("project", "loop", "pipeline", "split", "speccache", "ship", "checks", "installed")
 
 
 def _words_in(node: ast.AST) -> list[ast.Constant]:
