@@ -13,6 +13,7 @@ from qnn_tasks.plan.paths import PROMOTED_FILE
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.stagedef import Plan, StageDef, record_path
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget, PipelineTarget, VariantTarget
+from qnn_tasks.run.status import Status
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec import serial as specjson
 from qnn_tasks.spec import split as specsplit
@@ -432,6 +433,6 @@ def runs_loop(loop: Any, graph: GraphSpec) -> bool:
 def _failed(record: str) -> bool | None:
     """A stage record's verdict: True if it failed, False if it passed, None if there is none."""
     try:
-        return json.loads(Path(record).read_text()).get("status") == "failed"
+        return json.loads(Path(record).read_text()).get("status") == Status.FAILED
     except (FileNotFoundError, ValueError):
         return None

@@ -25,12 +25,10 @@ from qnn_tasks.plan.stagedef import record_path
 from qnn_tasks.plan.stageplans import runs_loop
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
-from qnn_tasks.run.status import BAD, NO_VERDICT, good
+from qnn_tasks.run.status import BAD, COUNTED, GOOD, JUDGED, NO_VERDICT, Status, good, worst
 from qnn_tasks.spec import split as specsplit
 
 SCHEMA = "qnn-npu-compile/report/v1"
-STATUSES = ("passed", "warning", "failed", "stale", "skipped", "pending")
-JUDGED = ("passed", "warning", "failed")  # verdicts that hold only under the spec they were made under
 DEVICE_STAGES = ("verify", "power")
 
 
@@ -65,13 +63,13 @@ def read_checked(path: Path | str) -> dict[str, Any] | None:
     record = records.read(path)
     if record is None:
         why = records.damage(path)  # a file there that is not a record is stale, not "not built yet"
-        return None if why is None else {"status": "stale", "stale": [why],
+        return None if why is None else {"status": Status.STALE, "stale": [why],
                                          "error": f"stale: {why} (rerun doit to rebuild it)"}
     if not good(record.get("status")):
         return record
     problems = records.problems(record, path)
     if problems:
-        record = {**record, "status": "stale", "stale": problems,
+        record = {**record, "status": Status.STALE, "stale": problems,
                   "error": f"stale: {'; '.join(problems)} (rerun doit to rebuild it)"}
     return record
 
@@ -85,7 +83,7 @@ def read_current(path: Path | str, facts: dict[str, Any] | None) -> dict[str, An
     why = freshness.reason(record, facts)
     if why is None:
         return record
-    return {**record, "status": "stale", "stale": [why], "error": f"stale: {why}"}
+    return {**record, "status": Status.STALE, "stale": [why], "error": f"stale: {why}"}
 
 
 def collect(planner) -> dict[str, Any]:
@@ -137,7 +135,7 @@ def collect(planner) -> dict[str, Any]:
 
 # counts that say what there is, never what failed; every other count of the summary must be 0 for `ok`, so a
 # count added later fails the gate until it is declared here
-INFORMATIONAL = frozenset({"targets", "passed", "warning", "skipped", "from_cache"})
+INFORMATIONAL = frozenset({"targets", "from_cache", *(s.value for s in GOOD | {Status.SKIPPED})})
 
 
 def summarize(data: dict[str, Any]) -> dict[str, Any]:
@@ -148,7 +146,7 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
     # complete: every graph and expected (not skipped) target, pipeline, loop and size check has a verdict its
     # outputs still back
     no_verdict = [t for t in data.get("graphs", []) + targets + pipelines + loops + sizes if t["status"] in NO_VERDICT]
-    summary = {"targets": len(targets), **{s: sum(1 for t in targets if t["status"] == s) for s in STATUSES},
+    summary = {"targets": len(targets), **{s.value: sum(1 for t in targets if t["status"] == s) for s in COUNTED},
                "graphs_failed": sum(1 for g in data.get("graphs", []) if g["status"] in BAD),
                "from_cache": sum(1 for t in targets if (t.get("provenance") or {}).get("from_cache")),
                "pipelines_failed": sum(1 for p in pipelines if p["status"] in BAD),
@@ -193,12 +191,12 @@ def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: d
     own = [*toolchain_stages.values(), *stages.values()]
     upstream = graph_status[ct.graph.name]
     # a graph's lint warnings are shown with the graph; they do not make a cleanly verified target a "warning"
-    status = "skipped" if ct.skip_reason else in_order([{"status": upstream if upstream != "warning" else "passed"}]
-                                                        + own)
+    status = Status.SKIPPED if ct.skip_reason else in_order(
+        [{"status": upstream if upstream != Status.WARNING else Status.PASSED}] + own)
     graph_failed = upstream in BAD
     reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else
                                 _first_error(own) if status in BAD else None)
-    if status == "warning" and not reason:
+    if status == Status.WARNING and not reason:
         reason = "; ".join(w for r in own if r for w in r.get("warnings") or [])
     if graph_failed:
         stages = {stage: None for stage in stages}  # records of an earlier build no longer describe this one
@@ -264,7 +262,7 @@ def loop_entry(ct: ChipTarget, facts: dict[str, Any] | None = None) -> dict[str,
     record = read_current(record_path("loop", ct), facts)
     return {"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
             "precision": ct.precision, "toolchain_id": ct.toolchain_id,
-            "status": "skipped" if ct.skip_reason else combine([record]),
+            "status": Status.SKIPPED if ct.skip_reason else combine([record]),
             "reason": ct.skip_reason or _first_error([record]), "record": record,
             "latency_ms": None if (found := latency(ct)) is None else {**found, "per": "step"}}
 
@@ -296,7 +294,7 @@ def diagnosis(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any] 
     inputs = current_inputs_sha256(ct)
     if diagnosed.get("inputs_sha256") and inputs and diagnosed["inputs_sha256"] != inputs:
         stale.append("diagnosed other inputs than the current samples")
-    return {**record, "stale": stale, "status": "stale"} if stale else record
+    return {**record, "stale": stale, "status": Status.STALE} if stale else record
 
 
 def current_inputs_sha256(ct: ChipTarget) -> str | None:
@@ -335,7 +333,7 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
         return []
     problems = [f"model {b['model']} is not buildable: {b['error']}" for b in data.get("models_not_buildable", [])]
     entries = data["targets"] + data.get("pipelines", []) + data.get("loops", []) + data.get("sizes", [])
-    stale = [t["name"] for t in entries if t["status"] == "stale"]
+    stale = [t["name"] for t in entries if t["status"] == Status.STALE]
     if stale:
         problems.append(f"{len(stale)} target(s) stale (made from other settings or files than today's, or their "
                         f"outputs changed since: {_names(stale)}; the report says why); run doit to rebuild them")
@@ -344,10 +342,10 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
             names = ", ".join(r["target"] for r in block["regressions"][:5])
             problems.append(f"upgrade gate: {len(block['regressions'])} regression(s) from {block['baseline']} to "
                             f"{block['candidate']}: {names} (see the report's upgrade section)")
-    failed = [t["name"] for t in entries if t["status"] == "failed"]
+    failed = [t["name"] for t in entries if t["status"] == Status.FAILED]
     if failed:
         problems.append(f"{len(failed)} target(s) failed ({_names(failed)}; the report says why)")
-    pending = [t["name"] for t in entries if t["status"] == "pending"]
+    pending = [t["name"] for t in entries if t["status"] == Status.PENDING]
     if pending:
         problems.append(f"{len(pending)} target(s) not verified (no verdict: not built, or their run was interrupted "
                         f"or lost: {_names(pending)}); run doit to build them")
@@ -378,23 +376,19 @@ def device_results(ct: ChipTarget) -> dict[str, Any] | None:
 
 # ------------------------------------------------------------------ helpers
 
-def combine(stage_records) -> str:
-    """A status from records: failed > stale > pending > warning > passed."""
-    statuses = [r.get("status") if r else "pending" for r in stage_records]
-    for status in ("failed", "stale", "pending", "warning"):
-        if status in statuses:
-            return status
-    return "passed"
+def combine(stage_records) -> Status:
+    """A status from records (a missing one is pending): the worst of theirs (run/status.py PRECEDENCE)."""
+    return worst(r.get("status") if r else Status.PENDING for r in stage_records)
 
 
-def in_order(stage_records) -> str:
+def in_order(stage_records) -> Status:
     """A chain's status: failed where a stage failed on today's inputs (read_current: a failure made from other
     inputs is stale, not failed), else in build order, the first stage without a passing verdict decides (a later
     record made from an earlier stage's outputs that are gone or rebuilt says nothing of its own); all passing:
     warning or passed. A failed cpucheck fails its graph though lint, which it does not read, has not run."""
     stage_records = list(stage_records)
-    if any(r and r.get("status") == "failed" for r in stage_records):
-        return "failed"
+    if any(r and r.get("status") == Status.FAILED for r in stage_records):
+        return Status.FAILED
     for record in stage_records:
         status = combine([record])
         if not good(status):

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qnn_tasks.report.gather import combine, read_current
-from qnn_tasks.run.status import BAD, good
+from qnn_tasks.run.status import BAD, Status, good
 
 
 @dataclass
@@ -89,10 +89,10 @@ def _why_not(graph: dict[str, Any], own: dict[str, Any], links: list[tuple[str, 
     for label, record in stages:
         status = combine([record])
         if status in BAD:
-            word = "stale" if status == "stale" else "failed"
+            word = str(status)  # failed or stale
             error = str(record.get("error") or status)
             return f"{word}: {label}: {error.removeprefix(f'{word}: ')}"
-        if status == "pending":
+        if status == Status.PENDING:
             return f"unbuilt: {label} has no record (run doit to build and verify it)"
     return None
 
