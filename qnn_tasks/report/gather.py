@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qnn_tasks.plan import freshness
 from qnn_tasks.plan.matrix import crosssize_chips, loop_chips
@@ -27,6 +27,9 @@ from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
 from qnn_tasks.run.status import BAD, COUNTED, GOOD, JUDGED, NO_VERDICT, Status, good, worst
 from qnn_tasks.spec import split as specsplit
+
+if TYPE_CHECKING:  # only annotated: the planner is the task layer's
+    from qnn_tasks.plan.planner import Planner
 
 SCHEMA = "qnn-npu-compile/report/v1"
 DEVICE_STAGES = ("verify", "power")
@@ -50,7 +53,7 @@ def variant_record_path(ct: ChipTarget, stage: str) -> str:
     return record_path(stage, ct.variant)
 
 
-def _variant_stages(planner, ct: ChipTarget) -> tuple[str, ...]:
+def _variant_stages(planner: Planner, ct: ChipTarget) -> tuple[str, ...]:
     """The variant's stages: w8a16-mixed's repair first, then the toolchain's (quantize; convert, modellib)."""
     from qnn_tasks.spec import precisions as precision_table
 
@@ -86,7 +89,7 @@ def read_current(path: Path | str, facts: dict[str, Any] | None) -> dict[str, An
     return {**record, "status": Status.STALE, "stale": [why], "error": f"stale: {why}"}
 
 
-def collect(planner) -> dict[str, Any]:
+def collect(planner: Planner) -> dict[str, Any]:
     """Assemble report.json's content from the records on disk."""
     expect = freshness.Expected(planner)
     graph_entries = []
@@ -173,7 +176,7 @@ def holds(summary: dict[str, Any]) -> bool:
     return summary.get("complete") is True and summary.get("current") is True and not failing_counts(summary)
 
 
-def _splits(planner) -> dict[str, list[dict[str, Any]]]:
+def _splits(planner: Planner) -> dict[str, list[dict[str, Any]]]:
     """Each split graph's parts with their cut tensors and sizes (from its split record), by graph name."""
     found = {}
     for gt in planner.graphs:
@@ -183,7 +186,7 @@ def _splits(planner) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: dict[str, str],
+def _target(planner: Planner, expect: freshness.Expected, ct: ChipTarget, graph_status: dict[str, str],
             graph_errors: dict[str, str]) -> dict[str, Any]:
     stages = {stage: read_current(path, expect.of(stage, ct)) for stage, path in chip_record_paths(ct).items()}
     toolchain_stages = {stage: read_current(variant_record_path(ct, stage), expect.of(stage, ct.variant))
@@ -225,7 +228,7 @@ def latency(ct: ChipTarget) -> dict[str, Any] | None:
     return shown.with_phone(found, (device_results(ct) or {}).get("verify"))
 
 
-def recurrence(planner, gt: GraphTarget, lint: dict[str, Any] | None) -> dict[str, Any] | None:
+def recurrence(planner: Planner, gt: GraphTarget, lint: dict[str, Any] | None) -> dict[str, Any] | None:
     """A graph whose outputs feed its own inputs (lint names the pairs): whether a loop verifies it, and if not, the
     note the report shows (its targets were judged per sample from the CPU's state)."""
     feed = ((lint or {}).get("recurrent") or {}).get("feed")

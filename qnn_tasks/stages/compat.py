@@ -20,13 +20,12 @@ import datetime as _dt
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.rows import COMPAT
 from qnn_tasks.plan.stagedef import record_path
 from qnn_tasks.qnn import loadoracle, runtimelibs
@@ -34,6 +33,9 @@ from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import good
 from qnn_tasks.spec.project import GraphSpec
+
+if TYPE_CHECKING:  # only annotated: the planner is the task layer's
+    from qnn_tasks.plan.planner import Planner
 
 TABLE_VERSIONS = ("2.47.0", "2.51.0")  # socs.yaml's measurements (QNN 2.51) and toolchain/ort-qnn-2.47.yaml
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
