@@ -72,7 +72,10 @@ def test_no_import_cycles() -> None:
 # The floors of qnn_tasks, bottom first: each entry is a subpackage or a top-level module. A module imports modules of
 # its own package and of lower floors only (imports inside functions count); packages on one floor do not import each
 # other. This is the order of what uses what, not the order data flows in: the run layer carries calls the plan made,
-# but the plan reads records through it (freshness), so it stands above it. CONTRIBUTING.md repeats it (tested).
+# but the plan reads records through it (freshness), so it stands above it; toolchains stand below run (an executor
+# runs a call in its toolchain's interpreter and checks a worker's toolchain fingerprint) and below devices (the
+# simulator opens its sessions with the ort-qnn toolchain's options); every stage's runner is in stages/, whichever
+# package does its work. CONTRIBUTING.md repeats the floors (tested).
 FLOORS = (
     ("errors", "fileio", "latency", "codekeys", "nativelog"),
     ("envvalues", "rewrites"),
