@@ -76,8 +76,8 @@ def matmul(size: int) -> onnx.ModelProto:
 
 def work(model: onnx.ModelProto) -> tuple[int, int]:
     """(nodes, element-ops) as if-to-where counts them: nodes computed from constants only are folded, not counted."""
-    from qnn_tasks.graphs.rewrites.graphtools import Evaluator, infer_shapes, static_shapes
-    from qnn_tasks.graphs.rewrites.ifwhere import element_ops
+    from qnn_tasks.rewrites.graphtools import Evaluator, infer_shapes, static_shapes
+    from qnn_tasks.rewrites.ifwhere import element_ops
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -96,8 +96,8 @@ def work(model: onnx.ModelProto) -> tuple[int, int]:
 
 def estimated(model: onnx.ModelProto) -> int:
     """The graph's cost as if-to-where estimates it (ifwhere.node_cost, summed), in multiply-adds."""
-    from qnn_tasks.graphs.rewrites.graphtools import Evaluator, infer_shapes, static_shapes
-    from qnn_tasks.graphs.rewrites.ifwhere import node_cost
+    from qnn_tasks.rewrites.graphtools import Evaluator, infer_shapes, static_shapes
+    from qnn_tasks.rewrites.ifwhere import node_cost
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -133,7 +133,7 @@ def profile(models: list[onnx.ModelProto], folder: Path, toolchain, options: dic
     Returns each graph's execute cycles per round."""
     import onnxruntime as ort
 
-    from qnn_tasks.run.nativelog import native_output_to
+    from qnn_tasks.nativelog import native_output_to
     from qnn_tasks.toolchains.ort_qnn import session_options
 
     sessions = []
@@ -207,8 +207,8 @@ def if_cases() -> dict[str, onnx.ModelProto]:
 def folded(model: onnx.ModelProto, taken: bool) -> onnx.ModelProto:
     """The If's graph with its condition set to `taken` and folded by fold-if: one branch alone, on the NPU (what
     computed the condition goes too, as the compiler drops it)."""
-    from qnn_tasks.graphs import rewrites
-    from qnn_tasks.graphs.rewrites.graphtools import remove_dead
+    from qnn_tasks import rewrites
+    from qnn_tasks.rewrites.graphtools import remove_dead
 
     copy = onnx.ModelProto()
     copy.CopyFrom(model)
@@ -229,8 +229,8 @@ def if_case(name: str, model: onnx.ModelProto, folder: Path, toolchain, options:
     """The rewritten graph's cycles against each branch alone; the rewrite's estimate of the same share."""
     from unittest import mock
 
-    from qnn_tasks.graphs import rewrites
-    from qnn_tasks.graphs.rewrites import ifwhere
+    from qnn_tasks import rewrites
+    from qnn_tasks.rewrites import ifwhere
 
     accepted = bool(ifwhere.if_to_where(model, dry_run=True))
     rewritten = onnx.ModelProto()

@@ -1,4 +1,5 @@
-"""Atomic file writes: an interrupted build never leaves a half file that looks finished."""
+"""Atomic file writes: an interrupted build never leaves a half file that looks finished; and unpacking an archive
+safely (a phone's outputs, runtime libraries), nothing landing outside its folder."""
 from __future__ import annotations
 
 import json
@@ -7,7 +8,10 @@ import os
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
+
+if TYPE_CHECKING:
+    import tarfile
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -64,3 +68,47 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, os.PathLike):
         return os.fspath(value)
     raise TypeError(f"not JSON-serialisable: {type(value).__name__}")
+
+
+def extract_safely(archive: Path, dest: Path) -> list[str]:
+    """Unpack a tar archive (any compression) into dest: no absolute paths, no '..', no links or
+    devices that point outside dest. Raises ValueError naming the bad member."""
+    import tarfile  # here: planning imports this module on every doit
+
+    dest = dest.resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    names = []
+    with tarfile.open(archive) as tar:
+        members = tar.getmembers()
+        for m in members:
+            problem = unsafe_member(m, dest)
+            if problem:
+                raise ValueError(f"{archive}: refusing to extract '{m.name}': {problem}")
+            names.append(m.name)
+        if hasattr(tarfile, "data_filter"):
+            tar.extractall(dest, members=members, filter="data")
+        else:  # Python < 3.11.4: members were checked above
+            tar.extractall(dest, members=members)
+    return names
+
+
+def unsafe_member(m: tarfile.TarInfo, dest: Path) -> str | None:
+    name = m.name
+    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
+        return "absolute path"
+    if ".." in Path(name).parts:
+        return "'..' in the path"
+    target = (dest / name).resolve()
+    if target != dest and dest not in target.parents:
+        return "leaves the destination folder"
+    if m.issym() or m.islnk():
+        link = Path(m.linkname)
+        if link.is_absolute():
+            return f"link to an absolute path ({m.linkname})"
+        base = (dest / name).parent if m.issym() else dest
+        resolved = (base / link).resolve()
+        if resolved != dest and dest not in resolved.parents:
+            return f"link escapes the destination ({m.linkname})"
+    if m.ischr() or m.isblk() or m.isfifo():
+        return "device or fifo entry"
+    return None

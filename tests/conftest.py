@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from qnn_tasks.plan.stages import plans, report_columns
+from qnn_tasks.plan.matrix import plans
+from qnn_tasks.plan.rows import report_columns
 
 ROOT = Path(__file__).resolve().parent.parent
 # The suite's own copy of the example project (specs, toolchain profiles, model code): tests never read

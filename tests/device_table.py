@@ -22,8 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script from anywhere
     sys.path.insert(0, str(ROOT))
 
-from qnn_tasks.qnn import loadoracle  # noqa: E402
-from qnn_tasks.ship import select  # noqa: E402
+from qnn_tasks.qnn import loadoracle, select  # noqa: E402
 
 DEVICE_CASES = Path(str(resources.files("qnn_tasks.ship") / "java")) / "src/test/resources/device_cases.json"
 RUNTIMES = (None, "2.45", "2.47.0", "2.51.0", "v2.52.0.260101")

@@ -21,8 +21,9 @@ import yaml
 from onnx import TensorProto, helper, numpy_helper
 from test_rewrites import const, model_of, run
 
+from qnn_tasks import rewrites
 from qnn_tasks.errors import StageError
-from qnn_tasks.graphs import rewrites
+from qnn_tasks.graphs import lintrules
 from qnn_tasks.spec.load import load_project
 from qnn_tasks.stages import diagnose, export, simplify
 from qnn_tasks.stages import lint as lint_stage
@@ -150,7 +151,7 @@ def spectrum() -> Case:
                 feeds=lambda: audio(2, loudness=20000.0), tensor="spec", hazard="fp16 overflow")
 
 
-# lint rule -> its case: one for each entry of lint.REWRITE_RULES (a new rule without one fails below)
+# lint rule -> its case: one for each entry of lintrules.REWRITE_RULES (a new rule without one fails below)
 LINT_CASES = {"pow-square": pow_square, "variance-cancellation": layer_norm, "reduce-sum-square": reduce_sum_square,
               "clip-computed": clip_computed, "neg": neg, "fp16-overflow-constant": finite_mask}
 # the rewrite lint's control-flow finding (the export stage refuses it) advises -> its case
@@ -163,7 +164,7 @@ DIAGNOSE_CASES = {"scale-input": spectrum, "pow-square": pow_square,
 
 
 def rewrite_of(case_name: str) -> str:
-    return lint_stage.REWRITE_RULES[case_name][0] if case_name in LINT_CASES else case_name.split()[0]
+    return lintrules.REWRITE_RULES[case_name][0] if case_name in LINT_CASES else case_name.split()[0]
 
 
 # ------------------------------------------------------------------ a project, its stages, and a user's edit
@@ -397,8 +398,8 @@ def test_diagnose_names_no_rewrite_where_the_rewrite_would_change_nothing(builde
 # ------------------------------------------------------------------ every case the catalogue covers has a test
 
 def test_every_lint_rewrite_rule_has_a_case():
-    """A new lint.REWRITE_RULES entry fails here until LINT_CASES builds a graph that triggers it."""
-    assert set(LINT_CASES) == set(lint_stage.REWRITE_RULES)
+    """A new lintrules.REWRITE_RULES entry fails here until LINT_CASES builds a graph that triggers it."""
+    assert set(LINT_CASES) == set(lintrules.REWRITE_RULES)
 
 
 def test_every_catalogued_rewrite_is_advised_by_some_case():

@@ -13,11 +13,13 @@ from pathlib import Path
 import pytest
 from conftest import copy_project
 
-from qnn_tasks.plan import codekeys, stages
+from qnn_tasks import codekeys
+from qnn_tasks.plan import rows
+from qnn_tasks.plan.stagedef import StageDef
 from qnn_tasks.run.calls import StageCall, execute
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS = stages.GRAPH_STAGES + stages.CHIP_STAGES + (stages.PIPELINE,) + tuple(r for r in stages.ON_DEMAND if r.runner)
+ROWS = rows.GRAPH_STAGES + rows.CHIP_STAGES + (rows.PIPELINE,) + tuple(r for r in rows.ON_DEMAND if r.runner)
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
@@ -65,6 +67,87 @@ def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
 def test_no_import_cycles() -> None:
     """Imports inside functions count: a cycle hidden behind one is still a cycle."""
     assert _cycles(codekeys.imports()) == []
+
+
+# The floors of qnn_tasks, bottom first: each entry is a subpackage or a top-level module. A module imports modules of
+# its own package and of lower floors only (imports inside functions count); packages on one floor do not import each
+# other. This is the order of what uses what, not the order data flows in: the run layer carries calls the plan made,
+# but the plan reads records through it (freshness), so it stands above it; toolchains stand below run (an executor
+# runs a call in its toolchain's interpreter and checks a worker's toolchain fingerprint) and below devices (the
+# simulator opens its sessions with the ort-qnn toolchain's options); every stage's runner is in stages/, whichever
+# package does its work. CONTRIBUTING.md repeats the floors (tested).
+FLOORS = (
+    ("errors", "fileio", "latency", "codekeys", "nativelog"),
+    ("envvalues", "rewrites"),
+    ("spec",),
+    ("graphs", "qnn"),
+    ("judge",),
+    ("toolchains",),
+    ("run",),
+    ("plan", "devices"),
+    ("stages",),
+    ("report",),
+    ("ship",),
+    ("tasks", "scaffold"),
+    ("cli",),
+    ("__main__",),
+)
+# (importer, imported) -> why it has to go up, for an import that cannot move to its floor. None has to today.
+UPWARD: dict[tuple[str, str], str] = {}
+
+
+def _unit(module: str) -> str | None:
+    """The floor entry a module belongs to: its subpackage or top-level module (None: the package itself)."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else None
+
+
+def upward_imports(graph: dict[str, list[str]], floors: tuple[tuple[str, ...], ...]) -> list[str]:
+    """`importer -> imported` for every import between packages that does not go down the floors."""
+    floor_of = {unit: index for index, floor in enumerate(floors) for unit in floor}
+    found = []
+    for module, imported in sorted(graph.items()):
+        for other in imported:
+            mine, theirs = _unit(module), _unit(other)
+            if mine and theirs and mine != theirs and floor_of[theirs] >= floor_of[mine]:
+                found.append(f"{module} -> {other}")
+    return found
+
+
+def test_every_package_stands_on_one_floor() -> None:
+    units = [unit for floor in FLOORS for unit in floor]
+    assert len(units) == len(set(units))
+    assert {_unit(m) for m in codekeys.imports()} - {None} == set(units)
+
+
+def test_imports_only_go_down() -> None:
+    """Imports inside functions count. An upward import that must stay is an UPWARD entry saying why."""
+    allowed = {f"{a} -> {b}" for a, b in UPWARD}
+    assert sorted(set(upward_imports(codekeys.imports(), FLOORS)) - allowed) == []
+    assert sorted(allowed - set(upward_imports(codekeys.imports(), FLOORS))) == []  # an entry nothing needs goes
+
+
+def test_upward_import_finder() -> None:
+    graph = {"q.low.a": ["q.high.b", "q.low.c"], "q.high.b": ["q.low.a"], "q.side.d": ["q.low.a", "q.mid.e"],
+             "q.mid.e": ["q.side.d"], "q": ["q.high.b"]}
+    assert upward_imports(graph, (("low",), ("mid", "side"), ("high",))) == [
+        "q.low.a -> q.high.b", "q.mid.e -> q.side.d", "q.side.d -> q.mid.e"]
+
+
+def test_no_module_imports_a_stage_runner() -> None:
+    """A stage's runner module is the task layer's to call (executors find it by name): a piece two stages share is a
+    module of judge/ or graphs/ (or of stages/ that is no runner), so a stage's code key holds no other stage's code."""
+    every = ROWS + (rows.CROSSSIZE, rows.LOOP, rows.REPAIR)
+    runners = {r.runner.partition(":")[0] for r in every} | {rows.VARIANT_RUNNER.partition(":")[0]}
+    found = [f"{module} -> {other}" for module, imported in sorted(codekeys.imports().items())
+             if not module.startswith("qnn_tasks.tasks.") for other in imported if other in runners and other != module]
+    assert found == []
+
+
+def test_contributing_states_the_floors() -> None:
+    """CONTRIBUTING.md's line of floors is FLOORS, bottom first."""
+    line = " < ".join(", ".join(f"`{unit}`" for unit in floor) for floor in FLOORS)
+    assert line in (ROOT / "CONTRIBUTING.md").read_text().replace("\n", " ")
 
 
 
@@ -144,8 +227,8 @@ def test_private_use_finder_finds_both_shapes(tmp_path: Path) -> None:
 
 
 # Every stage's name (the built-in rows, the toolchains' variant stages, the project-wide on-demand ones)
-STAGE_NAMES = {r.name for r in stages.GRAPH_STAGES + stages.CHIP_STAGES + stages.ON_DEMAND} | {
-    stages.PIPELINE.name, stages.LOOP.name, stages.CROSSSIZE.name, "quantize", "convert", "modellib"}
+STAGE_NAMES = {r.name for r in rows.GRAPH_STAGES + rows.CHIP_STAGES + rows.ON_DEMAND} | {
+    rows.PIPELINE.name, rows.LOOP.name, rows.CROSSSIZE.name, "quantize", "convert", "modellib"}
 
 
 def hand_built_records(package: Path, names: set[str] = STAGE_NAMES) -> list[str]:
@@ -179,7 +262,7 @@ def hand_built_records(package: Path, names: set[str] = STAGE_NAMES) -> list[str
 
 
 def test_record_paths_are_made_only_by_the_plan() -> None:
-    """A stage record's path is plan/stages.py `record_path` (or a row's `record_of`): a split part's export ..
+    """A stage record's path is plan/stagedef.py `record_path` (or a row's `record_of`): a split part's export ..
     cpucheck facts are its graph's split record, and a module that builds `<dir>/<stage>/<stage>.json` itself
     looks for a record that is not there (dist once listed every part as unbuilt)."""
     assert hand_built_records(ROOT / "qnn_tasks") == []
@@ -211,7 +294,7 @@ def test_cycle_finder_finds_a_cycle() -> None:
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.name for r in ROWS])
-def test_stage_key_covers_what_its_runner_imports(row: stages.StageDef) -> None:
+def test_stage_key_covers_what_its_runner_imports(row: StageDef) -> None:
     """Import the runner in a fresh interpreter: every qnn_tasks module it loaded is in the stage's code key."""
     module = row.runner.partition(":")[0]
     probe = (f"import importlib, sys; importlib.import_module({module!r}); "
@@ -245,15 +328,15 @@ def test_key_changes_with_an_imported_module_only(tmp_path: Path, monkeypatch: p
     codekeys.digest.cache_clear()
 
 
-LOADER_ONLY = ("spec/load.py", "spec/cache.py", "spec/keys.py", "spec/schema.py")  # how YAML is read, not what it means
+LOADER_ONLY = ("spec/load.py", "spec/speccache.py", "spec/keys.py", "spec/schema.py")  # how YAML is read, not what it means
 
 
 def test_no_stage_key_holds_the_spec_loaders() -> None:
     """Stages get their slice of the spec as data (spec/serial.py): how YAML is read is in no stage's key, so a loader
     edit reruns nothing whose inputs did not change."""
     loaders = {"qnn_tasks." + m.removesuffix(".py").replace("/", ".") for m in LOADER_ONLY}
-    variant = stages.StageDef("quantize", "variant", "", stages.VARIANT_RUNNER, None)
-    for row in ROWS + (stages.CROSSSIZE, stages.LOOP, variant):
+    variant = StageDef("quantize", "variant", "", rows.VARIANT_RUNNER, None)
+    for row in ROWS + (rows.CROSSSIZE, rows.LOOP, variant):
         if row.name in ("socscheck", "dist"):
             continue  # they read the spec files themselves: the SoC tables checked, today's spec a package must meet
         assert loaders.isdisjoint(codekeys.closure((row.runner,))), (row.name, loaders & set(codekeys.closure((row.runner,))))
@@ -310,7 +393,9 @@ TINY_STAGE = '''
 """A test-only stage: counts the nodes of each simplified graph (one row + this module)."""
 from pathlib import Path
 
-from qnn_tasks.plan.stages import StageDef, graph_plan, register
+from qnn_tasks.plan.rows import register
+from qnn_tasks.plan.stagedef import StageDef
+from qnn_tasks.plan.stageplans import graph_plan
 
 
 def plan(p, stage, gt):
@@ -353,7 +438,9 @@ def test_a_stage_is_one_row_and_one_module(tmp_path: Path) -> None:
 BUDGET_STAGE = '''
 """A test-only stage with a report column: the simplified graph must have at most LIMIT nodes."""
 from qnn_tasks.errors import StageError
-from qnn_tasks.plan.stages import StageDef, graph_plan, register
+from qnn_tasks.plan.rows import register
+from qnn_tasks.plan.stagedef import StageDef
+from qnn_tasks.plan.stageplans import graph_plan
 
 LIMIT = 10
 

@@ -18,7 +18,7 @@ from test_repair import SOC, outlier_project
 from test_split import YAML
 from test_split_ship import JARS, JAVA, PROBE
 
-from qnn_tasks.ship import select
+from qnn_tasks.qnn import select
 
 pytestmark = pytest.mark.slow
 ORDER = ["w4a16", "w4a16-mixed", "w8a16-mixed", "fp16"]

@@ -78,7 +78,7 @@ def test_bisection_by_cutting_finds_the_same_node(pow_project):
     import onnx
 
     from qnn_tasks.graphs.intermediates import expose_intermediates
-    from qnn_tasks.judge import samples
+    from qnn_tasks.judge import sample_store
     from qnn_tasks.spec import load as spec
     from qnn_tasks.stages.diagnose import bisect
     from qnn_tasks.toolchains import from_profile
@@ -86,7 +86,7 @@ def test_bisection_by_cutting_finds_the_same_node(pow_project):
     root = pow_project.root
     model = onnx.load(str(root / "build/silero-vad/vad/simplify/vad.onnx"))
     _, tensors = expose_intermediates(model)
-    inputs = samples.load(root / "build/silero-vad/vad/cpucheck/inputs.npz")
+    inputs = sample_store.load(root / "build/silero-vad/vad/cpucheck/inputs.npz")
     toolchain = from_profile(spec.load_toolchain(root, "ort-qnn"))
     options = json.loads(next(root.glob("build/silero-vad/vad/*/fp16/SM8650/config/provider_options.json")).read_text())
     found = bisect(model, tensors, inputs, toolchain, options, root / "build" / "bisect-test", threshold=0.05)

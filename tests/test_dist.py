@@ -17,8 +17,9 @@ from conftest import Project, copy_project  # noqa: E402
 from standins.qnn_libs import make_qnn_libs  # noqa: E402
 
 from qnn_tasks.errors import QnnTasksError, SpecError, StageError  # noqa: E402
-from qnn_tasks.plan.stages import Planner  # noqa: E402
-from qnn_tasks.ship import inventory, manifest, package, select  # noqa: E402
+from qnn_tasks.plan.planner import Planner  # noqa: E402
+from qnn_tasks.qnn import select  # noqa: E402
+from qnn_tasks.ship import inventory, manifest, package  # noqa: E402
 from qnn_tasks.spec.load import load_project  # noqa: E402
 
 jsonschema = pytest.importorskip("jsonschema")
@@ -174,7 +175,7 @@ def test_packaged_ctx_onnx_runs_on_the_simulator_from_the_package_folder_alone(s
 
     import onnxruntime as ort
 
-    from qnn_tasks.judge import samples
+    from qnn_tasks.judge import sample_store
     from qnn_tasks.toolchains.ort_qnn import session_options
 
     chip = tmp_path / "elsewhere" / "SM8650"
@@ -184,9 +185,9 @@ def test_packaged_ctx_onnx_runs_on_the_simulator_from_the_package_folder_alone(s
     assert options["backend_path"] == "libQnnHtp.so" and options["soc_model"] == "57" and options["htp_arch"] == "75"
     with inside(tmp_path):  # nothing resolves against the project any more
         session = ort.InferenceSession(str(chip / "vad.fp16_ctx.onnx"), session_options(options, True))
-        inputs = samples.load(verified.root / "build/silero-vad/vad/cpucheck/inputs.npz", limit=3)
+        inputs = sample_store.load(verified.root / "build/silero-vad/vad/cpucheck/inputs.npz", limit=3)
         got = [dict(zip([o.name for o in session.get_outputs()], session.run(None, x))) for x in inputs]
-    verified_outputs = samples.load(next(verified.root.glob("build/silero-vad/vad/*/fp16/SM8650/simulate/outputs.npz")),
+    verified_outputs = sample_store.load(next(verified.root.glob("build/silero-vad/vad/*/fp16/SM8650/simulate/outputs.npz")),
                                     limit=3)
     for mine, theirs in zip(got, verified_outputs):
         for name in ("output", "stateN"):

@@ -29,8 +29,8 @@ from sized_project import HEAD_YAML, sized_project
 from test_ship_select import CASES, JARS, JAVA
 from test_trust_gate import documented_gate
 
+from qnn_tasks.qnn import select
 from qnn_tasks.report import gather
-from qnn_tasks.ship import select
 
 VIEWS = {"precision_comparison"}  # lists that repeat the targets' statuses side by side: not verdicts of their own
 NOT_VERDICTS = {"toolchains", "variants", "comparison"}  # lists without a status (comparison: its own kind below)
@@ -147,7 +147,7 @@ def test_a_superseded_report_is_not_ok(failing, tmp_path):
     report = tmp_path / "build" / "report" / "report.json"
     report.write_text(json.dumps(base))
     assert gate(path=report)
-    subprocess.run([sys.executable, "-c", f"from qnn_tasks.report import mark; mark.supersede({str(tmp_path)!r})"],
+    subprocess.run([sys.executable, "-c", f"from qnn_tasks.run import reportmark; reportmark.supersede({str(tmp_path)!r})"],
                    check=True)
     summary = json.loads(report.read_text())["summary"]
     assert summary["ok"] is False and summary["current"] is False and not gate(path=report)

@@ -3,7 +3,7 @@ weights stored in the main graph, as PyTorch's exporter writes them (issue 43, i
 
 onnxruntime's compile dropped such weights from the CPU part it writes and refused its own output, in a line that
 had lost the tensor and node names (" is not output of any previous nodes."). The export stage now copies them
-into the branches that read them (graphs/rewrites/branchweights.py), and the compile reads the branches' weights
+into the branches that read them (rewrites/branchweights.py), and the compile reads the branches' weights
 from a file, since onnxruntime writes a weight it holds in memory as a marker it then refuses (toolchains/ort_bodies.py).
 """
 from __future__ import annotations
@@ -15,7 +15,7 @@ from onnx import helper
 from test_if_to_where import feeds_both_ways, if_project, sm8650_fp16, value
 from test_rewrites import const, model_of, ops, run
 
-from qnn_tasks.graphs.rewrites import branchweights
+from qnn_tasks.rewrites import branchweights
 
 RNG = np.random.default_rng(43)
 
@@ -192,9 +192,9 @@ def test_lint_and_export_name_the_cpu_route_beside_the_rewrites(tmp_path):
     from test_yaml_defects import packaged_graph
 
     from qnn_tasks.errors import StageError
+    from qnn_tasks.graphs.lintrules import find_problems
     from qnn_tasks.spec.project import TensorSpec
     from qnn_tasks.stages import export
-    from qnn_tasks.stages.lint import find_problems
 
     [line] = [f.line() for f in find_problems(heads(), graph_spec()) if f.rule == "control-flow"]
     assert '"rewrites: [if-to-where]"' in line and '"rewrites: [fold-if]"' in line and line.endswith(f"{ROUTE})")

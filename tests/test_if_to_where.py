@@ -13,9 +13,9 @@ import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, graph_spec, model_of, ops, rewritten, run
 
-from qnn_tasks.graphs import rewrites
-from qnn_tasks.graphs.rewrites import ifwhere
-from qnn_tasks.stages.lint import find_problems
+from qnn_tasks import rewrites
+from qnn_tasks.graphs.lintrules import find_problems
+from qnn_tasks.rewrites import ifwhere
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(22)

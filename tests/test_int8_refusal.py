@@ -85,8 +85,8 @@ def test_an_int8_model_is_refused_by_export_alone_whatever_samples_say(tmp_path,
 
 
 def test_the_fix_proposes_w8a16_only_when_it_is_not_set():
+    from qnn_tasks.graphs.lintrules import find_problems
     from qnn_tasks.spec.project import GraphSpec, Source, TensorSpec
-    from qnn_tasks.stages.lint import find_problems
 
     for precisions, tail in ((("fp16",), "let QNN quantize it (precision: w8a16)"),
                              (("fp16", "w8a16"), "let QNN quantize it: precision: w8a16 is already set")):

@@ -10,7 +10,7 @@ import pytest
 from device_table import DEVICE_CASES, FREE_MEMORY, RUNTIMES, generate, soc_rows, text
 
 from qnn_tasks.qnn import loadoracle as oracle
-from qnn_tasks.ship import select
+from qnn_tasks.qnn import select
 
 SM8650 = {"name": "SM8650", "soc_id": 57, "dsp_arch": "v75", "vtcm_mb": 8}
 ISSUE = "v2:6:2.51.0:5.51.0:0:57:8:0"  # what every _ctx.onnx built here for SM8650 carries
@@ -171,7 +171,7 @@ def test_the_simulator_loads_a_binary_under_any_chip_it_is_told(tmp_path):
     import onnxruntime as ort
 
     from qnn_tasks.qnn.binary import read_binary_info
-    from qnn_tasks.qnn.socscheck import tiny_model
+    from qnn_tasks.stages.socscheck import tiny_model
     from qnn_tasks.toolchains.ort_qnn import compile_context, session_options
 
     tiny_model(tmp_path / "t.onnx")

@@ -196,7 +196,7 @@ def test_a_step_function_that_changes_values_or_exits_is_one_line(tmp_path, retu
     import onnxruntime as ort
 
     from qnn_tasks.errors import StageError
-    from qnn_tasks.judge import samples as sample_store
+    from qnn_tasks.judge import sample_store
     from qnn_tasks.spec.load import load_model, load_socs
     from qnn_tasks.stages import loop as loop_stage
 

@@ -20,7 +20,7 @@ from conftest import EXAMPLES, Project
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image, ImageDraw
 
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import sample_store
 from qnn_tasks.spec.load import load_model, load_socs
 from qnn_tasks.stages import calibrate
 

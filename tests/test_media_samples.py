@@ -16,7 +16,7 @@ from PIL import Image
 
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.judge import bounds, media
-from qnn_tasks.judge.samples import read_declared
+from qnn_tasks.judge.sample_store import read_declared
 from qnn_tasks.spec.load import load_model, load_socs
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -410,7 +410,7 @@ def test_a_sparse_gib_of_tiny_raw_samples_is_picked_without_listing_every_sample
         fh.write(np.arange(4, dtype="<f4").tobytes())  # the last sample, which limit's spread includes
     out, peak = child_peak_mib(f"""
 from pathlib import Path
-from qnn_tasks.judge.samples import read_declared
+from qnn_tasks.judge.sample_store import read_declared
 from qnn_tasks.spec.load import load_model, load_socs
 socs = load_socs(Path("tests/examples/socs/socs.yaml"))
 samples = read_declared(load_model(Path({str(folder)!r}), socs).graphs[0])
@@ -546,7 +546,8 @@ pipeline:
 def test_samples_from_an_earlier_graph_are_bounded_before_they_are_stacked(tmp_path, monkeypatch):
     """2 000 runs of embed (8 MiB of y) stacked 64 at a time every run are 1 937 windows, 484 MiB: refused before
     one window is made (the whole stack was made, then refused), naming a fix `from:` accepts (it has no limit)."""
-    from qnn_tasks.stages.cpucheck import upstream_columns
+    from qnn_tasks.judge.inputs import upstream_columns
+    from qnn_tasks.plan.targets import upstream_references
 
     folder = tmp_path / "m"
     folder.mkdir()
@@ -563,7 +564,7 @@ def test_samples_from_an_earlier_graph_are_bounded_before_they_are_stacked(tmp_p
 
     def refusal() -> None:
         with pytest.raises(StageError) as info:
-            upstream_columns(classify)
+            upstream_columns(classify, upstream_references(classify))
         refused.append(str(info.value))
 
     _, peak = peak_bytes(refusal)
@@ -575,7 +576,7 @@ def test_samples_from_an_earlier_graph_are_bounded_before_they_are_stacked(tmp_p
            "in pipeline.feed.classify.x.stack)" in line, line
     # the fix works: 127 runs give 64 windows, 16 MiB; only y is read, and the windows are glued as they are made
     np.savez(tmp_path / "build/m/embed/cpucheck/reference.npz", y=y[:127], z=y[:127])
-    columns, peak = peak_bytes(lambda: upstream_columns(classify))
+    columns, peak = peak_bytes(lambda: upstream_columns(classify, upstream_references(classify)))
     assert len(columns["x"]) == 64 and columns["x"][0].shape == (1, 64, 1024)
     np.testing.assert_array_equal(columns["x"][63][0], y[63:127, 0])
     assert peak < 24 << 20, f"peak {peak >> 20} MiB for 16 MiB of windows"

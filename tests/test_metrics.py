@@ -13,8 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import metrics
+from qnn_tasks.judge import metrics, verification
 from qnn_tasks.spec.load import load_model
 
 # ------------------------------------------------------------------ metrics.compare

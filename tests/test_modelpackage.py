@@ -36,7 +36,7 @@ def test_the_modelpackage_opens_strictly_and_agrees_with_the_manifest(packaged):
 
 
 def test_the_cpu_variant_is_chosen_by_onnxruntime_and_runs_a_real_input(packaged, verified, tmp_path):
-    from qnn_tasks.judge import samples
+    from qnn_tasks.judge import sample_store
 
     root = packaged["dest"] / "silero-vad" / "onnxruntime"
     with inside(tmp_path):  # nothing resolves against the project
@@ -44,7 +44,7 @@ def test_the_cpu_variant_is_chosen_by_onnxruntime_and_runs_a_real_input(packaged
             "vad", ort.ModelPackageOptions(ort.SessionOptions()))
         assert component.get_selected_variant_name() == "cpu"
         session = component.create_session()
-        inputs = samples.load(verified.root / "build/silero-vad/vad/cpucheck/inputs.npz", limit=2)
+        inputs = sample_store.load(verified.root / "build/silero-vad/vad/cpucheck/inputs.npz", limit=2)
         got = [session.run(None, x) for x in inputs]
     reference = ort.InferenceSession(str(packaged["dest"] / "silero-vad" / "cpu" / "vad.onnx"))
     for x, mine in zip(inputs, got):

@@ -552,7 +552,7 @@ def test_socscheck_cli_fails_on_a_wrong_arch(tmp_path):
     table.write_text("socs:\n"
                      "  SM8650: {soc_id: 57, dsp_arch: v73, vtcm_mb: 8, fp16: true}\n"  # really v75
                      "  SM8750: {soc_id: 69, dsp_arch: v79, vtcm_mb: 8, fp16: true}\n")
-    proc = subprocess.run([sys.executable, "-m", "qnn_tasks.qnn.socscheck", "--socs", str(table)],
+    proc = subprocess.run([sys.executable, "-m", "qnn_tasks.stages.socscheck", "--socs", str(table)],
                           capture_output=True, text=True, timeout=300, cwd=tmp_path)
     assert proc.returncode == 1, (proc.stdout, proc.stderr)
     lines = {line.split()[0]: line for line in proc.stdout.splitlines()}

@@ -22,7 +22,7 @@ from conftest import EXAMPLES, Project
 from packaged_fixture import ALL_REWRITES, write_model_folder
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.judge.samples import read_declared
+from qnn_tasks.judge.sample_store import read_declared
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
 YAML = "models/hazards/model.yaml"
@@ -322,7 +322,7 @@ def test_symlinks_out_of_the_model_folder_are_refused_when_read_too(tmp_path):
 
 
 def test_non_finite_samples_from_export_py_name_the_sample():
-    from qnn_tasks.judge.samples import check
+    from qnn_tasks.judge.sample_store import check
 
     specs = (TensorSpec("x", (1, 4), "float32"),)
     with pytest.raises(StageError, match=r"^export.py:samples\(\): sample 1 'x' holds 1 NaN/Inf values \(fix: "):

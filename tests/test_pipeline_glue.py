@@ -176,7 +176,7 @@ GLUED = "head.z: {from: embed.y, reshape: true}"
 def test_a_pipeline_feeds_a_constant_to_an_input_of_a_later_graph(tmp_path):
     """`feed: {head.bos: {value: 7}}`: every run of head gets bos = 7 in its dtype, on both chains alike (a start
     token); a list of the input's shape is the constant as written. A later graph's input had to be an output."""
-    from qnn_tasks.stages.glue import feed_runs
+    from qnn_tasks.judge.glue import feed_runs
 
     spec = constant_spec(tmp_path, "{" + GLUED + ", head.bos: {value: 7}}")
     assert spec.pipeline.values == {"head.bos": 7} and "head.bos" not in spec.pipeline.feed
@@ -191,7 +191,7 @@ def test_a_pipeline_feeds_a_constant_to_an_input_of_a_later_graph(tmp_path):
     runs, _ = feed_runs(head, listed.feed, listed.glue, [embed], produced, values=listed.values)
     assert runs[0]["bos"].tolist() == [[50257, 7]]
     # the package tells the app what to feed: the ModelPackage's pipelines[].feeds (ship/inventory.py)
-    from qnn_tasks.plan.stages import Planner
+    from qnn_tasks.plan.planner import Planner
     from qnn_tasks.ship.inventory import of_model
     from qnn_tasks.spec.load import load_project
 
@@ -282,7 +282,7 @@ def stacked_project(root: Path) -> Project:
 
 
 def test_stack_windows_runs_and_axes():
-    from qnn_tasks.stages.glue import stack
+    from qnn_tasks.judge.glue import stack
 
     values = [np.full((1, 3), i, np.float32) for i in range(5)]
     windows = stack(values, runs=3, axis=1, hop=2, rank=3)  # a new axis: [1, 3] x 3 -> [1, 3, 3], starts 0 and 2
@@ -307,8 +307,8 @@ def _graph(name: str, inputs: dict, outputs: dict):
 
 def test_stacks_of_stacks_follow_the_runs_of_a_three_graph_chain():
     """front end (once per window) -> embed over 3 front-end runs every 2 -> classify over the last 2 embeddings."""
+    from qnn_tasks.judge.glue import feed_runs
     from qnn_tasks.spec.pipeline import first_samples
-    from qnn_tasks.stages.glue import feed_runs
 
     front = _graph("front", {"audio": (1, 4)}, {"mel": (1, 2)})
     embed = _graph("embed", {"frames": (1, 3, 2)}, {"y": (1, 2)})
@@ -334,7 +334,7 @@ def test_a_stack_is_bounded_by_the_bytes_its_windows_take(monkeypatch):
     stack is refused before it is made when its windows pass the byte bound."""
     from qnn_tasks.errors import StageError
     from qnn_tasks.judge import bounds
-    from qnn_tasks.stages.glue import feed_runs
+    from qnn_tasks.judge.glue import feed_runs
 
     front = _graph("front", {"audio": (1, 4)}, {"mel": (1, 256)})
     embed = _graph("embed", {"frames": (1, 64, 256)}, {"y": (1, 2)})
@@ -355,7 +355,7 @@ def test_kept_first_link_outputs_are_checked_and_timed(tmp_path):
     """The first link's outputs taken from the first graph's simulate stage: its first N runs, each timed at the
     simulate record's mean; a file holding fewer runs or other outputs is one line naming it and the fix."""
     from qnn_tasks.errors import StageError
-    from qnn_tasks.judge import samples as sample_store
+    from qnn_tasks.judge import sample_store
     from qnn_tasks.stages.pipeline import kept_outputs
 
     front = _graph("front", {"audio": (1, 4)}, {"mel": (1, 2)})
@@ -444,8 +444,8 @@ def test_a_stack_across_ranks_is_stacked_then_reshaped(tmp_path):
     """A streaming embedding gives [1, 1, 1, 8] per window, the classifier takes [1, 4, 8]: neither a new axis nor
     a join fits the ranks, both fixed by the ONNX files; with reshape: true the 4 runs stack on a new axis, then
     reshape to the input (as the docs say), on the spec and in the glue. Without reshape the fix says to add it."""
+    from qnn_tasks.judge.glue import feed_runs
     from qnn_tasks.spec.load import load_model, load_socs
-    from qnn_tasks.stages.glue import feed_runs
 
     project = stacked_project(tmp_path / "project")
     project.edit(STACK_YAML, "outputs: {y: {shape: [1, 8]}}", "outputs: {y: {shape: [1, 1, 1, 8]}}")

@@ -12,10 +12,12 @@ import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, graph_spec, model_of
 
-from qnn_tasks.plan.stages import GRAPH_STAGES, Planner, plan_lint
+from qnn_tasks.graphs.lintrules import find_problems, recurrent_feed
+from qnn_tasks.plan.planner import Planner
+from qnn_tasks.plan.rows import GRAPH_STAGES
+from qnn_tasks.plan.stageplans import plan_lint
 from qnn_tasks.spec.load import load_project
 from qnn_tasks.spec.sizes import SizeSpec
-from qnn_tasks.stages.lint import find_problems, recurrent_feed
 
 F = TensorProto.FLOAT
 
@@ -145,7 +147,9 @@ def test_the_report_marks_a_recurrent_graph_verified_without_a_loop(tmp_path, de
 
     from conftest import EXAMPLES
 
-    from qnn_tasks.plan.stages import GRAPH_STAGES, Planner, plan_lint
+    from qnn_tasks.plan.planner import Planner
+    from qnn_tasks.plan.rows import GRAPH_STAGES
+    from qnn_tasks.plan.stageplans import plan_lint
     from qnn_tasks.report import gather
     from qnn_tasks.spec.load import load_project
 

@@ -213,9 +213,10 @@ def test_simverify_judges_a_failure_again_against_float64_and_blames_a_weak_floa
     against the float64 evaluation of the same graph they pass, and the record and console line say so."""
     from test_taskchecks import graph_of
 
-    from qnn_tasks.judge import samples
+    from qnn_tasks.graphs.cpu import run_onnx_cpu
+    from qnn_tasks.judge import sample_store
     from qnn_tasks.run import records
-    from qnn_tasks.stages import cpucheck, simverify
+    from qnn_tasks.stages import simverify
 
     model = arithmetic_layer_norm("sum_mul", shape=SHAPE)
     onnx.save(model, str(tmp_path / "norm.onnx"))
@@ -223,9 +224,9 @@ def test_simverify_judges_a_failure_again_against_float64_and_blames_a_weak_floa
     inputs = [{"x": s} for s in x]
     exact = x.astype(np.float64)
     exact = (exact - exact.mean(-1, keepdims=True)) / np.sqrt(exact.var(-1, keepdims=True) + 1e-5)
-    samples.save(tmp_path / "inputs.npz", inputs)
-    samples.save(tmp_path / "reference.npz", cpucheck.run_onnx_cpu(tmp_path / "norm.onnx", inputs))
-    samples.save(tmp_path / "outputs.npz", [{"y": e.astype(np.float32)} for e in exact])
+    sample_store.save(tmp_path / "inputs.npz", inputs)
+    sample_store.save(tmp_path / "reference.npz", run_onnx_cpu(tmp_path / "norm.onnx", inputs))
+    sample_store.save(tmp_path / "outputs.npz", [{"y": e.astype(np.float32)} for e in exact])
     records.write(tmp_path / "simulate.json", {"status": "passed"})
     verify = {"thresholds": {"max_abs": 1e-3}, "per_output": {}, "checks": []}
     args = (graph_of(tmp_path, "y", SHAPE), verify, tmp_path / "outputs.npz", tmp_path / "reference.npz",

@@ -67,7 +67,7 @@ def test_three_overflowing_constants_are_one_warning_naming_each_value():
     """Masks of -inf and finfo(float32).min were one warning each, their text differing only by the value."""
     from test_rewrites import graph_spec, mask_model
 
-    from qnn_tasks.stages.lint import find_problems, summary_lines
+    from qnn_tasks.graphs.lintrules import find_problems, summary_lines
 
     found = [f for f in find_problems(mask_model(), graph_spec()) if f.rule == "fp16-overflow-constant"]
     [line] = summary_lines(found)

@@ -16,11 +16,11 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from qnn_tasks.graphs import rewrites
-from qnn_tasks.graphs.rewrites import boundary, foldif
+from qnn_tasks import rewrites
+from qnn_tasks.graphs.lintrules import find_problems
+from qnn_tasks.rewrites import boundary, foldif
 from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec.project import GraphSpec, Source, TensorSpec
-from qnn_tasks.stages.lint import find_problems
 
 F, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
 RNG = np.random.default_rng(0)

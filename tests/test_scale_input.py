@@ -14,9 +14,9 @@ import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, model_of, ops, rewritten, run
 
+from qnn_tasks import rewrites
 from qnn_tasks.errors import RewriteError, StageError
-from qnn_tasks.graphs import rewrites
-from qnn_tasks.graphs.rewrites import inputscale
+from qnn_tasks.rewrites import inputscale
 
 F = TensorProto.FLOAT
 RNG = np.random.default_rng(2022)
@@ -205,7 +205,7 @@ def test_scale_input_fixes_the_overflowing_front_end_on_the_simulator(tmp_path):
     from test_if_to_where import compile_and_simulate, sm8650_fp16
     from test_yaml_defects import packaged_graph
 
-    from qnn_tasks.judge import metrics, samples
+    from qnn_tasks.judge import metrics, sample_store
     from qnn_tasks.spec.checks import verify_section
     from qnn_tasks.spec.project import TensorSpec
     from qnn_tasks.stages import diagnose
@@ -221,8 +221,8 @@ def test_scale_input_fixes_the_overflowing_front_end_on_the_simulator(tmp_path):
 
     # diagnose on the raw graph, as `doit diagnose` runs it
     graph = packaged_graph(tmp_path, inputs, outputs)
-    samples.save(tmp_path / "inputs.npz", feeds)
-    samples.save(tmp_path / "reference.npz", [{"y": y} for y in cpu])
+    sample_store.save(tmp_path / "inputs.npz", feeds)
+    sample_store.save(tmp_path / "reference.npz", [{"y": y} for y in cpu])
     (tmp_path / "options.json").write_text(json.dumps(options))
     verify = verify_section(None, "fp16", {"y"}, tmp_path / "model.yaml", "graphs.g.verify")
     record = diagnose.run(graph, verify, soc, toolchain, tmp_path / "raw.onnx", tmp_path / "options.json",

@@ -1,4 +1,4 @@
-"""The device-side choice (issue 32, item 5): qnn_tasks/ship/select.py and the Java reference for apps agree; and the
+"""The device-side choice (issue 32, item 5): qnn_tasks/qnn/select.py and the Java reference for apps agree; and the
 size of a graph with sizes an input runs at (issue 33, "chosen at run time"): the table's size_cases, through both.
 
 One decision table (qnn_tasks/ship/java/src/test/resources/selector_cases.json: stand-in phones of SM8650, SM7550,
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from qnn_tasks.ship import select
+from qnn_tasks.qnn import select
 
 JAVA = Path(str(resources.files("qnn_tasks.ship") / "java"))
 CASES = JAVA / "src" / "test" / "resources" / "selector_cases.json"

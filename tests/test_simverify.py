@@ -26,8 +26,7 @@ from conftest import MINILM_SAMPLES, Project, copy_project
 from qnn_tasks import fileio, toolchains
 from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import sample_store, verification
 from qnn_tasks.plan.targets import chip_targets
 from qnn_tasks.spec.load import load_project, load_socs
 from qnn_tasks.stages.simulate import check_signature

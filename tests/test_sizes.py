@@ -24,8 +24,11 @@ from sized_project import (
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
-from qnn_tasks.plan.stages import LOOP, PIPELINE, Planner, loop_chips, plan_loop, plan_pipeline, start_pipeline
-from qnn_tasks.ship import select
+from qnn_tasks.plan.matrix import loop_chips
+from qnn_tasks.plan.planner import Planner
+from qnn_tasks.plan.rows import LOOP, PIPELINE
+from qnn_tasks.plan.stageplans import plan_loop, plan_pipeline, start_pipeline
+from qnn_tasks.qnn import select
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec.load import load_model, load_project, load_soc_table
 from qnn_tasks.spec.serial import graph_from_dict, graph_to_dict
@@ -351,7 +354,7 @@ def test_sizes_build_verify_and_the_cross_size_check_catches_leaking_padding(tmp
     assert [(f["graph"], f["graphs"], f["rule"]) for f in facts["sizes"]] == [
         ("pool", {"16": "pool.seq16", "32": "pool.seq32"}, "smallest that fits")]
     assert "cross-size check of leaky" in shipped.failure_line("dist:leaky")
-    # the app's choice over THIS manifest (ship/select.py; Selector.java passes the same table of cases): the size
+    # the app's choice over THIS manifest (qnn/select.py; Selector.java passes the same table of cases): the size
     # first, a short input at 16 and a longer one at 32, padded with the declared values; then the device's binary
     short, longer = select.choose_size(manifest, "pool", 3), select.choose_size(manifest, "pool", 20)
     assert (short.graph, short.size, short.pad, short.pad_values) == ("pool.seq16", 16, 13, {"x": 0.0, "mask": 0.0})
@@ -487,8 +490,8 @@ def test_a_pipeline_per_size_names_the_declared_graph_and_the_size_not_the_size_
 
 def test_a_stage_of_a_pipeline_per_size_names_the_declared_graph_and_the_size(tmp_path):
     """The glue between a size's graphs names the declared graph at its size and the feed key as written."""
+    from qnn_tasks.judge.glue import feed_runs
     from qnn_tasks.spec.pipeline import Naming
-    from qnn_tasks.stages.glue import feed_runs
 
     stacked = CHAINED.replace("[1, seq, 4], dtype", "[1, 3, seq, 4], dtype")  # 3 runs of enc's hidden
     model = load(tmp_path, SIZED_YAML + stacked + "pipeline: {graphs: [enc, dec], feed: {dec.hidden: {from: enc.hidden, "

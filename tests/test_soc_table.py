@@ -176,7 +176,7 @@ def test_socscheck_compiles_what_each_row_runs(tmp_path):
                      "  SM7550: {soc_id: 64, dsp_arch: v73, vtcm_mb: 8, runs: [w8a16]}\n"
                      "  SM8650: {soc_id: 57, dsp_arch: v75, vtcm_mb: 8, runs: [fp16, w8a16]}\n"
                      "  SM7550F: {soc_id: 64, dsp_arch: v73, vtcm_mb: 8, runs: [fp16, w8a16], alias_of: SM7550}\n")
-    proc = subprocess.run([sys.executable, "-m", "qnn_tasks.qnn.socscheck", "--socs", str(table), "--json"],
+    proc = subprocess.run([sys.executable, "-m", "qnn_tasks.stages.socscheck", "--socs", str(table), "--json"],
                           capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert proc.returncode == 1, proc.stderr
     rows = {r["soc"]["name"]: r for r in json.loads(proc.stdout)}

@@ -238,7 +238,7 @@ def test_mutated_specs_load_or_are_one_line(project, model):
 def test_mutated_soc_tables_and_profiles_load_or_are_one_line(project, file):
     """The project-wide files: loaded and planned, or one line naming the file (every command then stops, exit 78)."""
     from qnn_tasks.errors import QnnTasksError
-    from qnn_tasks.plan.stages import Planner
+    from qnn_tasks.plan.planner import Planner
 
     path = project / file
     original = path.read_text()
@@ -263,7 +263,7 @@ def test_mutated_soc_tables_and_profiles_load_or_are_one_line(project, file):
 
 def test_a_broken_model_leaves_the_others_listed_and_planned(project):
     """A sample of variants, each with the whole project: the other models load and plan as before."""
-    from qnn_tasks.plan.stages import Planner
+    from qnn_tasks.plan.planner import Planner
     from qnn_tasks.tasks.project import TaskFactory
 
     path = project / "models" / "chain" / "model.yaml"

@@ -6,7 +6,7 @@ import sys
 
 from conftest import copy_project
 
-from qnn_tasks.spec import cache as speccache
+from qnn_tasks.spec import speccache
 from qnn_tasks.spec.load import load_project
 
 VAD_YAML = "models/silero-vad/model.yaml"

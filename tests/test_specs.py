@@ -337,7 +337,7 @@ def test_unsafe_toolchain_profile_name(tmp_path):
 
 def test_every_target_stays_inside_build(fresh):
     """What `doit clean` may delete is the tasks' targets: every one is a relative path under build/."""
-    from qnn_tasks.plan.stages import Planner
+    from qnn_tasks.plan.planner import Planner
     from qnn_tasks.tasks.project import TaskFactory
 
     namespace = TaskFactory(Planner(load_project(fresh.root))).namespace()

@@ -187,8 +187,9 @@ def test_cut_at_a_missing_tensor_stops_the_split_task(tmp_path):
 def test_external_data_model_goes_through_export_simplify_lint_split_and_cpu(tmp_path, monkeypatch):
     """The > 2 GB path on a small file: the limits are lowered so the stack (weights in a .data file) takes it."""
     from qnn_tasks.graphs import onnxinfo, packaged
+    from qnn_tasks.graphs.cpu import run_onnx_cpu
     from qnn_tasks.spec.load import load_model, load_soc_table
-    from qnn_tasks.stages import cpucheck, lint, simplify
+    from qnn_tasks.stages import lint, simplify
 
     monkeypatch.setattr(simplify, "PROTOBUF_LIMIT", 100_000)
     monkeypatch.setattr(split, "EXTERNAL_ABOVE", 100_000)
@@ -213,9 +214,9 @@ def test_external_data_model_goes_through_export_simplify_lint_split_and_cpu(tmp
     rows = split.write_parts(out, split.balanced_cuts(split.load_light(out), 2), names, paths, "fp16", "split.parts")
     assert all(row["external_data"] and Path(row["file"] + ".data").is_file() for row in rows)
     x = [{"x": np.random.default_rng(5).standard_normal((1, SEQ, WIDTH)).astype(np.float32)}]
-    whole = cpucheck.run_onnx_cpu(source, x)[0]["y"]
-    middle = cpucheck.run_onnx_cpu(paths[0], x)[0]
-    end = cpucheck.run_onnx_cpu(paths[1], [middle])[0]["y"]
+    whole = run_onnx_cpu(source, x)[0]["y"]
+    middle = run_onnx_cpu(paths[0], x)[0]
+    end = run_onnx_cpu(paths[1], [middle])[0]["y"]
     np.testing.assert_allclose(end, whole, rtol=1e-5, atol=1e-5)
 
 

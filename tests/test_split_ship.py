@@ -18,7 +18,8 @@ import pytest
 from modelpackage_check import agreement
 from test_split import SEQ, WIDTH, YAML, stack_project
 
-from qnn_tasks.ship import select, verified
+from qnn_tasks.qnn import select
+from qnn_tasks.ship import verified
 
 JAVA = Path(__file__).resolve().parent.parent / "qnn_tasks" / "ship" / "java"
 JARS = [Path("/usr/share/java/com.android.json.jar"), Path("/usr/share/java/junit4.jar"),
@@ -118,7 +119,7 @@ def test_the_card_names_the_parts_and_their_chain(package):
 
 def test_the_shipped_parts_chained_give_the_whole_graphs_answer(package):
     """The package's own files, run as the card says (each part's outputs fed to the next by name), on CPU."""
-    from qnn_tasks.stages.cpucheck import run_onnx_cpu
+    from qnn_tasks.graphs.cpu import run_onnx_cpu
 
     project, folder, data = package["project"], package["folder"], package["manifest"]
     x = {"x": np.random.default_rng(11).standard_normal((1, SEQ, WIDTH)).astype(np.float32)}

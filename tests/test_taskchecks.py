@@ -9,8 +9,7 @@ import numpy as np
 import pytest
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import taskchecks
+from qnn_tasks.judge import taskchecks, verification
 from qnn_tasks.spec.checkopts import parse_slice, sliced_shape
 from qnn_tasks.spec.checks import verify_section
 from qnn_tasks.spec.project import GraphSpec, TensorSpec
@@ -177,7 +176,7 @@ def test_ctc_keeps_the_decoded_strings_when_every_sample_agrees(tmp_path):
 
 def test_a_ctc_alphabet_of_the_wrong_size_is_a_console_warning_of_simverify(tmp_path):
     """It passed with only a note in the JSON. The blank is the last class here: the alphabet is classes 0..3."""
-    from qnn_tasks.judge import samples
+    from qnn_tasks.judge import sample_store
     from qnn_tasks.run import records
     from qnn_tasks.stages import simverify
 
@@ -185,8 +184,8 @@ def test_a_ctc_alphabet_of_the_wrong_size_is_a_console_warning_of_simverify(tmp_
     cpu = np.stack([logits([0, 4, 1, 3])])
     verify = checks({"ctc": {"output": "y", "alphabet": "keys.txt", "blank": -1}}, outputs={"y": (1, 4, 5)},
                     where=tmp_path / "model.yaml")
-    samples.save(tmp_path / "outputs.npz", [{"y": o} for o in cpu])
-    samples.save(tmp_path / "reference.npz", [{"y": o} for o in cpu])
+    sample_store.save(tmp_path / "outputs.npz", [{"y": o} for o in cpu])
+    sample_store.save(tmp_path / "reference.npz", [{"y": o} for o in cpu])
     records.write(tmp_path / "simulate.json", {"status": "passed"})
     record = simverify.run(graph_of(tmp_path, "y", (1, 4, 5)), {**verify, "thresholds": {}, "per_output": {}}, tmp_path / "outputs.npz",
                            tmp_path / "reference.npz", tmp_path / "simulate.json", "g-SM8650", "fp16")

@@ -225,7 +225,7 @@ def test_two_phones_of_different_chips_in_one_run(project, server, libs, tmp_pat
             assert dev["rtf"]["value"] == pytest.approx(timing["per_inference_median_s"] / AUDIO_S)
             assert dev["cpu"] is not None and dev["push"]["pushed"] == 7
             assert rec["runtime"]["version"] == "2.51.0" and rec["binary"]["dsp_arch"] == arch
-            # the package selector's decision (ship/select.py), as an app with this package would make it
+            # the package selector's decision (qnn/select.py), as an app with this package would make it
             assert dev["decision"]["target"] == "npu" and dev["decision"]["rule"] == "npu"
             assert dev["decision"]["precision"] == "fp16" and dev["decision"]["path"] == rec["binary"]["path"]
             assert f"built for {soc}, runtime QNN 2.51.0 >= minimum 2.51.0 (from compiler), context loaded" \

@@ -8,7 +8,7 @@ import json
 import pytest
 from test_split import YAML, stack_project
 
-from qnn_tasks.ship import select
+from qnn_tasks.qnn import select
 
 pytestmark = pytest.mark.slow
 SOC = "SM8650"

@@ -12,9 +12,9 @@ import pytest
 from onnx import TensorProto, helper
 from test_rewrites import const, model_of  # the same small-graph builders
 
+from qnn_tasks import rewrites
 from qnn_tasks.errors import StageError
-from qnn_tasks.graphs import rewrites
-from qnn_tasks.graphs.rewrites import boundary
+from qnn_tasks.rewrites import boundary
 from qnn_tasks.spec.project import GraphSpec, Source, TensorSpec
 from qnn_tasks.stages import export as export_stage
 
@@ -151,7 +151,7 @@ def test_int8_refusal_is_one_line_per_rule_with_a_count_and_the_first_nodes(tmp_
            "'quant_1' and 41 more)" in message
     assert "\n" not in message and len(message) < 600
     # every contrib op was found (the record of lint lists each node)
-    from qnn_tasks.stages.lint import find_problems
+    from qnn_tasks.graphs.lintrules import find_problems
 
     found = {f.where for f in find_problems(int8_model(), graph) if f.rule == "int8-in-onnx"}
     assert {"DynamicQuantizeLSTM node 'lstm'", "DynamicQuantizeMatMul node 'dqmm'", "MatMulIntegerToFloat node 'mmitf'",
@@ -357,7 +357,7 @@ def _rewritten(model):
 @pytest.mark.parametrize("keepdims", [1, 0])
 @pytest.mark.parametrize("square, opset", [("pow", 17), ("mul", 18)])
 def test_centred_variance_matches_the_arithmetic_forms(mean, keepdims, square, opset):
-    from qnn_tasks.stages.lint import find_problems
+    from qnn_tasks.graphs.lintrules import find_problems
 
     model = arithmetic_layer_norm(mean, keepdims, square, opset)
     graph = packaged_graph(Path("models/m"), [TensorSpec("x", (1, 16, 64), "float32")],
@@ -399,7 +399,7 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
     simulator runs: the figures README's rewrite table states for the built-in rewrite are measured here."""
     from conftest import EXAMPLES
 
-    from qnn_tasks.judge import metrics, samples
+    from qnn_tasks.judge import metrics, sample_store
     from qnn_tasks.spec.checks import verify_section
     from qnn_tasks.spec.load import load_socs, load_toolchain
     from qnn_tasks.stages import diagnose
@@ -428,8 +428,8 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
 
     # diagnose on the raw graph names the cause: the cancelling Sub (not the Reciprocal where the error shows), or
     # the overflowing sum of squares; each with its fix
-    samples.save(tmp_path / "inputs.npz", feeds)
-    samples.save(tmp_path / "reference.npz", [{"y": y} for y in cpu])
+    sample_store.save(tmp_path / "inputs.npz", feeds)
+    sample_store.save(tmp_path / "reference.npz", [{"y": y} for y in cpu])
     (tmp_path / "options.json").write_text(__import__("json").dumps(options))
     verify = verify_section(None, "fp16", {"y"}, tmp_path / "model.yaml", "graphs.g.verify")
     record = diagnose.run(graph, verify, soc, toolchain, tmp_path / "raw.onnx", tmp_path / "options.json",

@@ -23,12 +23,12 @@ import hashlib
 import os
 import shlex
 import socket
-import tarfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import QnnTasksError
+from qnn_tasks.fileio import extract_safely
 
 ENV_HOST = "ANDROID_ADB_SERVER_HOST"
 ENV_PORT = "ANDROID_ADB_SERVER_PORT"
@@ -331,45 +331,3 @@ def md5(path: Path) -> str:
         for chunk in iter(lambda: fh.read(1 << 20), b""):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def extract_safely(archive: Path, dest: Path) -> list[str]:
-    """Unpack a tar archive (any compression) into dest: no absolute paths, no '..', no links or
-    devices that point outside dest. Raises DeviceError/ValueError naming the bad member."""
-    dest = dest.resolve()
-    dest.mkdir(parents=True, exist_ok=True)
-    names = []
-    with tarfile.open(archive) as tar:
-        members = tar.getmembers()
-        for m in members:
-            problem = unsafe_member(m, dest)
-            if problem:
-                raise ValueError(f"{archive}: refusing to extract '{m.name}': {problem}")
-            names.append(m.name)
-        if hasattr(tarfile, "data_filter"):
-            tar.extractall(dest, members=members, filter="data")
-        else:  # Python < 3.11.4: members were checked above
-            tar.extractall(dest, members=members)
-    return names
-
-
-def unsafe_member(m: tarfile.TarInfo, dest: Path) -> str | None:
-    name = m.name
-    if name.startswith(("/", "\\")) or (len(name) > 1 and name[1] == ":"):
-        return "absolute path"
-    if ".." in Path(name).parts:
-        return "'..' in the path"
-    target = (dest / name).resolve()
-    if target != dest and dest not in target.parents:
-        return "leaves the destination folder"
-    if m.issym() or m.islnk():
-        link = Path(m.linkname)
-        if link.is_absolute():
-            return f"link to an absolute path ({m.linkname})"
-        base = (dest / name).parent if m.issym() else dest
-        resolved = (base / link).resolve()
-        if resolved != dest and dest not in resolved.parents:
-            return f"link escapes the destination ({m.linkname})"
-    if m.ischr() or m.isblk() or m.isfifo():
-        return "device or fifo entry"
-    return None

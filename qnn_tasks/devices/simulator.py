@@ -11,8 +11,10 @@ from pathlib import Path
 import numpy as np
 
 from qnn_tasks.errors import StageError, one_line
+from qnn_tasks.nativelog import native_output_to
 from qnn_tasks.run import progress
-from qnn_tasks.run.nativelog import native_output_to
+
+SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"  # on every time measured here
 
 
 def run(ctx_onnx: Path, provider_options: dict[str, str], inputs: list[dict[str, np.ndarray]],

@@ -1,10 +1,13 @@
-"""Small read-only views of an ONNX model: I/O tensors, nodes, parameter count."""
+"""Small read-only views of an ONNX model: I/O tensors, nodes, parameter count, its I/O against model.yaml's."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qnn_tasks.errors import StageError
+
+if TYPE_CHECKING:
+    from qnn_tasks.spec.project import GraphSpec
 
 CONTROL_FLOW_OPS = {"If", "Loop", "Scan"}
 # Quantized ops, standard and onnxruntime's contrib (com.microsoft) ones: QNN quantizes itself, so none
@@ -102,3 +105,23 @@ def parameter_count(model) -> int:
 
 def node_label(node) -> str:
     return f"{node.op_type} node '{node.name or node.output[0]}'"
+
+
+def io_mismatches(model, graph: GraphSpec) -> list[str]:
+    """Differences between the model's I/O and what model.yaml declares, one line each."""
+    io = graph_io(model)
+    problems = []
+    for kind, declared in (("inputs", graph.inputs), ("outputs", graph.outputs)):
+        actual = {t["name"]: t for t in io[kind]}
+        for spec in declared:
+            got = actual.pop(spec.name, None)
+            if got is None:
+                problems.append(f"{kind[:-1]} '{spec.name}' declared in model.yaml is missing "
+                                f"(the model has {', '.join(t['name'] for t in io[kind]) or 'none'})")
+                continue
+            if list(got["shape"]) != list(spec.shape):
+                problems.append(f"{kind[:-1]} '{spec.name}' has shape {got['shape']}, model.yaml says {list(spec.shape)}")
+            if kind == "inputs" and got["dtype"] != spec.dtype:
+                problems.append(f"input '{spec.name}' has dtype {got['dtype']}, model.yaml says {spec.dtype}")
+        problems += [f"{kind[:-1]} '{name}' is not declared in model.yaml" for name in actual]
+    return problems

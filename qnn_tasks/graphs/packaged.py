@@ -14,8 +14,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
+from qnn_tasks import rewrites
 from qnn_tasks.errors import StageError
-from qnn_tasks.graphs import rewrites
 from qnn_tasks.spec.project import GraphSpec
 
 
@@ -71,7 +71,7 @@ def export(graph: GraphSpec, source: Path | None, out_path: Path, skip: Iterable
     """Write the NPU-ready graph to `out_path`; return what was fixed and rewritten (for the export record)."""
     import onnx
 
-    from qnn_tasks.graphs.rewrites import boundary, graphtools
+    from qnn_tasks.rewrites import boundary, graphtools
 
     model = load_source(graph, source)
     try:

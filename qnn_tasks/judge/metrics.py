@@ -50,6 +50,10 @@ def snr_db(reference: np.ndarray, actual: np.ndarray) -> float:
     return 10.0 * float(np.log10(signal / noise))
 
 
+# the CPU checks' thresholds: cpucheck's where model.yaml's `cpucheck:` sets none, and a split's parts chained against
+# the whole graph
+DEFAULT_TOLERANCE = {"max_abs": 1e-3, "min_cosine": 0.9999}
+
 METRIC_OF = {"max_abs": "max_abs", "mean_abs": "mean_abs", "min_cosine": "cosine", "min_snr_db": "snr_db"}
 
 

@@ -62,7 +62,7 @@ def text(latency: dict[str, Any] | None) -> str:
 
 def doc_text(lint_record: Path | str, soc: str, precision: str) -> str:
     """`doit list`'s words for a compile: the estimate from the graph's last lint ("" before its first lint).
-    For the doc only (never a key or a dependency), as plan/stages.last_weights reads the same record."""
+    For the doc only (never a key or a dependency), as plan/stageplans.last_weights reads the same record."""
     try:
         record = json.loads(Path(lint_record).read_text())
     except (OSError, ValueError):

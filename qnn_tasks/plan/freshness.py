@@ -14,7 +14,9 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
-from qnn_tasks.plan.stages import Plan, Planner, build_stage_defs, plans
+from qnn_tasks.plan.matrix import build_stage_defs, plans
+from qnn_tasks.plan.planner import Planner
+from qnn_tasks.plan.stagedef import Plan
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget, PipelineTarget, VariantTarget
 from qnn_tasks.spec import split as specsplit
 

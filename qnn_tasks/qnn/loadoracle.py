@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping, Sequence
 
-from qnn_tasks.ship import select
+from qnn_tasks.qnn import select
 
 EP_KEY = "ep_compatibility_info.QNNExecutionProvider"
 HTP_BACKEND_ID = 6          # QNN_BACKEND_ID_HTP: what every binary of this project records

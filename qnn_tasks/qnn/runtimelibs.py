@@ -200,7 +200,7 @@ def _archive_stem(path: Path) -> str:
 
 def unpack(archive: Path, cache_dir: Path) -> Path:
     """Unpack an archive of runtime libs once (keyed by its content hash); return the folder."""
-    from qnn_tasks.devices.adb import extract_safely
+    from qnn_tasks.fileio import extract_safely
 
     if not tarfile.is_tarfile(archive):
         raise StageError(f"{archive}: not a tar archive (give a folder, or a .tar.bz2/.tar.gz/.tar.xz of one)")

@@ -6,7 +6,7 @@ names (records.problems), and while what it was made from is what today's spec a
 reason, the target is `stale` (counted, and failing the report task: the gate). `summary.complete` says whether
 every expected target has a verdict (none pending or stale); `summary.ok` (holds) whether everything the run
 promised holds: the documented CI gate reads only it, and the report task fails exactly when it is false
-(gate_problems says why). report/mark.py marks a report superseded (not ok) while a run that may change it has not
+(gate_problems says why). run/reportmark.py marks a report superseded (not ok) while a run that may change it has not
 finished.
 Rendering (report.md, index.html, plots) is report/render.py.
 report.json has one stable schema for CI gates (docs/verification-and-report.md).
@@ -15,30 +15,23 @@ from __future__ import annotations
 
 import datetime as _dt
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qnn_tasks.plan import freshness
+from qnn_tasks.plan.matrix import choose_chips, crosssize_chips, loop_chips
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import (
-    CHOOSE,
-    CROSSSIZE,
-    LOOP,
-    PIPELINE,
-    choose_chips,
-    crosssize_chips,
-    loop_chips,
-    record_path,
-    report_columns,
-    runs_loop,
-)
+from qnn_tasks.plan.rows import CHOOSE, CROSSSIZE, LOOP, PIPELINE, report_columns
+from qnn_tasks.plan.stagedef import record_path
+from qnn_tasks.plan.stageplans import runs_loop
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
-from qnn_tasks.run.status import BAD, NO_VERDICT, good
+from qnn_tasks.run.status import BAD, COUNTED, GOOD, JUDGED, NO_VERDICT, Status, good, worst
 from qnn_tasks.spec import split as specsplit
 
+if TYPE_CHECKING:  # only annotated: the planner is the task layer's
+    from qnn_tasks.plan.planner import Planner
+
 SCHEMA = "qnn-npu-compile/report/v1"
-STATUSES = ("passed", "warning", "failed", "stale", "skipped", "pending", "rejected")
-JUDGED = ("passed", "warning", "failed", "rejected")  # verdicts that hold only under the spec they were made under
 DEVICE_STAGES = ("verify", "power")
 
 
@@ -60,7 +53,7 @@ def variant_record_path(ct: ChipTarget, stage: str) -> str:
     return record_path(stage, ct.variant)
 
 
-def _variant_stages(planner, ct: ChipTarget) -> tuple[str, ...]:
+def _variant_stages(planner: Planner, ct: ChipTarget) -> tuple[str, ...]:
     """The variant's stages: w8a16-mixed's repair first, then the toolchain's (quantize; convert, modellib)."""
     from qnn_tasks.spec import precisions as precision_table
 
@@ -73,13 +66,13 @@ def read_checked(path: Path | str) -> dict[str, Any] | None:
     record = records.read(path)
     if record is None:
         why = records.damage(path)  # a file there that is not a record is stale, not "not built yet"
-        return None if why is None else {"status": "stale", "stale": [why],
+        return None if why is None else {"status": Status.STALE, "stale": [why],
                                          "error": f"stale: {why} (rerun doit to rebuild it)"}
     if not good(record.get("status")):
         return record
     problems = records.problems(record, path)
     if problems:
-        record = {**record, "status": "stale", "stale": problems,
+        record = {**record, "status": Status.STALE, "stale": problems,
                   "error": f"stale: {'; '.join(problems)} (rerun doit to rebuild it)"}
     return record
 
@@ -93,10 +86,10 @@ def read_current(path: Path | str, facts: dict[str, Any] | None) -> dict[str, An
     why = freshness.reason(record, facts)
     if why is None:
         return record
-    return {**record, "status": "stale", "stale": [why], "error": f"stale: {why}"}
+    return {**record, "status": Status.STALE, "stale": [why], "error": f"stale: {why}"}
 
 
-def collect(planner) -> dict[str, Any]:
+def collect(planner: Planner) -> dict[str, Any]:
     """Assemble report.json's content from the records on disk."""
     expect = freshness.Expected(planner)
     graph_entries = []
@@ -146,8 +139,8 @@ def collect(planner) -> dict[str, Any]:
 
 # counts that say what there is, never what failed; every other count of the summary must be 0 for `ok`, so a
 # count added later fails the gate until it is declared here
-INFORMATIONAL = frozenset({"targets", "passed", "warning", "skipped", "from_cache", "rejected"})  # rejected: an
-# auto candidate that failed its checks; the graph's `choose` fails the gate when none passes
+INFORMATIONAL = frozenset({"targets", "from_cache", *(s.value for s in GOOD | {Status.SKIPPED, Status.REJECTED})})
+# rejected: a `precision: auto` candidate that missed its checks; the graph's choice fails the gate when none passes
 
 
 def summarize(data: dict[str, Any]) -> dict[str, Any]:
@@ -159,7 +152,7 @@ def summarize(data: dict[str, Any]) -> dict[str, Any]:
     # outputs still back
     no_verdict = [t for t in data.get("graphs", []) + targets + pipelines + loops + sizes + choices
                   if t["status"] in NO_VERDICT]
-    summary = {"targets": len(targets), **{s: sum(1 for t in targets if t["status"] == s) for s in STATUSES},
+    summary = {"targets": len(targets), **{s.value: sum(1 for t in targets if t["status"] == s) for s in COUNTED},
                "graphs_failed": sum(1 for g in data.get("graphs", []) if g["status"] in BAD),
                "from_cache": sum(1 for t in targets if (t.get("provenance") or {}).get("from_cache")),
                "pipelines_failed": sum(1 for p in pipelines if p["status"] in BAD),
@@ -187,7 +180,7 @@ def holds(summary: dict[str, Any]) -> bool:
     return summary.get("complete") is True and summary.get("current") is True and not failing_counts(summary)
 
 
-def _splits(planner) -> dict[str, list[dict[str, Any]]]:
+def _splits(planner: Planner) -> dict[str, list[dict[str, Any]]]:
     """Each split graph's parts with their cut tensors and sizes (from its split record), by graph name."""
     found = {}
     for gt in planner.graphs:
@@ -197,7 +190,7 @@ def _splits(planner) -> dict[str, list[dict[str, Any]]]:
     return found
 
 
-def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: dict[str, str],
+def _target(planner: Planner, expect: freshness.Expected, ct: ChipTarget, graph_status: dict[str, str],
             graph_errors: dict[str, str]) -> dict[str, Any]:
     stages = {stage: read_current(path, expect.of(stage, ct)) for stage, path in chip_record_paths(ct).items()}
     toolchain_stages = {stage: read_current(variant_record_path(ct, stage), expect.of(stage, ct.variant))
@@ -205,14 +198,14 @@ def _target(planner, expect: freshness.Expected, ct: ChipTarget, graph_status: d
     own = [*toolchain_stages.values(), *stages.values()]
     upstream = graph_status[ct.graph.name]
     # a graph's lint warnings are shown with the graph; they do not make a cleanly verified target a "warning"
-    status = "skipped" if ct.skip_reason else in_order([{"status": upstream if upstream != "warning" else "passed"}]
-                                                        + own)
+    status = Status.SKIPPED if ct.skip_reason else in_order(
+        [{"status": upstream if upstream != Status.WARNING else Status.PASSED}] + own)
     graph_failed = upstream in BAD
     reason = ct.skip_reason or (graph_errors[ct.graph.name] if graph_failed else
                                 _first_error(own) if status in BAD else None)
-    if status == "rejected":  # a `precision: auto` candidate that missed its checks: why, as the stage said
+    if status == Status.REJECTED:  # a `precision: auto` candidate that missed its checks: why, as the stage said
         reason = next((r["rejected"] for r in own if r and r.get("rejected")), None)
-    if status == "warning" and not reason:
+    if status == Status.WARNING and not reason:
         reason = "; ".join(w for r in own if r for w in r.get("warnings") or [])
     if graph_failed:
         stages = {stage: None for stage in stages}  # records of an earlier build no longer describe this one
@@ -248,7 +241,7 @@ def latency(ct: ChipTarget) -> dict[str, Any] | None:
     return shown.with_phone(found, (device_results(ct) or {}).get("verify"))
 
 
-def recurrence(planner, gt: GraphTarget, lint: dict[str, Any] | None) -> dict[str, Any] | None:
+def recurrence(planner: Planner, gt: GraphTarget, lint: dict[str, Any] | None) -> dict[str, Any] | None:
     """A graph whose outputs feed its own inputs (lint names the pairs): whether a loop verifies it, and if not, the
     note the report shows (its targets were judged per sample from the CPU's state)."""
     feed = ((lint or {}).get("recurrent") or {}).get("feed")
@@ -285,7 +278,7 @@ def loop_entry(ct: ChipTarget, facts: dict[str, Any] | None = None) -> dict[str,
     record = read_current(record_path("loop", ct), facts)
     return {"name": ct.name, "model": ct.graph.model, "graph": ct.graph.name, "soc": ct.soc.row(),
             "precision": ct.precision, "toolchain_id": ct.toolchain_id,
-            "status": "skipped" if ct.skip_reason else combine([record]),
+            "status": Status.SKIPPED if ct.skip_reason else combine([record]),
             "reason": ct.skip_reason or _first_error([record]), "record": record,
             "latency_ms": None if (found := latency(ct)) is None else {**found, "per": "step"}}
 
@@ -326,7 +319,7 @@ def diagnosis(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any] 
     inputs = current_inputs_sha256(ct)
     if diagnosed.get("inputs_sha256") and inputs and diagnosed["inputs_sha256"] != inputs:
         stale.append("diagnosed other inputs than the current samples")
-    return {**record, "stale": stale, "status": "stale"} if stale else record
+    return {**record, "stale": stale, "status": Status.STALE} if stale else record
 
 
 def current_inputs_sha256(ct: ChipTarget) -> str | None:
@@ -371,7 +364,7 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
     problems = [f"model {b['model']} is not buildable: {b['error']}" for b in data.get("models_not_buildable", [])]
     entries = (data["targets"] + data.get("pipelines", []) + data.get("loops", []) + data.get("sizes", [])
                + data.get("choices", []))
-    stale = [t["name"] for t in entries if t["status"] == "stale"]
+    stale = [t["name"] for t in entries if t["status"] == Status.STALE]
     if stale:
         problems.append(f"{len(stale)} target(s) stale (made from other settings or files than today's, or their "
                         f"outputs changed since: {_names(stale)}; the report says why); run doit to rebuild them")
@@ -380,10 +373,10 @@ def gate_problems(data: dict[str, Any]) -> list[str]:
             names = ", ".join(r["target"] for r in block["regressions"][:5])
             problems.append(f"upgrade gate: {len(block['regressions'])} regression(s) from {block['baseline']} to "
                             f"{block['candidate']}: {names} (see the report's upgrade section)")
-    failed = [t["name"] for t in entries if t["status"] == "failed"]
+    failed = [t["name"] for t in entries if t["status"] == Status.FAILED]
     if failed:
         problems.append(f"{len(failed)} target(s) failed ({_names(failed)}; the report says why)")
-    pending = [t["name"] for t in entries if t["status"] == "pending"]
+    pending = [t["name"] for t in entries if t["status"] == Status.PENDING]
     if pending:
         problems.append(f"{len(pending)} target(s) not verified (no verdict: not built, or their run was interrupted "
                         f"or lost: {_names(pending)}); run doit to build them")
@@ -414,23 +407,19 @@ def device_results(ct: ChipTarget) -> dict[str, Any] | None:
 
 # ------------------------------------------------------------------ helpers
 
-def combine(stage_records) -> str:
-    """A status from records: failed > stale > pending > rejected > warning > passed."""
-    statuses = [r.get("status") if r else "pending" for r in stage_records]
-    for status in ("failed", "stale", "pending", "rejected", "warning"):
-        if status in statuses:
-            return status
-    return "passed"
+def combine(stage_records) -> Status:
+    """A status from records (a missing one is pending): the worst of theirs (run/status.py PRECEDENCE)."""
+    return worst(r.get("status") if r else Status.PENDING for r in stage_records)
 
 
-def in_order(stage_records) -> str:
+def in_order(stage_records) -> Status:
     """A chain's status: failed where a stage failed on today's inputs (read_current: a failure made from other
     inputs is stale, not failed), else in build order, the first stage without a passing verdict decides (a later
     record made from an earlier stage's outputs that are gone or rebuilt says nothing of its own); all passing:
     warning or passed. A failed cpucheck fails its graph though lint, which it does not read, has not run."""
     stage_records = list(stage_records)
-    if any(r and r.get("status") == "failed" for r in stage_records):
-        return "failed"
+    if any(r and r.get("status") == Status.FAILED for r in stage_records):
+        return Status.FAILED
     for record in stage_records:
         status = combine([record])
         if not good(status):

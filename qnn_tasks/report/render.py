@@ -298,7 +298,7 @@ def device_markdown(data: dict[str, Any]) -> list[str]:
 
 
 def decision_text(decision: dict[str, Any] | None) -> str:
-    """The package selector's decision on that phone (ship/select.py), in a few words: "NPU fp16", "CPU (load-failed)"."""
+    """The package selector's decision on that phone (qnn/select.py), in a few words: "NPU fp16", "CPU (load-failed)"."""
     if not decision:
         return "-"
     return f"NPU {decision.get('precision')}" if decision.get("target") == "npu" else f"CPU ({decision.get('rule')})"

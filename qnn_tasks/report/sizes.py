@@ -2,11 +2,16 @@
 cross-size check that vouches for "the smallest size that fits"."""
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from qnn_tasks.plan.stages import CROSSSIZE, Planner, crosssize_chips, size_chips
+from qnn_tasks.plan.matrix import crosssize_chips
+from qnn_tasks.plan.rows import CROSSSIZE
+from qnn_tasks.plan.stageplans import size_chips
 from qnn_tasks.report.upgrade_diff import target_figures
 from qnn_tasks.run.status import Status
+
+if TYPE_CHECKING:  # only annotated: the planner is the task layer's
+    from qnn_tasks.plan.planner import Planner
 
 
 def entries(planner: Planner, targets: list[dict[str, Any]], read_checked: Callable[[str], dict | None],

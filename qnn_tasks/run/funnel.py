@@ -2,7 +2,7 @@
 
 In order: the tree lock must be ours; the old record is removed (a record never outlives the run
 that made it, interrupted or not; removing needs no disk space, so it is first); the previous
-report is marked superseded (report/mark.py); leftovers of killed runs in the stage's folder are
+report is marked superseded (run/reportmark.py); leftovers of killed runs in the stage's folder are
 swept; a cache hit restores the outputs byte-identically; otherwise the executor runs the call.
 Every record says what it was made from (`made_from`: the key's labelled settings, code version,
 toolchain, and each file read with its digest; plan/freshness.py compares it with today's spec).
@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import MachineError, QnnTasksError, machine_failure
-from qnn_tasks.report import mark as reportmark
-from qnn_tasks.run import console, executors, interrupts, records, treelock
+from qnn_tasks.run import console, executors, interrupts, records, reportmark, treelock
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.outcome import Outcome
 from qnn_tasks.run.status import Status

@@ -6,6 +6,7 @@ with them are plain JSON.
 from __future__ import annotations
 
 from enum import Enum
+from typing import Iterable
 
 
 class Status(str, Enum):
@@ -26,8 +27,20 @@ class Status(str, Enum):
 GOOD = frozenset({Status.PASSED, Status.WARNING})       # a verdict that passes
 BAD = frozenset({Status.FAILED, Status.STALE})          # counted as failed
 NO_VERDICT = frozenset({Status.PENDING, Status.STALE})  # what keeps a report from being complete
+JUDGED = frozenset({Status.PASSED, Status.WARNING, Status.FAILED, Status.REJECTED})  # hold only under the spec made under
+# what a report counts per target, in the order its summary lists them
+COUNTED = (Status.PASSED, Status.WARNING, Status.FAILED, Status.STALE, Status.SKIPPED, Status.PENDING, Status.REJECTED)
+# worst first: the status of several records is the first of these among theirs, else passed
+PRECEDENCE = (Status.FAILED, Status.STALE, Status.PENDING, Status.REJECTED, Status.WARNING)
 
 
 def good(status: object) -> bool:
     """The status passes (passed, or passed with warnings)."""
     return status in GOOD
+
+
+def worst(statuses: Iterable[object]) -> Status:
+    """failed > stale > pending > rejected > warning > passed: the first of PRECEDENCE among `statuses`, else passed (a skipped or
+    running record adds nothing)."""
+    found = list(statuses)  # compared, not hashed: a damaged record's status may be any JSON
+    return next((status for status in PRECEDENCE if status in found), Status.PASSED)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qnn_tasks.ship.select import number
+from qnn_tasks.qnn.select import number
 
 
 def card(data: dict[str, Any]) -> str:

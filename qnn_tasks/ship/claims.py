@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from qnn_tasks.report.gather import combine
-from qnn_tasks.run.status import good
+from qnn_tasks.run.status import Status, good
 from qnn_tasks.ship import verified
 
 
@@ -30,8 +30,8 @@ def unpadded(inventory: dict[str, Any]) -> dict[str, str]:
         if good(status):
             continue
         error = str((record or {}).get("error") or "").removeprefix(f"{status}: ")
-        why = {"failed": error or f"the cross-size check failed on {soc}",  # its error names the check and chip
-               "stale": f"the cross-size check on {soc} is stale: {error}"}.get(
+        why = {Status.FAILED: error or f"the cross-size check failed on {soc}",  # its error names the check and chip
+               Status.STALE: f"the cross-size check on {soc} is stale: {error}"}.get(
             status, f"the cross-size check has not run on {soc} (run doit)")
         found.setdefault(sized[chip["graph"]], why)
     return found

@@ -7,29 +7,23 @@ toolchain ships: a package holds one QNN version, the one its runtime libraries 
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qnn_tasks.plan import freshness
-from qnn_tasks.plan.stages import (
-    CHOOSE,
-    CROSSSIZE,
-    LOOP,
-    PIPELINE,
-    REPAIR,
-    auto_candidates,
-    choose_chips,
-    loop_chips,
-    record_path,
-    report_columns,
-    size_chips,
-)
+from qnn_tasks.plan.matrix import choose_chips, loop_chips
+from qnn_tasks.plan.rows import CHOOSE, CROSSSIZE, LOOP, PIPELINE, REPAIR, report_columns
+from qnn_tasks.plan.stagedef import record_path
+from qnn_tasks.plan.stageplans import auto_candidates, size_chips
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec import sizes as specsizes
 from qnn_tasks.spec import split as specsplit
 
+if TYPE_CHECKING:  # only annotated: the planner is the task layer's
+    from qnn_tasks.plan.planner import Planner
 
-def of_model(planner, model: str) -> dict[str, Any]:
+
+def of_model(planner: Planner, model: str) -> dict[str, Any]:
     """The model's spec facts, graphs, chip targets (of the first toolchain) and pipelines, JSON-able."""
     spec = next(m for m in planner.project.models if m.name == model)
     binding = planner.bindings[0]
@@ -83,7 +77,7 @@ def _feeds(pipeline, graphs: list[GraphTarget]) -> list[dict[str, Any]]:
     return found
 
 
-def _graph(planner, gt: GraphTarget) -> dict[str, Any]:
+def _graph(planner: Planner, gt: GraphTarget) -> dict[str, Any]:
     """A graph's facts; a split graph names its parts (and its split record), a part which graph it is part of and
     its I/O: the cut tensors, known from the split stage's parts.json (Planner.graph_dict)."""
     g = gt.graph
@@ -101,7 +95,7 @@ def _graph(planner, gt: GraphTarget) -> dict[str, Any]:
             "records": records}
 
 
-def expected(planner, graphs: list[GraphTarget], chips: list[ChipTarget], pipelines: list) -> dict[str, dict[str, Any]]:
+def expected(planner: Planner, graphs: list[GraphTarget], chips: list[ChipTarget], pipelines: list) -> dict[str, dict[str, Any]]:
     """Record path -> what today's spec says it was made from, for every record dist reads (none for a record
     today's plan has no task for: a split part's export .. cpucheck are its graph's split record, judged there)."""
     expect = freshness.Expected(planner)
@@ -128,7 +122,7 @@ def expected(planner, graphs: list[GraphTarget], chips: list[ChipTarget], pipeli
     return found
 
 
-def _chip(planner, ct: ChipTarget, has_loop: bool) -> dict[str, Any]:
+def _chip(planner: Planner, ct: ChipTarget, has_loop: bool) -> dict[str, Any]:
     binding = planner.binding(ct)
     records = {s.name: record_path(s.name, ct.variant) for s in binding.toolchain.graph_stages(ct.precision)}
     if precision_table.is_repaired(ct.precision):  # the weights its quantize kept at 16 bits, and the search's steps

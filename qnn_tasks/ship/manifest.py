@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.qnn import runtimelibs
-from qnn_tasks.ship.select import DEFAULT_PRECISION_ORDER, RULE_EXACT
+from qnn_tasks.qnn.select import DEFAULT_PRECISION_ORDER, RULE_EXACT
+from qnn_tasks.run.status import Status
 
 SCHEMA = "qnn-npu-compile/manifest"
 SCHEMA_VERSION = 1
@@ -175,7 +176,7 @@ def verification(records: dict[str, dict[str, Any]], pipelines: list[dict[str, A
     warnings = sorted({w for r in [*records.values(), *pipelines] if r for w in r.get("warnings") or []})
     loop = records.get("loop")
     return {
-        "status": "warning" if "warning" in statuses else "passed",
+        "status": Status.WARNING if Status.WARNING in statuses else Status.PASSED,
         "simulator": {"measured_on": SIMULATOR, "samples": sim.get("samples"), "metrics": _metrics(sim.get("metrics")),
                       "checks": _checks(sim.get("checks"))},
         "loop": None if loop is None else {"measured_on": SIMULATOR, "status": loop.get("status"),

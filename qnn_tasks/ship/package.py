@@ -340,7 +340,7 @@ def _same_bytes(work: _Assembly, src: Path, rel: str, graph: str, sha: str) -> N
 def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, root: Path,
             compiler_qnn: str | None) -> dict[str, Any]:
     """One verified binary into the package (with its EPContext wrapper and provider options) and its entry."""
-    from qnn_tasks.stages import compat
+    from qnn_tasks.stages import compattable
 
     chip, context = item.chip, item.records["context"]
     soc, precision = chip["soc"], chip["precision"]
@@ -353,7 +353,7 @@ def _binary(item: verified.Shippable, graph: dict[str, Any], work: _Assembly, ro
     work.put(mf.dumps(provider_options(options, soc)), f"{stem}.provider_options.json")
     info = context.get("binary") or {}
     build_qnn = mf.qnn_version(info.get("build_id"), compiler_qnn)
-    minimum, minimum_from = mf.min_runtime(compat.lookup(binary["sha256"]), build_qnn)
+    minimum, minimum_from = mf.min_runtime(compattable.lookup(binary["sha256"]), build_qnn)
     phone = records.read(root / chip["device_records"]["verify"])
     if phone and (phone.get("binary") or {}).get("sha256") != binary["sha256"]:
         phone = None  # results of another build of this target

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from qnn_tasks.report.gather import combine, read_current
-from qnn_tasks.run.status import BAD, good
+from qnn_tasks.run.status import BAD, Status, good
 
 
 @dataclass
@@ -69,10 +69,10 @@ def auto_chosen(inventory: dict[str, Any], ship: list[Shippable],
             if chosen:
                 why = (f"not chosen: precision auto ships {chosen['precision']} on {choice['soc']}, the smallest "
                        "candidate that passes its checks")
-            elif status == "pending":
+            elif status == Status.PENDING:
                 why = "unbuilt: choose has no record (run doit to build and verify it)"
             else:
-                word = "stale" if status == "stale" else "failed"
+                word = Status.STALE if status == Status.STALE else Status.FAILED
                 why = f"{word}: choose: {(record or {}).get('error') or status}"
             omitted.append(left_out(item.chip, why))
     return kept, omitted
@@ -115,11 +115,11 @@ def _why_not(graph: dict[str, Any], own: dict[str, Any], links: list[tuple[str, 
         + [(f"pipeline {name}", r) for name, r in links]
     for label, record in stages:
         status = combine([record])
-        if status in BAD or status == "rejected":
-            word = status if status in ("stale", "rejected") else "failed"
+        if status in BAD or status == Status.REJECTED:
+            word = str(status)  # failed, stale or rejected
             error = str(record.get("error") or record.get("rejected") or status)
             return f"{word}: {label}: {error.removeprefix(f'{word}: ')}"
-        if status == "pending":
+        if status == Status.PENDING:
             return f"unbuilt: {label} has no record (run doit to build and verify it)"
     return None
 

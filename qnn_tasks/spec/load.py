@@ -407,7 +407,7 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
 
     A warm cache (unchanged spec files) skips YAML; installed packages are still checked.
     """
-    from qnn_tasks.spec import cache as speccache
+    from qnn_tasks.spec import speccache
 
     cached = speccache.read(root, toolchain)
     if cached is not None:

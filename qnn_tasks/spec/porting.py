@@ -116,9 +116,7 @@ def missing_samples(model_dir: Path, key: str) -> str:
 
 
 def rewrites(data: Any, path: Path, key: str) -> dict[str, dict[str, Any]]:
-    from qnn_tasks.graphs import (
-        rewrites as rewrite_catalogue,  # only when YAML is parsed (not with the spec cache warm)
-    )
+    from qnn_tasks import rewrites as rewrite_catalogue  # only when YAML is parsed (not with the spec cache warm)
 
     try:
         return rewrite_catalogue.normalize(data)

@@ -4,7 +4,7 @@
       precision_order: [fp16, w8a16]   # which binary a phone tries first when it has several (default fp16 first)
       delivery: install-time           # the Android AI pack's delivery type: install-time | fast-follow | on-demand
 
-`doit dist` writes precision_order into manifest.json's `selection.precision_order` (ship/select.py and the Java
+`doit dist` writes precision_order into manifest.json's `selection.precision_order` (qnn/select.py and the Java
 selector read it from there); ship/aipack.py writes `delivery` into the pack's build.gradle.kts.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ from qnn_tasks.errors import SpecError
 def _yaml_loader():
     """PyYAML's safe loader (the C one where libyaml exists) that rejects duplicate keys.
 
-    Built on first use: with the spec cache warm (spec/cache.py), a no-op `doit` never imports yaml.
+    Built on first use: with the spec cache warm (spec/speccache.py), a no-op `doit` never imports yaml.
     """
     import yaml
 

@@ -8,8 +8,7 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
-from qnn_tasks.judge import fitting
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import fitting, sample_store
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec
@@ -20,9 +19,10 @@ def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:
     function = graph.calibration["function"]
     ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
     if function == "samples" and (graph.samples or not graph.has_code):  # the declared samples, like cpucheck's
-        from qnn_tasks.stages.cpucheck import real_inputs
+        from qnn_tasks.judge.inputs import real_inputs
+        from qnn_tasks.plan.targets import upstream_references
 
-        produced, where = real_inputs(graph, ctx)
+        produced, where = real_inputs(graph, ctx, upstream_references(graph))
         where += f" (calibration of graph '{graph.name}')"
     else:
         produced = modelcode.call(graph, function, ctx)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.judge import checks as verification
+from qnn_tasks.judge import verification
 from qnn_tasks.run import records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import Status, good

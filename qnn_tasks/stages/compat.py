@@ -20,18 +20,22 @@ import datetime as _dt
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stages import COMPAT, Planner, record_path
+from qnn_tasks.plan.rows import COMPAT
+from qnn_tasks.plan.stagedef import record_path
 from qnn_tasks.qnn import loadoracle, runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import good
 from qnn_tasks.spec.project import GraphSpec
+
+if TYPE_CHECKING:  # only annotated: the planner is the task layer's
+    from qnn_tasks.plan.planner import Planner
 
 TABLE_VERSIONS = ("2.47.0", "2.51.0")  # socs.yaml's measurements (QNN 2.51) and toolchain/ort-qnn-2.47.yaml
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
@@ -44,8 +48,7 @@ def run_binary(graph: GraphSpec, verify: dict[str, Any], ctx_onnx: Path, provide
 
     from qnn_tasks import fileio
     from qnn_tasks.devices import simulator
-    from qnn_tasks.judge import checks as verification
-    from qnn_tasks.judge import samples as sample_store
+    from qnn_tasks.judge import sample_store, verification
 
     inputs = sample_store.load(inputs_file, limit=samples)
     reference = sample_store.load(reference_file, limit=samples)
@@ -164,14 +167,6 @@ def minimum_runtime(runs: dict[str, dict[str, Any]]) -> str | None:
     good = [runtimelibs.version_tuple(r.get("runtime_qnn")) for r in runs.values() if r.get("loads") and r.get("matches")]
     good = [v for v in good if v is not None]
     return ".".join(map(str, min(good))) if good else None
-
-
-def lookup(binary_sha256: str | None) -> dict[str, Any] | None:
-    """The compatibility entry measured for this exact binary (by digest), if `doit compat` ran."""
-    table = records.read(COMPAT_RECORD)
-    if not table or not binary_sha256:
-        return None
-    return next((b for b in table.get("binaries", []) if b.get("binary_sha256") == binary_sha256), None)
 
 
 def summary(table: dict[str, Any]) -> str:

@@ -15,8 +15,7 @@ from typing import Any
 import numpy as np
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import sample_store, verification
 from qnn_tasks.judge.fitting import to_size
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall

@@ -19,15 +19,13 @@ import numpy as np
 
 from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
+from qnn_tasks.graphs.cpu import run_onnx_cpu
 from qnn_tasks.graphs.intermediates import expose_intermediates
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import metrics, padding
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import metrics, padding, sample_store, verification
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec, Soc
-from qnn_tasks.stages import cpucheck
 from qnn_tasks.toolchains import calls as toolchains_calls
 
 DEFAULT_THRESHOLD = 0.05  # relative error (see relative_error) that counts as diverged
@@ -57,7 +55,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     out_dir.mkdir(parents=True, exist_ok=True)
     onnx.save(diag_model, str(diag_path))
 
-    cpu = cpucheck.run_onnx_cpu(diag_path, inputs)
+    cpu = run_onnx_cpu(diag_path, inputs)
     compiled = toolchain.compile_variant(diag_path, options, out_dir / "compiled")
     npu, _, _ = simulator.run(compiled, options, inputs, out_dir / "simulator.log", allow_cpu_fallback=True)
 
@@ -165,7 +163,7 @@ def bisect(model, tensors, inputs, toolchain, options: dict[str, str], out_dir: 
         path = out_dir / "bisect" / f"cut_{k}.onnx"
         path.parent.mkdir(parents=True, exist_ok=True)
         onnx.save(cut, str(path))
-        cpu = cpucheck.run_onnx_cpu(path, inputs)
+        cpu = run_onnx_cpu(path, inputs)
         npu, _, _ = simulator.run(toolchain.compile_variant(path, options, path.parent / f"cut_{k}"), options, inputs,
                                   out_dir / "bisect" / "simulator.log", allow_cpu_fallback=True)
         row = rank_nodes(model, [t], cpu, npu)[0]
@@ -255,7 +253,7 @@ def explain(model, first: dict[str, Any], cpu, npu, inputs, precision: str = "fp
     names a rewrite names the model.yaml line of `graph`)."""
     from onnx import helper, numpy_helper
 
-    from qnn_tasks.graphs import rewrites
+    from qnn_tasks import rewrites
 
     node = model.graph.node[first["index"]]
     tensor = first["tensor"]
@@ -299,7 +297,7 @@ def constant_values(model) -> dict[str, np.ndarray]:
 
 def rewrite_fix(name: str, graph: GraphSpec | None) -> str:
     """The fix naming rewrite `name`: the one lint gives (the model.yaml line of `graph` that enables it)."""
-    from qnn_tasks.graphs.rewrites import advice
+    from qnn_tasks.rewrites import advice
 
     return advice(name, graph) if graph is not None else f'add "rewrites: [{name}]" to the graph in its model.yaml'
 
@@ -312,7 +310,7 @@ def hazards(node, detail: dict[str, Any], constants: dict[str, np.ndarray], prec
     rewrite only where that rewrite's own matcher finds this node or constant (`sites`: rewrites.find, as lint uses
     it), so the rewrite it names changes it; `constants`: initializers and constant values by name.
     """
-    from qnn_tasks.graphs.rewrites.graphtools import label
+    from qnn_tasks.rewrites.graphtools import label
 
     found = []
     op = node.op_type
@@ -403,7 +401,7 @@ def advise_scale_input(model, detail: dict[str, Any], values: list[dict[str, np.
     """
     from fractions import Fraction
 
-    from qnn_tasks.graphs.rewrites import entry_yaml, inputscale, yaml_fix
+    from qnn_tasks.rewrites import entry_yaml, inputscale, yaml_fix
 
     overflow = next((h for h in detail["hazards"] if h["hazard"] == "fp16 overflow"), None)
     if overflow is None:

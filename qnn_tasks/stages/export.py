@@ -19,11 +19,12 @@ from typing import Any
 from qnn_tasks.errors import StageError, one_line
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.graphs import modelcode, onnxinfo, packaged
+from qnn_tasks.graphs.lintrules import find_problems, summary_lines
+from qnn_tasks.graphs.onnxinfo import io_mismatches
+from qnn_tasks.nativelog import all_output_to
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.run.nativelog import all_output_to
 from qnn_tasks.spec.project import GraphSpec
-from qnn_tasks.stages.lint import find_problems, io_mismatches, summary_lines
 
 HARD_RULES = {"dynamic-dim", "io-dtype", "control-flow", "int8-in-onnx"}
 SIZE_NOTE_KEYS = {"what", "bytes", "option"}
@@ -97,10 +98,10 @@ def run(graph: GraphSpec, source: Path | None, out_onnx: Path) -> dict[str, Any]
 
 def _lift_branch_weights(model, path: Path) -> list[str]:
     """Copy the main-graph constants only an If/Loop/Scan body reads into that body (onnxruntime's compile drops
-    them otherwise), and save the model again if any moved; returns the Sites (graphs/rewrites/branchweights.py)."""
+    them otherwise), and save the model again if any moved; returns the Sites (rewrites/branchweights.py)."""
     import onnx
 
-    from qnn_tasks.graphs.rewrites import branchweights
+    from qnn_tasks.rewrites import branchweights
 
     lifted = branchweights.lift(model)
     if lifted:

@@ -18,19 +18,17 @@ import numpy as np
 
 from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
+from qnn_tasks.devices.simulator import SIMULATOR_LABEL
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import metrics, plots
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import metrics, plots, sample_store, verification
+from qnn_tasks.nativelog import native_output_to
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.run.nativelog import native_output_to
 from qnn_tasks.spec.checks import MODEL_CHECKS
 from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.spec.transducer import TOKENS
 from qnn_tasks.stages import transducer
-from qnn_tasks.stages.simulate import SIMULATOR_LABEL
 
 OUTPUTS_FILE = "outputs.npz"
 REFERENCE_FILE = "reference.npz"

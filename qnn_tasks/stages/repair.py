@@ -28,8 +28,7 @@ from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs.intermediates import expose_intermediates
 from qnn_tasks.graphs.weights import weight_axes
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import sample_store, verification
 from qnn_tasks.plan.paths import PROMOTED_FILE
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
@@ -121,7 +120,7 @@ def sensitivity(graph: GraphSpec, precision: str, simplified: Path, samples: lis
     the worst of its inputs'), largest first, ties in graph order."""
     import onnx
 
-    from qnn_tasks.stages.cpucheck import run_onnx_cpu
+    from qnn_tasks.graphs.cpu import run_onnx_cpu
     from qnn_tasks.toolchains.ort_quantize import preprocessed, quantize_model
 
     folder = work / "sensitivity"

@@ -10,11 +10,11 @@ from typing import Any, Callable
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.graphs import onnxinfo
+from qnn_tasks.graphs.onnxinfo import io_mismatches
 from qnn_tasks.graphs.split import PROTOBUF_LIMIT
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec
-from qnn_tasks.stages.lint import io_mismatches
 
 
 def run(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:

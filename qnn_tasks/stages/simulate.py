@@ -2,7 +2,7 @@
 
 The outputs are judged by the next stage (simverify), so a change to thresholds or checks
 re-judges these kept outputs instead of simulating again. The binary must say it is for the
-target's chip (qnn/chipcheck.py) before it is loaded. Only the binary, the inputs, the CPU
+target's chip (qnn/binchip.py) before it is loaded. Only the binary, the inputs, the CPU
 reference or the number of samples make this stage run again. The CPU vs NPU plot is drawn here,
 once per simulation, so it is cached with the outputs it shows.
 """
@@ -15,15 +15,14 @@ import numpy as np
 
 from qnn_tasks import fileio
 from qnn_tasks.devices import simulator
+from qnn_tasks.devices.simulator import SIMULATOR_LABEL
 from qnn_tasks.errors import StageError
-from qnn_tasks.judge import plots
-from qnn_tasks.judge import samples as sample_store
-from qnn_tasks.qnn import chipcheck as binchip
+from qnn_tasks.judge import plots, sample_store
+from qnn_tasks.qnn import binchip
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec, Soc
 
-SIMULATOR_LABEL = "x86 HTP simulator time on the build host (not phone latency)"
 OUTPUTS_FILE = "outputs.npz"
 PLOT_FILE = "cpu_vs_npu.png"
 

@@ -12,9 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.judge import checks as verification
-from qnn_tasks.judge import padding
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import padding, sample_store, verification
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec import precisions as precision_table

@@ -18,12 +18,12 @@ from qnn_tasks import fileio
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import onnxinfo
 from qnn_tasks.graphs import split as cutter
-from qnn_tasks.judge import metrics
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.graphs.cpu import run_onnx_cpu
+from qnn_tasks.judge import metrics, sample_store
+from qnn_tasks.judge.metrics import DEFAULT_TOLERANCE
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec
-from qnn_tasks.stages.cpucheck import DEFAULT_TOLERANCE, run_onnx_cpu
 
 PARTS_FILE = "parts.json"
 

@@ -14,7 +14,8 @@ from doit.exceptions import TaskFailed
 
 from qnn_tasks.errors import QnnTasksError, machine_failure
 from qnn_tasks.plan import paths
-from qnn_tasks.plan.stages import DIAGNOSE, DIST, SOCSCHECK, record_path
+from qnn_tasks.plan.rows import DIAGNOSE, DIST, SOCSCHECK
+from qnn_tasks.plan.stagedef import record_path
 from qnn_tasks.plan.targets import ChipTarget
 from qnn_tasks.run.status import Status
 from qnn_tasks.tasks.uptodate import Fresh, key_of

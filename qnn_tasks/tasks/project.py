@@ -1,4 +1,4 @@
-"""Where doit meets the stage table: rows (plan/stages.py) x targets -> doit task dicts, and the report.
+"""Where doit meets the stage table: rows (plan/rows.py) x targets -> doit task dicts, and the report.
 
 Every build task is the same shape: its action runs one StageCall through the funnel
 (run/funnel.py); its `uptodate` is one `Fresh` check (the stage's key — settings, code version,
@@ -23,16 +23,10 @@ from doit.loader import create_after
 from qnn_tasks import envvalues
 from qnn_tasks.errors import EXIT_BUSY, EXIT_IO, EXIT_SPEC, MachineError, QnnTasksError, machine_failure
 from qnn_tasks.plan import paths
-from qnn_tasks.plan.stages import (
-    ON_DEMAND,
-    Plan,
-    Planner,
-    StageDef,
-    all_outputs,
-    build_stage_defs,
-    record_paths,
-    targets_of,
-)
+from qnn_tasks.plan.matrix import all_outputs, build_stage_defs, record_paths, targets_of
+from qnn_tasks.plan.planner import Planner
+from qnn_tasks.plan.rows import ON_DEMAND
+from qnn_tasks.plan.stagedef import Plan, StageDef
 from qnn_tasks.run import digests, interrupts, treelock
 from qnn_tasks.run.status import Status
 from qnn_tasks.spec.load import load_project
@@ -106,10 +100,10 @@ def project_tasks(root: Path) -> dict[str, Any]:
 def cannot_start(root: Path, err: OSError) -> str:
     """The one line for a run that cannot write its tree; the previous report is marked superseded (or removed) first,
     since the specs or samples may have changed since it was written and this run cannot verify them."""
-    from qnn_tasks.report import mark
+    from qnn_tasks.run import reportmark
 
     try:
-        mark.supersede(root, f": it could not start ({err.strerror})")
+        reportmark.supersede(root, f": it could not start ({err.strerror})")
     except MachineError:
         pass  # read-only: nothing here can change the tree either
     return machine_failure(err) or f"{err.filename or root / 'build'}: {err.strerror or err}"
@@ -422,6 +416,6 @@ def _on_demand(factory: TaskFactory, name: str) -> Any:
 
 def renderer_code() -> str:
     """The report's code version: a new renderer or template re-renders the report (and only the report)."""
-    from qnn_tasks.plan import codekeys
+    from qnn_tasks import codekeys
 
     return codekeys.digest(("qnn_tasks.report.gather",), ("report/templates/report.html.j2",))

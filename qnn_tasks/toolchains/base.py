@@ -46,7 +46,7 @@ class Toolchain(Protocol):
 
     `fingerprint()`, `id()` and `graph_stages()` read only package metadata / small files and
     never import heavy modules: they run at task-generation time on every `doit` invocation.
-    The code key of its stages is derived from the module that defines the class (plan/codekeys.py).
+    The code key of its stages is derived from the module that defines the class (codekeys.py).
     """
 
     kind: str

@@ -1,17 +1,16 @@
-"""Runners of the stages a toolchain implements: per-variant graph stages (quantize; convert, modellib), config, context.
+"""A call's toolchain object, built once per process from the call's profile (or the planner's own, in its process).
 
-Named in the stage table (plan/stages.py) like every other runner; the toolchain object comes from the call's profile.
+The runners of the stages a toolchain implements are in stages/toolchain.py; the executors ask here for a worker's
+fingerprint of a call's toolchain.
 """
 from __future__ import annotations
 
 import json
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from qnn_tasks.errors import ToolchainError
-from qnn_tasks.run import calls
-from qnn_tasks.run.calls import StageCall
-from qnn_tasks.toolchains.base import StageInput
+if TYPE_CHECKING:  # only its profile is read: the call itself is run/'s, a floor above
+    from qnn_tasks.run.calls import StageCall
+    from qnn_tasks.toolchains.base import Toolchain
 
 _TOOLCHAINS: dict[str, Any] = {}  # profile (JSON) -> toolchain object, one per process
 
@@ -21,7 +20,7 @@ def use_toolchain(profile: dict[str, Any], chain: Any) -> None:
     _TOOLCHAINS[json.dumps(profile, sort_keys=True)] = chain
 
 
-def toolchain(call: StageCall):
+def toolchain(call: StageCall) -> Toolchain:
     """The call's toolchain object, built once per process and profile."""
     if call.toolchain is None:
         raise ValueError(f"stage {call.stage} has no toolchain")
@@ -32,33 +31,3 @@ def toolchain(call: StageCall):
 
         _TOOLCHAINS[key] = toolchains.from_profile(serial.profile_from_dict(call.toolchain))
     return _TOOLCHAINS[key]
-
-
-def graph_stage(call: StageCall) -> dict[str, Any]:
-    """A toolchain's per-variant stage (quantize; convert, modellib)."""
-    a = call.args
-    chain = toolchain(call).graph_stages(a["precision"])
-    stage = next(s for s in chain if s.name == call.stage)
-    return stage.run(StageInput(graph=calls.graph(a), precision=a["precision"], source=Path(a["source"]),
-                                out_dir=Path(call.out_dir), calibration=calls.path(a, "calibration"),
-                                promoted=calls.path(a, "promoted")))
-
-
-def config(call: StageCall) -> dict[str, Any]:
-    a = call.args
-    return toolchain(call).write_config(calls.graph(a), a["precision"], calls.soc(a), Path(call.out_dir))
-
-
-def context(call: StageCall) -> dict[str, Any]:
-    """Compile; a failure naming a node lint flagged repeats lint's fix for it (graphs/flagged.py)."""
-    a = call.args
-    try:
-        return toolchain(call).compile(calls.graph(a), calls.soc(a), Path(a["source"]), Path(a["config_dir"]),
-                                       Path(call.out_dir))
-    except ToolchainError as err:
-        from qnn_tasks.graphs.flagged import lint_fix_for
-
-        known = lint_fix_for(str(err), Path(a["lint"]), Path(a["simplified"])) if a.get("lint") else ""
-        if not known:
-            raise
-        raise ToolchainError(f"{err}{known}") from None

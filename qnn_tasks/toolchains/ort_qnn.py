@@ -14,7 +14,7 @@ from typing import Any
 
 from qnn_tasks import fileio
 from qnn_tasks.errors import SpecError, StageError, ToolchainError, one_line
-from qnn_tasks.run.nativelog import native_output_to
+from qnn_tasks.nativelog import native_output_to
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
 from qnn_tasks.toolchains.base import GraphStage, StageInput, quantized_outputs, quantized_precision
@@ -277,7 +277,7 @@ def dropped_constant(model: Path, message: str) -> str:
         return ""
     import onnx
 
-    from qnn_tasks.graphs.rewrites import branchweights
+    from qnn_tasks.rewrites import branchweights
 
     try:
         graph = onnx.load(str(model), load_external_data=False).graph
@@ -359,7 +359,7 @@ def _graph_hint(graph: GraphSpec, node: dict[str, Any]) -> str:
     rewrite = FALLBACK_REWRITES.get(node["op_type"])
     if rewrite is None:
         return node["hint"]
-    from qnn_tasks.graphs.rewrites import yaml_fix
+    from qnn_tasks.rewrites import yaml_fix
 
     line = yaml_fix(rewrite, graph.name, graph.model, graph.rewrites)
     return node["hint"].replace(f'add "rewrites: [{rewrite}]" to the graph in model.yaml', line)

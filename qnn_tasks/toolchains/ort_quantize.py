@@ -16,7 +16,7 @@ from qnn_tasks import fileio
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.graphs.weights import weight_axes
-from qnn_tasks.judge import samples as sample_store
+from qnn_tasks.judge import sample_store
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.toolchains.base import StageInput, quantized_outputs

@@ -148,7 +148,7 @@ def write_input_list(graph, calibration: Path, out_dir: Path) -> tuple[Path, boo
     """
     import numpy as np
 
-    from qnn_tasks.judge import samples as sample_store
+    from qnn_tasks.judge import sample_store
 
     samples = sample_store.load(calibration)
     raw_dir = out_dir / "calibration"

@@ -103,7 +103,10 @@ class Child:
         try:
             outcome = worker.call(call, sink, cwd)
         except (EOFError, BrokenPipeError, OSError, ValueError):
-            code = worker.proc.poll()
+            try:  # its pipe closed: it is exiting; its status says how (a kill is not reaped at once)
+                code = worker.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                code = None
             self._drop(worker)
             if self.stopped:
                 raise KeyboardInterrupt from None

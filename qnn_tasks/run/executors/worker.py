@@ -28,9 +28,9 @@ def main() -> None:
     os.dup2(2, 1)
     from pathlib import Path
 
+    from qnn_tasks.nativelog import native_output_to
     from qnn_tasks.run.calls import StageCall
     from qnn_tasks.run.executors.local import run_here
-    from qnn_tasks.run.nativelog import native_output_to
 
     def send(message: dict) -> None:
         channel.write(json.dumps(message, allow_nan=True, default=str) + "\n")

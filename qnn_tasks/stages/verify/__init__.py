@@ -32,7 +32,7 @@ Plain functions, no doit: tasks/project.py turns the exceptions (QnnTasksError) 
 The package, one module per job (each imports only the ones above it):
     settings.py    DeviceSettings / device_settings, the Job, device folder names, the report's stamp
     survey.py      build/verify/devices.json: survey, classify
-    choice.py      what runs on this phone: the package selector's rules (qnn_tasks/ship/select.py): decide
+    choice.py      what runs on this phone: the package selector's rules (qnn_tasks/qnn/select.py): decide
     refusal.py     checks before pushing: binary_facts, refuse_incompatible, refused
     payload.py     what goes to the phone and comes back: build_payload, read_outputs
     device_run.py  one qnn-net-run on the phone: run_script, run_on_device, parse_run, cpu_use, push, cleanup

@@ -1,4 +1,4 @@
-"""What runs on this phone: the package selector's rules (qnn_tasks/ship/select.py) applied to one chip target.
+"""What runs on this phone: the package selector's rules (qnn_tasks/qnn/select.py) applied to one chip target.
 
 `doit verify` and `doit power` decide per device exactly as an app does with the package: the target's binary is
 listed as manifest.json lists it (socs = its own chip, min_runtime_qnn = what `doit compat` measured for this exact
@@ -13,8 +13,7 @@ from typing import Any, Callable
 
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import StageError
-from qnn_tasks.qnn import runtimelibs
-from qnn_tasks.ship import select
+from qnn_tasks.qnn import runtimelibs, select
 from qnn_tasks.stages.verify.settings import Job
 
 

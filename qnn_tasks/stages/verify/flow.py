@@ -130,8 +130,7 @@ class _Recorded(StageError):
 def _verify_on(job: Job, phone: adb.Phone, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs,
                settings: DeviceSettings, entry: dict[str, Any], save: Callable[[], None],
                selection: dict[str, Any]) -> None:
-    from qnn_tasks.judge import checks as verification
-    from qnn_tasks.judge import samples as sample_store
+    from qnn_tasks.judge import sample_store, verification
 
     workdir = device_folder(job.root, job.target)
     local = job.out_dir / safe_text(phone.info.serial)

@@ -40,7 +40,7 @@ def build_payload(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLib
 
     import numpy as np
 
-    from qnn_tasks.judge import samples as sample_store
+    from qnn_tasks.judge import sample_store
 
     samples = sample_store.load(job.inputs, limit=limit)
     qnn = binary["graph"]

@@ -15,8 +15,7 @@ from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import StageError
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.qnn import runtimelibs
-from qnn_tasks.ship import select
+from qnn_tasks.qnn import runtimelibs, select
 from qnn_tasks.spec.project import BINARY_CHIP_FACTS
 from qnn_tasks.stages.verify import choice
 from qnn_tasks.stages.verify.settings import Job
@@ -93,7 +92,7 @@ def refuse_incompatible(job: Job, binary: dict[str, Any], libs: runtimelibs.Runt
 
 def refused(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs, info: adb.DeviceInfo,
             selection: dict[str, Any], decision: select.Decision) -> StageError:
-    """A CPU decision of rules 1-3 (ship/select.py) as one line with the fix; nothing was pushed."""
+    """A CPU decision of rules 1-3 (qnn/select.py) as one line with the fix; nothing was pushed."""
     shipped = runtimelibs.version_tuple(libs.version)
     built = runtimelibs.version_tuple(binary["build_id"])
     if decision.rule == select.RUNTIME_UNKNOWN:
@@ -122,12 +121,12 @@ def refused(job: Job, binary: dict[str, Any], libs: runtimelibs.RuntimeLibs, inf
 def measured_minimum(binary: dict[str, Any], entry: dict[str, Any]) -> tuple[int, ...] | None:
     """The minimum runtime `doit compat` measured for this exact binary (by SHA-256), if any; records in the
     device entry which rule decides (`compat`: minimum_runtime, source)."""
-    from qnn_tasks.stages import compat
+    from qnn_tasks.stages import compattable
 
     built = runtimelibs.version_tuple(binary["build_id"])
     by_build = {"minimum_runtime": _text(built) if built else None, "source": "the binary's QNN build (build id "
                 f"{binary['build_id']}): a runtime older than the compiler fails to load it"}
-    measured = compat.lookup(binary.get("sha256"))
+    measured = compattable.lookup(binary.get("sha256"))
     if measured is None:
         entry["compat"] = {**by_build, "source": by_build["source"] + f"; no entry for this binary in {COMPAT_FILE}"}
         return None

@@ -11,8 +11,8 @@ from typing import Any
 from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.qnn import select
 from qnn_tasks.run.status import Status
-from qnn_tasks.ship import select
 from qnn_tasks.spec.project import Soc
 from qnn_tasks.stages.verify.settings import now_iso, unexpected_error
 
@@ -74,7 +74,7 @@ def classify(info: adb.DeviceInfo, socs: dict[str, Soc], targets: list[tuple[str
     if info.abi and not info.abi.startswith("arm64"):
         return {"status": "cpu-fallback", "targets": [],
                 "verdict": f"CPU fallback: ABI {info.abi}, not arm64-v8a (the aarch64 QNN runtime cannot run there)"}
-    # the package selector's rule 1 (ship/select.py): a target's binary is listed for its own chip only
+    # the package selector's rule 1 (qnn/select.py): a target's binary is listed for its own chip only
     built = [b["path"] for b in select.candidates([{"socs": [soc], "path": name} for name, soc, skip in targets
                                                   if not skip], chip)]
     if not built:

@@ -1,7 +1,7 @@
 /*
  * Which build of a qnn-npu-compile package runs on this device: the reference for apps (Java, usable from Kotlin).
  *
- * The same rules as the tool's own qnn_tasks/ship/select.py, word for word (the decision table in
+ * The same rules as the tool's own qnn_tasks/qnn/select.py, word for word (the decision table in
  * src/test/resources/selector_cases.json is run through both and must give the same target, path, precision,
  * rule and reason string):
  *   1. candidates: the graph's binaries whose "socs" holds the device's ro.soc.model exactly (a binary of the same

@@ -3,7 +3,7 @@
 Declared per graph in model.yaml (`rewrites: [pow-square, neg, fold-if]`, or a mapping with
 options) or called from an export.py:
 
-    from qnn_tasks.graphs.rewrites import apply
+    from qnn_tasks.rewrites import apply
     report = apply(model, ["pow-square", "neg"])   # edits the onnx.ModelProto in place
 
 Each rewrite is one small function `(model, dry_run=False, **options) -> list[str]`: the sites
@@ -11,7 +11,8 @@ Each rewrite is one small function `(model, dry_run=False, **options) -> list[st
 finds them (lint uses that, so lint flags exactly what the rewrite would change).
 
 This module only holds the catalogue (names, options, summaries): spec loading imports it, and
-must stay free of onnx/numpy. The rewrites themselves are imported when applied.
+must stay free of onnx/numpy. The rewrites themselves are imported when applied. The package stands below
+spec/ (the loader checks model.yaml's `rewrites:` against the catalogue): it imports nothing of the project.
 """
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from qnn_tasks.errors import RewriteError
-from qnn_tasks.graphs.rewrites.fp16range import FP16_MAX, FP16_SCALES
-from qnn_tasks.graphs.rewrites.yamlhint import entry_yaml
+from qnn_tasks.rewrites.fp16range import FP16_MAX, FP16_SCALES
+from qnn_tasks.rewrites.yamlhint import entry_yaml
 
 if TYPE_CHECKING:
     import onnx
@@ -214,7 +215,7 @@ def apply(model: onnx.ModelProto, rewrites: Iterable[str] | Mapping[str, Any], s
     Returns one entry per rewrite: {"name", "count", "sites"} (sites: the node or constant names
     changed), plus "refused" (sites it matched and declined, each with its reason) when there are any. Dead nodes and unused initializers are removed, and shapes re-inferred, afterwards.
     """
-    from qnn_tasks.graphs.rewrites import graphtools
+    from qnn_tasks.rewrites import graphtools
 
     wanted = normalize(rewrites)
     skipped = set(skip)

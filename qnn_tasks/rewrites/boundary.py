@@ -13,7 +13,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from qnn_tasks.graphs.rewrites.graphtools import Names, infer_shapes, subgraphs
+from qnn_tasks.rewrites.graphtools import Names, infer_shapes, subgraphs
 
 INT64, INT32 = TensorProto.INT64, TensorProto.INT32
 

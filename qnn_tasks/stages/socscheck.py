@@ -1,6 +1,6 @@
 """Confirm the SoC table: compile a tiny model for every row and compare what the binary records.
 
-`python -m qnn_tasks.qnn.socscheck [--json]` (also `doit socscheck`). QNN's own log and public
+`python -m qnn_tasks.stages.socscheck [--json]` (also `doit socscheck`). QNN's own log and public
 tables disagree about some soc_model numbers (QNN 2.51's log says 30 for SM8350, sherpa-onnx's table 35); the compiled
 binary's socModel and arch are the ground truth for the toolchain in use. Each row is compiled at
 every precision it `runs:` (a float Conv+Relu for fp16, its QDQ w8a16 form for w8a16): a chip that
@@ -115,7 +115,7 @@ def check_table(socs: dict[str, Soc]) -> list[dict[str, Any]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m qnn_tasks.qnn.socscheck", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m qnn_tasks.stages.socscheck", description=__doc__.splitlines()[0])
     parser.add_argument("--socs", default=None,
                         help="one socs.yaml to check on its own (default: the packaged table with ./socs/socs.yaml over it)")
     parser.add_argument("--json", action="store_true", help="print the results as JSON")

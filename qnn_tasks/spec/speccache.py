@@ -19,7 +19,7 @@ CACHE = ".qnn-specs.cache"
 
 
 def _fingerprint(root: Path, toolchain: str) -> tuple:
-    from qnn_tasks.plan import codekeys
+    from qnn_tasks import codekeys
 
     data = Path(__file__).resolve().parents[1] / "data"  # the packaged table and profiles under the project's
     files = [root / "socs" / "socs.yaml", data / "socs.yaml"]

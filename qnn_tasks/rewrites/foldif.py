@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import onnx
 from onnx import helper
 
-from qnn_tasks.graphs.rewrites.graphtools import Evaluator, Names, infer_shapes, label, remove_dead, splice, subgraphs
+from qnn_tasks.rewrites.graphtools import Evaluator, Names, infer_shapes, label, remove_dead, splice, subgraphs
 
 
 @dataclass

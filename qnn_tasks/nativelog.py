@@ -1,7 +1,8 @@
 """Send native (C/C++) output of an in-process tool call to a log file, for the time of one call.
 
 ONNX Runtime and QNN log from C++ straight to file descriptors 1 and 2; Python-level
-redirection does not see it. The log is appended to, so one file can hold a stage's story.
+redirection does not see it. The log is appended to, so one file can hold a stage's story. On the bottom floor:
+the toolchains, the simulator, the stages and the executors' worker all log through it.
 """
 from __future__ import annotations
 

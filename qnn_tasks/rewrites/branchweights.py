@@ -11,7 +11,7 @@ from __future__ import annotations
 import onnx
 from onnx import AttributeProto
 
-from qnn_tasks.graphs.rewrites import graphtools
+from qnn_tasks.rewrites import graphtools
 
 
 def readers(graph: onnx.GraphProto) -> dict[str, list[str]]:

@@ -24,7 +24,8 @@ the package ships a graph for that holds `length` positions along the dim ("smal
 cross-size check vouches for), padded with the manifest's pad values; longer than every size: truncated to the
 largest, or none (`longer: skip`). Its `graph` is then the one to pass to `choose`. Where the manifest's rule is
 "exact length only" (the check did not pass) a shorter input takes only a size of exactly its length, else none.
-No Android, no adb, no numpy here: `doit verify` calls it per phone and an app may vendor this file.
+No Android, no adb, no numpy here: `doit verify` calls it per phone and an app may vendor this file. It stands in
+qnn/, below both dist (ship/) and verify (stages/), which follow it.
 """
 from __future__ import annotations
 

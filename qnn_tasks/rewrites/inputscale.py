@@ -22,8 +22,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from qnn_tasks.errors import RewriteError
-from qnn_tasks.graphs.rewrites.fp16range import FP16_MAX, FP16_SCALES
-from qnn_tasks.graphs.rewrites.graphtools import (
+from qnn_tasks.rewrites.fp16range import FP16_MAX, FP16_SCALES
+from qnn_tasks.rewrites.graphtools import (
     Names,
     Sites,
     constant_tensors,
@@ -33,7 +33,7 @@ from qnn_tasks.graphs.rewrites.graphtools import (
     splice,
     subgraphs,
 )
-from qnn_tasks.graphs.rewrites.yamlhint import entry_yaml
+from qnn_tasks.rewrites.yamlhint import entry_yaml
 
 PASS_THROUGH = {"Identity", "Reshape", "Transpose", "Flatten", "Squeeze", "Unsqueeze", "Slice", "Gather", "Expand",
                 "Tile", "Split", "DepthToSpace", "SpaceToDepth", "Relu", "Abs", "Neg", "MaxPool", "AveragePool",

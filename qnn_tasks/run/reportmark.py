@@ -6,7 +6,8 @@ run), so a gate that reads it after that run was killed (SIGTERM, a lost CI runn
 report task of a run that finishes writes a new, current report; a run that only builds some
 stages (`doit simulate:x`) leaves the mark until `doit report` re-renders it. A no-op `doit`
 runs no stage and leaves the report alone. A mark that cannot be written removes the report
-instead (a full disk): the gate then fails on a missing file.
+instead (a full disk): the gate then fails on a missing file. The funnel marks it as a run's first stage starts,
+so it stands in run/, below the report that writes the file.
 """
 from __future__ import annotations
 

@@ -28,7 +28,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from qnn_tasks.graphs.rewrites.graphtools import (
+from qnn_tasks.rewrites.graphtools import (
     STANDARD_DOMAINS,
     Evaluator,
     Names,

@@ -21,7 +21,7 @@ import json
 import os
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1]
+PACKAGE = Path(__file__).resolve().parent
 NAME = "qnn_tasks"
 MEMO_DIR = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "qnn-npu-compile"
 EXTRA_SUFFIXES = (".j2",)  # non-Python files that are code: the report's template

@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from qnn_tasks.graphs.rewrites.graphtools import Evaluator, Names, add_initializer, label, opset, producers, splice
+from qnn_tasks.rewrites.graphtools import Evaluator, Names, add_initializer, label, opset, producers, splice
 
 # Reduce ops take `axes` as an input instead of an attribute from these opsets on
 AXES_AS_INPUT = {"ReduceSum": 13, "ReduceSumSquare": 18, "ReduceMean": 18}
@@ -103,13 +103,13 @@ class _Shapes:
     """Static shapes of the model; inferred (on a copy) once, the first time a tensor's shape is not known yet."""
 
     def __init__(self, model) -> None:
-        from qnn_tasks.graphs.rewrites.graphtools import static_shapes
+        from qnn_tasks.rewrites.graphtools import static_shapes
 
         self.model, self.known, self.inferred = model, static_shapes(model), False
 
     def get(self, name: str) -> tuple[int, ...] | None:
         if name not in self.known and not self.inferred:
-            from qnn_tasks.graphs.rewrites.graphtools import static_shapes
+            from qnn_tasks.rewrites.graphtools import static_shapes
 
             self.inferred = True
             try:

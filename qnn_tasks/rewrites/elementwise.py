@@ -5,7 +5,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
-from qnn_tasks.graphs.rewrites.graphtools import (
+from qnn_tasks.rewrites.graphtools import (
     Evaluator,
     Names,
     add_initializer,
