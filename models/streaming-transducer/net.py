@@ -7,7 +7,8 @@ KERNEL - 1 cached frames, a feed-forward), each pre-normed. One call takes CHUNK
 CHUNK // 4 frames; the caches carry what the next chunk needs, zeros at the start of an utterance. `forward` runs a
 whole utterance at once for training with a mask that lets each chunk see exactly what it sees when streamed, so the
 trained model is the streamed one (`tests/test_streaming_transducer.py` checks the two agree). Every op is one the
-HTP runs in fp16: MatMul, Add/Mul, LayerNormalization, Softmax, Sigmoid, Tanh, Relu, Conv, Concat, Slice, Gather.
+HTP runs in fp16 (MatMul/Gemm, Add/Sub/Mul, LayerNormalization, Softmax, Sigmoid, Tanh, Relu, Conv, Concat,
+Slice, Split, Gather, Reshape, Transpose): the three graphs compile with no CPU fallback.
 """
 from __future__ import annotations
 
