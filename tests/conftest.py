@@ -28,8 +28,8 @@ GRAPH_STAGES = list(report_columns("graph"))  # the stage table's graph columns
 # first and the run does not end with one worker busy for minutes and the other idle. Only the order of
 # the run depends on this list (measured with --durations; a stale entry costs time, never a result).
 LONGEST_FIRST = ("test_whisper_npu.py", "test_w8a16.py", "test_faults.py", "test_team.py", "test_qairt.py",
-                 "test_verify.py", "test_ort_qnn.py", "test_toolchains.py", "test_loops.py", "test_cluster_trust.py",
-                 "test_cache_trust.py", "test_auto.py")
+                 "test_verify.py", "test_ort_qnn.py", "test_toolchains.py", "test_loops.py",
+                 "test_streaming_transducer.py", "test_cluster_trust.py", "test_cache_trust.py", "test_auto.py")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -88,6 +88,33 @@ graphs:
     outputs: {logits: {shape: [1, 10]}}
     samples: {files: "samples/*.npz"}
 """,
+    "streaming-transducer": """
+licence: Apache-2.0
+source: {file: weights.pt}
+graphs:
+  stream_encoder:
+    inputs:
+      x: {shape: [1, 32, 80], dtype: float32}
+      cached_key: {shape: [4, 32, 128], dtype: float32}
+      cached_val: {shape: [4, 32, 128], dtype: float32}
+      cached_conv: {shape: [4, 4, 128], dtype: float32}
+    outputs:
+      encoder_out: {shape: [1, 8, 128]}
+      new_cached_key: {shape: [4, 32, 128]}
+      new_cached_val: {shape: [4, 32, 128]}
+      new_cached_conv: {shape: [4, 4, 128]}
+    samples: {files: "samples/*.npz"}
+  stream_decoder:
+    inputs: {y: {shape: [1, 2], dtype: int32}}
+    outputs: {decoder_out: {shape: [1, 128]}}
+    samples: {files: "samples/*.npz"}
+  stream_joiner:
+    inputs:
+      encoder_out: {shape: [1, 128], dtype: float32}
+      decoder_out: {shape: [1, 128], dtype: float32}
+    outputs: {logit: {shape: [1, 52]}}
+    samples: {files: "samples/*.npz"}
+""",
     "wakeword": """
 licence: Apache-2.0
 source: {file: model.onnx}
@@ -184,7 +211,10 @@ def write_named_files(folder: Path, data: dict) -> None:
         target.write_bytes(content)
 
     graphs = data.get("graphs") or {}
-    needs_code = bool((data.get("loop") or {}).get("step"))
+    transducer = (data.get("loop") or {}).get("transducer") or {}
+    if transducer.get("tokens"):  # the loader checks the tokens file is there (the loop stage reads its lines)
+        touch(transducer["tokens"], b"<blk> 0\n")
+    needs_code = bool((data.get("loop") or {}).get("step")) or bool(transducer)  # wer on tokens reads texts()
     for graph in graphs.values():
         graph = graph or {}
         for source in (data.get("source") or {}, graph.get("source") or {}):

@@ -86,3 +86,38 @@ def loop_error_plot(png: Path, title: str, label: str, per_step: dict[str, dict[
         fig.savefig(tmp, format="png", dpi=90)
     plt.close(fig)
     return png
+
+
+def transducer_plot(png: Path, title: str, label: str, per_chunk: dict[str, list], run_starts: list[int] = ()) -> Path:
+    """A transducer loop per chunk: the share of its frames where the NPU and CPU searches emitted the same symbols
+    (left), and the largest |NPU - CPU| of the joiner's scores over its frames (right, log scale)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter
+
+    steps = np.asarray(per_chunk["step"])
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4), squeeze=False)
+    left, right = axes[0]
+    left.step(steps, np.asarray(per_chunk["agreement"], dtype=np.float64), where="mid", color="#228833", linewidth=1.2)
+    left.set_ylim(-0.05, 1.05)
+    left.set_ylabel("frames with the same symbols")
+    worst = np.asarray([np.nan if v is None else v for v in per_chunk["max_abs"]], dtype=np.float64)
+    right.plot(steps, np.maximum(np.nan_to_num(worst, nan=1e-12), 1e-12), color="#4477aa", linewidth=1.2)
+    right.set_yscale("log")
+    right.yaxis.set_major_formatter(FuncFormatter(lambda value, _pos: f"{value:g}"))
+    right.set_ylabel("max |NPU - CPU| joiner scores (log)")
+    for ax in (left, right):
+        for index, begin in enumerate(run_starts):
+            ax.axvline(begin - 0.5, color="#999999", linewidth=0.8, label="next clip" if index == 0 else None)
+        ax.set_xlabel("chunk (loop step)")
+        ax.set_title(f"{title}: {label}", fontsize=9)
+        if run_starts:
+            ax.legend(loc="best", fontsize=7)
+    fig.subplots_adjust(left=0.08, right=0.98, bottom=0.16, top=0.9, wspace=0.25)
+    png.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(png) as tmp:
+        fig.savefig(tmp, format="png", dpi=90)
+    plt.close(fig)
+    return png

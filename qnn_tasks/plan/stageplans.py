@@ -355,7 +355,8 @@ def plan_loop(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan | None:
     out = f"{ct.dir_str}/{stage.name}"
     return chip_plan(p, stage, ct, ctx_files + [config, str(gt.simplified), str(gt.inputs)] + start_files + code
                       + partner_files,
-                      [f"{out}/outputs.npz", f"{out}/reference.npz", f"{out}/per_step_error.png"],
+                      [f"{out}/outputs.npz", f"{out}/reference.npz", f"{out}/per_step_error.png"]
+                      + ([f"{out}/per_chunk_agreement.png"] if loop.transducer else []),
                       p.chip_key(stage, ct, loop=settings),
                       lambda: {"graph": p.graph_dict(ct.graph), "loop": settings, "ctx_onnx": ctx_files[0],
                                "provider_options": config, "simplified": str(gt.simplified), "inputs": str(gt.inputs),

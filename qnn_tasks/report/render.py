@@ -22,6 +22,8 @@ def write(report_dir: Path, data: dict[str, Any]) -> dict[str, Path]:
     # plots are drawn by the simulate stage (cached with it); the page links a copy under files/
     plots = {t["name"]: _existing((t["stages"].get("simulate") or {}).get("plot")) for t in data["targets"]}
     plots.update({f"loop:{e['name']}": _existing((e["record"] or {}).get("plot")) for e in data.get("loops") or []})
+    plots.update({f"transducer:{e['name']}": _existing(((e["record"] or {}).get("transducer") or {}).get("plot"))
+                  for e in data.get("loops") or []})
     # one figure per distinct result: chips whose outputs are identical share the first chip's figure
     figures = {**figure_groups(data["targets"], lambda t: t["stages"].get("simulate"), "outputs.npz"),
                **figure_groups(data.get("loops") or [], lambda e: e["record"], "outputs.npz", "loop:")}
@@ -160,7 +162,34 @@ def loop_markdown(data: dict[str, Any]) -> list[str]:
                      f"{first} | {checks or '-'} | {loop_timing(record)} |")
     lines += ["", "Simulator figures are x86 HTP simulator time on the build host, not phone latency (a decoder's "
                   "steps per second are its tokens per second; a run is one decode, e.g. one clip)."]
+    for entry in data["loops"]:
+        lines += transducer_markdown(entry["name"], (entry["record"] or {}).get("transducer"))
     return lines
+
+
+def transducer_markdown(name: str, search: dict[str, Any] | None) -> list[str]:
+    """A transducer loop's searches: each clip's reference text and both transcripts, and where they parted."""
+    if not search:
+        return []
+    share = search.get("identical_tokens_share")
+    lines = ["", f"### Transducer search of loop {name}: NPU vs CPU, clip by clip", "",
+             f"Greedy search (blank {search['blank']}, context {search['context']}, at most {search['max_symbols']} "
+             f"symbol(s) a frame) over {search['compared_frames']} frames: the same symbols at "
+             f"{'-' if share is None else f'{100 * share:.1f}%'} of frames; " + transducer_first(search) + ".", "",
+             "| clip | reference | CPU transcript | NPU transcript | same tokens |", "|---|---|---|---|---|"]
+    for run in search.get("runs") or []:
+        cells = [run.get("reference_text", "-"), run["cpu"]["text"] or "(nothing)", run["npu"]["text"] or "(nothing)"]
+        cells = [c.replace("|", "\\|") for c in cells]
+        lines.append(f"| {run['run']} | " + " | ".join(cells) + f" | {'yes' if run['identical'] else 'NO'} |")
+    return lines
+
+
+def transducer_first(search: dict[str, Any]) -> str:
+    first = search.get("first_difference")
+    if not first:
+        return "no frame differed"
+    return (f"first differed in clip {first['run']} at frame {first['frame']} (chunk {first['step']}): "
+            f"NPU {first['npu']['text']}, CPU {first['cpu']['text']}")
 
 
 def first_differing(record: dict[str, Any]) -> str:
@@ -338,7 +367,7 @@ def html(data: dict[str, Any], report_dir: Path, plots: dict[str, str | None],
     return env.get_template("report.html.j2").render(
         data=data, socs=soc_names(data), cell=lambda g, s: target_of(data, g, s), plots=plots, figures=figures or {},
         breaks=breaks, worst_nodes=worst_nodes, compat_cell=compat_cell, not_in_socs=NOT_IN_SOCS,
-        first_differing=first_differing, loop_timing=loop_timing,
+        first_differing=first_differing, loop_timing=loop_timing, transducer_first=transducer_first,
         summary=summary_line(data))
 
 

@@ -7,6 +7,7 @@ toolchain ships: a package holds one QNN version, the one its runtime libraries 
 """
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from qnn_tasks.plan import freshness
@@ -21,6 +22,7 @@ from qnn_tasks.spec import split as specsplit
 
 if TYPE_CHECKING:  # only annotated: the planner is the task layer's
     from qnn_tasks.plan.planner import Planner
+    from qnn_tasks.spec.project import ModelSpec
 
 
 def of_model(planner: Planner, model: str) -> dict[str, Any]:
@@ -47,13 +49,24 @@ def of_model(planner: Planner, model: str) -> dict[str, Any]:
                    for p in ([spec.pipeline] if spec.pipeline else []) + list(spec.size_pipelines)],
         # the graph run step after step and what it feeds back (input <- output), for the app that runs it
         "loop": None if spec.loop is None else {"graph": spec.loop.graph, "feed": dict(spec.loop.feed),
-                                                "start": dict(spec.loop.start or {}), "steps": spec.loop.steps},
+                                                "start": dict(spec.loop.start or {}), "steps": spec.loop.steps,
+                                                **_transducer(planner, spec)},
         # `precision: auto`: per graph and chip, the record that says which candidate ships (stages/choose.py)
         "choices": [{"graph": ct.graph.name, "soc": ct.soc.name, "record": CHOOSE.record_of(ct),
                      "targets": [c.name for c in auto_candidates(planner, ct)]}
                     for ct in choose_chips(planner) if ct in chips],
         "expected": expected(planner, graphs, chips, pipelines),
     }
+
+
+def _transducer(planner: Planner, spec: ModelSpec) -> dict[str, Any]:
+    """A transducer loop's search settings and its tokens file (project-relative: dist copies it), else nothing."""
+    settings = spec.loop.transducer
+    if not settings:
+        return {}
+    graph = next(g for g in spec.graphs if g.name == spec.loop.graph)
+    tokens = os.path.relpath(graph.model_dir / settings["tokens"], planner.root)
+    return {"run_steps": spec.loop.run_steps, "transducer": dict(settings), "tokens_file": tokens}
 
 
 def _feeds(pipeline, graphs: list[GraphTarget]) -> list[dict[str, Any]]:

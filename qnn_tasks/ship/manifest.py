@@ -25,6 +25,8 @@ PHONE = "phone"
 CPU = "x86 CPU (onnxruntime)"
 METRIC_KEYS = ("cosine", "max_abs", "mean_abs", "snr_db", "non_finite", "thresholds")
 CHECK_KEYS = ("kind", "output", "value", "min", "max", "passed", "meaning")
+TOKENS_FILE = "tokens.txt"
+SHERPA_KIND = "online transducer: sherpa-onnx OnlineTransducerModelConfig (encoder, decoder, joiner) + tokens"
 
 
 def schema() -> dict[str, Any]:
@@ -220,3 +222,40 @@ def cpu_reference(cpucheck: dict[str, Any] | None) -> dict[str, Any]:
     """How the CPU fallback compares with the original model (the cpucheck stage)."""
     record = cpucheck or {}
     return {"measured_on": CPU, "samples": record.get("samples"), "metrics": _metrics(record.get("metrics"))}
+
+
+def sherpa_onnx(loop: dict[str, Any], declared: list[dict[str, Any]], shipped: dict[str, Any]) -> dict[str, Any]:
+    """`sherpa_onnx`: a transducer loop's three graphs as an app hands them to sherpa-onnx's OnlineTransducerModelConfig
+    (encoder, decoder, joiner; the EPContext ONNX each, which ONNX Runtime's QNN provider loads, and the context
+    binary it wraps), one config per chip and precision where all three ship; the tokens file; the greedy search's
+    parameters as the loop verified them; and the encoder's states (fed back from its outputs, zeros at the start)."""
+    search = loop["transducer"]
+    roles = {"encoder": loop["graph"], "decoder": search["decoder"], "joiner": search["joiner"]}
+    io = {g["name"]: g["io"] for g in declared}
+    encoder_io = io[roles["encoder"]]
+    states = [{"input": name, "output": output, "shape": list(t["shape"]), "dtype": t["dtype"], "start": 0}
+              for name, output in loop["feed"].items() for t in encoder_io["inputs"] if t["name"] == name]
+    features = next(t for t in encoder_io["inputs"] if t["name"] not in loop["feed"])
+    frames = next(t for t in encoder_io["outputs"] if t["name"] == search["frames"])
+    configs = []
+    binaries = {role: {(b["soc"], b["precision"]): b for b in (shipped.get(name) or {}).get("binaries") or []}
+                for role, name in roles.items()}
+    for soc, precision in sorted(binaries["encoder"]):
+        found = {role: binaries[role].get((soc, precision)) for role in roles}
+        if not all(found.values()):
+            continue  # a graph of the three did not ship for this chip: no config there
+        configs.append({"soc": soc, "precision": precision, "provider": "qnn",
+                        "transducer": {role: b["ort"]["ctx_onnx"] for role, b in found.items()},
+                        "context_binaries": {role: b["path"] for role, b in found.items()},
+                        "provider_options": {role: b["ort"]["provider_options"] for role, b in found.items()}})
+    return {"kind": SHERPA_KIND, "tokens": TOKENS_FILE, "graphs": roles, "configs": configs,
+            "decoding": {"decoding_method": "greedy_search", "blank_id": search["blank"],
+                         "context_size": search["context"], "max_symbols_per_frame": search["max_symbols"],
+                         "vocab_size": search["vocabulary"], "chunk_size": features["shape"][1],
+                         "feature_dim": features["shape"][-1], "frames_per_chunk": frames["shape"][1]},
+            "tensors": {"encoder": {"features": features["name"], "encoder_out": frames["name"], "states": states},
+                        "decoder": {"y": io[roles["decoder"]]["inputs"][0]["name"],
+                                    "decoder_out": io[roles["decoder"]]["outputs"][0]["name"]},
+                        "joiner": {"encoder_out": io[roles["joiner"]]["inputs"][0]["name"],
+                                   "decoder_out": io[roles["joiner"]]["inputs"][1]["name"],
+                                   "logit": io[roles["joiner"]]["outputs"][0]["name"]}}}

@@ -178,7 +178,8 @@ def _loop(inventory: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     graphs = [g["name"] for g in inventory.get("graphs") or ()
               if g["name"] == loop["graph"] or (g.get("sizes") or {}).get("graph") == loop["graph"]]
-    return {**loop, "components": graphs,
+    kept = {k: v for k, v in loop.items() if k != "tokens_file"}  # a path of the project: the package has tokens.txt
+    return {**kept, "components": graphs,
             "rule": "run the component step after step; after each step feed every output named in feed back into "
                     "its input (input <- output); start holds inputs at the pipeline's last outputs"}
 

@@ -274,6 +274,13 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
                   for note in (graph_records[name].get("export") or {}).get("size_notes") or ()]
     if size_notes:  # what a size of a graph comes from and which option changed it (the export record's notes)
         data["size_notes"] = size_notes
+    loop = inventory.get("loop") or {}
+    if loop.get("transducer"):  # the three binaries as sherpa-onnx's OnlineTransducerModelConfig takes them
+        tokens = loop["tokens_file"]
+        work.copy(root / tokens, mf.TOKENS_FILE)
+        block = mf.sherpa_onnx(loop, inventory["graphs"], graphs)
+        if block["configs"]:
+            data["sherpa_onnx"] = block
     work.put(mf.dumps(mf.schema()), mf.SCHEMA_FILE)
     work.put(card(data).encode(), "MODEL_CARD.md")
     data["files"] = dict(sorted(work.files.items()))

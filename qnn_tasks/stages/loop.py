@@ -33,6 +33,7 @@ from qnn_tasks.stages import transducer
 OUTPUTS_FILE = "outputs.npz"
 REFERENCE_FILE = "reference.npz"
 PLOT_FILE = "per_step_error.png"
+TRANSDUCER_PLOT_FILE = "per_chunk_agreement.png"  # a loop with a transducer search
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 
@@ -104,6 +105,10 @@ def run(graph: GraphSpec, loop: dict[str, Any], ctx_onnx: Path, provider_options
     sample_store.save(out_dir / REFERENCE_FILE, reference)
     plot = plots.loop_error_plot(out_dir / PLOT_FILE, f"loop {target}", f"NPU ({soc_name}) vs CPU loop", per_step, first,
                                  [r["first"] for r in runs[1:]])
+    if searches:  # the searches' agreement per chunk, beside the per-step error
+        searches["plot"] = str(plots.transducer_plot(out_dir / TRANSDUCER_PLOT_FILE, f"loop {target}",
+                                                     f"NPU ({soc_name}) vs CPU search", searches["per_chunk"],
+                                                     [r["first"] for r in runs[1:]]))
     total = float(np.sum(seconds))
     record = {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"},
               "steps": sum(r["steps"] for r in runs), "steps_cpu": sum(r["steps_cpu"] for r in runs),

@@ -113,7 +113,7 @@ def compare(graph: GraphSpec, settings: dict[str, Any], runs: list[dict[str, Any
     which both searches emitted the same symbols (none, or the same ones)."""
     symbols = read_tokens(graph.model_dir / settings["tokens"], settings["vocabulary"], where)
     shown, same_frames, frame_count, first = [], 0, 0, None
-    cosine, worst = [], []
+    cosine, worst, chunks = [], [], {"step": [], "agreement": [], "max_abs": []}
     for index, run in enumerate(runs):
         cpu, npu = run["cpu"], run["npu"]
         for t, (a, b) in enumerate(zip(cpu["per_frame"], npu["per_frame"])):
@@ -121,10 +121,13 @@ def compare(graph: GraphSpec, settings: dict[str, Any], runs: list[dict[str, Any
             if a != b and first is None:
                 first = _difference(index, run, t, frames_per_step, symbols)
         frame_count += len(cpu["per_frame"])
+        run_worst = []
         for ref, got in zip(cpu["scores"], npu["scores"]):
             m = metrics.compare(ref, got)
             cosine.append(m["cosine"])
             worst.append(m["max_abs"])
+            run_worst.append(m["max_abs"])
+        _per_chunk(chunks, run, frames_per_step, run_worst)
         shown.append({"run": index, "first_step": run["first"], "frames": len(cpu["per_frame"]),
                       "cpu": {"tokens": cpu["tokens"], "token_frames": cpu["token_frames"],
                               "text": text_of(symbols, cpu["tokens"])},
@@ -135,6 +138,8 @@ def compare(graph: GraphSpec, settings: dict[str, Any], runs: list[dict[str, Any
     for check in checks:
         if check["kind"] == "wer" and check["output"] == TOKENS:
             texts = speech.reference_texts(graph, modelcode.context_for(graph), len(runs), "loop.verify")
+            for run, text in zip(shown, texts):  # the report shows each clip's words beside both transcripts
+                run["reference_text"] = text
             result = speech.wer_result(check, texts, [r["cpu"]["text"] for r in shown], [r["npu"]["text"] for r in shown],
                                        f"the greedy search's tokens, as text by {settings['tokens']}")
             result["judged"] = "per run"
@@ -146,13 +151,26 @@ def compare(graph: GraphSpec, settings: dict[str, Any], runs: list[dict[str, Any
               "tokens_file": settings["tokens"], "frames_per_step": frames_per_step, "compared_frames": frame_count,
               "identical_tokens_share": same_frames / frame_count if frame_count else None,
               "identical_runs_share": float(np.mean([r["identical"] for r in shown])) if shown else None,
-              "first_difference": first, "per_frame": {"cosine": cosine, "max_abs": worst}, "runs": shown,
+              "first_difference": first, "per_frame": {"cosine": cosine, "max_abs": worst}, "per_chunk": chunks,
+              "runs": shown,
               "joiner_calls": sum(r["calls"]["joiner"] for r in shown),
               "decoder_calls": sum(r["calls"]["decoder"] for r in shown)}
     if first is not None and not any(r["kind"] == "wer" for r in results):  # no check judges the tokens: they must agree
         violations.append(f"the searches emitted different tokens over {len(runs)} run(s) (identical at "
                           f"{record['identical_tokens_share']:.1%} of frames)")
     return record, results, violations
+
+
+def _per_chunk(chunks: dict[str, list], run: dict[str, Any], frames_per_step: int, worst: list[float]) -> None:
+    """Per loop step (one encoder chunk) of a run: the share of its frames at which both searches emitted the same
+    symbols, and the largest |NPU - CPU| of the joiner's first scores over its frames."""
+    cpu, npu = run["cpu"]["per_frame"], run["npu"]["per_frame"]
+    for begin in range(0, min(len(cpu), len(npu)), frames_per_step):
+        pairs = list(zip(cpu[begin:begin + frames_per_step], npu[begin:begin + frames_per_step]))
+        chunks["step"].append(run["first"] + begin // frames_per_step)
+        chunks["agreement"].append(sum(a == b for a, b in pairs) / len(pairs))
+        scored = [w for w in worst[begin:begin + frames_per_step] if w is not None]
+        chunks["max_abs"].append(max(scored) if scored else None)
 
 
 def _difference(index: int, run: dict[str, Any], t: int, frames_per_step: int, symbols: list[str]) -> dict[str, Any]:

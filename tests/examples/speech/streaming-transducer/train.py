@@ -1,0 +1,206 @@
+"""Train the streaming transducer from nothing: synthesize speech, train with the RNN-T loss, write the weights.
+
+    python3 models/streaming-transducer/train.py     # writes weights.pt, tokens.txt, weights.sha256 and train.json
+                                                     # next to this file (three passes of 1,800 steps)
+
+Deterministic: a fixed seed for the texts, voices, effects, noise and the initial weights, one torch thread, a
+fixed number of steps per pass (not a time budget). Each pass starts a new optimizer, CTC head and one-cycle
+schedule (peak --lr, one value per pass) from the previous pass's weights, exactly as a run with --resume does: the
+committed weights were made as three runs, each resuming the one before (train-runs.json, chained by digest). The
+held-out espeak-ng voices and the alsa-utils recordings are never trained on; their word error rates (greedy search,
+PyTorch on the CPU) go into train.json. docs/streaming-transducer.md has the measured times.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import importlib.util
+import json
+import sys
+import time
+from multiprocessing import Pool
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+
+
+def _sibling(name: str):
+    spec = importlib.util.spec_from_file_location(f"streaming_transducer_{name}", HERE / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+speech = _sibling("speech")
+net = _sibling("net")
+
+
+def _utterance(job: tuple[int, int]) -> tuple[str, np.ndarray]:
+    """The index-th training utterance (its own generator: the same utterance whatever the pool's order)."""
+    seed, index = job
+    rng = np.random.default_rng([seed, index])
+    text = speech.random_text(rng)
+    audio = speech.speak(text, *speech.random_voice(rng, speech.TRAIN_VARIANTS))
+    clip = speech.augment(rng, audio, net.CHUNK * 160)  # whole chunks of 0.32 s
+    return text, speech.fbank(clip)[: len(clip) // 160]
+
+
+def features_of(audio: np.ndarray, chunks: int) -> np.ndarray:
+    """[chunks * CHUNK, 80] fbank of a clip padded (or cut) to that many chunks."""
+    samples = chunks * net.CHUNK * 160
+    audio = np.concatenate([audio, np.zeros(max(0, samples - len(audio)), np.float32)])[:samples]
+    return speech.fbank(audio)[: chunks * net.CHUNK]
+
+
+def transcribe(model, feats: np.ndarray) -> str:
+    import torch
+
+    with torch.no_grad():
+        frames = model.encoder(torch.from_numpy(feats)[None])[0]
+    return " ".join(speech.SYMBOLS[t][1:] for t in net.greedy(model, frames))
+
+
+def evaluate(model, clips: list[tuple[str, np.ndarray]]) -> tuple[float, list[dict]]:
+    import jiwer
+
+    rows = []
+    for text, audio in clips:
+        chunks = -(-(len(audio) + 8000) // (net.CHUNK * 160))  # at least 0.5 s of silence after the speech
+        rows.append({"text": text, "transcript": transcribe(model, features_of(audio, chunks))})
+    return float(jiwer.wer([r["text"] for r in rows], [r["transcript"] or "<none>" for r in rows])), rows
+
+
+def synthesize(args: argparse.Namespace) -> list[tuple[str, np.ndarray]]:
+    """The training set: (text, fbank) per utterance; kept in --data-cache when given (the same seed and count give
+    the same utterances, so a second run can skip the ~2 min of espeak-ng and sox)."""
+    cache = args.data_cache
+    if cache is not None and cache.is_file():
+        stored = np.load(cache, allow_pickle=False)
+        if int(stored["seed"]) == args.seed and len(stored["texts"]) == args.utterances:
+            bounds = np.cumsum(np.concatenate([[0], stored["lengths"]]))
+            features = stored["features"]  # read once: each stored["features"] decodes the whole array again
+            return [(str(t), features[a:b].copy()) for t, a, b in zip(stored["texts"], bounds[:-1], bounds[1:])]
+    with Pool(2) as pool:
+        data = pool.map(_utterance, [(args.seed, i) for i in range(args.utterances)], chunksize=16)
+    if cache is not None:
+        np.savez(cache, seed=args.seed, texts=np.array([t for t, _ in data]),
+                 lengths=np.array([len(f) for _, f in data]), features=np.concatenate([f for _, f in data]))
+    return data
+
+
+def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace, lr: float, began: float,
+             index: int) -> list[float]:
+    """`args.steps` steps of AdamW under a one-cycle schedule to `lr`, batches of similar lengths in a seeded order;
+    the RNN-T loss plus args.ctc_weight x the CTC loss of a training-only head. Returns the losses."""
+    import torch
+
+    order = np.argsort([len(f) for _, f in data], kind="stable")
+    batches = [order[i:i + args.batch] for i in range(0, len(order), args.batch)]
+    ctc = torch.nn.Linear(net.CONFIG["join"], len(speech.SYMBOLS))  # training only: not saved
+    optimizer = torch.optim.AdamW([*model.parameters(), *ctc.parameters()], lr=lr, weight_decay=1e-2)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=args.steps, pct_start=0.1)
+    rng = np.random.default_rng(args.seed)
+    losses: list[float] = []
+    model.train()
+    while len(losses) < args.steps:
+        for batch in rng.permutation(len(batches)):
+            chosen = [data[i] for i in batches[batch]]
+            longest = max(len(f) for _, f in chosen)
+            x = torch.zeros(len(chosen), longest, speech.FEATURE_DIM)
+            ids = [speech.token_ids(t) for t, _ in chosen]
+            targets = torch.zeros(len(chosen), max(map(len, ids)), dtype=torch.long)
+            for row, ((_, f), tokens) in enumerate(zip(chosen, ids)):
+                x[row, : len(f)] = torch.from_numpy(f)
+                targets[row, : len(tokens)] = torch.tensor(tokens)
+            frames = torch.tensor([len(f) // net.SUBSAMPLE for _, f in chosen])
+            lengths = torch.tensor([len(t) for t in ids])
+            loss = model.loss(x, frames, targets, lengths, ctc, args.ctc_weight)
+            optimizer.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            optimizer.step()
+            schedule.step()
+            losses.append(float(loss.detach()))
+            if len(losses) % 50 == 0:
+                print(f"pass {index + 1} step {len(losses)}/{args.steps} loss {np.mean(losses[-50:]):.3f} "
+                      f"({time.time() - began:.0f} s)", flush=True)
+            if len(losses) == args.steps:
+                break
+    return losses
+
+
+def train(args: argparse.Namespace) -> dict:
+    import torch
+
+    torch.set_num_threads(1)  # one: two threads on a busy 2-core host ran 7x slower (oversubscribed)
+    torch.use_deterministic_algorithms(True)
+    began = time.time()
+    cached = args.data_cache is not None and args.data_cache.is_file()
+    data = synthesize(args)
+    synthesized = time.time() - began
+    stacked = np.concatenate([f for _, f in data])
+    state = None if args.resume is None else torch.load(args.resume, map_location="cpu", weights_only=True)
+    passes = []
+    for index, lr in enumerate(args.lr):
+        # each pass as a run of its own would make it (the seed, a new CTC head, optimizer and schedule), so that
+        # one run of three passes and three runs resuming each other's weights give the same bytes
+        torch.manual_seed(args.seed)
+        model = net.Transducer(len(speech.SYMBOLS))
+        model.encoder.mean.copy_(torch.from_numpy(stacked.mean(0)))
+        model.encoder.inv_std.copy_(torch.from_numpy(1.0 / (stacked.std(0) + 1e-3)))
+        if state is not None:  # the previous pass's weights
+            model.load_state_dict(state)
+        losses = one_pass(model, data, args, lr, began, index)
+        state = model.state_dict()
+        passes.append({"lr": lr, "steps": args.steps, "loss_first_50": float(np.mean(losses[:50])),
+                       "loss_last_50": float(np.mean(losses[-50:])), "seconds_at_end": round(time.time() - began, 1)})
+    trained = time.time() - began
+    model.eval()
+    held = speech.held_out(args.held_out)
+    wer_held, rows_held = evaluate(model, [(t, a) for t, _, a in held])
+    wer_alsa, rows_alsa = evaluate(model, speech.alsa_clips())
+    return {"model": model, "report": {
+        "seed": args.seed, "utterances": args.utterances, "steps": args.steps, "batch": args.batch, "lr": args.lr,
+        "ctc_weight": args.ctc_weight, "passes": passes,
+        "resumed_from": None if args.resume is None else hashlib.sha256(args.resume.read_bytes()).hexdigest(),
+        "config": net.CONFIG, "parameters": sum(p.numel() for p in model.parameters()),
+        "seconds": {"synthesis": round(synthesized, 1), "total_training": round(trained, 1)},
+        "synthesis_from_cache": cached, "threads": torch.get_num_threads(),
+        "wer_held_out_espeak": wer_held, "wer_alsa_recordings": wer_alsa,
+        "held_out": rows_held, "alsa": rows_alsa}}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, default=HERE)
+    parser.add_argument("--seed", type=int, default=2024)
+    parser.add_argument("--utterances", type=int, default=5000)
+    parser.add_argument("--steps", type=int, default=1800, help="steps per pass")
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--lr", type=lambda v: [float(x) for x in v.split(",")], default=[1.5e-3, 1e-3, 7e-4],
+                        help="peak learning rate of each pass, comma-separated (default: three passes)")
+    parser.add_argument("--held-out", type=int, default=100)
+    parser.add_argument("--ctc-weight", type=float, default=0.5)
+    parser.add_argument("--data-cache", type=Path, default=None, help="an .npz to keep the synthesized features in")
+    parser.add_argument("--resume", type=Path, default=None, help="start from these weights (the second pass)")
+    args = parser.parse_args()
+    import torch
+
+    result = train(args)
+    args.out.mkdir(parents=True, exist_ok=True)
+    weights = args.out / "weights.pt"
+    torch.save(result["model"].state_dict(), weights)
+    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
+    (args.out / "weights.sha256").write_text(f"{digest}  weights.pt\n")
+    (args.out / "tokens.txt").write_text(speech.tokens_text(), encoding="utf-8")
+    (args.out / "train.json").write_text(json.dumps({**result["report"], "sha256": digest}, indent=1) + "\n")
+    report = result["report"]
+    print(f"weights.pt sha256 {digest}; WER held-out espeak {report['wer_held_out_espeak']:.4f}, alsa-utils "
+          f"recordings {report['wer_alsa_recordings']:.4f}; {report['seconds']}")
+
+
+if __name__ == "__main__":
+    main()
