@@ -213,31 +213,27 @@ def _target(planner: Planner, expect: freshness.Expected, ct: ChipTarget, graph_
             "soc": ct.soc.row(), "toolchain_id": ct.toolchain_id, "toolchain": planner.binding(ct).profile.name,
             "precision": ct.precision, "status": status, "reason": reason, "toolchain_stages": toolchain_stages,
             "stages": stages, "provenance": provenance(stages), "diagnosis": diagnosis(ct, stages.get("context")),
-            "device": device_results(ct), "latency_ms": latency(ct), "memory": memory_figure(ct, stages.get("context")),
-            "sixteen_bit": sixteen_bit(ct)}
+            "device": device_results(ct), **lint_figures(ct, stages.get("context"))}
 
 
-def sixteen_bit(ct: ChipTarget) -> list[dict[str, Any]] | None:
-    """The weights a quantized binary keeps at 16 bits unasked (an embedding table a Gather reads), from lint."""
-    lint = read_checked(record_path("lint", ct.graph_target)) or {}
-    return ((lint.get("memory_estimate") or {}).get(ct.precision) or {}).get("sixteen_bit")
-
-
-def memory_figure(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any] | None:
-    """What a load of this binary holds (graphs/memory.py): read from the binary once it is built, with the lint
-    estimate and its error beside it; the estimate alone (said as one) before."""
+def lint_figures(ct: ChipTarget, context: dict[str, Any] | None) -> dict[str, Any]:
+    """What a target shows from its graph's lint record, read once: the latency estimate, what a load holds
+    (graphs/memory.py: the binary's own figure once built, with the estimate and its error beside it) and the weights
+    a quantized binary keeps at 16 bits unasked (an embedding table a Gather reads)."""
     from qnn_tasks.graphs import memory
 
-    return memory.of_records(read_checked(record_path("lint", ct.graph_target)), context, ct.precision)
+    lint = read_checked(record_path("lint", ct.graph_target))
+    return {"latency_ms": latency(ct, lint), "memory": memory.of_records(lint, context, ct.precision),
+            "sixteen_bit": (((lint or {}).get("memory_estimate") or {}).get(ct.precision) or {}).get("sixteen_bit")}
 
 
-def latency(ct: ChipTarget) -> dict[str, Any] | None:
+def latency(ct: ChipTarget, lint: dict[str, Any] | None = None) -> dict[str, Any] | None:
     """The phone-time estimate from the graph's lint record (qnn_tasks/latency: an estimate, never a measurement),
-    with what `doit verify` measured on phones beside it when it ran."""
+    with what `doit verify` measured on phones beside it when it ran. `lint`: the record, when read already."""
     from qnn_tasks.latency import shown
 
-    found = shown.latency_ms(read_checked(record_path("lint", ct.graph_target)), ct.soc.name, ct.precision,
-                             ct.graph.options.get("audio_seconds_per_sample"))
+    lint = lint if lint is not None else read_checked(record_path("lint", ct.graph_target))
+    found = shown.latency_ms(lint, ct.soc.name, ct.precision, ct.graph.options.get("audio_seconds_per_sample"))
     return shown.with_phone(found, (device_results(ct) or {}).get("verify"))
 
 
