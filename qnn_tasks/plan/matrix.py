@@ -88,9 +88,10 @@ def record_paths(planner: Planner) -> list[str]:
     return paths + [DEVICE_STAMP, COMPAT_RECORD]  # one file for all device records (not 2 stats per target)
 
 
-def choose_chips(planner: Planner) -> list[ChipTarget]:
-    """The chip targets that carry `precision: auto`'s choice (each auto graph's first candidate, per chip)."""
-    return [ct for ct in planner.chips if ct.graph.auto and ct.precision == ct.graph.auto[0]]
+def choose_chips(planner: Planner, chips: list[ChipTarget] | None = None) -> list[ChipTarget]:
+    """The chip targets (of `chips`, default all) that carry `precision: auto`'s choice (each auto graph's first
+    candidate, per chip)."""
+    return [ct for ct in (planner.chips if chips is None else chips) if ct.graph.auto and ct.precision == ct.graph.auto[0]]
 
 
 def crosssize_chips(planner: Planner) -> list[ChipTarget]:

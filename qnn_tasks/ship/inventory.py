@@ -54,7 +54,7 @@ def of_model(planner: Planner, model: str) -> dict[str, Any]:
         # `precision: auto`: per graph and chip, the record that says which candidate ships (stages/choose.py)
         "choices": [{"graph": ct.graph.name, "soc": ct.soc.name, "record": CHOOSE.record_of(ct),
                      "targets": [c.name for c in auto_candidates(planner, ct)]}
-                    for ct in choose_chips(planner) if ct in chips],
+                    for ct in choose_chips(planner, chips)],
         "expected": expected(planner, graphs, chips, pipelines),
     }
 
@@ -129,9 +129,8 @@ def expected(planner: Planner, graphs: list[GraphTarget], chips: list[ChipTarget
             add(path, stage, ct.variant if variant else size_chips(planner, ct)[-1] if stage == CROSSSIZE.name else ct)
     for pt in pipelines:
         add(PIPELINE.record_of(pt), PIPELINE.name, pt)
-    for ct in choose_chips(planner):
-        if ct in chips:
-            add(CHOOSE.record_of(ct), CHOOSE.name, ct)
+    for ct in choose_chips(planner, chips):
+        add(CHOOSE.record_of(ct), CHOOSE.name, ct)
     return found
 
 
