@@ -63,7 +63,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     plain_precision = precision_table.BY_NAME[precision].base
     options = toolchain.write_config(graph, plain_precision, soc, work)["provider_options"]
     model = onnx.load(str(simplified), load_external_data=False)
-    weights = _weights(model, weight_axes(model))
+    weights = _weights(model, weight_axes(model), precision_table.BY_NAME[precision].weight_bits)
     total = sum(w["bytes"] for w in weights.values()) or 1
     steps: list[dict[str, Any]] = []
 
@@ -180,15 +180,15 @@ def _wider(precision: str) -> str:
     return "precision: w8a16-mixed or fp16" if precision_table.BY_NAME[precision].weight_bits < 8 else "precision: fp16"
 
 
-def _weights(model, axes: dict[str, int]) -> dict[str, dict[str, Any]]:
-    """Each promotable weight: its node, op, output, activation inputs and bytes at 8 bits."""
+def _weights(model, axes: dict[str, int], bits: int) -> dict[str, dict[str, Any]]:
+    """Each promotable weight: its node, op, output, activation inputs and bytes at `bits` (the plain precision's)."""
     sizes = {t.name: int(np.prod(t.dims)) if t.dims else 1 for t in model.graph.initializer}
     found: dict[str, dict[str, Any]] = {}
     for index, node in enumerate(model.graph.node):
         if len(node.input) > 1 and node.input[1] in axes and node.input[1] not in found:
             found[node.input[1]] = {"name": node.input[1], "node": node.name or node.output[0], "op": node.op_type,
                                     "output": node.output[0], "inputs": [i for i in node.input if i not in sizes],
-                                    "index": index, "bytes": sizes[node.input[1]]}
+                                    "index": index, "bytes": sizes[node.input[1]] * bits // 8}
     return found
 
 
