@@ -299,8 +299,8 @@ def _precisions(value: Any, path: Path, key: str) -> tuple[list[str], tuple[str,
     the smallest that passes, per chip."""
     auto: tuple[str, ...] = ()
     if value == AUTO or isinstance(value, dict):
-        order = value.get(AUTO) if isinstance(value, dict) else DEFAULT_AUTO_ORDER
-        if not isinstance(order, (list, tuple)) or set(value if isinstance(value, dict) else {AUTO: 0}) != {AUTO}:
+        order = DEFAULT_AUTO_ORDER if value == AUTO else value.get(AUTO)
+        if not isinstance(order, (list, tuple)) or (isinstance(value, dict) and set(value) != {AUTO}):
             raise SpecError(path, key, f"{value!r} is not `auto` or {{auto: [candidates]}}",
                             "e.g. precision: auto, or precision: {auto: [w8a16-mixed, fp16]}")
         value = auto = tuple(order)

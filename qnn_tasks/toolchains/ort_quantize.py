@@ -33,6 +33,9 @@ def run(si: StageInput) -> dict[str, Any]:
     return record
 
 
+PREPROCESSED = "preprocessed.onnx"  # the quantizer's fused model, when its preprocessing changed anything
+
+
 def preprocessed(source: Path, work: Path) -> Path:
     """`source` as the QNN quantizer sees it: metadata dropped (its preprocessing crashes on onnxsim's), then its
     fusions (an Erf GELU into one Gelu node...). A graph whose intermediates are exposed must be exposed after this,
@@ -45,7 +48,7 @@ def preprocessed(source: Path, work: Path) -> Path:
     del model.metadata_props[:]
     plain = work / "float.onnx"
     onnx.save(model, str(plain))
-    out = work / "preprocessed.onnx"
+    out = work / PREPROCESSED
     return out if qnn_preprocess_model(str(plain), str(out)) else plain
 
 
@@ -96,6 +99,6 @@ def quantize_model(graph: GraphSpec, precision: str, source: Path, calibration: 
     return {"calibration_samples": len(calibration), "activation_type": "uint16",
             "weight_type": "int4 (Conv/MatMul/Gemm weights), uint8 (the rest)" if four else "uint8",
             **({"four_bit_weights": len(four)} if bits == 4 else {}), "per_channel": per_channel,
-            "preprocessed": source.name == "preprocessed.onnx", "nodes": len(qdq.graph.node),
+            "preprocessed": source.name == PREPROCESSED, "nodes": len(qdq.graph.node),
             "quantize_ops": sum(1 for n in qdq.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear")),
             "log": str(log), "notes": warnings}
