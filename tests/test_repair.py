@@ -55,6 +55,13 @@ def test_the_repair_promotes_the_outlier_weight_and_the_variant_verifies(repaire
     assert [s["promoted"] for s in record["steps"]] == [[], ["b2.w1"]] and record["steps"][1]["passed"]
     quantize = repaired.one_json("build/stack/net/*/w8a16-mixed/quantize/quantize.json")
     assert [p["weight"] for p in quantize["promoted"]] == ["b2.w1"]
+    # the variant's own build adopts what the repair's passing step made: no second quantize, compile or simulation
+    assert quantize["adopted_from_repair"].endswith("w8a16-mixed/repair/chosen/qdq.onnx")
+    context = repaired.one_json(f"build/stack/net/*/w8a16-mixed/{SOC}/context/context.json")
+    assert context["adopted_from_repair"].endswith("repair/chosen/net_ctx_qnn.bin") and context["status"] == "passed"
+    assert context["bin_size"] == record["binary_bytes"]
+    simulated = repaired.one_json(f"build/stack/net/*/w8a16-mixed/{SOC}/simulate/simulate.json")
+    assert simulated["adopted_from_repair"].endswith("repair/chosen/outputs.npz")
     sim = repaired.one_json(f"build/stack/net/*/w8a16-mixed/{SOC}/simverify/simverify.json")
     assert sim["status"] == "passed" and sim["metrics"]["y"]["cosine"] > 0.999
     assert repaired.doit(f"simverify:{TARGET}").executed == set()  # cached: a second doit repairs nothing

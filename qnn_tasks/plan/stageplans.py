@@ -20,6 +20,7 @@ from qnn_tasks.spec import split as specsplit
 from qnn_tasks.spec.checks import DEFAULT_REPAIR_BUDGET, MODEL_CHECKS
 from qnn_tasks.spec.pipeline import first_samples
 from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.toolchains import repairstep
 
 # ------------------------------------------------------------------ graph stages (once per graph)
 
@@ -133,6 +134,12 @@ def plan_split(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
 
 # ------------------------------------------------------------------ toolchain graph stages (once per variant)
 
+def promoted_file(vt: VariantTarget) -> str | None:
+    """A repaired variant's promoted.json: the weights its quantize keeps at 16 bits, and the chosen step's files
+    its quantize, context and simulate may adopt (the repair row's folder: the table imports this module)."""
+    return f"{vt.dir / 'repair'}/{PROMOTED_FILE}" if precision_table.is_repaired(vt.precision) else None
+
+
 def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan | None:
     binding = p.binding(vt)
     source = str(vt.graph_target.simplified)
@@ -140,10 +147,8 @@ def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan |
         if graph_stage.name == stage.name:
             g, gt = vt.graph, vt.graph_target
             calibration = str(gt.calibration) if graph_stage.needs_calibration else None
-            # w8a16-mixed: the first graph stage quantizes with the weights its repair promoted (the repair row's
-            # folder: the table imports this module, not the reverse)
-            promoted = (f"{vt.dir / 'repair'}/{PROMOTED_FILE}" if precision_table.is_repaired(vt.precision)
-                        and source == str(gt.simplified) else None)
+            # w8a16-mixed: the first graph stage quantizes with the weights its repair promoted
+            promoted = promoted_file(vt) if source == str(gt.simplified) else None
             key = {"precision": vt.precision, "io": g.io(), "calibration": g.calibration if calibration else None}
             return Plan(name=vt.name, out_dir=out, file_dep=[source] + ([calibration] if calibration else [])
                         + ([promoted] if promoted else []),
@@ -177,7 +182,8 @@ def plan_repair(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan | None:
     return Plan(name=vt.name, out_dir=out, model=g.model,
                 file_dep=[str(gt.simplified), str(gt.calibration), str(gt.inputs), str(gt.reference)]
                 + (p.code_deps(g) if runs_code else []) + p.check_deps(g, chip.verify),
-                outputs=[f"{out}/{PROMOTED_FILE}"], key=p.key(stage, binding, settings, labels=("",)),
+                outputs=[f"{out}/{PROMOTED_FILE}"] + [f"{out}/{f}" for f in repairstep.files(g.name)],
+                key=p.key(stage, binding, settings, labels=("",)),
                 doc=f"find the fewest weights of {g.name} to keep at 16 bits so that "
                     f"{precision_table.BY_NAME[vt.precision].base} passes its checks, on {chip.soc.name}'s simulator "
                     f"(budget {budget} compiles)",
@@ -215,7 +221,7 @@ def plan_context(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
                       p.chip_key(stage, ct, allow_cpu_fallback=ct.graph.allow_cpu_fallback),
                       lambda: {"graph": p.graph_dict(ct.graph), "soc": specjson.soc_to_dict(ct.soc), "source": source,
                                "config_dir": f"{ct.dir_str}/config", "lint": str(ct.graph_target.lint_record),
-                               "simplified": str(ct.graph_target.simplified)},
+                               "simplified": str(ct.graph_target.simplified), "promoted": promoted_file(ct.variant)},
                       f"compile {ct.graph.name} ({ct.precision}) for {ct.soc.name} with {ct.toolchain_id}"
                       + _estimated(ct), task_dep=[f"lint:{ct.graph.name}"])
 
@@ -238,7 +244,8 @@ def plan_simulate(p: Planner, stage: StageDef, ct: ChipTarget) -> Plan:
                       lambda: {"graph": p.graph_dict(ct.graph), "ctx_onnx": ctx_files[0], "provider_options": config,
                                "inputs": str(gt.inputs), "samples": ct.verify["samples"], "reference": str(gt.reference),
                                "title": ct.name, "soc_name": ct.soc.name, "soc": specjson.soc_to_dict(ct.soc),
-                               "binary": next((f for f in ctx_files if f.endswith(".bin")), None)},
+                               "binary": next((f for f in ctx_files if f.endswith(".bin")), None),
+                               "promoted": promoted_file(ct.variant)},
                       f"run {ct.graph.name} for {ct.soc.name} on the HTP simulator; keep the outputs")
 
 

@@ -36,6 +36,7 @@ from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.checks import DEFAULT_REPAIR_BUDGET
 from qnn_tasks.spec.project import GraphSpec, Soc
 from qnn_tasks.toolchains import calls as toolchains_calls
+from qnn_tasks.toolchains import repairstep
 
 SENSITIVITY_SAMPLES = 4     # verification samples the per-node error is measured on
 
@@ -67,13 +68,23 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     total = sum(w["bytes"] for w in weights.values()) or 1
     steps: list[dict[str, Any]] = []
 
+    made: list[dict[str, Any]] = []  # per step: its files and timings, for repairstep.keep
+
     def attempt(promoted: list[str]) -> dict[str, Any]:
         folder = work / f"step{len(steps)}"
         folder.mkdir(parents=True, exist_ok=True)
         qdq = folder / "qdq.onnx"
-        quantize_model(graph, precision, simplified, samples, qdq, folder, promoted=promoted)
-        ctx = toolchain.compile_variant(qdq, options, folder / "compiled")
-        outputs, _, _ = simulator.run(ctx, options, inputs, folder / "simulator.log")
+        quantized = quantize_model(graph, precision, simplified, samples, qdq, folder, promoted=promoted)
+        began = time.monotonic()
+        # named as the context stage names its files, so the variant's build can adopt them (toolchains/repairstep.py)
+        ctx = toolchain.compile_variant(qdq, options, folder / "compiled", name=graph.name)
+        compile_seconds = round(time.monotonic() - began, 3)
+        outputs, seconds, _ = simulator.run(ctx, options, inputs, folder / "simulator.log")
+        sample_store.save(folder / repairstep.OUTPUTS, outputs)
+        made.append({"qdq": "qdq.onnx", "log": "quantize.log", "quantize": quantized, "ctx_onnx": f"compiled/{ctx.name}",
+                     "bin": f"compiled/{ctx.stem}_qnn.bin", "outputs": repairstep.OUTPUTS, "chip": soc.name,
+                     "options": options, "inputs_sha256": repairstep.sha256(inputs_file), "samples": len(inputs),
+                     "compile_seconds": compile_seconds, "seconds": seconds})
         result, violations = verification.judge(graph, verify, reference, outputs)
         step = {"promoted": promoted, "weight_bytes": sum(weights[w]["bytes"] for w in promoted),
                 "share": round(sum(weights[w]["bytes"] for w in promoted) / total, 4),
@@ -105,9 +116,10 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
             raise StageError(f"{said} (fix: raise calibration.repair_budget, or {_wider(precision)})", record)
         # a `precision: auto` candidate: rejected, built with its best step so its verdict is judged like any other
         record["rejected"], chosen = said, best["promoted"]
-    final = next(s for s in steps if s["promoted"] == chosen)
+    index, final = next((i, s) for i, s in enumerate(steps) if s["promoted"] == chosen)
     promoted = [{**weights[w], "weight": w, **_score(ranked, w)} for w in chosen]
-    fileio.write_json(out_dir / PROMOTED_FILE, {"promoted": promoted, "share": final["share"]})
+    kept = repairstep.keep(work / f"step{index}", out_dir, made[index])
+    fileio.write_json(out_dir / PROMOTED_FILE, {"promoted": promoted, "share": final["share"], "chosen": kept})
     record.update(promoted=promoted, share=final["share"], weight_bytes_promoted=final["weight_bytes"],
                   binary_bytes=final["binary_bytes"], min_cosine=final["min_cosine"],
                   size_ratio=round(final["binary_bytes"] / plain["binary_bytes"], 4) if plain["binary_bytes"] else None)

@@ -22,6 +22,7 @@ from qnn_tasks.qnn import binchip
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.project import GraphSpec, Soc
+from qnn_tasks.toolchains import repairstep
 
 OUTPUTS_FILE = "outputs.npz"
 PLOT_FILE = "cpu_vs_npu.png"
@@ -29,14 +30,22 @@ PLOT_FILE = "cpu_vs_npu.png"
 
 def run(graph: GraphSpec, ctx_onnx: Path, provider_options_file: Path, inputs_file: Path, limit: int | None,
         out_dir: Path, reference_file: Path, title: str, soc_name: str, binary: Path | None = None,
-        soc: Soc | None = None, target: str = "") -> dict[str, Any]:
+        soc: Soc | None = None, target: str = "", promoted: Path | None = None) -> dict[str, Any]:
+    """Simulate `ctx_onnx` on the inputs; a repaired variant's binary that its repair simulated on these very samples
+    (`promoted`: the repair's promoted.json) keeps the repair's outputs (toolchains/repairstep.py)."""
     if binary is not None and soc is not None:  # before anything runs it: the file may not be the one compiled
         binchip.refuse_other_chip(binary, soc, target or title)
     inputs = sample_store.load(inputs_file, limit=limit)
     options = fileio.read_json(provider_options_file)
     log = out_dir / "simulator.log"
-    # a CPU partition exists only where the graph allows it (the context stage refuses one otherwise)
-    outputs, seconds, signature = simulator.run(ctx_onnx, options, inputs, log, graph.allow_cpu_fallback)
+    adopted = repairstep.outputs(promoted, binary, inputs_file, len(inputs), options, graph.allow_cpu_fallback)
+    if adopted:  # this very binary's outputs on these samples, simulated by the repair's chosen step
+        outputs, seconds = sample_store.load(adopted["file"]), adopted["seconds"]
+        log.write_text(f"# adopted {adopted['file']}: the repair simulated this binary on these samples\n")
+        signature = {name: list(value.shape) for name, value in outputs[0].items()}
+    else:
+        # a CPU partition exists only where the graph allows it (the context stage refuses one otherwise)
+        outputs, seconds, signature = simulator.run(ctx_onnx, options, inputs, log, graph.allow_cpu_fallback)
     check_signature(graph, signature, ctx_onnx)
     sample_store.save(out_dir / OUTPUTS_FILE, outputs)
     with np.load(reference_file) as reference:
@@ -45,7 +54,7 @@ def run(graph: GraphSpec, ctx_onnx: Path, provider_options_file: Path, inputs_fi
     plot = plots.outputs_plot(out_dir / PLOT_FILE, title, f"NPU ({soc_name})", npu, cpu)
     return {"device": {"kind": "simulator", "name": "x86 HTP simulator (onnxruntime-qnn)"}, "samples": len(inputs),
             "timing": timing(seconds), "outputs_file": str(out_dir / OUTPUTS_FILE), "log": str(log),
-            "plot": str(plot)}
+            "plot": str(plot), **({"adopted_from_repair": str(adopted["file"])} if adopted else {})}
 
 
 def check_signature(graph: GraphSpec, signature: dict[str, list], ctx_onnx: Path) -> None:
@@ -67,4 +76,5 @@ def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
     return run(calls.graph(a), Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["inputs"]), a["samples"],
                Path(call.out_dir), Path(a["reference"]), a["title"], a["soc_name"],
-               binary=calls.path(a, "binary"), soc=calls.soc(a) if a.get("soc") else None, target=call.target)
+               binary=calls.path(a, "binary"), soc=calls.soc(a) if a.get("soc") else None, target=call.target,
+               promoted=calls.path(a, "promoted"))

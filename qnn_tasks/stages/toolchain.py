@@ -35,7 +35,7 @@ def context(call: StageCall) -> dict[str, Any]:
     a = call.args
     try:
         return toolchain(call).compile(calls.graph(a), calls.soc(a), Path(a["source"]), Path(a["config_dir"]),
-                                       Path(call.out_dir))
+                                       Path(call.out_dir), promoted=calls.path(a, "promoted"))
     except ToolchainError as err:
         from qnn_tasks.graphs.flagged import lint_fix_for
 

@@ -69,12 +69,16 @@ class Toolchain(Protocol):
     def context_files(self, graph: GraphSpec) -> list[str]:
         """Names of the files `compile` produces in its out_dir; the first is what the simulator loads."""
 
-    def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
+    def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path,
+                promoted: Path | None = None) -> dict[str, Any]:
         """Compile `source` (last graph stage's primary output, or the simplified ONNX) for `soc`;
-        check the CPU fallback and the chip it was built for; returns the record."""
+        check the CPU fallback and the chip it was built for; returns the record. `promoted`: a repaired variant's
+        promoted.json, whose chosen step's binary may be adopted (a toolchain without the repair ignores it)."""
 
-    def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path) -> Path:
-        """Compile a derived ONNX model (diagnostic graph, graph cut) for a chip; returns what the simulator loads."""
+    def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path,
+                        name: str | None = None) -> Path:
+        """Compile a derived ONNX model (diagnostic graph, graph cut, repair step) for a chip; returns what the
+        simulator loads (`<name>_ctx.onnx`)."""
 
 
 def quantized_outputs(graph: GraphSpec, precision: str, out_dir: Path) -> list[Path]:

@@ -17,6 +17,7 @@ from qnn_tasks.errors import SpecError, StageError, ToolchainError, one_line
 from qnn_tasks.nativelog import native_output_to
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
+from qnn_tasks.toolchains import repairstep
 from qnn_tasks.toolchains.base import GraphStage, StageInput, quantized_outputs, quantized_precision
 
 INSTALL_HINT = "pip install onnxruntime-qnn (the wheel exists for Linux x86-64 only)"
@@ -100,9 +101,13 @@ class OrtQnnToolchain:
     def context_files(self, graph: GraphSpec) -> list[str]:
         return [f"{graph.name}_ctx.onnx", f"{graph.name}_ctx_qnn.bin"]
 
-    def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
+    def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path,
+                promoted: Path | None = None) -> dict[str, Any]:
+        """Compile `source` for `soc`, or adopt the binary a repair compiled from the same QDQ with the same options
+        (`promoted`: its promoted.json; toolchains/repairstep.py); the same checks either way."""
         self.require_installed()
         options = fileio.read_json(config_dir / CONFIG_FILE)
+        adopted = repairstep.binary(promoted, source, soc.name, options)
         log = out_dir / "compile.log"
         out_dir.mkdir(parents=True, exist_ok=True)
         log.write_text(f"# compile {source} for {soc.name} (soc_model {soc.soc_id}) with {self.id()}\n"
@@ -115,10 +120,17 @@ class OrtQnnToolchain:
         try:
             ctx_onnx = staging / f"{graph.name}_ctx.onnx"
             precision = quantized_precision(source.name) or "fp16"  # quantized_outputs() names it
-            seconds = compile_context(source, ctx_onnx, options, log,
-                                      context={"soc": soc, "graph": graph, "precision": precision})
-            partition = cpu_partition(ctx_onnx)
             bin_path = staging / f"{graph.name}_ctx_qnn.bin"
+            if adopted:
+                repairstep.place(adopted["ctx_onnx"], ctx_onnx)
+                repairstep.place(adopted["bin"], bin_path)
+                seconds = adopted["compile_seconds"]
+                with open(log, "a") as fh:
+                    fh.write(f"# adopted {adopted['bin']}: the repair compiled this QDQ with these options\n")
+            else:
+                seconds = compile_context(source, ctx_onnx, options, log,
+                                          context={"soc": soc, "graph": graph, "precision": precision})
+            partition = cpu_partition(ctx_onnx)
             if not bin_path.is_file():
                 raise ToolchainError(f"compile of '{graph.name}' for {soc.name} wrote no {bin_path.name} (log: {log})")
             from qnn_tasks.qnn import binary as qnnbin
@@ -126,7 +138,8 @@ class OrtQnnToolchain:
             info = qnnbin.read_binary_info(bin_path).to_dict()
             info["path"] = None  # set once the binary is in place; a failed check leaves no file to point at
             record = {"compile_seconds": round(seconds, 3), "provider_options": options, "partition": partition,
-                      "bin_size": bin_path.stat().st_size, "binary": info, "log": str(log), "warnings": []}
+                      "bin_size": bin_path.stat().st_size, "binary": info, "log": str(log), "warnings": [],
+                      **({"adopted_from_repair": str(adopted["bin"])} if adopted else {})}
             check_chip(info, soc, bin_path, record)
             check_fallback(graph, soc, partition, record, log, precision)
             for name in self.context_files(graph):
@@ -136,11 +149,13 @@ class OrtQnnToolchain:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
 
-    def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path) -> Path:
-        """Compile a derived model (diagnostic graph, graph cut) with a chip's options; no checks."""
+    def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path,
+                        name: str | None = None) -> Path:
+        """Compile a derived model (diagnostic graph, graph cut, repair step) with a chip's options; no checks.
+        Its files are `<name>_ctx.onnx` and `<name>_ctx_qnn.bin` (`name`: the model file's stem unless given)."""
         self.require_installed()
         out_dir.mkdir(parents=True, exist_ok=True)
-        out = out_dir / f"{model.stem}_ctx.onnx"
+        out = out_dir / f"{name or model.stem}_ctx.onnx"
         compile_context(model, out, provider_options, out_dir / "compile.log")
         return out
 

@@ -19,15 +19,22 @@ from qnn_tasks.graphs.weights import weight_axes
 from qnn_tasks.judge import sample_store
 from qnn_tasks.spec import precisions as precision_table
 from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.toolchains import repairstep
 from qnn_tasks.toolchains.base import StageInput, quantized_outputs
 
 
 def run(si: StageInput) -> dict[str, Any]:
-    """The quantize stage: the variant's QDQ model; w8a16-mixed with the weights its repair promoted."""
+    """The quantize stage: the variant's QDQ model; a repaired precision's with the weights its repair promoted,
+    adopted from the repair's chosen step, which quantized exactly this (toolchains/repairstep.py)."""
     promoted = fileio.read_json(si.promoted)["promoted"] if si.promoted else []
     out = quantized_outputs(si.graph, si.precision, si.out_dir)[0]
-    record = quantize_model(si.graph, si.precision, si.source, sample_store.load(si.calibration), out, si.out_dir,
-                            promoted=[p["weight"] for p in promoted])
+    adopted = repairstep.qdq(si.promoted)
+    if adopted:
+        repairstep.place(adopted["path"], out)
+        record = {**adopted["record"], "adopted_from_repair": str(adopted["path"])}
+    else:
+        record = quantize_model(si.graph, si.precision, si.source, sample_store.load(si.calibration), out,
+                                si.out_dir, promoted=[p["weight"] for p in promoted])
     if si.promoted:
         record["promoted"] = promoted
     return record

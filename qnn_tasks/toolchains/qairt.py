@@ -244,7 +244,8 @@ class QairtToolchain:
         name = tools.qnn_graph_name(graph.name)[0]
         return [f"{graph.name}_ctx.onnx", f"binary/{name}.bin", "binary/runtime_libs.json"]
 
-    def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path) -> dict[str, Any]:
+    def compile(self, graph: GraphSpec, soc: Soc, source: Path, config_dir: Path, out_dir: Path,
+                promoted: Path | None = None) -> dict[str, Any]:  # no repair runs with this toolchain
         from qnn_tasks.qnn import binary as qnnbin
         from qnn_tasks.qnn import epcontext
         from qnn_tasks.toolchains.ort_qnn import check_chip
@@ -332,7 +333,8 @@ class QairtToolchain:
         if fileio.read_json(extensions_file) != extensions:  # e.g. the project was moved: absolute paths changed
             fileio.write_json(extensions_file, extensions)
 
-    def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path) -> Path:
+    def compile_variant(self, model: Path, provider_options: dict[str, str], out_dir: Path,
+                        name: str | None = None) -> Path:
         raise ToolchainError(NO_DIAGNOSE)
 
     # ------------------------------------------------------------ checks
