@@ -37,9 +37,13 @@ SIZES = {"1M": (128, 4), "30M": (512, 10), "100M": (1024, 8), "300M": (1024, 24)
 SEQ = 16
 
 
-def build(path: Path, width: int, blocks: int, seq: int = SEQ, seed: int = 0) -> int:
+def build(path: Path, width: int, blocks: int, seq: int = SEQ, seed: int = 0, outlier: int | None = None) -> int:
     """Write the transformer to `path` (+ `path`.data); return its parameter count. Weights are streamed to the
-    data file tensor by tensor, so building a 1B graph holds one tensor in memory, not four GB."""
+    data file tensor by tensor, so building a 1B graph holds one tensor in memory, not four GB.
+
+    `outlier`: the block whose feed-forward meets an outlier channel, as large language models have them (channel 7's
+    LayerNorm gain 0.01, its row of the up-projection 100x): per-channel 8-bit weights then spend their range on it
+    (bench_precision: a graph where plain w8a16 fails and the repair has something to find)."""
     import onnx
     from onnx import TensorProto, helper
 
@@ -47,10 +51,13 @@ def build(path: Path, width: int, blocks: int, seq: int = SEQ, seed: int = 0) ->
     data_name = path.name + ".data"
     inits, nodes, params = [], [], 0
     with open(path.parent / data_name, "wb") as data:
-        def weight(name: str, shape: tuple[int, ...], scale: float = 0.02, value: float | None = None) -> str:
+        def weight(name: str, shape: tuple[int, ...], scale: float = 0.02, value: float | None = None,
+                   row7: float = 1.0) -> str:
             nonlocal params
             array = (np.full(shape, value, np.float32) if value is not None
                      else (rng.standard_normal(shape, dtype=np.float32) * scale))
+            if row7 != 1.0:  # the outlier channel
+                array[7] *= row7
             offset = data.tell()
             data.write(array.tobytes())
             tensor = TensorProto(name=name, data_type=TensorProto.FLOAT, dims=list(shape))
@@ -79,9 +86,10 @@ def build(path: Path, width: int, blocks: int, seq: int = SEQ, seed: int = 0) ->
                           f"{p}.scores")
             attn = node("MatMul", [node("Softmax", [scores], f"{p}.probs", axis=-1), v], f"{p}.attn")
             x = node("Add", [x, node("MatMul", [attn, weight(f"{p}.wo", (width, width))], f"{p}.o")], f"{p}.res1")
-            h = node("LayerNormalization", [x, weight(f"{p}.ln2.g", (width,), value=1.0),
+            odd = b == outlier
+            h = node("LayerNormalization", [x, weight(f"{p}.ln2.g", (width,), value=1.0, row7=0.01 if odd else 1.0),
                                             weight(f"{p}.ln2.b", (width,), value=0.0)], f"{p}.ln2", axis=-1)
-            up = node("MatMul", [h, weight(f"{p}.w1", (width, 4 * width))], f"{p}.up")
+            up = node("MatMul", [h, weight(f"{p}.w1", (width, 4 * width), row7=100.0 if odd else 1.0)], f"{p}.up")
             act = node("Mul", [up, node("Sigmoid", [node("Mul", [up, weight(f"{p}.gelu", (1,), value=1.702)],
                                                          f"{p}.up_s")], f"{p}.sig")], f"{p}.act")
             x = node("Add", [x, node("MatMul", [act, weight(f"{p}.w2", (4 * width, width))], f"{p}.down")],

@@ -2,6 +2,7 @@
 
     python benchmarks/bench_precision.py minilm                  # all-MiniLM-L6-v2 at 16 tokens (models/minilm)
     python benchmarks/bench_precision.py transformer --size 600M # bench_big_graphs' transformer, random weights
+    python benchmarks/bench_precision.py transformer --size 100M --outlier 2 --order w8a16 w8a16-mixed  # a repair
     python benchmarks/bench_precision.py minilm --append         # add the table to benchmarks/results/precision.txt
 
 A fresh project in a temporary folder (this repository's dodo.py and socs/, the graph's model folder) declares the
@@ -60,20 +61,22 @@ def samples(ctx):  # the benchmark's one length: each sentence padded with token
     return "minilm"
 
 
-def transformer(project: Path, size: str, order: list[str]) -> str:
-    """bench_big_graphs' pre-norm transformer (random weights, sequence 16) as a model with an ONNX source."""
+def transformer(project: Path, size: str, order: list[str], outlier: int | None = None) -> str:
+    """bench_big_graphs' pre-norm transformer (random weights, sequence 16) as a model with an ONNX source;
+    `outlier`: the block with an outlier channel (bench_big_graphs.build)."""
     from bench_big_graphs import SEQ, SIZES, build
 
     width, blocks = SIZES[size]
     folder = project / "models" / "transformer"
     (folder / "samples").mkdir(parents=True)
-    params = build(folder / "transformer.onnx", width, blocks)
+    params = build(folder / "transformer.onnx", width, blocks, outlier=outlier)
+    odd = "" if outlier is None else f", an outlier channel in block {outlier}"
     np.savez(folder / "samples" / "x.npz",
              x=np.random.default_rng(1).standard_normal((8, 1, SEQ, width)).astype(np.float32))
     # a repair's budget: the plain precision, the sensitivity graph and one step (each a compile of the whole graph)
     budget = ", repair_budget: 3" if any(p.endswith("-mixed") for p in order) else ""
     (folder / "model.yaml").write_text(f"""licence: MIT
-description: synthetic pre-norm transformer, {params / 1e6:.0f}M parameters, random weights (benchmark)
+description: synthetic pre-norm transformer, {params / 1e6:.0f}M parameters, random weights{odd} (benchmark)
 source: {{file: transformer.onnx}}
 graphs:
   transformer:
@@ -90,10 +93,10 @@ graphs:
     return "transformer"
 
 
-def table(project: Path, graph: str, seconds: float, load: str, order: list[str]) -> list[str]:
+def table(project: Path, graph: str, seconds: float, load: str, order: list[str], label: str = "") -> list[str]:
     choose = json.loads(next(project.glob(f"build/*/{graph}/*/{order[0]}/{SOC}/choose/choose.json")).read_text())
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout
-    lines = [f"{graph} on {SOC} (x86 HTP simulator) at {commit.strip() or 'an unknown commit'}, "
+    lines = [f"{graph}{label} on {SOC} (x86 HTP simulator) at {commit.strip() or 'an unknown commit'}, "
              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, doit in {seconds:.0f} s, load before: {load}",
              "| precision | verdict | .bin bytes | kept at 16 bits | min cosine | task check | build s |",
              "|---|---|---|---|---|---|---|"]
@@ -113,6 +116,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("graph", choices=("minilm", "transformer"))
     parser.add_argument("--size", default="600M", help="transformer size (bench_big_graphs.SIZES)")
+    parser.add_argument("--outlier", type=int, help="transformer: the block with an outlier channel (plain w8a16 "
+                        "fails; the repair has something to find)")
     parser.add_argument("--order", nargs="+", default=ORDER, help="the candidates (default: all five)")
     parser.add_argument("--jobs", default="2", help="doit -n: 1 for a graph whose quantizer needs the memory twice")
     parser.add_argument("--keep", help="build in this folder and keep it (default: a temporary one)")
@@ -127,7 +132,8 @@ def main() -> int:
         if (project / name).exists():
             continue
         (shutil.copytree if (ROOT / name).is_dir() else shutil.copy2)(ROOT / name, project / name)
-    graph = minilm(project, args.order) if args.graph == "minilm" else transformer(project, args.size, args.order)
+    graph = (minilm(project, args.order) if args.graph == "minilm"
+             else transformer(project, args.size, args.order, args.outlier))
     load = " ".join(f"{x:.1f}" for x in os.getloadavg())
     start = time.monotonic()
     run = subprocess.run([sys.executable, "-m", "doit", "-n", args.jobs, f"choose:{graph}-{SOC}"], cwd=project,
@@ -136,7 +142,9 @@ def main() -> int:
     if run.returncode != 0:
         print(run.stdout[-4000:], run.stderr[-4000:], sep="\n")
         return 1
-    lines = table(project, graph, seconds, load, args.order)
+    label = "" if graph == "minilm" else f" {args.size}" + ("" if args.outlier is None else f" (outlier in block "
+                                                                                          f"{args.outlier})")
+    lines = table(project, graph, seconds, load, args.order, label)
     print("\n".join(lines))
     if args.append:
         with RESULT.open("a") as out:
