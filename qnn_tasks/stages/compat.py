@@ -26,7 +26,6 @@ from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.rows import COMPAT
 from qnn_tasks.plan.stagedef import record_path
 from qnn_tasks.qnn import loadoracle, runtimelibs
 from qnn_tasks.run import calls, records
@@ -109,7 +108,7 @@ def measure(planner: Planner, root: str) -> dict[str, Any]:
                 "provider_options": planner.config_files(ct)[0], "inputs": str(ct.graph_target.inputs),
                 "reference": str(ct.graph_target.reference), "samples": samples},
                 inputs=[], out_dir=f"build/compat/{ct.name}/{runtime.profile.name}", outputs=[], record="", key="",
-                toolchain=runtime.profile_dict(planner.root), runner=COMPAT.runner)
+                toolchain=runtime.profile_dict(planner.root), runner=f"{__name__}:run_call")
             outcome = for_call(call, root).run(call, None)
             run = outcome.record if outcome.ok else {"loads": False, "error": outcome.error}
             qnn = runtime.fingerprint.get("qnn")
