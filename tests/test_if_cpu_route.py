@@ -106,7 +106,7 @@ def test_export_lifts_branch_weights_and_says_so(tmp_path):
 
     graph = packaged_graph(tmp_path, [TensorSpec("x", (1, 16), "float32")],
                            [TensorSpec("probs", (1, 4), "float32"), TensorSpec("logits", (1, 4), "float32")],
-                           lint=yaml.safe_load("allow: [control-flow]"), allow_cpu_fallback=True)
+                           settings={"lint": yaml.safe_load("allow: [control-flow]")}, allow_cpu_fallback=True)
     onnx.save(heads(), str(tmp_path / "m.onnx"))
     record = export.run(graph, tmp_path / "m.onnx", tmp_path / "out.onnx")
     assert sorted(record["lifted_into_bodies"]) == LIFTED

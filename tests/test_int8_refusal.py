@@ -92,8 +92,8 @@ def test_the_fix_proposes_w8a16_only_when_it_is_not_set():
                              (("fp16", "w8a16"), "let QNN quantize it: precision: w8a16 is already set")):
         graph = GraphSpec(name="g", model="q", model_dir=Path("."), inputs=(TensorSpec("x", (1, 16), "float32"),),
                           outputs=(TensorSpec("y", (1, 16), "float32"),), precisions=precisions, socs=None,
-                          export="export", options={}, simplify={}, cpucheck={}, lint={}, verify={},
-                          allow_cpu_fallback=False, calibration={}, source=Source(None, "m.onnx", None), has_code=False)
+                          export="export", options={}, verify={}, allow_cpu_fallback=False,
+                          source=Source(None, "m.onnx", None), has_code=False)
         fixes = {f.fix for f in find_problems(int8_model(), graph) if f.rule == "int8-in-onnx"}
         assert fixes == {f"export the float model (before quantization) and {tail}"}
 

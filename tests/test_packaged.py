@@ -450,8 +450,8 @@ def test_exporter_chatter_goes_to_export_log(tmp_path):
 def sample_graph(folder: Path, files: list[str]) -> GraphSpec:
     return GraphSpec(name="g", model="m", model_dir=folder, precisions=("fp16",), socs=None, export="export",
                      inputs=(TensorSpec("x", (1, 4), "float32"), TensorSpec("ids", (1, 4), "int32")),
-                     outputs=(TensorSpec("y", (1, 4), "float32"),), options={}, simplify={}, cpucheck={}, lint={},
-                     verify={}, allow_cpu_fallback=False, calibration={}, samples={"files": files}, has_code=False)
+                     outputs=(TensorSpec("y", (1, 4), "float32"),), options={}, verify={},
+                     allow_cpu_fallback=False, samples={"files": files}, has_code=False)
 
 
 def test_sample_files_a_folder_stacks_singles_and_casts(tmp_path):

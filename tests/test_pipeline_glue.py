@@ -301,8 +301,7 @@ def _graph(name: str, inputs: dict, outputs: dict):
     from qnn_tasks.spec.project import GraphSpec, TensorSpec
 
     return GraphSpec(name, "chain", Path("models/chain"), tuple(TensorSpec(n, s, "float32") for n, s in inputs.items()),
-                     tuple(TensorSpec(n, s, "float32") for n, s in outputs.items()), ("fp16",), None, "", {}, {}, {}, {},
-                     {}, False, {})
+                     tuple(TensorSpec(n, s, "float32") for n, s in outputs.items()), ("fp16",), None, "", {}, {}, False)
 
 
 def test_stacks_of_stacks_follow_the_runs_of_a_three_graph_chain():

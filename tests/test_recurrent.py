@@ -105,8 +105,7 @@ def test_lint_proposes_a_loop_over_the_declared_graph_for_a_size_and_the_plan_kn
 
 def test_a_declared_loop_or_an_allow_silences_it():
     assert not [f for f in find_problems(cell(), graph_spec(name="rnn"), {"state": "stateN"}) if f.rule == "recurrent"]
-    allowed = graph_spec(name="rnn")
-    allowed.lint["allow"] = ["recurrent"]
+    allowed = replace(graph_spec(name="rnn"), settings={"lint": {"allow": ["recurrent"]}})
     [finding] = [f for f in find_problems(cell(), allowed) if f.rule == "recurrent"]
     assert finding.severity == "allowed"
 

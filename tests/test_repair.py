@@ -126,7 +126,7 @@ def test_the_sensitivity_graph_quantizes_after_the_quantizers_fusions(tmp_path, 
     assert "d" not in {t["tensor"] for t in tensors} and {"h", "y"} <= {t["tensor"] for t in tensors}
     onnx.save(diag, str(tmp_path / "diag.onnx"))
     samples = [{"x": np.random.default_rng(i).standard_normal((1, 4, 32)).astype(np.float32)} for i in range(8)]
-    graph = SimpleNamespace(name="gelu", calibration={"per_channel": True})
+    graph = SimpleNamespace(name="gelu", section=lambda name: {"calibration": {"per_channel": True}}[name])
     record = quantize_model(graph, precision, tmp_path / "diag.onnx", samples, tmp_path / "qdq.onnx", tmp_path)
     assert record["quantize_ops"] > 0 and (tmp_path / "qdq.onnx").is_file()
 

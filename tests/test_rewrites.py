@@ -77,7 +77,7 @@ def x_feeds(shape=(1, 8, 16), loc=0.0, scale=1.0):
 def graph_spec(rewrite_names=(), model="m", name="g") -> GraphSpec:
     return GraphSpec(name=name, model=model, model_dir=Path("models") / model, inputs=(TensorSpec("x", (1, 8, 16), "float32"),),
                      outputs=(TensorSpec("y", (1, 8, 16), "float32"),), precisions=("fp16",), socs=None, export="export",
-                     options={}, simplify={}, cpucheck={}, lint={}, verify={}, allow_cpu_fallback=False, calibration={},
+                     options={}, verify={}, allow_cpu_fallback=False,
                      source=Source(None, "m.onnx", None), rewrites=rewrites.normalize(list(rewrite_names)))
 
 
@@ -568,6 +568,6 @@ def test_every_yaml_hint_loads_through_the_spec_loader(tmp_path):
         filled = snippet.replace("<value>", "16000").replace("constant_inputs: {x:", "constant_inputs: {x_fixed:")
         model_dir = write_model(tmp_path / f"m{i}", graph="g", extra=f"    {filled}\n")
         graph = load_model(model_dir, socs).graphs[0]  # a SpecError here is one line naming the snippet's key
-        declared = {"rewrites": graph.rewrites, "constant_inputs": graph.constant_inputs, "simplify": graph.simplify,
-                    "lint": graph.lint}[snippet.split(":")[0]]
+        declared = {"rewrites": graph.rewrites, "constant_inputs": graph.constant_inputs,
+                    "simplify": graph.section("simplify"), "lint": graph.section("lint")}[snippet.split(":")[0]]
         assert declared, snippet

@@ -247,7 +247,7 @@ def test_load_project_reads_the_examples(fresh):
         ("input_ids", (1, 64), "int32"), ("attention_mask", (1, 64), "int32")]
     assert [(t.name, t.shape, t.dtype) for t in graphs["vad"].inputs] == [
         ("input", (1, 576), "float32"), ("state", (2, 1, 128), "float32")]
-    assert graphs["vad"].lint["allow"] == ["batch", "recurrent"]
+    assert graphs["vad"].section("lint")["allow"] == ["batch", "recurrent"]
     assert {"SM8650", "SM8750"} <= set(project.socs)
     assert project.toolchain.name == "ort-qnn" and project.toolchain.kind == "ort-qnn"
 

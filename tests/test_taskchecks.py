@@ -24,8 +24,7 @@ def checks(*entries: dict, outputs: dict | None = None, where: Path = YAML) -> d
 def graph_of(model_dir: Path, name: str, shape: tuple[int, ...]) -> GraphSpec:
     return GraphSpec(name="g", model="m", model_dir=model_dir, inputs=(TensorSpec("x", (1,), "float32"),),
                      outputs=(TensorSpec(name, shape, "float32"),), precisions=("fp16",), socs=None,
-                     export="export", options={}, simplify={}, cpucheck={}, lint={}, verify={},
-                     allow_cpu_fallback=False, calibration={})
+                     export="export", options={}, verify={}, allow_cpu_fallback=False)
 
 
 def judge(verify: dict, ref: np.ndarray, got: np.ndarray, model_dir: Path = Path("."), name: str = "y") -> dict:

@@ -234,7 +234,7 @@ def test_bad_wer_options_are_one_line_spec_errors(tmp_path, options, fragments):
 def test_w8a16_switch_declares_a_calibrated_variant_judged_on_every_clip(tmp_path):
     graph = graph_spec(model_copy(tmp_path, w8a16=True))
     assert graph.precisions == ("fp16", "w8a16")
-    assert graph.calibration == {"samples": 14, "function": "calibration", "per_channel": True}
+    assert graph.section("calibration") == {"samples": 14, "function": "calibration", "per_channel": True}
     assert graph.verify["fp16"]["samples"] == 2 and graph.verify["w8a16"]["samples"] == 12
     assert graph.verify["w8a16"]["checks"] == [{"kind": "wer", "output": "features", "max_wer_increase": 0.0,
                                                 "min_identical": 0.0, "show": 5}]

@@ -25,8 +25,8 @@ RNG = np.random.default_rng(22)
 def packaged_graph(model_dir: Path, inputs, outputs, name="g", **extra) -> GraphSpec:
     """The GraphSpec spec/load.py makes for a YAML-only graph whose source is `model_dir/m.onnx`."""
     fields = dict(name=name, model=model_dir.name, model_dir=model_dir, inputs=tuple(inputs), outputs=tuple(outputs),
-                  precisions=("fp16",), socs=None, export="export", options={}, simplify={}, cpucheck={}, lint={},
-                  verify={}, allow_cpu_fallback=False, calibration={}, source=Source(None, "m.onnx", None),
+                  precisions=("fp16",), socs=None, export="export", options={}, verify={},
+                  allow_cpu_fallback=False, source=Source(None, "m.onnx", None),
                   has_code=False)
     fields.update(extra)
     return GraphSpec(**fields)
@@ -172,11 +172,12 @@ def test_w8a16_failure_hint_never_suggests_what_is_already_set(tmp_path):
     from qnn_tasks.stages.simverify import quantized_hint
 
     graph = packaged_graph(tmp_path, [TensorSpec("x", (1, 8), "float32")], [TensorSpec("y", (1, 8), "float32")],
-                           precisions=("w8a16",), calibration={"samples": 32, "function": "samples", "per_channel": True})
+                           precisions=("w8a16",),
+                           settings={"calibration": {"samples": 32, "function": "samples", "per_channel": True}})
     hint = quantized_hint(graph)
     assert "per_channel" not in hint and "calibration.samples is 32" in hint
     per_tensor = packaged_graph(tmp_path, graph.inputs, graph.outputs, precisions=("w8a16",),
-                                calibration={"samples": 8, "function": "samples", "per_channel": False})
+                                settings={"calibration": {"samples": 8, "function": "samples", "per_channel": False}})
     assert "try calibration.per_channel: true" in quantized_hint(per_tensor)
 
 

@@ -83,7 +83,7 @@ def find_problems(model, graph: GraphSpec, loop_feed: dict[str, str] | None = No
                            graph, budgets, {f.where for f in sizes}) if budgets else []
     findings = _io_findings(model) + _node_findings(model, graph) + _rewrite_findings(model, graph) + sizes + held \
         + _recurrent_findings(model, graph, loop_feed or {})
-    allowed = set(graph.lint.get("allow", []))
+    allowed = set(graph.section("lint").get("allow", []))
     for f in findings:
         if f.rule in allowed:
             f.severity = "allowed"  # acknowledged in model.yaml: recorded, neither error nor warning
@@ -156,7 +156,7 @@ def _control_flow_fix(condition, select, graph: GraphSpec) -> str:
 def _cpu_route(graph: GraphSpec) -> str:
     """The route that keeps control flow as a CPU partition the context record and the report name: the keys this
     graph still lacks ("" when it has both)."""
-    keys = (('"lint: {allow: [control-flow]}"', "control-flow" in graph.lint.get("allow", [])),
+    keys = (('"lint: {allow: [control-flow]}"', "control-flow" in graph.section("lint").get("allow", [])),
             ('"allow_cpu_fallback: true"', graph.allow_cpu_fallback))
     missing = [key for key, present in keys if not present]
     if not missing:

@@ -219,6 +219,9 @@ class Planner:
         return self._sources[vt.name]
 
     def chip_key(self, stage: StageDef, ct: ChipTarget, **extra: Any) -> str:
+        """A chip stage's key: the SoC row, the precision, `extra` and the stage's own model.yaml section (if any)."""
+        if stage.settings:
+            extra = {**extra, **stage.settings.keyed(ct.graph)}
         soc = self.cached_json("soc", ct.soc.name, ct.soc.row)
         settings = self.cached_json(f"extra:{stage.name}", ct.variant.name, lambda: extra)
         return self.key(stage, self.binding(ct), soc, ct.precision, settings, labels=("soc", "precision", ""))

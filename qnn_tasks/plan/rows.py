@@ -23,19 +23,21 @@ from qnn_tasks.plan.stageplans import (
     plan_simverify,
     plan_split,
 )
+from qnn_tasks.spec import stagesettings
+from qnn_tasks.spec.stagesettings import CALIBRATION, CPUCHECK, LINT, SIMPLIFY
 
 GRAPH_STAGES = (
     StageDef("export", "graph", "Export each graph's NPU-ready ONNX (static shapes, int32 I/O, no If/int8): the "
              "model's export.py, or the built-in packaged-ONNX export, plus declared rewrites.",
              "qnn_tasks.stages.export:run_call", plan_export),
     StageDef("simplify", "graph", "Simplify each graph with onnxsim and confirm its I/O shapes are fixed.",
-             "qnn_tasks.stages.simplify:run_call", plan_simplify),
+             "qnn_tasks.stages.simplify:run_call", plan_simplify, settings=SIMPLIFY),
     StageDef("lint", "graph", "Lint each graph for what troubles the NPU (dynamic dims, int64, control flow, fp16 "
-             "hazards, size).", "qnn_tasks.stages.lint:run_call", plan_lint, heavy=False),
+             "hazards, size).", "qnn_tasks.stages.lint:run_call", plan_lint, heavy=False, settings=LINT),
     StageDef("cpucheck", "graph", "Run each simplified graph on CPU against the original model on real inputs; keep "
-             "the reference.", "qnn_tasks.stages.cpucheck:run_call", plan_cpucheck),
+             "the reference.", "qnn_tasks.stages.cpucheck:run_call", plan_cpucheck, settings=CPUCHECK),
     StageDef("calibrate", "graph", "Make each quantized graph's calibration set from real inputs (once per graph).",
-             "qnn_tasks.stages.calibrate:run_call", plan_calibrate, column=False),
+             "qnn_tasks.stages.calibrate:run_call", plan_calibrate, column=False, settings=CALIBRATION),
     StageDef("split", "graph", "Cut each graph declared with split: into parts (graphs <graph>.part<N> of their own) "
              "and check the parts chained on CPU against the whole graph.", "qnn_tasks.stages.split:run_call",
              plan_split, column=False),
@@ -100,11 +102,20 @@ _REGISTERED: list[StageDef] = []
 
 def register(row: StageDef) -> None:
     """Add a stage of the project's own (a row whose runner and plan live in its module), run after the built-in
-    stages of its scope. Called from dodo.py before `project_tasks`."""
+    stages of its scope; with `settings`, its own section under graphs.<graph> in model.yaml. Called from dodo.py
+    before `project_tasks` (which loads the model.yaml files)."""
     if row.scope not in ("graph", "chip"):
         raise ValueError(f"stage '{row.name}': scope '{row.scope}' cannot be registered (use 'graph' or 'chip')")
     if any(r.name == row.name for r in GRAPH_STAGES + CHIP_STAGES + ON_DEMAND + tuple(_REGISTERED)):
         raise ValueError(f"stage '{row.name}' exists already")
+    if row.settings is not None:
+        from qnn_tasks.spec.keys import GRAPH  # the schema, imported only by a project that brings a section
+
+        taken = set(GRAPH.fields) | {s.section for s in stagesettings.registered()}
+        if row.settings.section in taken:
+            raise ValueError(f"stage '{row.name}': graphs.<graph>.{row.settings.section} is a model.yaml key already "
+                             f"(fix: name its section after the stage, e.g. StageSettings({row.name!r}, ...))")
+        stagesettings.declare(row.settings)
     _REGISTERED.append(row)
 
 

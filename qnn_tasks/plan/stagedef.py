@@ -2,7 +2,8 @@
 (record_path, the one place a record path is made).
 
 A row says the stage's name, scope (graph / variant / chip), doc, the modules whose code is in
-its key, and whether it is heavy (native work: a child process or a Dask worker runs it). Its
+its key, whether it is heavy (native work: a child process or a Dask worker runs it), and its model.yaml section
+if it has one (spec/stagesettings.py: the loader checks it, the plan digests it into the stage's key). Its
 plan function turns one target into files read, files written, a key and lazily built call
 arguments. Nothing here imports doit, onnx or numpy: planning happens on every `doit` invocation.
 """
@@ -16,6 +17,7 @@ from qnn_tasks.spec import split as specsplit
 
 if TYPE_CHECKING:  # the planner reads rows: importing it here would be a cycle
     from qnn_tasks.plan.planner import Binding, Planner
+    from qnn_tasks.spec.stagesettings import StageSettings
 
 
 @dataclass
@@ -51,6 +53,7 @@ class StageDef:
     remote: bool = False                       # may run on a Dask worker (reads only build files)
     toolchain: bool = False                    # runs with (and is keyed by) a toolchain
     column: bool = True                        # a column of the report's stage table
+    settings: StageSettings | None = None      # its section under graphs.<graph> in model.yaml, digested in its key
 
     def record_of(self, target: Any) -> str:
         """Where this stage's record for a target is (`record_path`: the one place a record path is made)."""

@@ -27,10 +27,12 @@ from qnn_tasks.toolchains import repairstep
 def graph_plan(p: Planner, stage: StageDef, gt: GraphTarget, file_dep: list[str], outputs: list[Any],
                 key: dict[str, Any], args: Callable[[], dict[str, Any]], doc: str, base: dict[str, Any] | None = None,
                 task_dep: list[str] | None = None) -> Plan:
+    """A graph stage's plan; its key holds `key` and the stage's own model.yaml section (the row's `settings`)."""
     g = gt.graph
+    keyed = {**key, **stage.settings.keyed(g)} if stage.settings else key
     return Plan(name=gt.name, out_dir=str(gt.stage_dir(stage.name)), file_dep=file_dep,
                 outputs=[str(o) for o in outputs],
-                key=p.key(stage, None, json.dumps(key, sort_keys=True), labels=("",)),
+                key=p.key(stage, None, json.dumps(keyed, sort_keys=True), labels=("",)),
                 doc=doc, args=args, base=lambda: base or {"graph": g.name}, task_dep=task_dep or [], model=g.model)
 
 
@@ -51,7 +53,7 @@ def plan_simplify(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
     g = gt.graph
     if specsplit.is_part(g):
         return None
-    return graph_plan(p, stage, gt, [str(gt.exported)], [gt.simplified], {"io": g.io(), "simplify": g.simplify},
+    return graph_plan(p, stage, gt, [str(gt.exported)], [gt.simplified], {"io": g.io()},
                        lambda: {"graph": p.graph_dict(g), "exported": str(gt.exported), "out": str(gt.simplified)},
                        f"onnxsim {gt.exported} -> {gt.simplified}")
 
@@ -66,7 +68,7 @@ def plan_lint(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan:
     said = "; ".join(part for part in (last_weights(gt.lint_record, g.precisions), budget) if part)
     keyed = {arch: budget["mb"] for arch, budget in budgets.items()}  # not the file: a clone shares the cache
     return graph_plan(p, stage, gt, [str(gt.simplified)], [],
-                       {"lint": g.lint, "precision": g.precision, "budgets": keyed, "split": g.split,
+                       {"precision": g.precision, "budgets": keyed, "split": g.split,
                         **({"loop_feed": loop_feed} if loop_feed else {})},
                        lambda: {"graph": p.graph_dict(g), "simplified": str(gt.simplified), "budgets": budgets,
                                 "loop_feed": loop_feed},
@@ -91,7 +93,7 @@ def plan_cpucheck(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
         return None
     return graph_plan(p, stage, gt, [str(gt.simplified)] + p.code_deps(g) + p.sample_deps(g),
                        [gt.inputs, gt.reference],
-                       {"io": g.io(), "options": g.options, "tolerance": g.cpucheck, "source": p.source_key(g),
+                       {"io": g.io(), "options": g.options, "source": p.source_key(g),
                         "constant_inputs": g.constant_inputs, "samples": g.samples},
                        lambda: {"graph": p.graph_dict(g), "source": p.source(g), "simplified": str(gt.simplified),
                                 "inputs": str(gt.inputs), "reference": str(gt.reference)},
@@ -102,12 +104,12 @@ def plan_calibrate(p: Planner, stage: StageDef, gt: GraphTarget) -> Plan | None:
     g = gt.graph
     if not precision_table.any_quantized(g.precisions) or specsplit.is_part(g):
         return None
+    calibration = g.section("calibration")
     return graph_plan(p, stage, gt, p.code_deps(g) + p.sample_deps(g), [gt.calibration],
-                       {"io": g.io(), "options": g.options, "calibration": g.calibration, "source": p.source_key(g),
-                        "samples": g.samples},
+                       {"io": g.io(), "options": g.options, "source": p.source_key(g), "samples": g.samples},
                        lambda: {"graph": p.graph_dict(g), "source": p.source(g), "out": str(gt.calibration)},
-                       f"{g.calibration['samples']} real calibration samples for {g.name} from "
-                       + (f"export.py:{g.calibration['function']}()" if g.has_code else "the declared sample files"),
+                       f"{calibration['samples']} real calibration samples for {g.name} from "
+                       + (f"export.py:{calibration['function']}()" if g.has_code else "the declared sample files"),
                        task_dep=[f"export:{gt.name}"])  # a graph export refuses (int8 inside) has nothing to calibrate
 
 
@@ -149,7 +151,8 @@ def plan_variant_stage(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan |
             calibration = str(gt.calibration) if graph_stage.needs_calibration else None
             # w8a16-mixed: the first graph stage quantizes with the weights its repair promoted
             promoted = promoted_file(vt) if source == str(gt.simplified) else None
-            key = {"precision": vt.precision, "io": g.io(), "calibration": g.calibration if calibration else None}
+            key = {"precision": vt.precision, "io": g.io(),
+                   "calibration": g.section("calibration") if calibration else None}
             return Plan(name=vt.name, out_dir=out, file_dep=[source] + ([calibration] if calibration else [])
                         + ([promoted] if promoted else []),
                         outputs=outputs, key=p.key(stage, binding, json.dumps(key, sort_keys=True), labels=("",)),
@@ -174,10 +177,10 @@ def plan_repair(p: Planner, stage: StageDef, vt: VariantTarget) -> Plan | None:
         return None
     g, gt = vt.graph, vt.graph_target
     out = str(vt.dir / stage.name)
-    budget = g.calibration.get("repair_budget", DEFAULT_REPAIR_BUDGET)
+    budget = g.section("calibration").get("repair_budget", DEFAULT_REPAIR_BUDGET)
     runs_code = any(check["kind"] in MODEL_CHECKS for check in chip.verify["checks"])
-    settings = json.dumps({"verify": chip.verify, "calibration": g.calibration, "budget": budget, "io": g.io(),
-                           "soc": chip.soc.row(), "precision": vt.precision}, sort_keys=True)
+    settings = json.dumps({"verify": chip.verify, "calibration": g.section("calibration"), "budget": budget,
+                           "io": g.io(), "soc": chip.soc.row(), "precision": vt.precision}, sort_keys=True)
     binding = p.binding(vt)
     return Plan(name=vt.name, out_dir=out, model=g.model,
                 file_dep=[str(gt.simplified), str(gt.calibration), str(gt.inputs), str(gt.reference)]

@@ -1,5 +1,6 @@
 """The sections of a graph that say how it is checked: `verify:` (thresholds, task checks, per
-precision), `calibration:` and `lint:`, validated with their defaults filled in.
+precision), validated with its defaults filled in; and what the types of `calibration:` and `lint:` cannot say
+(spec/stagesettings.py declares those two sections).
 """
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec.yamlread import as_bool, as_int, as_mapping, as_number, check_keys
+from qnn_tasks.spec.yamlread import as_int, as_mapping, as_number
 
 PRECISIONS = precision_table.NAMES  # fp16, w8a16, w4a16: spec/precisions.py
 MIN_CALIBRATION_SAMPLES = 8
@@ -21,7 +22,7 @@ THRESHOLD_RANGES = {"max_abs": (0.0, None), "mean_abs": (0.0, None), "min_cosine
 DEFAULT_THRESHOLDS = {"fp16": {"min_cosine": 0.999, "min_snr_db": 25.0},
                       **{p: {"min_cosine": 0.99, "min_snr_db": 15.0} for p in precision_table.QUANTIZED}}
 VERIFY_KEYS = {"samples", "thresholds", "per_output", "checks"} | {p for p in PRECISIONS if p != "fp16"}
-CALIBRATION_KEYS = {"samples", "function", "per_channel", "repair_budget"}
+CALIBRATION_DEFAULTS = {"samples": 32, "function": "samples", "per_channel": True}
 REPAIR_BUDGET = (3, 50)  # compiles the repair may spend: plain w8a16 + the sensitivity graph + at least one step
 DEFAULT_REPAIR_BUDGET = 6
 CHECK_KINDS = {"agreement": {"output", "threshold", "min", "slice"}, "ranking": {"output", "top", "min", "slice"},
@@ -82,28 +83,23 @@ def check_lint(lint: dict, path: Path, key: str, precisions: tuple[str, ...] | l
             raise SpecError(path, f"{key}.allow[{i}]", f"{rule} cannot be acknowledged: {why}", fix)
 
 
-def calibration_section(data: Any, precisions: list[str], path: Path, key: str) -> dict[str, Any]:
-    """How quantized graphs (w8a16, w4a16) are calibrated: N real samples from a function of the model's export.py."""
-    section = as_mapping(data, path, key)
-    check_keys(section, CALIBRATION_KEYS, path, key)
-    samples = section.get("samples", 32)
+def check_calibration(section: dict, path: Path, key: str, precisions: tuple[str, ...]) -> None:
+    """How quantized graphs (w8a16, w4a16) are calibrated: N real samples from a function of the model's export.py
+    (CALIBRATION_DEFAULTS where the section does not say; spec/stagesettings.py fills them in)."""
+    samples = section.get("samples", CALIBRATION_DEFAULTS["samples"])
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < MIN_CALIBRATION_SAMPLES:
         raise SpecError(path, f"{key}.samples", f"{samples!r} is too few calibration samples",
                         f"use at least {MIN_CALIBRATION_SAMPLES} real samples (32 or more is better)")
-    function = section.get("function", "samples")
+    function = section.get("function", CALIBRATION_DEFAULTS["function"])
     if not isinstance(function, str) or not function.isidentifier():
         raise SpecError(path, f"{key}.function", f"'{function}' is not a function name", "name a function in export.py")
     if section and not precision_table.any_quantized(precisions):
         raise SpecError(path, key, f"calibration is only used by quantized graphs ({', '.join(precision_table.QUANTIZED)})",
                         "add w8a16 to precision or remove it")
-    result = {"samples": samples, "function": function,
-              "per_channel": as_bool(section.get("per_channel", True), path, f"{key}.per_channel")}
-    if "repair_budget" in section:  # only where declared: a quantized graph's keys stay as they were without it
-        if not any(precision_table.is_repaired(p) for p in precisions):
-            raise SpecError(path, f"{key}.repair_budget", f"only the repair of precision "
-                            f"{precision_table.repaired_names()} spends it", "add w8a16-mixed to precision or remove it")
-        result["repair_budget"] = as_int(section["repair_budget"], path, f"{key}.repair_budget", *REPAIR_BUDGET)
-    return result
+    # repair_budget stays out where not written (no default): a quantized graph's keys stay as they were without it
+    if "repair_budget" in section and not any(precision_table.is_repaired(p) for p in precisions):
+        raise SpecError(path, f"{key}.repair_budget", f"only the repair of precision "
+                        f"{precision_table.repaired_names()} spends it", "add w8a16-mixed to precision or remove it")
 
 
 def verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tuple[int, ...]], where: Path,

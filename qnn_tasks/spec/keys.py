@@ -1,13 +1,20 @@
 """Every key of the spec files with its type and bounds (spec/schema.py's types): model.yaml, socs.yaml, profiles.
 
+A stage's own section under `graphs.<graph>` (simplify:, lint:, ...) is its declaration's (spec/stagesettings.py):
+GRAPH lists the built-in stages' sections, `model_table` adds those of the stages a project registered.
+
 The loaders check a file against its table first (spec/load.py), then read values known to be of their type.
 Ranges that are facts of the domain live beside the code that uses them (checks.THRESHOLD_RANGES, CHECK_RANGES,
 loop.MAX_STEPS, pipeline.MAX_RUNS, samples.MAX_SAMPLES) and are referenced here, not repeated.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import replace
+
 from qnn_tasks.envvalues import STAGE_TIMEOUT_MAX
-from qnn_tasks.spec.checks import CHECK_KINDS, CHECK_RANGES, REPAIR_BUDGET, THRESHOLD_KEYS, THRESHOLD_RANGES
+from qnn_tasks.spec import stagesettings
+from qnn_tasks.spec.checks import CHECK_KINDS, CHECK_RANGES, THRESHOLD_KEYS, THRESHOLD_RANGES
 from qnn_tasks.spec.loop import MAX_STEPS
 from qnn_tasks.spec.pipeline import MAX_RUNS
 from qnn_tasks.spec.precisions import QUANTIZED
@@ -99,11 +106,6 @@ GRAPH = Fields({
     "socs": ListOf(NAME, min_items=1, bad="must be a non-empty list of SoC names", fix="e.g. socs: [SM8650, SM8750]"),
     "export": NAME,
     "options": Free(),
-    "simplify": Fields({"skip": Bool(), "skip_optimizers": ListOf(Text(max_len=100))}),
-    "calibration": Fields({"samples": Int(None, 100_000), "function": NAME, "per_channel": Bool(),
-                           "repair_budget": Int(*REPAIR_BUDGET)}),
-    "cpucheck": Fields({name: Num(*THRESHOLD_RANGES[name]) for name in ("max_abs", "min_cosine")}),
-    "lint": Fields({"allow": ListOf(Text(max_len=100))}),
     "verify": VERIFY,
     "allow_cpu_fallback": Bool(),
     "source": Fields({"package": Text(max_len=200), "file": FILE}),
@@ -114,6 +116,7 @@ GRAPH = Fields({
     "dims": MapOf(Either((SIZES, Fields({"sizes": SIZES, "pad": MapOf(Num(), "<input>"), "longer": Text(max_len=20)},
                                         required=("sizes",)))),
                   "<dim>", max_items=100, fix="e.g. dims: {seq: [32, 128]}"),  # spec/sizes.py allows one (its message)
+    **{settings.section: settings.fields() for settings in stagesettings.BUILT_IN},  # the stages' own sections
 }, required=("inputs", "outputs"))
 
 GLUE = Fields({"from": Text(max_len=300), "reshape": Bool(), "scale": Num(), "offset": Num(),
@@ -162,3 +165,12 @@ PROFILE = Fields({
     "cache": Text(doc="folder or fsspec URL"),
     "upgrade": Fields({"gate": Bool(), "cosine_margin": Num(0.0, 1.0), "size_growth": Num(0.0, None)}),
 }, required=("kind",))
+
+
+@functools.lru_cache(maxsize=8)
+def model_table(registered: tuple[stagesettings.StageSettings, ...] = ()) -> Fields:
+    """MODEL with the sections of the stages a project registered under `graphs.<graph>` (none: MODEL itself)."""
+    if not registered:
+        return MODEL
+    graph = replace(GRAPH, fields={**GRAPH.fields, **{s.section: s.fields() for s in registered}})
+    return replace(MODEL, fields={**MODEL.fields, "graphs": replace(MODEL.fields["graphs"], value=graph)})

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 from qnn_tasks.errors import SpecError
 from qnn_tasks.spec import porting as specport
 from qnn_tasks.spec import ship as specship
-from qnn_tasks.spec.checks import PRECISIONS, THRESHOLD_RANGES, calibration_section, check_lint, verify_section
+from qnn_tasks.spec import stagesettings
+from qnn_tasks.spec.checks import PRECISIONS, verify_section
 from qnn_tasks.spec.precisions import AUTO, DEFAULT_AUTO_ORDER, RUNS_WORDS
 from qnn_tasks.spec.project import (
     DEFAULT_CONTEXT_MB,
@@ -36,7 +37,6 @@ from qnn_tasks.spec.yamlread import (
     as_mapping,
     as_name,
     as_number,
-    get_section,
     installed_version,
     load_yaml,
 )
@@ -47,9 +47,6 @@ if TYPE_CHECKING:
 MAX_ELEMENTS = 2**31 - 1  # values in one declared tensor: QNN indexes tensors with 32 bits
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
 PLATFORMS = ("phone", "automotive", "iot", "pc")  # what a chip ships in; Play's device targeting serves phones
-SIMPLIFY_KEYS = {"skip", "skip_optimizers"}
-TOLERANCE_KEYS = {"max_abs", "min_cosine"}
-LINT_KEYS = {"allow"}
 UPGRADE_DEFAULTS = {"gate": False, "cosine_margin": 1.0e-4, "size_growth": 0.05}
 
 
@@ -133,10 +130,12 @@ def _runs(row: dict, path: Path, key: str) -> tuple[str, ...]:
 
 
 def _check_schema(data: Any, table: str, path: Path) -> None:
-    """The file against its table of spec/keys.py (imported only when YAML is read: a warm spec cache skips it)."""
+    """The file against its table of spec/keys.py (imported only when YAML is read: a warm spec cache skips it);
+    a model.yaml's with the sections of the stages this project registered."""
     from qnn_tasks.spec import keys, schema
 
-    schema.check(data, getattr(keys, table), path)
+    found = keys.model_table(stagesettings.registered()) if table == "MODEL" else getattr(keys, table)
+    schema.check(data, found, path)
 
 
 def packaged_socs_file() -> Path:
@@ -251,23 +250,16 @@ def _load_graph(name: str, data: Any, model_dir: Path, path: Path, socs: dict[st
     has_code = (model_dir / "export.py").is_file()
     if not has_code:  # the YAML-only path: the packaged ONNX is the graph (docs/packaged-models.md)
         specport.require_packaged_onnx(source_data, path, key, source_key, data)
-    simplify = get_section(data, "simplify", SIMPLIFY_KEYS, path, key)
-    specport.skip_optimizers(simplify, path, f"{key}.simplify.skip_optimizers")
-    cpucheck = get_section(data, "cpucheck", TOLERANCE_KEYS, path, key)
-    for metric, limit in cpucheck.items():
-        as_number(limit, path, f"{key}.cpucheck.{metric}", *THRESHOLD_RANGES[metric])
-    lint = get_section(data, "lint", LINT_KEYS, path, key)
-    check_lint(lint, path, f"{key}.lint", precisions)
+    settings = {s.section: s.load(data.get(s.section), path, f"{key}.{s.section}", precisions)
+                for s in stagesettings.declared()}  # each stage's own section (simplify:, lint:, ...)
     outputs = _tensors(data["outputs"], path, f"{key}.outputs", need_dtype=False)
     return GraphSpec(
         name=name, model=model_dir.name, model_dir=model_dir,
         inputs=inputs, outputs=outputs,
         precisions=tuple(precisions), socs=chips, export=export,
-        options=as_mapping(data.get("options", {}), path, f"{key}.options"),
-        simplify=simplify, cpucheck=cpucheck, lint=lint,
+        options=as_mapping(data.get("options", {}), path, f"{key}.options"), settings=settings,
         verify={p: verify_section(data.get("verify"), p, {t.name: t.shape for t in outputs}, path, f"{key}.verify")
                 for p in precisions},
-        calibration=calibration_section(data.get("calibration"), precisions, path, f"{key}.calibration"),
         allow_cpu_fallback=as_bool(data.get("allow_cpu_fallback", False), path, f"{key}.allow_cpu_fallback"),
         source=Source(package=source_data.get("package"), file=source_data.get("file"), url=source_data.get("url")),
         source_key=source_key, rewrites=specport.rewrites(data.get("rewrites"), path, f"{key}.rewrites"),

@@ -152,12 +152,8 @@ class GraphSpec:
     socs: tuple[str, ...] | None
     export: str
     options: dict[str, Any]
-    simplify: dict[str, Any]
-    cpucheck: dict[str, Any]
-    lint: dict[str, Any]
     verify: dict[str, dict[str, Any]]  # precision -> validated verify settings
     allow_cpu_fallback: bool
-    calibration: dict[str, Any]
     source: Source | None = None          # the model's source with the graph's `source:` keys over it
     source_key: str = "source.file"       # the model.yaml key that names its file (for messages)
     rewrites: dict[str, dict[str, Any]] = field(default_factory=dict)  # rewrite name -> options
@@ -167,6 +163,9 @@ class GraphSpec:
     size: SizeSpec | None = None           # which size of a graph with `dims:` this one is
     split: dict[str, Any] | None = None    # `split:` ({"at": [...]} | {"parts": N}); a part: {"part", "of", "parts"}
     auto: tuple[str, ...] = ()             # `precision: auto`: its candidates (= precisions), smallest expected first
+    # the stages' own sections (simplify:, lint:, calibration:, a registered stage's), checked, defaults filled:
+    # section -> settings, as spec/stagesettings.py declares them
+    settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
     def precision(self) -> str:
@@ -176,6 +175,10 @@ class GraphSpec:
     def key(self) -> str:
         """The graph's key in model.yaml, for messages: `graphs.<name>`, the declared graph's for one of its sizes."""
         return f"graphs.{self.size.graph if self.size else self.name}"
+
+    def section(self, name: str) -> dict[str, Any]:
+        """A stage's section of this graph (`lint`, `calibration`, ...), as loaded; {} for one never loaded."""
+        return self.settings.get(name, {})
 
     @property
     def model_code(self) -> Path:

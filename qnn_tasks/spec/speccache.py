@@ -1,8 +1,9 @@
 """A cache of the loaded project specs, so a no-op `doit` neither imports nor parses YAML.
 
 Valid while every spec file (socs.yaml, models/*/model.yaml and their export.py, the toolchain
-profile) and the spec code itself have the same mtime and size, for the same toolchain name
-and Python. Anything else (a corrupt or stale cache included) just means loading the YAML.
+profile), the spec code itself and the model.yaml sections the project's own stages declare (and the files
+declaring them) are the same, for the same toolchain name and Python. Anything else (a corrupt or stale cache
+included) just means loading the YAML.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ CACHE = ".qnn-specs.cache"
 
 def _fingerprint(root: Path, toolchain: str) -> tuple:
     from qnn_tasks import codekeys
+    from qnn_tasks.spec import stagesettings
 
     data = Path(__file__).resolve().parents[1] / "data"  # the packaged table and profiles under the project's
     files = [root / "socs" / "socs.yaml", data / "socs.yaml"]
@@ -34,8 +36,10 @@ def _fingerprint(root: Path, toolchain: str) -> tuple:
             stats.append((str(path), st.st_mtime_ns, st.st_size))
         except FileNotFoundError:
             stats.append((str(path), None, None))
-    # the spec code itself: every module the loader imports, derived from its imports
-    return (sys.version_info[:2], toolchain, str(root), tuple(stats), codekeys.digest(("qnn_tasks.spec.load",)))
+    # the spec code itself: every module the loader imports, derived from its imports; and the sections of the
+    # stages this project registered (dodo.py): their checks and defaults are in the loaded spec
+    return (sys.version_info[:2], toolchain, str(root), tuple(stats), codekeys.digest(("qnn_tasks.spec.load",)),
+            stagesettings.fingerprint())
 
 
 def read(root: Path, toolchain: str) -> Project | None:

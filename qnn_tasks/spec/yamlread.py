@@ -180,12 +180,6 @@ def as_mapping(value: Any, path: Path, key: str) -> dict:
     return value
 
 
-def get_section(data: dict, name: str, allowed: set[str], path: Path, key: str) -> dict:
-    section = as_mapping(data.get(name, {}), path, f"{key}.{name}")
-    check_keys(section, allowed, path, f"{key}.{name}")
-    return section
-
-
 def check_keys(data: dict, allowed: set[str], path: Path, key: str) -> None:
     for k in data:
         if k not in allowed:

@@ -15,8 +15,8 @@ from qnn_tasks.spec.project import GraphSpec
 
 
 def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:
-    wanted = graph.calibration["samples"]
-    function = graph.calibration["function"]
+    settings = graph.section("calibration")
+    wanted, function = settings["samples"], settings["function"]
     ctx = modelcode.ModelContext(graph=graph, source_path=source, options=dict(graph.options))
     if function == "samples" and (graph.samples or not graph.has_code):  # the declared samples, like cpucheck's
         from qnn_tasks.judge.inputs import real_inputs

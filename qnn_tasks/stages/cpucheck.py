@@ -46,7 +46,7 @@ def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Pat
         original, by = packaged.reference(graph, source, inputs), f"the original {source.name} on CPU"
     cpu = run_onnx_cpu(simplified, inputs)
 
-    thresholds = {**DEFAULT_TOLERANCE, **graph.cpucheck}
+    thresholds = {**DEFAULT_TOLERANCE, **graph.section("cpucheck")}
     per_output, problems, broken = {}, [], []
     for spec in graph.outputs:
         missing = [i for i, o in enumerate(original) if spec.name not in o]

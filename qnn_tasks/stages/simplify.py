@@ -27,8 +27,9 @@ def run(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:
             return _large(graph, exported, out_onnx)
         model = onnx.load(str(exported))  # under 2 GB: onnxsim takes it whole, weights and all
     before = len(model.graph.node)
-    skipped = list(graph.simplify.get("skip_optimizers", []))
-    if graph.simplify.get("skip", False):
+    settings = graph.section("simplify")
+    skipped = list(settings.get("skip_optimizers", []))
+    if settings.get("skip", False):
         simplified = model
     else:
         try:

@@ -22,7 +22,7 @@ from qnn_tasks.spec.project import GraphSpec
 def quantized_hint(graph: GraphSpec, precision: str = "w8a16") -> str:
     """What to try when quantized weights fail, from the graph's own calibration settings (never what is already
     set); 4-bit weights are told about 8-bit ones first."""
-    calibration = graph.calibration or {}
+    calibration = graph.section("calibration")
     tries = [] if calibration.get("per_channel") else ["calibration.per_channel: true"]
     if precision != "w8a16" and "w8a16" not in graph.precisions:
         tries.append("precision: w8a16 (8-bit weights)")

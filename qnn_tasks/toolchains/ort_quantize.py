@@ -78,7 +78,7 @@ def quantize_model(graph: GraphSpec, precision: str, source: Path, calibration: 
         def get_next(self):
             return next(self._samples, None)
 
-    per_channel = bool(graph.calibration["per_channel"])
+    per_channel = bool(graph.section("calibration")["per_channel"])
     bits = precision_table.BY_NAME[precision].weight_bits
     light = onnx.load(str(source), load_external_data=False)
     axes = weight_axes(light)
