@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import copy_project
+from conftest import copy_project, plans_of
 
 from qnn_tasks import codekeys
 from qnn_tasks.plan import rows
@@ -328,7 +328,8 @@ def test_key_changes_with_an_imported_module_only(tmp_path: Path, monkeypatch: p
     codekeys.digest.cache_clear()
 
 
-LOADER_ONLY = ("spec/load.py", "spec/speccache.py", "spec/keys.py", "spec/schema.py")  # how YAML is read, not what it means
+# how YAML is read, not what it means (a stage's section reaches its key as data: its plan digests it)
+LOADER_ONLY = ("spec/load.py", "spec/speccache.py", "spec/keys.py", "spec/schema.py", "spec/stagesettings.py")
 
 
 def test_no_stage_key_holds_the_spec_loaders() -> None:
@@ -436,59 +437,144 @@ def test_a_stage_is_one_row_and_one_module(tmp_path: Path) -> None:
 
 
 BUDGET_STAGE = '''
-"""A test-only stage with a report column: the simplified graph must have at most LIMIT nodes."""
+"""A test-only stage with a report column and a model.yaml section of its own: the simplified graph must have at
+most `nodebudget: {limit: N}` nodes (10 where the graph does not say)."""
 from qnn_tasks.errors import StageError
 from qnn_tasks.plan.rows import register
 from qnn_tasks.plan.stagedef import StageDef
 from qnn_tasks.plan.stageplans import graph_plan
+from qnn_tasks.spec.stagesettings import StageSettings
 
-LIMIT = 10
+
+def fields():
+    from qnn_tasks.spec.schema import Fields, Int
+
+    return Fields({"limit": Int(1, 10_000)})
 
 
 def plan(p, stage, gt):
-    return graph_plan(p, stage, gt, [str(gt.simplified)], [], {}, lambda: {"simplified": str(gt.simplified)},
-                      f"at most {LIMIT} nodes in {gt.simplified}")
+    limit = gt.graph.section("nodebudget")["limit"]  # graph_plan puts the section into the key
+    return graph_plan(p, stage, gt, [str(gt.simplified)], [], {},
+                      lambda: {"simplified": str(gt.simplified), "limit": limit},
+                      f"at most {limit} nodes in {gt.simplified}")
 
 
 def run_call(call):
     import onnx
 
-    nodes = len(onnx.load(call.args["simplified"]).graph.node)
-    if nodes > LIMIT:
-        raise StageError(f"{nodes} nodes, more than {LIMIT}")
-    return {"nodes": nodes}
+    nodes, limit = len(onnx.load(call.args["simplified"]).graph.node), call.args["limit"]
+    if nodes > limit:
+        raise StageError(f"{nodes} nodes, more than {limit} (fix: raise nodebudget.limit)")
+    return {"nodes": nodes, "limit": limit}
 
 
-register(StageDef("nodebudget", "graph", "Refuse a graph of more than LIMIT nodes.", "nodebudget:run_call", plan,
-                  heavy=False))
+register(StageDef("nodebudget", "graph", "Refuse a graph of more nodes than its nodebudget: {limit: N}.",
+                  "nodebudget:run_call", plan, heavy=False,
+                  settings=StageSettings("nodebudget", fields, defaults={"limit": 10})))
 '''
+
+
+def test_a_registered_stage_brings_its_own_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A project's stage with a model.yaml section (`register` of a row with `settings`), planned in this process:
+    the loader checks the section against the row's schema (one line naming the key and the fix) and fills its
+    default, and the stage's key holds it, so an edit of it rekeys that stage and no other. The slow test below
+    builds it with doit."""
+    import importlib
+
+    from tiny_project import tiny_project
+
+    from qnn_tasks.plan.planner import Planner
+    from qnn_tasks.spec import stagesettings
+    from qnn_tasks.spec.load import load_project
+    from qnn_tasks.spec.schema import Fields
+    from qnn_tasks.spec.stagesettings import StageSettings
+
+    project = tiny_project(tmp_path / "p")
+    yaml = project.path("models/tiny/model.yaml")
+    written = yaml.read_text()
+
+    def load(section: str = ""):
+        yaml.write_text(written + section)
+        return load_project(project.root)
+
+    assert load("    nodebudget: {limit: 3}\n").broken == (("tiny", f"{yaml}: graphs.tiny.nodebudget: unknown key (fix: "
+                                                           "remove it or use one of: allow_cpu_fallback, calibration, "
+                                                           "constant_inputs, cpucheck, dims, export, inputs, lint, "
+                                                           "options, outputs, precision, rewrites, samples, simplify, "
+                                                           "socs, source, split, verify)"),)
+    monkeypatch.setattr(rows, "_REGISTERED", [])  # the row and its section stay this test's
+    monkeypatch.setattr(stagesettings, "_registered", [])
+    (tmp_path / "nodebudget.py").write_text(textwrap.dedent(BUDGET_STAGE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        importlib.import_module("nodebudget")  # registers the stage, and its section with it
+    finally:
+        sys.modules.pop("nodebudget", None)
+    for section, problem in (("{limit: 0}", "graphs.tiny.nodebudget.limit: 0 is out of range (fix: use a value "
+                                            "between 1 and 10000)"),
+                             ("{limt: 3}", "graphs.tiny.nodebudget.limt: unknown key (fix: remove it or use one of: "
+                                           "limit)"),
+                             ("3", "graphs.tiny.nodebudget: expected a mapping, got 3 (fix: write `key: value` pairs "
+                                   "there)")):
+        assert load(f"    nodebudget: {section}\n").broken == (("tiny", f"{yaml}: {problem}"),)
+
+    keys, limits = {}, {}
+    for case, section in (("default", ""), ("10", "    nodebudget: {limit: 10}\n"),
+                          ("3", "    nodebudget: {limit: 3}\n"), ("40", "    nodebudget: {limit: 40}\n")):
+        spec = load(section)
+        assert not spec.broken, spec.broken
+        plans = plans_of(Planner(spec))
+        keys[case] = {name: plan.key for name, plan in plans.items()}
+        limits[case] = plans["nodebudget:tiny"].args()["limit"]
+    assert limits == {"default": 10, "10": 10, "3": 3, "40": 40}
+    assert keys["10"] == keys["default"]  # the default written out is the same setting
+    for case in ("3", "40"):
+        assert {name for name in keys[case] if keys[case][name] != keys["default"][name]} == {"nodebudget:tiny"}
+    assert keys["3"]["nodebudget:tiny"] != keys["40"]["nodebudget:tiny"]
+
+    clash = StageDef("verify2", "graph", "", "nodebudget:run_call", None,
+                     settings=StageSettings("verify", lambda: Fields({})))
+    with pytest.raises(ValueError, match=r"graphs.<graph>.verify is a model.yaml key already \(fix: name its section"):
+        rows.register(clash)
 
 
 @pytest.mark.slow
 def test_a_registered_stage_reaches_the_report_and_dist(tmp_path: Path) -> None:
-    """A project's own stage (register) is a column of the report, and its verdict is the graph's: a failing one
-    fails the report and keeps the graph's binaries out of the package."""
+    """A project's own stage (register) with a model.yaml section of its own: a section its schema refuses is the
+    model's one-line spec error; the stage is a column of the report, and its verdict is the graph's; an edit of its
+    section reruns it and nothing else, and a failing one fails the report and keeps the graph's binaries out of the
+    package."""
     from tiny_project import tiny_project
 
     project = tiny_project(tmp_path / "p", samples=2)
-    stage = project.root / "nodebudget.py"
-    stage.write_text(textwrap.dedent(BUDGET_STAGE))
+    (project.root / "nodebudget.py").write_text(textwrap.dedent(BUDGET_STAGE))
     dodo = project.root / "dodo.py"
     dodo.write_text("import sys, pathlib\nsys.path.insert(0, str(pathlib.Path(__file__).parent))\nimport nodebudget"
                     "  # noqa: F401\n" + dodo.read_text())
+    yaml = project.path("models/tiny/model.yaml")
+    written = yaml.read_text()
+    yaml.write_text(written + "    nodebudget: {limt: 3}\n")
+    refused = project.doit("list")
+    assert refused.returncode == 0 and refused.stderr.strip() == (  # the model is unbuildable, not the project
+        f"error: {yaml}: graphs.tiny.nodebudget.limt: unknown key (fix: remove it or use one of: limit)"), refused.stderr
+    yaml.write_text(written)
+
     assert project.doit().returncode == 0
     report = project.one_json("build/report/report.json")
     [graph] = report["graphs"]
     assert graph["stages"]["nodebudget"]["status"] == "passed" and report["summary"]["ok"]
+    assert graph["stages"]["nodebudget"]["limit"] == 10  # the section's default
     assert "<th>nodebudget</th>" in project.path("build/report/index.html").read_text()
     assert project.doit("dist").returncode == 0
     assert project.path("dist/tiny/manifest.json").is_file()
 
-    stage.write_text(stage.read_text().replace("LIMIT = 10", "LIMIT = 2"))  # its code changed: it runs again, fails
-    assert project.doit().returncode == 1
+    yaml.write_text(written + "    nodebudget: {limit: 2}\n")  # its setting changed: it runs again, alone, and fails
+    result = project.doit()
+    assert result.returncode == 1 and result.executed - {"report"} == {"nodebudget:tiny"}, result.stdout
     report = project.one_json("build/report/report.json")
     [graph] = report["graphs"]
     assert graph["stages"]["nodebudget"]["status"] == "failed" and not report["summary"]["ok"]
+    assert "more than 2" in graph["stages"]["nodebudget"]["error"]
     assert report["targets"][0]["status"] == "failed"
     refused = project.doit("dist")
     assert refused.returncode != 0 and "nodebudget" in refused.stdout + refused.stderr
