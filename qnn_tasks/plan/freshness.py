@@ -19,14 +19,16 @@ from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.stagedef import Plan
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget, PipelineTarget, VariantTarget
 from qnn_tasks.spec import split as specsplit
+from qnn_tasks.spec import stagesettings
 
 # "changed since it was <verb>": what the stage did with what it read
 VERBS = {"export": "exported", "simplify": "simplified", "lint": "linted", "cpucheck": "checked on CPU",
          "calibrate": "calibrated", "split": "split", "quantize": "quantized", "convert": "converted",
          "modellib": "built", "config": "configured", "context": "compiled", "simulate": "simulated",
          "simverify": "verified", "pipeline": "verified", "loop": "verified", "crosssize": "checked"}
-# a graph setting's label in a key -> its model.yaml key under graphs.<graph>
-GRAPH_KEYS = {"io": "inputs/outputs", "tolerance": "cpucheck", "precision": "precision", "parts": "split"}
+# a graph setting's label in a key -> its model.yaml key under graphs.<graph> (a stage's own section is named in its
+# key as its declaration says: spec/stagesettings.py)
+GRAPH_KEYS = {"io": "inputs/outputs", "precision": "precision", "parts": "split"}
 FIRST = 3  # settings named in one reason
 
 
@@ -219,7 +221,8 @@ def _named(path: tuple, place: dict[str, Any]) -> str:
     graph = place.get("graph")
     if top == "io" and rest:  # model.yaml's inputs/outputs are mappings by name: the list index means nothing there
         top, rest = rest[0], ()
-    name = _dotted((GRAPH_KEYS.get(top, top),) + rest)
+    sections = {s.key: s.section for s in stagesettings.declared() if s.key}  # e.g. cpucheck's "tolerance"
+    name = _dotted((GRAPH_KEYS.get(top) or sections.get(top, top),) + rest)
     if top == "precision" and not rest:
         name = "precision"
     suffix = f" (for {place['precision']})" if top == "verify" and place.get("precision") not in (None, "fp16") else ""
