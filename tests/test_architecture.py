@@ -19,7 +19,7 @@ from qnn_tasks.plan.stagedef import StageDef
 from qnn_tasks.run.calls import StageCall, execute
 
 ROOT = Path(__file__).resolve().parent.parent
-ROWS = rows.GRAPH_STAGES + rows.CHIP_STAGES + (rows.PIPELINE,) + tuple(r for r in rows.ON_DEMAND if r.runner)
+ROWS = rows.GRAPH_STAGES + rows.CHIP_STAGES + (rows.PIPELINE,) + rows.ON_DEMAND
 
 
 def _cycles(graph: dict[str, list[str]]) -> list[list[str]]:
@@ -287,6 +287,59 @@ def test_hand_built_record_finder_finds_each_shape(tmp_path: Path) -> None:
         "pkg/user.py:2: cpucheck.json", "pkg/user.py:3: f'{ct.dir_str}/simverify/simverify.json'",
         "pkg/user.py:4: f'{d}/{stage}/{stage}.json'", "pkg/user.py:5: f'{d}/{s.name}/{s.name}.json'",
         "pkg/user.py:6: f'{folder}/{x}/{x}.json'"]
+
+
+def test_every_on_demand_row_is_planned_and_run_like_a_stage() -> None:
+    """An on-demand stage is a row with a plan function and a runner, its tasks made from them like a built stage's;
+    one whose runner writes its own records instead of the funnel's names why on its row, and CONTRIBUTING.md says
+    so."""
+    from qnn_tasks.run.calls import runner
+
+    contributing = (ROOT / "CONTRIBUTING.md").read_text()
+    for row in rows.ON_DEMAND:
+        assert callable(row.plan), f"{row.name}: no plan function"
+        assert callable(runner(row.runner)), f"{row.name}: runner {row.runner!r} is not a function"
+        if row.own_record:
+            assert len(row.own_record.split()) >= 5, f"{row.name}: own_record must say why, in words"
+            assert f"`{row.name}`" in contributing, f"{row.name} writes its own records: CONTRIBUTING.md must say why"
+
+
+def stage_lookups_by_name(package: Path, names: set[str] = STAGE_NAMES) -> list[str]:
+    """`file:line: code` in the task layer (package/tasks) that finds or singles out a stage by its name: a getattr
+    whose attribute name is built from another (`getattr(x, f"{name}_tasks")`, `name + "_tasks"`), or a comparison
+    with a stage's name (`row.name == "compat"`, `name != "compat"`). What sets a stage apart belongs on its row."""
+    found = []
+    for path in sorted((package / "tasks").glob("*.py")):
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr") \
+                    and len(node.args) >= 2 and any(isinstance(n, (ast.JoinedStr, ast.BinOp)) for n in ast.walk(node.args[1])):
+                found.append((path.name, node.lineno, ast.unparse(node)))
+            elif isinstance(node, ast.Compare):
+                sides = [node.left, *node.comparators]
+                if any(isinstance(s, ast.Constant) and s.value in names for s in sides):
+                    found.append((path.name, node.lineno, ast.unparse(node)))
+    return [f"{package.name}/tasks/{file}:{line}: {code}" for file, line, code in sorted(found)]
+
+
+def test_the_task_layer_never_finds_a_stage_by_its_name() -> None:
+    assert stage_lookups_by_name(ROOT / "qnn_tasks") == []
+
+
+def test_stage_lookup_finder_finds_each_shape(tmp_path: Path) -> None:
+    (tmp_path / "pkg" / "tasks").mkdir(parents=True)
+    (tmp_path / "pkg" / "tasks" / "t.py").write_text(textwrap.dedent('''\
+        a = getattr(OnDemand(f), f"{name}_tasks" if name != "compat" else "compat_task")()
+        b = getattr(task, "name", None) or getattr(hooks, name) or getattr(x, name + "_task")
+        c = row.name == "compat"
+        d = "verify" != stage
+        e = row.name == "devices"
+        '''))
+    assert stage_lookups_by_name(tmp_path / "pkg") == [
+        "pkg/tasks/t.py:1: getattr(OnDemand(f), f'{name}_tasks' if name != 'compat' else 'compat_task')",
+        "pkg/tasks/t.py:1: name != 'compat'", "pkg/tasks/t.py:2: getattr(x, name + '_task')",
+        "pkg/tasks/t.py:3: row.name == 'compat'",
+        "pkg/tasks/t.py:4: 'verify' != stage"]
 
 
 def test_cycle_finder_finds_a_cycle() -> None:

@@ -49,7 +49,9 @@ def expected(planner: Planner, plan: Plan, target: Any) -> dict[str, Any] | None
             settings[label or f"part{index + 1}"] = value
     return {"key": plan.key, "code": code, "settings": settings,
             "toolchain": {"id": binding.id, "fingerprint": binding.fingerprint} if binding else None,
-            "inputs": sorted(set(plan.file_dep)), "where": where(planner, target) if target is not None else {}}
+            "inputs": sorted(set(plan.file_dep)),
+            "where": where(planner, target) if isinstance(target, (GraphTarget, VariantTarget, ChipTarget,
+                                                                   PipelineTarget)) else {}}  # not a toolchain's
 
 
 def where(planner: Planner, target: Any) -> dict[str, Any]:

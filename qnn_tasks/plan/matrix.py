@@ -1,10 +1,11 @@
 """The default run read from the stage table: which rows a planner's project needs (build_stage_defs), their targets,
-every (row, plan), the files they write and the records the report reads.
+every (row, plan), the files they write and the records the report reads; and the on-demand rows' targets.
 """
 from __future__ import annotations
 
 from typing import Iterator
 
+from qnn_tasks.plan.ondemand import SURVEY
 from qnn_tasks.plan.paths import COMPAT_RECORD, DEVICE_STAMP
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.rows import (
@@ -56,6 +57,19 @@ def build_stage_defs(planner: Planner) -> list[StageDef]:
 def targets_of(planner: Planner, stage: StageDef) -> list:
     return {"graph": planner.graphs, "variant": planner.variants, "chip": planner.chips,
             "pipeline": planner.pipelines}[stage.scope]
+
+
+def on_demand_targets(planner: Planner, stage: StageDef) -> list:
+    """An on-demand row's targets by its scope: the one project, each toolchain of the run, each model that loads,
+    or a built stage's targets (the phone stages' `devices` survey first)."""
+    if stage.scope == "project":
+        return [None]
+    if stage.scope == "toolchain":
+        return list(planner.bindings)
+    if stage.scope == "model":
+        broken = {name for name, _ in planner.project.broken}
+        return [m for m in planner.project.models if m.name not in broken]
+    return ([SURVEY] if stage.devices else []) + list(targets_of(planner, stage))
 
 
 def plans(planner: Planner) -> Iterator[tuple[StageDef, Plan]]:

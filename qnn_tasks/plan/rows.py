@@ -4,6 +4,7 @@ runner. Which rows a run has, and their targets and plans: plan/matrix.py.
 """
 from __future__ import annotations
 
+from qnn_tasks.plan.ondemand import plan_compat, plan_device, plan_dist, plan_socscheck, plan_toolcheck
 from qnn_tasks.plan.stagedef import StageDef
 from qnn_tasks.plan.stageplans import (
     plan_calibrate,
@@ -65,36 +66,43 @@ REPAIR = StageDef("repair", "variant", "Find the fewest weights of each w8a16-mi
 CHOOSE = StageDef("choose", "chip", "precision auto: per chip, ship the smallest candidate binary that passed its "
                   "checks (every candidate built and verified; one that missed its checks is `rejected`).",
                   "qnn_tasks.stages.choose:run_call", plan_choose, heavy=False, column=False)
-# On demand: created only when asked for (`doit diagnose`), never in the default run. Rows without a runner are
-# task-layer work (phones, dependency checks) that calls no stage function.
 LOOP = StageDef("loop", "chip", "Run each model's loop: graph step after step on the host simulator (its outputs fed "
                 "back, the NPU carrying its own state) and on CPU; error per step, the whole run judged.",
                 "qnn_tasks.stages.loop:run_call", plan_loop, toolchain=True, column=False)
+# On demand: created only when asked for (`doit diagnose`), never in the default run; tasks made from the row like any
+# stage's. What sets one apart is on its row (cached, always, marks_report, devices, own_record), never in its name.
 DIAGNOSE = StageDef("diagnose", "chip", "Find the first node where the NPU diverges from the CPU, and why (on demand, "
                     "not in the default run).", "qnn_tasks.stages.diagnose:run_call", plan_diagnose, remote=True,
                     toolchain=True, column=False)
-SOCSCHECK = StageDef("socscheck", "project", "Compile a tiny model for every SoC row and confirm the binary's "
-                     "socModel/arch (on demand).", "qnn_tasks.stages.socscheck:run_call", None, toolchain=True,
-                     column=False)
+# Measures the toolchain against the SoC table (keyed by both), not the build: no shared cache, the report untouched.
+SOCSCHECK = StageDef("socscheck", "toolchain", "Compile a tiny model for every SoC row and confirm the binary's "
+                     "socModel/arch (on demand).", "qnn_tasks.stages.socscheck:run_call", plan_socscheck,
+                     toolchain=True, column=False, cached=False, marks_report=False)
+TOOLCHECK = StageDef("toolcheck", "toolchain", "Run each toolchain's dependency checks and say clearly what is missing "
+                     "(on demand).", "qnn_tasks.stages.toolcheck:run_call", plan_toolcheck, heavy=False,
+                     toolchain=True, column=False, cached=False, always=True, marks_report=False)
+# Runs in this process, each binary x runtime in that runtime's own interpreter (stages/compat.py).
 COMPAT = StageDef("compat", "project", "Load every built binary on every configured runtime's simulator: which QNN "
-                  "runtimes load it, and do outputs still match (on demand).", "qnn_tasks.stages.compat:run_call", None,
-                  toolchain=True, column=False)
+                  "runtimes load it, and do outputs still match (on demand).", "qnn_tasks.stages.compat:run_call",
+                  plan_compat, heavy=False, column=False, cached=False, always=True, marks_report=False)
+# Phones: the record is rewritten after every step, so a phone unplugged mid-run leaves what was measured and the
+# other phones still run; a target without a phone is skipped with its earlier record kept. The funnel's one record
+# per run, removed first and written last, cannot say either.
+DEVICE_RECORDS = "rewritten after every step on each phone, and kept when no phone of the chip is attached"
+VERIFY = StageDef("verify", "chip", "Run each chip's binaries on the attached phones (adb) and compare with the CPU; "
+                  "latency, CPU use (on demand).", "qnn_tasks.stages.verify:run_call", plan_device, heavy=False,
+                  column=False, cached=False, always=True, marks_report=False, devices=True, own_record=DEVICE_RECORDS)
+POWER = StageDef("power", "chip", "Fixed-length run on an attached phone with battery level before/after (on demand, "
+                 "opt-in).", "qnn_tasks.stages.verify:power_call", plan_device, heavy=False, column=False, cached=False,
+                 always=True, marks_report=False, devices=True, own_record=DEVICE_RECORDS)
 # A release act, not a build step: it writes outside build/ (dist/<model>/, what an app ships), so a plain `doit`
-# never replaces a package someone may be uploading; asked for by name once the report passes.
+# never replaces a package someone may be uploading; asked for by name once the report passes. The package is its
+# record (manifest.json), whole or not at all (ship/package.py): no build record for the funnel to write.
 DIST = StageDef("dist", "model", "Package what was verified for phones: dist/<model>/ with the binaries per chip, "
                 "manifest.json, model card, CPU fallback, runtime libraries (on demand).",
-                "qnn_tasks.ship.package:run_call", None, heavy=False, column=False)
-ON_DEMAND = (
-    DIAGNOSE, SOCSCHECK,
-    StageDef("toolcheck", "project", "Run each toolchain's dependency checks and say clearly what is missing (on "
-             "demand).", "", None, column=False),
-    COMPAT,
-    StageDef("verify", "chip", "Run each chip's binaries on the attached phones (adb) and compare with the CPU; "
-             "latency, CPU use (on demand).", "", None, column=False),
-    StageDef("power", "chip", "Fixed-length run on an attached phone with battery level before/after (on demand, "
-             "opt-in).", "", None, column=False),
-    DIST,
-)
+                "qnn_tasks.ship.package:run_call", plan_dist, heavy=False, column=False, cached=False, always=True,
+                marks_report=False, own_record="the package's manifest.json, outside build/ (ship/package.py)")
+ON_DEMAND = (DIAGNOSE, SOCSCHECK, TOOLCHECK, COMPAT, VERIFY, POWER, DIST)
 
 
 _REGISTERED: list[StageDef] = []

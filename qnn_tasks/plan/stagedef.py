@@ -35,9 +35,13 @@ class Plan:
     skip: str | None = None                    # a visible skip (e.g. no fp16 on this chip)
     heavy: bool | None = None                  # overrides the row's (a judgement that runs model code)
     model: str = ""                            # the model it belongs to (its model.yaml's `stage_timeout`)
+    record_file: str | None = None             # a record elsewhere (build/<stage>.json of a project-wide stage); ""
+                                               # for none (dist: its package is its record)
 
     @property
     def record(self) -> str:
+        if self.record_file is not None:
+            return self.record_file
         return f"{self.out_dir}/{self.out_dir.rsplit('/', 1)[-1]}.json"
 
 
@@ -45,7 +49,8 @@ class Plan:
 class StageDef:
     """One stage: everything the task layer, the executors, the report and the code key need to know of it."""
     name: str
-    scope: str                                 # "graph" | "variant" | "chip" | "pipeline" | "model" | "project"
+    scope: str                                 # "graph" | "variant" | "chip" | "pipeline" | "model" | "toolchain"
+                                               # | "project" (one task, named by the stage alone)
     doc: str
     runner: str                                # "module:function" run with the StageCall; its imports are the code key
     plan: Callable[["Planner", "StageDef", Any], Plan | None] | None
@@ -54,6 +59,13 @@ class StageDef:
     toolchain: bool = False                    # runs with (and is keyed by) a toolchain
     column: bool = True                        # a column of the report's stage table
     settings: StageSettings | None = None      # its section under graphs.<graph> in model.yaml, digested in its key
+    # What sets an on-demand stage apart, each a fact the task layer and the funnel read (never the stage's name):
+    cached: bool = True                        # the shared cache may restore it (not: it measures this machine)
+    always: bool = False                       # runs whenever asked, no up-to-date check (phones come and go)
+    marks_report: bool = True                  # its run may change the report's verdict: the last is superseded
+    devices: bool = False                      # runs on attached phones: a `devices` subtask lists them first
+    own_record: str = ""                       # why it writes its own record(s), not the funnel's (then its
+                                               # runner runs in this process, its errors one line as the funnel's)
 
     def record_of(self, target: Any) -> str:
         """Where this stage's record for a target is (`record_path`: the one place a record path is made)."""

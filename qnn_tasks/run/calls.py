@@ -34,6 +34,7 @@ class StageCall:
     runner: str = ""                 # "module:function" from the stage table, imported where the call runs
     time_limit: float | None = None  # seconds it may take in a child process, then the child is killed
     time_limit_from: str = ""        # where the limit is set (model.yaml's stage_timeout, $QNN_STAGE_TIMEOUT)
+    marks_report: bool = True        # its run may change the report's verdict: the last report is superseded
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)

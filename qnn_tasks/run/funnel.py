@@ -1,8 +1,10 @@
-"""The one failure funnel every stage goes through, whatever executor runs it.
+"""The one failure funnel every stage goes through, whatever executor runs it (on-demand ones too: only a row
+that names why it writes its own records, `own_record` in plan/rows.py, runs beside it, in tasks/ondemand.py).
 
 In order: the tree lock must be ours; the old record is removed (a record never outlives the run
 that made it, interrupted or not; removing needs no disk space, so it is first); the previous
-report is marked superseded (run/reportmark.py); leftovers of killed runs in the stage's folder are
+report is marked superseded (run/reportmark.py; not by a stage whose row says its run cannot change
+the verdict, e.g. socscheck); leftovers of killed runs in the stage's folder are
 swept; a cache hit restores the outputs byte-identically; otherwise the executor runs the call.
 Every record says what it was made from (`made_from`: the key's labelled settings, code version,
 toolchain, and each file read with its digest; plan/freshness.py compares it with today's spec).
@@ -28,7 +30,7 @@ from qnn_tasks.run.status import Status
 
 def run(call: StageCall, base: dict[str, Any], root: str, cache=None) -> str | None:
     """Run one stage call end to end; None on success, else the one line to show."""
-    task = f"{call.stage}:{call.target}"
+    task = f"{call.stage}:{call.target}" if call.target else call.stage  # a project-wide stage: one task
     if not treelock.owned():
         return f"{task}: this doit does not hold the build tree's lock; no record written"
     try:
@@ -43,7 +45,8 @@ def _run(call: StageCall, base: dict[str, Any], root: str, cache, task: str) -> 
     try:
         Path(call.record).unlink(missing_ok=True)  # first, needing no space: the old verdict goes before anything fails
     finally:
-        reportmark.supersede(root)  # the last report is not this run's verdict until this run writes its own
+        if call.marks_report:  # the last report is not this run's verdict until this run writes its own
+            reportmark.supersede(root)
     treelock.sweep(out_dir)
     interrupts.running(task, call.out_dir)
     record: dict[str, Any] = {"stage": call.stage, "target": call.target, **base}
@@ -131,7 +134,7 @@ def _restore(call: StageCall, record: dict[str, Any], cache, start: float, task:
     records.write(call.record, cached)
     record.clear()
     record.update(cached)
-    console.finished(f"{call.stage}:{call.target}", cached)
+    console.finished(task, cached)
     return None
 
 

@@ -448,8 +448,20 @@ def _swap(tmp: Path, dest: Path) -> None:
 
 
 def run_call(call: StageCall) -> dict[str, Any]:
+    """`doit dist:<model>`: the model's inventory read from today's spec and records (as the report reads them), its
+    package written where the first toolchain's profile (or $QNN_DIST) says, and the summary printed."""
+    from qnn_tasks.plan.planner import Planner
+    from qnn_tasks.ship import inventory
+    from qnn_tasks.spec.load import load_project
+
     a = call.args
-    return write(a["inventory"], Path(a["root"]), Path(a["dest_root"]), Path(a["cache_dir"]))
+    root = Path(a["root"])
+    planner = Planner(load_project(root, a["toolchains"]))  # a warm spec cache: no YAML is read again
+    profile = planner.bindings[0].profile
+    done = write(inventory.of_model(planner, a["model"]), root, dist_root(profile.settings, profile.file, root),
+                 Path("build") / "verify" / "runtime-libs")
+    print(summary(done))
+    return done
 
 
 def summary(done: dict[str, Any]) -> str:

@@ -20,23 +20,19 @@ import datetime as _dt
 import os
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
-from qnn_tasks.fileio import write_json
 from qnn_tasks.plan.paths import COMPAT_RECORD
-from qnn_tasks.plan.stagedef import record_path
 from qnn_tasks.qnn import loadoracle, runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import good
 from qnn_tasks.spec.project import GraphSpec
 
-if TYPE_CHECKING:  # only annotated: the planner is the task layer's
-    from qnn_tasks.plan.planner import Planner
-
 TABLE_VERSIONS = ("2.47.0", "2.51.0")  # socs.yaml's measurements (QNN 2.51) and toolchain/ort-qnn-2.47.yaml
+BINARY_RUNNER = "qnn_tasks.stages.compat:run_binary_call"  # one binary on one runtime (a child per runtime)
 WRAPPER_IR = 10  # every onnxruntime-qnn 2.x era runtime reads IR 10; the EPContext node needs nothing newer
 
 
@@ -72,62 +68,56 @@ def run_binary(graph: GraphSpec, verify: dict[str, Any], ctx_onnx: Path, provide
             "violations": violations, "samples": len(inputs)}
 
 
-def measure(planner: Planner, root: str) -> dict[str, Any]:
-    """Every built binary x every ort-qnn runtime of this run -> build/compat/compat.json."""
-    from qnn_tasks.run.calls import StageCall
+def measure(args: dict[str, Any]) -> dict[str, Any]:
+    """Every built binary x every ort-qnn runtime of this run (plan/ondemand.py's plan_compat says which): the table
+    the funnel writes to build/compat/compat.json."""
     from qnn_tasks.run.executors import for_call
 
-    runtimes = [b for b in planner.bindings if b.toolchain.kind == "ort-qnn"]
+    runtimes = args["runtimes"]
     if not runtimes:
         raise QnnTasksError("no ort-qnn toolchain in this run: the compatibility table runs binaries on onnxruntime-qnn "
                             "simulators (fix: QNN_TOOLCHAIN=ort-qnn,<other profile>)")
     samples = int(envvalues.number(envvalues.COMPAT_SAMPLES))
     table: dict[str, Any] = {"measured_at": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                             "samples": samples,
-                             "runtimes": [{"profile": b.profile.name, "id": b.id, "qnn": b.fingerprint.get("qnn")}
-                                          for b in runtimes], "binaries": []}
+                             "samples": samples, "runtimes": runtimes, "binaries": []}
     versions = known_versions(table["runtimes"])
-    rows = [soc.row() for soc in planner.project.socs.values()]
     cases: list[dict[str, Any]] = []
-    for ct in planner.chips:
-        binding = planner.binding(ct)
-        context = record_path("context", ct)
+    for target in args["binaries"]:
+        context = target["context_record"]
         record = records.read(context)
-        if ct.skip_reason or not record or not good(record.get("status")) \
-                or records.problems(record, context):
+        if not record or not good(record.get("status")) or records.problems(record, context):
             continue
-        ctx_files = planner.context_files(ct)
-        entry = {"target": ct.name, "toolchain": binding.profile.name, "built_with": (record.get("binary") or {}).get(
+        ctx_onnx = target["ctx_onnx"]
+        entry = {"target": target["target"], "toolchain": target["toolchain"], "built_with": (record.get("binary") or {}).get(
                      "build_id"), "binary_sha256": next((f["sha256"] for n, f in record.get("files", {}).items()
                                                          if n.endswith(".bin")), None), "runs": {}}
-        facts = binary_facts(Path(ctx_files[0]), record.get("binary") or {})
+        facts = binary_facts(Path(ctx_onnx), record.get("binary") or {})
         entry["facts"] = facts.as_dict()
         for runtime in runtimes:
-            call = StageCall(stage="compat", target=ct.name, args={
-                "graph": planner.graph_dict(ct.graph), "verify": ct.verify, "ctx_onnx": ctx_files[0],
-                "provider_options": planner.config_files(ct)[0], "inputs": str(ct.graph_target.inputs),
-                "reference": str(ct.graph_target.reference), "samples": samples},
-                inputs=[], out_dir=f"build/compat/{ct.name}/{runtime.profile.name}", outputs=[], record="", key="",
-                toolchain=runtime.profile_dict(planner.root), runner=f"{__name__}:run_call")
-            outcome = for_call(call, root).run(call, None)
+            call = StageCall(stage="compat", target=target["target"], args={
+                "graph": target["graph"], "verify": target["verify"], "ctx_onnx": ctx_onnx,
+                "provider_options": target["provider_options"], "inputs": target["inputs"],
+                "reference": target["reference"], "samples": samples},
+                inputs=[], out_dir=f"build/compat/{target['target']}/{runtime['profile']}", outputs=[], record="",
+                key="", toolchain=args["profiles"][runtime["profile"]], runner=BINARY_RUNNER)
+            outcome = for_call(call, args["root"]).run(call, None)
             run = outcome.record if outcome.ok else {"loads": False, "error": outcome.error}
-            qnn = runtime.fingerprint.get("qnn")
-            predicted = loadoracle.predict(facts, ct.soc.row(), qnn, Path(ctx_files[0]).name).as_dict()
-            measured = entry["runs"][runtime.profile.name] = {**run, "runtime_qnn": qnn, "predicted": predicted}
+            qnn = runtime["qnn"]
+            predicted = loadoracle.predict(facts, target["soc"], qnn, Path(ctx_onnx).name).as_dict()
+            measured = entry["runs"][runtime["profile"]] = {**run, "runtime_qnn": qnn, "predicted": predicted}
             agree = loadoracle.agrees(predicted, measured)
-            cases.append({"target": ct.name, "runtime": runtime.profile.name, "runtime_qnn": qnn, "agree": agree,
+            cases.append({"target": target["target"], "runtime": runtime["profile"], "runtime_qnn": qnn, "agree": agree,
                           "measured": _verdict(measured), "predicted": _predicted(predicted)})
-            print(f"compat: {ct.name} ({entry['built_with']}) on runtime QNN {qnn}: {_verdict(measured)}; "
+            print(f"compat: {target['target']} ({entry['built_with']}) on runtime QNN {qnn}: {_verdict(measured)}; "
                   f"predicted {_predicted(predicted)}{'' if agree else ' DISAGREE'}", flush=True)
         entry["minimum_runtime"] = minimum_runtime(entry["runs"])
-        entry["matrix"] = loadoracle.matrix(facts, rows, versions, Path(ctx_files[0]).name)
+        entry["matrix"] = loadoracle.matrix(facts, args["socs"], versions, Path(ctx_onnx).name)
         table["binaries"].append(entry)
     table["oracle"] = {"cases": len(cases), "disagree": sum(not c["agree"] for c in cases), "versions": versions,
                        "disagreements": [c for c in cases if not c["agree"]],
                        "note": "measured: version ordering on the simulator, each binary on its own chip's row; "
                                "the chip rules (arch, VTCM, soc_model) are predictions (the simulator loads a "
                                "binary under any soc_model it is told)"}
-    write_json(Path(COMPAT_RECORD), table)
     return table
 
 
@@ -195,6 +185,14 @@ def _verdict(run: dict[str, Any]) -> str:
 
 
 def run_call(call: StageCall) -> dict[str, Any]:
+    """`doit compat`: the table (the funnel writes it as build/compat/compat.json), its summary printed."""
+    table = measure(call.args)
+    print(summary(table), flush=True)
+    return table
+
+
+def run_binary_call(call: StageCall) -> dict[str, Any]:
+    """One binary on one runtime, in that runtime's own interpreter."""
     a = call.args
     return run_binary(calls.graph(a), a["verify"], Path(a["ctx_onnx"]), Path(a["provider_options"]), Path(a["inputs"]),
                       Path(a["reference"]), a["samples"], Path(call.out_dir))

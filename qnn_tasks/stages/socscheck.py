@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.errors import QnnTasksError
+from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.spec.load import load_soc_table, load_socs
@@ -147,4 +147,13 @@ if __name__ == "__main__":
 
 
 def run_call(call: StageCall) -> dict[str, Any]:
-    return {"rows": check_table({row["name"]: calls.soc({"soc": row}) for row in call.args["socs"]})}
+    """`doit socscheck`: the run's SoC table against one toolchain's binaries; a mismatch fails with every row kept."""
+    results = check_table({row["name"]: calls.soc({"soc": row}) for row in call.args["socs"]})
+    toolchain = call.args["toolchain_id"]
+    bad = [r["soc"]["name"] + (f" ({r['error']})" if "error" in r else
+                               f" (binary says socModel {r['recorded_soc_model']}, {r['recorded_arch']})")
+           for r in results if not r["ok"]]
+    if bad:
+        raise StageError(f"SoC table rows (socs/socs.yaml over the packaged table) that don't match the binaries of "
+                         f"{toolchain}: {'; '.join(bad)}", record={"rows": results})
+    return {"rows": results, "console": [f"all {len(results)} rows match with {toolchain} ({call.record})"]}

@@ -4,8 +4,9 @@ Every build task is the same shape: its action runs one StageCall through the fu
 (run/funnel.py); its `uptodate` is one `Fresh` check (the stage's key — settings, code version,
 toolchain fingerprint, SoC row — is unchanged AND the files it wrote are as the last successful
 run left them, so a damaged or hand-replaced output is rebuilt); files it reads are `file_dep`s.
-On-demand tasks (diagnose, socscheck, toolcheck, verify, power, compat, cache) live in
-tasks/ondemand.py. With tasks/ondemand.py, the only modules that know doit.
+On-demand groups (diagnose, socscheck, toolcheck, compat, verify, power, dist) are made from
+their rows the same way, when asked for (tasks/ondemand.py). With tasks/ondemand.py, the only
+modules that know doit.
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ from qnn_tasks.run import digests, interrupts, treelock
 from qnn_tasks.run.status import Status
 from qnn_tasks.spec.load import load_project
 from qnn_tasks.tasks import doithooks, statefile
-from qnn_tasks.tasks.doithooks import RUNS_LAST, UnknownTask, nearest_tasks
+from qnn_tasks.tasks.doithooks import RUNS_LAST
+from qnn_tasks.tasks.ondemand import asked_by_name, on_demand_tasks, own_record_action
 from qnn_tasks.tasks.uptodate import (
     ChecksThisRun,
     Fresh,
@@ -120,6 +122,11 @@ def report_not_written(err: OSError) -> str:
 
 
 # ------------------------------------------------------------------ checkers and actions
+
+def no_cache() -> None:
+    """The cache of a row that may not use the shared one (it measures this machine, not the build)."""
+    return None
+
 
 def stage_action(call: Callable[[], StageCall], base: Callable[[], dict[str, Any]], root: str,
                  cache: Callable[[], Any]) -> Callable[[], TaskFailed | None]:
@@ -222,7 +229,7 @@ class TaskFactory:
         freeze_delayed = self.freeze and not treelock.needs_lock(sys.argv)
         for row in ON_DEMAND:  # created only when asked for: `doit` and no-op runs skip them
             namespace[f"task_{row.name}"] = create_after()(_task_function(
-                row.name, row.doc, lambda name=row.name: _on_demand(self, name), freeze_delayed))
+                row.name, row.doc, lambda row=row: on_demand_tasks(self, row), freeze_delayed))
         return namespace
 
     def stage_tasks(self, row: StageDef) -> Iterator[dict]:
@@ -237,6 +244,7 @@ class TaskFactory:
             return self._skip(row, plan)
         record = plan.record
         binding = plan.binding if row.toolchain else None
+        label = f"{row.name}:{plan.name}" if plan.name else row.name
 
         def call(row: StageDef = row, plan: Plan = plan) -> StageCall:
             from qnn_tasks.run.calls import StageCall  # only when a task runs: not on a no-op `doit`
@@ -246,19 +254,29 @@ class TaskFactory:
             if binding:
                 use_toolchain(profile, binding.toolchain)  # in this process: the planner's own object
             limit, limit_from = self.time_limit(plan.model)
-            return StageCall(stage=row.name, target=plan.name, args=plan.args(), inputs=plan.file_dep,
+            args = plan.args()
+            if row.devices:  # no phone of the chip fails a target asked for by name, skips one of the group
+                args["required"] = asked_by_name(row.name, plan.name)
+            return StageCall(stage=row.name, target=plan.name, args=args, inputs=plan.file_dep,
                              out_dir=plan.out_dir, outputs=plan.outputs, record=record, key=plan.key,
                              toolchain=profile, heavy=row.heavy if plan.heavy is None else plan.heavy,
-                             remote=row.remote, runner=row.runner, time_limit=limit, time_limit_from=limit_from)
+                             remote=row.remote, runner=row.runner, time_limit=limit, time_limit_from=limit_from,
+                             marks_report=row.marks_report)
 
         def base(plan: Plan = plan) -> dict[str, Any]:
             from qnn_tasks.plan import freshness  # what the record is made from: the report compares it with today's
 
             return {**plan.base(), "made_from": freshness.expected(self.planner, plan, target)}
 
-        task = {"name": plan.name, "actions": [stage_action(call, base, self.root, self.cache)],
-                "file_dep": plan.file_dep, "targets": plan.outputs + [record],
-                "uptodate": [Fresh(plan.key, plan.outputs + [record], record, self.checks)], "doc": plan.doc, "clean": True}
+        if row.own_record:
+            action = own_record_action(label, call)
+        else:
+            action = stage_action(call, base, self.root, self.cache if row.cached else no_cache)
+        task = {"actions": [action], "file_dep": plan.file_dep, "targets": plan.outputs + ([record] if record else []),
+                "uptodate": [False] if row.always else [Fresh(plan.key, plan.outputs + [record], record, self.checks)],
+                "doc": plan.doc, "clean": True}
+        if plan.name:  # a project-wide stage is one task, named by its group
+            task["name"] = plan.name
         if plan.task_dep:
             task["task_dep"] = plan.task_dep
         return task
@@ -268,14 +286,17 @@ class TaskFactory:
         def action(plan: Plan = plan) -> TaskFailed | None:
             from qnn_tasks.run.records import write
 
-            try:
-                write(plan.record, {"stage": row.name, "target": plan.name, **plan.base(), "status": Status.SKIPPED,
-                                    "reason": plan.skip, "seconds": 0.0})
-            except OSError as err:  # a full disk: one line, as for any stage
-                return TaskFailed(f"{row.name}:{plan.name}: {machine_failure(err) or err}")
+            if not row.own_record:  # a stage that writes its own records keeps its earlier one (a phone's results)
+                try:
+                    write(plan.record, {"stage": row.name, "target": plan.name, **plan.base(), "status": Status.SKIPPED,
+                                        "reason": plan.skip, "seconds": 0.0})
+                except OSError as err:  # a full disk: one line, as for any stage
+                    return TaskFailed(f"{row.name}:{plan.name}: {machine_failure(err) or err}")
             print(f"{row.name}:{plan.name}: skipped: {plan.skip}")
             return None
 
+        if row.own_record:
+            return {"name": plan.name, "actions": [action], "uptodate": [False], "doc": f"SKIPPED: {plan.skip}"}
         return {"name": plan.name, "actions": [action], "targets": [plan.record],
                 "uptodate": [Fresh(key_of({"skip": plan.skip}), [plan.record], plan.record)],
                 "doc": f"SKIPPED: {plan.skip}", "clean": True}
@@ -393,25 +414,6 @@ class TaskFactory:
                 "doc": "Write build/report/index.html, report.json and report.md from the stage records", "clean": True}
 
 
-
-
-def _on_demand(factory: TaskFactory, name: str) -> Any:
-    """The tasks of an on-demand group, from tasks/ondemand.py (imported only when one is asked for)."""
-    from qnn_tasks.tasks.ondemand import OnDemand
-
-    made = getattr(OnDemand(factory), f"{name}_tasks" if name != "compat" else "compat_task")()
-    if isinstance(made, dict):
-        return made
-    made = list(made)
-    # doit accepts any `<group>:<name>` of a delayed group and then runs nothing for a name it never made (exit 0):
-    # a mistyped on-demand target is an error naming the nearest ones instead
-    names = [f"{name}:{t['name']}" for t in made if isinstance(t, dict) and "name" in t]
-    for asked in sys.argv[1:]:
-        if asked.startswith(f"{name}:") and asked not in names and not any(c in asked for c in "*?["):
-            from doit.exceptions import InvalidTask
-
-            raise InvalidTask(str(UnknownTask(asked, nearest_tasks(asked, names))).strip())
-    return (task for task in made)  # doit takes a generator or a dict, not a list
 
 
 def renderer_code() -> str:

@@ -27,7 +27,9 @@
 `power_target`  the opt-in fixed-length run: inference repeated for N seconds, battery level/charge from
                 `dumpsys battery` before and after, CPU use; <chip dir>/power/power.json.
 
-Plain functions, no doit: tasks/project.py turns the exceptions (QnnTasksError) into task failures.
+Plain functions, no doit: the rows' runners `run_call` / `power_call` (flow.py) decode the plan's call into a Job;
+they write their own records (the funnel's one record per run cannot be rewritten after every step), and the task
+layer turns their exceptions (QnnTasksError) into one-line task failures.
 
 The package, one module per job (each imports only the ones above it):
     settings.py    DeviceSettings / device_settings, the Job, device folder names, the report's stamp
@@ -42,9 +44,9 @@ The package, one module per job (each imports only the ones above it):
 """
 from __future__ import annotations
 
-# What the task layer calls (tasks/ondemand.py); everything else is imported from its own module.
-from qnn_tasks.stages.verify.flow import power_target, verify_target
+# The rows' runners (plan/rows.py) and what they run; everything else is imported from its own module.
+from qnn_tasks.stages.verify.flow import power_call, power_target, run_call, verify_target
 from qnn_tasks.stages.verify.settings import Job
 from qnn_tasks.stages.verify.survey import survey
 
-__all__ = ["Job", "power_target", "survey", "verify_target"]
+__all__ = ["Job", "power_call", "power_target", "run_call", "survey", "verify_target"]

@@ -10,13 +10,17 @@ from __future__ import annotations
 import shutil
 import time
 import traceback
+from pathlib import Path
 from typing import Any, Callable
 
 from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.qnn import runtimelibs
+from qnn_tasks.run import calls
+from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import Status
+from qnn_tasks.spec import serial as specjson
 from qnn_tasks.stages.verify.choice import LoadFailed, decide, for_this_chip
 from qnn_tasks.stages.verify.device_run import cleanup, push_payload, require_ok, run_on_device, runner_args
 from qnn_tasks.stages.verify.measure import best_cpu, cpu_text, measure_latency, ms_text, num_text, real_time_factor
@@ -35,6 +39,34 @@ from qnn_tasks.stages.verify.settings import (
     touch_stamp,
     unexpected_error,
 )
+from qnn_tasks.stages.verify.survey import survey
+
+
+def run_call(call: StageCall) -> dict[str, Any]:
+    """`doit verify`: the `devices` survey, or one chip target on its phones (the plan's call, run in doit's process)."""
+    return _survey(call) if "survey" in call.args else verify_target(job_of(call))
+
+
+def power_call(call: StageCall) -> dict[str, Any]:
+    """`doit power`: the `devices` survey, or one chip target's fixed-length run on a phone."""
+    return _survey(call) if "survey" in call.args else power_target(job_of(call))
+
+
+def _survey(call: StageCall) -> dict[str, Any]:
+    a = call.args
+    return survey({name: calls.soc({"soc": soc}) for name, soc in a["socs"].items()},
+                  [tuple(t) for t in a["targets"]], Path(a["survey"]))
+
+
+def job_of(call: StageCall) -> Job:
+    """The Job of a device call (plan/ondemand.py's plan_device, and `required` from the task layer)."""
+    a = call.args
+    return Job(stage=call.stage, target=call.target, graph=calls.graph(a), verify=a["verify"], soc=calls.soc(a),
+               precision=a["precision"], binary=Path(a["binary"]), manifest=calls.path(a, "manifest"),
+               context_record=Path(a["context_record"]), inputs=Path(a["inputs"]), reference=Path(a["reference"]),
+               out_dir=Path(call.out_dir), record=Path(call.record), profile=specjson.profile_from_dict(a["profile"]),
+               root=Path(a["root"]), base=a["base"], required=bool(a.get("required")),
+               toolchains=[(name, qnn) for name, qnn in a["toolchains"]], fallback=calls.path(a, "fallback"))
 
 
 def verify_target(job: Job) -> dict[str, Any]:
