@@ -132,9 +132,9 @@ def _size(paths: list[str]) -> int:
 
 def tree_tasks(root: Path) -> tuple[dict[str, dict[str, Any]], Any]:
     """Every built task of the tree: stage, measured seconds, bytes in and out, what it waits for; and a profile."""
+    from qnn_tasks.modelspec.load import load_project
     from qnn_tasks.plan.matrix import build_stage_defs, targets_of
     from qnn_tasks.plan.planner import Planner
-    from qnn_tasks.spec.load import load_project
 
     os.chdir(root)
     planner = Planner(load_project(root))

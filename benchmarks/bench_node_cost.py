@@ -110,8 +110,8 @@ def estimated(model: onnx.ModelProto) -> int:
 
 def sm8650_options(folder: Path) -> tuple[Any, dict[str, str]]:
     """(toolchain, provider options) of an fp16 SM8650 build: the packaged ort-qnn profile and socs.yaml row."""
-    from qnn_tasks.spec.load import load_socs, load_toolchain
-    from qnn_tasks.spec.project import PACKAGED_DATA
+    from qnn_tasks.modelspec.load import load_socs, load_toolchain
+    from qnn_tasks.modelspec.project import PACKAGED_DATA
     from qnn_tasks.toolchains import from_profile
 
     soc = load_socs(PACKAGED_DATA / "socs.yaml")[CHIP]

@@ -55,7 +55,7 @@ def _init(target: Path) -> int:
 
 
 def _socs(root: Path) -> int:
-    from qnn_tasks.spec.load import load_soc_table
+    from qnn_tasks.modelspec.load import load_soc_table
 
     if not root.is_dir():  # else the packaged table alone would be listed as if it were this project's
         raise QnnTasksError(f"{root}: no such folder (fix: name the project folder, the one that holds socs/ and "

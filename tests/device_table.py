@@ -34,7 +34,7 @@ FREE_MEMORY = (None, 40, 30, 20)  # MiB the device declares: none; holds w8a16 o
 
 def soc_rows() -> list[dict[str, Any]]:
     """The packaged SoC table's rows (docs/socs.md), in its order, then a phone without a Qualcomm HTP."""
-    from qnn_tasks.spec.load import load_socs
+    from qnn_tasks.modelspec.load import load_socs
 
     table = Path(str(resources.files("qnn_tasks") / "data" / "socs.yaml"))
     return [soc.row() for soc in load_socs(table).values()] + [OTHER_PHONE]

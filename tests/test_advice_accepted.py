@@ -24,7 +24,7 @@ from test_rewrites import const, model_of, run
 from qnn_tasks import rewrites
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import lintrules
-from qnn_tasks.spec.load import load_project
+from qnn_tasks.modelspec.load import load_project
 from qnn_tasks.stages import diagnose, export, simplify
 from qnn_tasks.stages import lint as lint_stage
 

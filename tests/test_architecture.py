@@ -79,7 +79,7 @@ def test_no_import_cycles() -> None:
 FLOORS = (
     ("errors", "fileio", "latency", "codekeys", "nativelog"),
     ("envvalues", "rewrites"),
-    ("spec",),
+    ("modelspec",),
     ("graphs", "qnn"),
     ("judge",),
     ("toolchains",),
@@ -382,11 +382,11 @@ def test_key_changes_with_an_imported_module_only(tmp_path: Path, monkeypatch: p
 
 
 # how YAML is read, not what it means (a stage's section reaches its key as data: its plan digests it)
-LOADER_ONLY = ("spec/load.py", "spec/speccache.py", "spec/keys.py", "spec/schema.py", "spec/stagesettings.py")
+LOADER_ONLY = ("modelspec/load.py", "modelspec/speccache.py", "modelspec/keys.py", "modelspec/schema.py", "modelspec/stagesettings.py")
 
 
 def test_no_stage_key_holds_the_spec_loaders() -> None:
-    """Stages get their slice of the spec as data (spec/serial.py): how YAML is read is in no stage's key, so a loader
+    """Stages get their slice of the spec as data (modelspec/specjson.py): how YAML is read is in no stage's key, so a loader
     edit reruns nothing whose inputs did not change."""
     loaders = {"qnn_tasks." + m.removesuffix(".py").replace("/", ".") for m in LOADER_ONLY}
     variant = StageDef("quantize", "variant", "", rows.VARIANT_RUNNER, None)
@@ -496,11 +496,11 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.plan.rows import register
 from qnn_tasks.plan.stagedef import StageDef
 from qnn_tasks.plan.stageplans import graph_plan
-from qnn_tasks.spec.stagesettings import StageSettings
+from qnn_tasks.modelspec.stagesettings import StageSettings
 
 
 def fields():
-    from qnn_tasks.spec.schema import Fields, Int
+    from qnn_tasks.modelspec.schema import Fields, Int
 
     return Fields({"limit": Int(1, 10_000)})
 
@@ -536,11 +536,11 @@ def test_a_registered_stage_brings_its_own_section(tmp_path: Path, monkeypatch: 
 
     from tiny_project import tiny_project
 
+    from qnn_tasks.modelspec import stagesettings
+    from qnn_tasks.modelspec.load import load_project
+    from qnn_tasks.modelspec.schema import Fields
+    from qnn_tasks.modelspec.stagesettings import StageSettings
     from qnn_tasks.plan.planner import Planner
-    from qnn_tasks.spec import stagesettings
-    from qnn_tasks.spec.load import load_project
-    from qnn_tasks.spec.schema import Fields
-    from qnn_tasks.spec.stagesettings import StageSettings
 
     project = tiny_project(tmp_path / "p")
     yaml = project.path("models/tiny/model.yaml")

@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from conftest import copy_project, plans_of
 
+from qnn_tasks.modelspec.load import load_project
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.rows import GRAPH_STAGES
 from qnn_tasks.run import executors, funnel, treelock
 from qnn_tasks.run.cache import Store
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.outcome import Outcome
-from qnn_tasks.spec.load import load_project
 
 # ------------------------------------------------------------------ planning
 

@@ -79,7 +79,7 @@ def test_bisection_by_cutting_finds_the_same_node(pow_project):
 
     from qnn_tasks.graphs.intermediates import expose_intermediates
     from qnn_tasks.judge import sample_store
-    from qnn_tasks.spec import load as spec
+    from qnn_tasks.modelspec import load as spec
     from qnn_tasks.stages.diagnose import bisect
     from qnn_tasks.toolchains import from_profile
 

@@ -17,10 +17,10 @@ from conftest import Project, copy_project  # noqa: E402
 from standins.qnn_libs import make_qnn_libs  # noqa: E402
 
 from qnn_tasks.errors import QnnTasksError, SpecError, StageError  # noqa: E402
+from qnn_tasks.modelspec.load import load_project  # noqa: E402
 from qnn_tasks.plan.planner import Planner  # noqa: E402
 from qnn_tasks.qnn import select  # noqa: E402
 from qnn_tasks.ship import inventory, manifest, package  # noqa: E402
-from qnn_tasks.spec.load import load_project  # noqa: E402
 
 jsonschema = pytest.importorskip("jsonschema")
 

@@ -1,6 +1,6 @@
 """The user docs (README.md and the mkdocs site in docs/): the site builds with --strict, so a broken link or
 anchor fails; README's links into docs/ resolve; and every YAML example loads with the spec loader `doit` uses
-(`qnn_tasks.spec.load.load_project`) in a project of its own, so a doc that shows an invalid spec fails.
+(`qnn_tasks.modelspec.load.load_project`) in a project of its own, so a doc that shows an invalid spec fails.
 
 A ```yaml block says what it is in its first line:
   # models/<m>/model.yaml ...                          a whole model.yaml
@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec.load import load_project, load_toolchain
+from qnn_tasks.modelspec.load import load_project, load_toolchain
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -454,7 +454,7 @@ def test_a_broken_example_fails_with_the_loaders_line(tmp_path, header, old, new
 
 def test_the_soc_table_page_shows_the_packaged_table():
     """docs/socs.md's table of packaged rows and its list of default chips are the packaged socs.yaml's."""
-    from qnn_tasks.spec.load import load_soc_file, packaged_socs_file
+    from qnn_tasks.modelspec.load import load_soc_file, packaged_socs_file
 
     socs, default, _ = load_soc_file(packaged_socs_file())
     text = (DOCS / "socs.md").read_text()

@@ -101,7 +101,7 @@ def test_export_lifts_branch_weights_and_says_so(tmp_path):
     import yaml
     from test_yaml_defects import packaged_graph
 
-    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.modelspec.project import TensorSpec
     from qnn_tasks.stages import export
 
     graph = packaged_graph(tmp_path, [TensorSpec("x", (1, 16), "float32")],
@@ -117,7 +117,7 @@ def test_weights_inside_a_branch_kept_on_the_cpu_compile(tmp_path):
     """Weights inside the branches of an If the NPU does not take (onnxruntime 1.32 wrote them as in-memory markers
     and refused its own output: "Initializer 'wa' references an ORT in-memory address marker"): the compile reads
     them from a file and the compiled model holds them inline, with no file left beside it."""
-    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.modelspec.project import TensorSpec
     from qnn_tasks.toolchains.ort_qnn import cpu_partition
 
     toolchain, _, options = sm8650_fp16(tmp_path, [TensorSpec("x", (1, 16), "float32")],
@@ -164,7 +164,7 @@ def test_compiling_branch_weights_of_the_main_graph_names_them(tmp_path):
     """The bug itself, compiled as exported: the failure keeps onnxruntime's whole message (the tensor, its node and
     the If) and says which branch reads the weight and why the compile lost it."""
     from qnn_tasks.errors import ToolchainError
-    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.modelspec.project import TensorSpec
 
     toolchain, _, options = sm8650_fp16(tmp_path, [TensorSpec("x", (1, 16), "float32")],
                                         [TensorSpec("probs", (1, 4), "float32")])
@@ -193,7 +193,7 @@ def test_lint_and_export_name_the_cpu_route_beside_the_rewrites(tmp_path):
 
     from qnn_tasks.errors import StageError
     from qnn_tasks.graphs.lintrules import find_problems
-    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.modelspec.project import TensorSpec
     from qnn_tasks.stages import export
 
     [line] = [f.line() for f in find_problems(heads(), graph_spec()) if f.rule == "control-flow"]

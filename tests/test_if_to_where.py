@@ -195,7 +195,7 @@ def sm8650_fp16(tmp_path, inputs, outputs):
     from conftest import EXAMPLES
     from test_yaml_defects import packaged_graph
 
-    from qnn_tasks.spec.load import load_socs, load_toolchain
+    from qnn_tasks.modelspec.load import load_socs, load_toolchain
     from qnn_tasks.toolchains import from_profile
 
     soc = load_socs(EXAMPLES / "socs" / "socs.yaml")["SM8650"]
@@ -219,7 +219,7 @@ def test_if_to_where_puts_the_whole_classifier_on_the_npu(tmp_path):
     """Real compiles for SM8650 (fp16): the If graph leaves the If on CPU; the rewritten graph is one NPU partition
     and the simulator (CPU fallback disabled) agrees with the CPU on inputs that take both branches."""
     from qnn_tasks.judge import metrics
-    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.modelspec.project import TensorSpec
     from qnn_tasks.toolchains.ort_qnn import cpu_partition
 
     toolchain, _, options = sm8650_fp16(tmp_path, [TensorSpec("x", (1, 16), "float32")],
@@ -246,7 +246,7 @@ def test_if_to_where_declared_in_model_yaml_is_applied_by_the_export_stage(tmp_p
     from test_yaml_defects import packaged_graph
 
     from qnn_tasks.graphs import packaged
-    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.modelspec.project import TensorSpec
 
     declared = rewrites.normalize(yaml.safe_load("rewrites: [if-to-where]")["rewrites"])
     io = [TensorSpec("x", (1, 16), "float32")], [TensorSpec("probs", (1, 4), "float32"),

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from conftest import GRAPH_STAGES, Project, copy_project
 
-from qnn_tasks.spec.load import load_project, load_socs
+from qnn_tasks.modelspec.load import load_project, load_socs
 
 GRAPHS = {"minilm": "minilm", "vad": "silero-vad"}
 ALL_GRAPH_TASKS = {f"{stage}:{graph}" for stage in GRAPH_STAGES for graph in GRAPHS}

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from qnn_tasks.spec import installed
+from qnn_tasks.modelspec import installed
 
 
 @pytest.fixture

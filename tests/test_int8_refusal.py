@@ -86,7 +86,7 @@ def test_an_int8_model_is_refused_by_export_alone_whatever_samples_say(tmp_path,
 
 def test_the_fix_proposes_w8a16_only_when_it_is_not_set():
     from qnn_tasks.graphs.lintrules import find_problems
-    from qnn_tasks.spec.project import GraphSpec, Source, TensorSpec
+    from qnn_tasks.modelspec.project import GraphSpec, Source, TensorSpec
 
     for precisions, tail in ((("fp16",), "let QNN quantize it (precision: w8a16)"),
                              (("fp16", "w8a16"), "let QNN quantize it: precision: w8a16 is already set")):
@@ -102,7 +102,7 @@ def test_the_fix_proposes_w8a16_only_when_it_is_not_set():
                                              ("w8a16", ": precision: w8a16 is already set)")])
 def test_allowing_int8_in_onnx_is_refused_at_load_in_one_line(tmp_path, precision, tail):
     """issue 43: with w8a16 already set the line still told the user to add it."""
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
 
     project = project_with(tmp_path / "p", int8_model(), precision,
                            extra="    lint: {allow: [batch, int8-in-onnx]}\n")

@@ -197,7 +197,7 @@ def test_a_step_function_that_changes_values_or_exits_is_one_line(tmp_path, retu
 
     from qnn_tasks.errors import StageError
     from qnn_tasks.judge import sample_store
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
     from qnn_tasks.stages import loop as loop_stage
 
     code = f"import numpy as np\n\n\ndef step(ctx, inputs, outputs):\n    return {returned}\n"

@@ -21,7 +21,7 @@ from onnx import TensorProto, helper, numpy_helper
 from PIL import Image, ImageDraw
 
 from qnn_tasks.judge import sample_store
-from qnn_tasks.spec.load import load_model, load_socs
+from qnn_tasks.modelspec.load import load_model, load_socs
 from qnn_tasks.stages import calibrate
 
 ALSA = Path("/usr/share/sounds/alsa/Front_Center.wav")

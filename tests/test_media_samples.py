@@ -1,4 +1,4 @@
-"""`samples:` from media declared in model.yaml: images, WAV clips, raw bytes (qnn_tasks/spec/samples.py, judge/media.py).
+"""`samples:` from media declared in model.yaml: images, WAV clips, raw bytes (qnn_tasks/modelspec/specsamples.py, judge/media.py).
 
 Unit tests read real files written here (PNG/JPEG by Pillow, WAV by the stdlib `wave`, WAV/FLAC/OGG by sox, raw
 bytes by numpy) through the spec loader and the one sample loader; spec errors are one line naming the key and the
@@ -17,7 +17,7 @@ from PIL import Image
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.judge import bounds, media
 from qnn_tasks.judge.sample_store import read_declared
-from qnn_tasks.spec.load import load_model, load_socs
+from qnn_tasks.modelspec.load import load_model, load_socs
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "tests" / "examples"
@@ -324,7 +324,7 @@ def test_spec_loading_with_media_samples_imports_no_numpy_or_pillow(tmp_path):
     folder = model_folder(tmp_path, "x: {shape: [1, 3, 8, 8], dtype: float32}, s: {shape: [1, 2], dtype: float32}",
                           '{image: {files: "*.png", input: x, resize: letterbox}, fill: {s: 0.0}}')
     write_png(folder / "a.png", gradient(8, 8))
-    code = ("import sys; from pathlib import Path; from qnn_tasks.spec.load import load_model, load_socs; "
+    code = ("import sys; from pathlib import Path; from qnn_tasks.modelspec.load import load_model, load_socs; "
             f"g = load_model(Path({str(folder)!r}), load_socs(Path({str(ROOT / 'socs' / 'socs.yaml')!r}))).graphs[0]; "
             "assert g.samples['image']['resize'] == 'letterbox' and g.sample_files(), g.samples; "
             "heavy = [m for m in sys.modules if m.split('.')[0] in ('numpy', 'PIL', 'onnx', 'onnxruntime', 'wave')]; "
@@ -411,7 +411,7 @@ def test_a_sparse_gib_of_tiny_raw_samples_is_picked_without_listing_every_sample
     out, peak = child_peak_mib(f"""
 from pathlib import Path
 from qnn_tasks.judge.sample_store import read_declared
-from qnn_tasks.spec.load import load_model, load_socs
+from qnn_tasks.modelspec.load import load_model, load_socs
 socs = load_socs(Path("tests/examples/socs/socs.yaml"))
 samples = read_declared(load_model(Path({str(folder)!r}), socs).graphs[0])
 print(len(samples), samples[-1]["x"].tolist(), samples[0]["x"].tolist())

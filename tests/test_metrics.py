@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from qnn_tasks.judge import metrics, verification
-from qnn_tasks.spec.load import load_model
+from qnn_tasks.modelspec.load import load_model
 
 # ------------------------------------------------------------------ metrics.compare
 
@@ -317,8 +317,8 @@ def test_the_docs_detector_top1_judges_boxes_not_background_noise():
     docs = (Path(__file__).resolve().parent.parent / "docs" / "samples.md").read_text()
     example = docs[docs.index("# models/detector/model.yaml"):]
     spec = yaml.safe_load(example[:example.index("```")])
-    from qnn_tasks.spec.checkopts import parse_slice
-    from qnn_tasks.spec.checks import verify_section
+    from qnn_tasks.modelspec.checkopts import parse_slice
+    from qnn_tasks.modelspec.checks import verify_section
 
     verify = verify_section(spec["graphs"]["detector"]["verify"], "fp16", {"output0": (1, 84, 8400)},
                             Path("docs/samples.md"), "graphs.detector.verify")  # the loader's defaults filled in

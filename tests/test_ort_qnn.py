@@ -34,7 +34,7 @@ from doit.doit_cmd import DoitMain
 import qnn_tasks.tasks
 import qnn_tasks.toolchains.ort_qnn as ort_qnn
 from qnn_tasks import toolchains
-from qnn_tasks.spec.load import load_soc_table, load_socs, load_toolchain
+from qnn_tasks.modelspec.load import load_soc_table, load_socs, load_toolchain
 
 TESTS = Path(__file__).resolve().parent
 GELU_FIXTURE = TESTS / "models" / "gelu-conv"

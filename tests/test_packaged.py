@@ -23,7 +23,7 @@ from packaged_fixture import ALL_REWRITES, write_model_folder
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge.sample_store import read_declared
-from qnn_tasks.spec.project import GraphSpec, TensorSpec
+from qnn_tasks.modelspec.project import GraphSpec, TensorSpec
 
 YAML = "models/hazards/model.yaml"
 GRAPH_DIR = "build/hazards/hazards"
@@ -331,7 +331,7 @@ def test_non_finite_samples_from_export_py_name_the_sample():
 
 
 def test_spec_loading_imports_no_onnx(fresh):
-    code = ("import sys; from pathlib import Path; from qnn_tasks.spec.load import load_project; "
+    code = ("import sys; from pathlib import Path; from qnn_tasks.modelspec.load import load_project; "
             f"p = load_project(Path({str(fresh.root)!r})); g = p.graphs()[0]; "
             "assert g.rewrites and g.samples and not g.has_code, g; "
             "heavy = [m for m in sys.modules if m.split('.')[0] in ('onnx', 'onnxruntime', 'torch', 'numpy')]; "

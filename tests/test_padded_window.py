@@ -18,7 +18,7 @@ from onnx import TensorProto, helper, numpy_helper
 from test_pipeline_glue import _model, packaged_project
 
 from qnn_tasks.judge import media
-from qnn_tasks.spec.load import load_model, load_socs
+from qnn_tasks.modelspec.load import load_model, load_socs
 
 SPEECH = Path("/usr/share/sounds/alsa/Front_Center.wav")  # "front centre", spoken; 48 kHz, 1.4 s
 FRAME, TAIL = 4000, 244  # five whole windows at 16 kHz and a last one of 244 real samples

@@ -154,10 +154,10 @@ def test_the_package_of_a_chain_carries_its_end_to_end_verdict(good, tmp_path):
 def test_the_first_link_reuses_the_first_graphs_simulation_only_when_it_covers_the_chain(tmp_path):
     """Planning only: the pipeline takes the first graph's simulate outputs when they hold every sample the chain
     starts from, and simulates the first graph itself when they hold fewer."""
+    from qnn_tasks.modelspec.load import load_project
     from qnn_tasks.plan.planner import Planner
     from qnn_tasks.plan.rows import PIPELINE
     from qnn_tasks.plan.stageplans import plan_pipeline, simulated_first_link
-    from qnn_tasks.spec.load import load_project
 
     def first_link(project: Project) -> tuple[str | None, list[str]]:
         planner = Planner(load_project(project.root))

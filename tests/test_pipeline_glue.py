@@ -160,7 +160,7 @@ BOS = "    inputs:\n      z: {shape: [1, 8, 8], dtype: float32}\n      bos: {sha
 
 def constant_spec(tmp_path: Path, feed: str):
     """The glued model with a second input of head, `bos`, and the pipeline's feed as given."""
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
 
     project = glued_project(tmp_path / "project")
     project.edit(YAML, "    inputs: {z: {shape: [1, 8, 8], dtype: float32}}\n", BOS)
@@ -191,9 +191,9 @@ def test_a_pipeline_feeds_a_constant_to_an_input_of_a_later_graph(tmp_path):
     runs, _ = feed_runs(head, listed.feed, listed.glue, [embed], produced, values=listed.values)
     assert runs[0]["bos"].tolist() == [[50257, 7]]
     # the package tells the app what to feed: the ModelPackage's pipelines[].feeds (ship/inventory.py)
+    from qnn_tasks.modelspec.load import load_project
     from qnn_tasks.plan.planner import Planner
     from qnn_tasks.ship.inventory import of_model
-    from qnn_tasks.spec.load import load_project
 
     [chain] = of_model(Planner(load_project(tmp_path / "project")), "glued")["chains"]
     assert {"to": "head.bos", "value": 7} in chain["feeds"] and chain["feeds"][0]["from"] == "embed.y"
@@ -298,7 +298,7 @@ def test_stack_windows_runs_and_axes():
 
 
 def _graph(name: str, inputs: dict, outputs: dict):
-    from qnn_tasks.spec.project import GraphSpec, TensorSpec
+    from qnn_tasks.modelspec.project import GraphSpec, TensorSpec
 
     return GraphSpec(name, "chain", Path("models/chain"), tuple(TensorSpec(n, s, "float32") for n, s in inputs.items()),
                      tuple(TensorSpec(n, s, "float32") for n, s in outputs.items()), ("fp16",), None, "", {}, {}, False)
@@ -307,7 +307,7 @@ def _graph(name: str, inputs: dict, outputs: dict):
 def test_stacks_of_stacks_follow_the_runs_of_a_three_graph_chain():
     """front end (once per window) -> embed over 3 front-end runs every 2 -> classify over the last 2 embeddings."""
     from qnn_tasks.judge.glue import feed_runs
-    from qnn_tasks.spec.pipeline import first_samples
+    from qnn_tasks.modelspec.specpipeline import first_samples
 
     front = _graph("front", {"audio": (1, 4)}, {"mel": (1, 2)})
     embed = _graph("embed", {"frames": (1, 3, 2)}, {"y": (1, 2)})
@@ -444,7 +444,7 @@ def test_a_stack_across_ranks_is_stacked_then_reshaped(tmp_path):
     a join fits the ranks, both fixed by the ONNX files; with reshape: true the 4 runs stack on a new axis, then
     reshape to the input (as the docs say), on the spec and in the glue. Without reshape the fix says to add it."""
     from qnn_tasks.judge.glue import feed_runs
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
 
     project = stacked_project(tmp_path / "project")
     project.edit(STACK_YAML, "outputs: {y: {shape: [1, 8]}}", "outputs: {y: {shape: [1, 1, 1, 8]}}")
@@ -494,7 +494,7 @@ def test_a_graph_inside_a_pipeline_takes_its_samples_from_the_graph_before_it(tm
 
 
 def test_fill_alone_is_samples_when_every_input_is_a_constant_and_the_missing_message_names_media(tmp_path):
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
 
     project = stacked_project(tmp_path / "project")
     project.edit(STACK_YAML, 'samples: {raw: {files: "samples/stack.bin"}}', "samples: {fill: {x: 0.5}}")

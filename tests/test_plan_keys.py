@@ -9,9 +9,9 @@ from typing import Any, Callable
 import pytest
 from conftest import copy_project, plans_of
 
+from qnn_tasks.modelspec.load import load_project
 from qnn_tasks.plan.matrix import build_stage_defs, targets_of
 from qnn_tasks.plan.planner import Planner
-from qnn_tasks.spec.load import load_project
 
 VAD_YAML = "models/silero-vad/model.yaml"
 MINILM_YAML = "models/minilm/model.yaml"

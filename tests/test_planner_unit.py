@@ -9,13 +9,13 @@ import pytest
 from conftest import plans_of
 from tiny_project import only_model
 
+from qnn_tasks.modelspec.load import load_project
 from qnn_tasks.plan import freshness, matrix, paths, rows
 from qnn_tasks.plan.matrix import build_stage_defs, on_demand_targets, targets_of
 from qnn_tasks.plan.ondemand import SURVEY
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.stagedef import Plan, StageDef, record_path
 from qnn_tasks.plan.stageplans import auto_candidates, graph_plan
-from qnn_tasks.spec.load import load_project
 
 GRAPH = """\
   {name}:

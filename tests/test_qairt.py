@@ -32,9 +32,9 @@ import yaml
 from conftest import GRAPH_STAGES, Project, copy_project
 
 from qnn_tasks.errors import SpecError, StageError, ToolchainError
+from qnn_tasks.modelspec.load import load_project
+from qnn_tasks.modelspec.project import ToolchainProfile
 from qnn_tasks.qnn import binary as qnnbin
-from qnn_tasks.spec.load import load_project
-from qnn_tasks.spec.project import ToolchainProfile
 from qnn_tasks.toolchains import qairt_sdk, qairt_tools
 from qnn_tasks.toolchains.base import StageInput
 from qnn_tasks.toolchains.qairt import QairtToolchain

@@ -20,9 +20,9 @@ from conftest import EXAMPLES, ROOT, Project
 from tiny_packaged import tiny_model, write_model
 
 from qnn_tasks.errors import StageError, ToolchainError
+from qnn_tasks.modelspec.load import load_model, load_soc_table
+from qnn_tasks.modelspec.project import Soc
 from qnn_tasks.qnn import errorcodes as qnnerrors
-from qnn_tasks.spec.load import load_model, load_soc_table
-from qnn_tasks.spec.project import Soc
 from qnn_tasks.toolchains.ort_qnn import compile_context
 
 SOCS = load_soc_table(Path("/nonexistent"))[0]  # the packaged table
@@ -114,7 +114,7 @@ def test_5005_multi_soc_binary_on_the_simulator(tiny, tmp_path):
 
 def test_5000_newer_binary_on_the_older_runtime(tiny, tmp_path):
     """A QNN 2.51 binary on the QNN 2.47 simulator (the pinned environment of profile ort-qnn-2.47)."""
-    from qnn_tasks.spec.load import load_toolchain
+    from qnn_tasks.modelspec.load import load_toolchain
     from qnn_tasks.toolchains import envs
 
     env = envs.ensure(load_toolchain(tmp_path, "ort-qnn-2.47"), quiet=True)

@@ -13,11 +13,11 @@ from onnx import TensorProto, helper
 from test_rewrites import const, graph_spec, model_of
 
 from qnn_tasks.graphs.lintrules import find_problems, recurrent_feed
+from qnn_tasks.modelspec.load import load_project
+from qnn_tasks.modelspec.specsizes import SizeSpec
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.rows import GRAPH_STAGES
 from qnn_tasks.plan.stageplans import plan_lint
-from qnn_tasks.spec.load import load_project
-from qnn_tasks.spec.sizes import SizeSpec
 
 F = TensorProto.FLOAT
 
@@ -130,7 +130,7 @@ def load_with(root, extra: str = ""):
     import onnx
     from conftest import EXAMPLES
 
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
 
     folder = root / "models" / "m"
     (folder / "samples").mkdir(parents=True, exist_ok=True)
@@ -146,11 +146,11 @@ def test_the_report_marks_a_recurrent_graph_verified_without_a_loop(tmp_path, de
 
     from conftest import EXAMPLES
 
+    from qnn_tasks.modelspec.load import load_project
     from qnn_tasks.plan.planner import Planner
     from qnn_tasks.plan.rows import GRAPH_STAGES
     from qnn_tasks.plan.stageplans import plan_lint
     from qnn_tasks.report import gather
-    from qnn_tasks.spec.load import load_project
 
     shutil.copytree(EXAMPLES / "socs", tmp_path / "socs")
     load_with(tmp_path, "loop: {graph: rnn, feed: {state: stateN}}" if declared else "")

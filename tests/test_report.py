@@ -20,9 +20,9 @@ from markupsafe import escape
 from test_simverify import GRAPHS, MINILM_YAML, SOCS, VAD_YAML
 
 from qnn_tasks.judge import metrics
+from qnn_tasks.modelspec.load import load_socs
 from qnn_tasks.report import gather as report_module
 from qnn_tasks.report import render as render_module
-from qnn_tasks.spec.load import load_socs
 
 REPORT_DIR = Path("build/report")
 CHROMIUM = Path("/usr/bin/chromium")

@@ -18,9 +18,9 @@ from onnx import TensorProto, helper, numpy_helper
 
 from qnn_tasks import rewrites
 from qnn_tasks.graphs.lintrules import find_problems
+from qnn_tasks.modelspec import specport
+from qnn_tasks.modelspec.project import GraphSpec, Source, TensorSpec
 from qnn_tasks.rewrites import boundary, foldif
-from qnn_tasks.spec import porting as specport
-from qnn_tasks.spec.project import GraphSpec, Source, TensorSpec
 
 F, I64, I32 = TensorProto.FLOAT, TensorProto.INT64, TensorProto.INT32
 RNG = np.random.default_rng(0)
@@ -557,7 +557,7 @@ def test_every_yaml_hint_loads_through_the_spec_loader(tmp_path):
     from conftest import EXAMPLES
     from tiny_packaged import write_model
 
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
 
     socs = load_socs(EXAMPLES / "socs" / "socs.yaml")
     snippets = sorted({s for fix in every_hint() for s in yaml_snippets(fix)})

@@ -107,7 +107,7 @@ def test_a_refusal_in_the_export_stage_is_one_model_yaml_line(tmp_path):
     from test_yaml_defects import packaged_graph
 
     from qnn_tasks.graphs import packaged
-    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.modelspec.project import TensorSpec
 
     onnx.save(power_spectrum(after_log="Tanh"), str(tmp_path / "m.onnx"))
     graph = packaged_graph(tmp_path, [TensorSpec("x", (1, 1, SAMPLES), "float32")],
@@ -206,8 +206,8 @@ def test_scale_input_fixes_the_overflowing_front_end_on_the_simulator(tmp_path):
     from test_yaml_defects import packaged_graph
 
     from qnn_tasks.judge import metrics, sample_store
-    from qnn_tasks.spec.checks import verify_section
-    from qnn_tasks.spec.project import TensorSpec
+    from qnn_tasks.modelspec.checks import verify_section
+    from qnn_tasks.modelspec.project import TensorSpec
     from qnn_tasks.stages import diagnose
 
     inputs, outputs = [TensorSpec("x", (1, 1, SAMPLES), "float32")], [TensorSpec("y", (1, FREQS, FRAMES), "float32")]

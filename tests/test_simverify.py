@@ -27,8 +27,8 @@ from qnn_tasks import fileio, toolchains
 from qnn_tasks.devices import simulator
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge import sample_store, verification
+from qnn_tasks.modelspec.load import load_project, load_socs
 from qnn_tasks.plan.targets import chip_targets
-from qnn_tasks.spec.load import load_project, load_socs
 from qnn_tasks.stages.simulate import check_signature
 
 SOCS = ("SM8650", "SM8750")

@@ -24,14 +24,14 @@ from sized_project import (
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import fitting
+from qnn_tasks.modelspec import specsizes
+from qnn_tasks.modelspec.load import load_model, load_project, load_soc_table
+from qnn_tasks.modelspec.specjson import graph_from_dict, graph_to_dict
 from qnn_tasks.plan.matrix import loop_chips
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.rows import LOOP, PIPELINE
 from qnn_tasks.plan.stageplans import plan_loop, plan_pipeline, start_pipeline
 from qnn_tasks.qnn import select
-from qnn_tasks.spec import sizes as specsizes
-from qnn_tasks.spec.load import load_model, load_project, load_soc_table
-from qnn_tasks.spec.serial import graph_from_dict, graph_to_dict
 
 SIZED_YAML = """\
 licence: test
@@ -491,7 +491,7 @@ def test_a_pipeline_per_size_names_the_declared_graph_and_the_size_not_the_size_
 def test_a_stage_of_a_pipeline_per_size_names_the_declared_graph_and_the_size(tmp_path):
     """The glue between a size's graphs names the declared graph at its size and the feed key as written."""
     from qnn_tasks.judge.glue import feed_runs
-    from qnn_tasks.spec.pipeline import Naming
+    from qnn_tasks.modelspec.specpipeline import Naming
 
     stacked = CHAINED.replace("[1, seq, 4], dtype", "[1, 3, seq, 4], dtype")  # 3 runs of enc's hidden
     model = load(tmp_path, SIZED_YAML + stacked + "pipeline: {graphs: [enc, dec], feed: {dec.hidden: {from: enc.hidden, "

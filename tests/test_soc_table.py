@@ -19,8 +19,8 @@ import pytest
 from conftest import EXAMPLES, Project
 
 from qnn_tasks.errors import EXIT_SPEC, SpecError
-from qnn_tasks.spec.load import load_project, load_soc_table, load_socs, load_toolchain, packaged_socs_file
-from qnn_tasks.spec.project import LEGACY_RUNS
+from qnn_tasks.modelspec.load import load_project, load_soc_table, load_socs, load_toolchain, packaged_socs_file
+from qnn_tasks.modelspec.project import LEGACY_RUNS
 
 PACKAGED = packaged_socs_file()
 # the rows measured with QNN 2.51 (soc_model, arch in the binary, runs float?)

@@ -25,10 +25,10 @@ import pytest
 from conftest import EXAMPLES, copy_project
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec import keys as speckeys
-from qnn_tasks.spec import schema
-from qnn_tasks.spec.load import load_model, load_project, load_soc_table
-from qnn_tasks.spec.yamlread import load_yaml
+from qnn_tasks.modelspec import keys as speckeys
+from qnn_tasks.modelspec import schema
+from qnn_tasks.modelspec.load import load_model, load_project, load_soc_table
+from qnn_tasks.modelspec.yamlread import load_yaml
 
 SEED = 34
 VARIANTS_PER_SPEC = 220
@@ -288,7 +288,7 @@ def test_a_broken_model_leaves_the_others_listed_and_planned(project):
 
 def test_a_loader_bug_still_costs_one_model_only(tmp_path, monkeypatch):
     """The net under the schema: an exception the loader did not expect is that model's one line, not the project's."""
-    from qnn_tasks.spec import load as specload
+    from qnn_tasks.modelspec import load as specload
 
     root = copy_project(tmp_path / "p").root
     real = specload.load_model
@@ -439,7 +439,7 @@ def test_a_recursive_pattern_does_not_follow_symlinked_folders(chain):
     (chain / "images" / "back").symlink_to(chain, target_is_directory=True)
     (chain / "images" / "deep" / "again").symlink_to(chain / "images", target_is_directory=True)
     (chain / "model.yaml").write_text(CHAIN_YAML.replace('files: "images/*.png"', 'files: "**/*.png"'))
-    code = ("import sys; from pathlib import Path; from qnn_tasks.spec.load import load_model, load_soc_table\n"
+    code = ("import sys; from pathlib import Path; from qnn_tasks.modelspec.load import load_model, load_soc_table\n"
             f"folder = Path({str(chain)!r}); socs, _ = load_soc_table(folder.parents[1])\n"
             "graph = {g.name: g for g in load_model(folder, socs).graphs}['embed']\n"
             "print(sorted(str(p.relative_to(folder)) for p in graph.sample_files()))")
@@ -449,9 +449,9 @@ def test_a_recursive_pattern_does_not_follow_symlinked_folders(chain):
 
 
 def test_a_pattern_that_walks_too_much_is_one_line(chain, monkeypatch):
-    from qnn_tasks.spec import porting
+    from qnn_tasks.modelspec import specport
 
-    monkeypatch.setattr(porting, "MAX_WALKED", 50)
+    monkeypatch.setattr(specport, "MAX_WALKED", 50)
     for i in range(60):
         (chain / "raw" / f"{i}.bin").write_bytes(bytes(64))
     refused(chain, 'files: "raw/*.bin"', 'files: "**/*.bin"', "graphs.step.samples.raw.files: '**/*.bin' walks more "

@@ -6,8 +6,8 @@ import sys
 
 from conftest import copy_project
 
-from qnn_tasks.spec import speccache
-from qnn_tasks.spec.load import load_project
+from qnn_tasks.modelspec import speccache
+from qnn_tasks.modelspec.load import load_project
 
 VAD_YAML = "models/silero-vad/model.yaml"
 

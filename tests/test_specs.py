@@ -18,8 +18,8 @@ import pytest
 from conftest import Project, copy_project
 
 from qnn_tasks.errors import EXIT_BUSY, EXIT_SPEC, SpecError
-from qnn_tasks.spec.load import load_project, load_toolchain
-from qnn_tasks.spec.yamlread import load_yaml
+from qnn_tasks.modelspec.load import load_project, load_toolchain
+from qnn_tasks.modelspec.yamlread import load_yaml
 
 MINILM = "models/minilm/model.yaml"
 VAD = "models/silero-vad/model.yaml"

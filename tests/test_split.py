@@ -188,7 +188,7 @@ def test_external_data_model_goes_through_export_simplify_lint_split_and_cpu(tmp
     """The > 2 GB path on a small file: the limits are lowered so the stack (weights in a .data file) takes it."""
     from qnn_tasks.graphs import onnxinfo, packaged
     from qnn_tasks.graphs.cpu import run_onnx_cpu
-    from qnn_tasks.spec.load import load_model, load_soc_table
+    from qnn_tasks.modelspec.load import load_model, load_soc_table
     from qnn_tasks.stages import lint, simplify
 
     monkeypatch.setattr(simplify, "PROTOBUF_LIMIT", 100_000)
@@ -230,7 +230,7 @@ def test_external_data_model_goes_through_export_simplify_lint_split_and_cpu(tmp
 ])
 def test_split_spec_errors_are_one_line(tmp_path, split_yaml, expected):
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.load import load_model, load_soc_table
+    from qnn_tasks.modelspec.load import load_model, load_soc_table
 
     project = stack_project(tmp_path / "p")
     project.edit(YAML, "    socs: [SM8650]\n", f"    socs: [SM8650]\n    split: {split_yaml}\n")
@@ -241,7 +241,7 @@ def test_split_spec_errors_are_one_line(tmp_path, split_yaml, expected):
 
 def test_a_split_graph_in_the_models_own_loop_is_a_spec_error(tmp_path):
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.load import load_model, load_soc_table
+    from qnn_tasks.modelspec.load import load_model, load_soc_table
 
     project = stack_project(tmp_path / "p")
     project.edit(YAML, "    socs: [SM8650]\n", "    socs: [SM8650]\n    split: {parts: 2}\n")
@@ -256,7 +256,7 @@ def test_a_split_graph_with_sizes_is_refused_at_load_in_one_line(tmp_path):
     """`split:` with `dims:` was accepted at load and then crashed the cross-size check (an unexpected KeyError):
     refused at load, naming the file, the key and what to do instead."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.load import load_model, load_soc_table
+    from qnn_tasks.modelspec.load import load_model, load_soc_table
 
     project = stack_project(tmp_path / "p")
     project.edit(YAML, "    socs: [SM8650]\n", "    socs: [SM8650]\n    split: {parts: 2}\n    dims: {seq: [8, 16]}\n")

@@ -1,4 +1,4 @@
-"""Audio samples for a streaming front end: its length input and short clips (spec/samples.py, judge/media.py).
+"""Audio samples for a streaming front end: its length input and short clips (modelspec/specsamples.py, judge/media.py).
 
 A front end taking `waveforms` and `waveforms_lens` needs each window's count of real samples, not a constant:
 `audio: {lengths: waveforms_lens}`. `pad_min: N` pads a short clip or a last partial window holding at least N real
@@ -18,7 +18,7 @@ from test_pipeline_glue import packaged_project
 
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.judge import media
-from qnn_tasks.spec.load import load_model, load_socs
+from qnn_tasks.modelspec.load import load_model, load_socs
 
 FRAME = 1600
 MODEL_YAML = """\

@@ -10,9 +10,9 @@ import pytest
 
 from qnn_tasks.errors import SpecError
 from qnn_tasks.judge import taskchecks, verification
-from qnn_tasks.spec.checkopts import parse_slice, sliced_shape
-from qnn_tasks.spec.checks import verify_section
-from qnn_tasks.spec.project import GraphSpec, TensorSpec
+from qnn_tasks.modelspec.checkopts import parse_slice, sliced_shape
+from qnn_tasks.modelspec.checks import verify_section
+from qnn_tasks.modelspec.project import GraphSpec, TensorSpec
 
 YAML = Path("/project/models/m/model.yaml")
 

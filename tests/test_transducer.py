@@ -82,7 +82,7 @@ def _failing_search(tokens_npu: list[list[int]]) -> list[dict]:
 def test_the_first_differing_frame_and_token_are_named(tmp_path):
     """compare() on two searches that part at run 1, frame 1 (step 3 + 1 // 2): the frame, the step, the token
     position and both choices, by their symbols; without a wer check the different tokens fail the loop."""
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
     from qnn_tasks.stages import transducer
 
     project, _ = tiny.transducer_project(tmp_path / "project")
@@ -150,7 +150,7 @@ BAD = [
 
 @pytest.mark.parametrize("edit, key, fragment", BAD)
 def test_a_bad_transducer_declaration_is_one_line_naming_the_key(tmp_path, edit, key, fragment):
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
 
     project, _ = tiny.transducer_project(tmp_path / "project")
     project.edit(YAML, *edit)
@@ -166,7 +166,7 @@ def test_a_bad_transducer_declaration_is_one_line_naming_the_key(tmp_path, edit,
 
 
 def test_tokens_without_a_transducer_and_texts_without_export_py_are_refused(tmp_path):
-    from qnn_tasks.spec.load import load_model, load_socs
+    from qnn_tasks.modelspec.load import load_model, load_socs
 
     project, _ = tiny.transducer_project(tmp_path / "project")
     socs = load_socs(project.path("socs/socs.yaml"))

@@ -200,7 +200,7 @@ def test_simulate_refuses_another_chips_binary_before_running_it(built):
 
 def test_pipeline_refuses_another_chips_binary_before_running_anything(verified):
     from qnn_tasks.errors import StageError
-    from qnn_tasks.spec.load import load_socs
+    from qnn_tasks.modelspec.load import load_socs
     from qnn_tasks.stages import pipeline
 
     sm8650 = load_socs(verified.path("socs/socs.yaml"))["SM8650"]

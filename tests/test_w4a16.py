@@ -63,7 +63,7 @@ def test_the_default_thresholds_hold_4_bit_to_account(four_bit, tmp_path):
 
 
 def test_a_chip_that_runs_no_quantized_graph_skips_w4a16_visibly(four_bit):
-    from qnn_tasks.spec.load import load_project
+    from qnn_tasks.modelspec.load import load_project
 
     project = load_project(four_bit.root)
     fp16_only = project.socs[SOC].__class__(**{**project.socs[SOC].__dict__, "runs": ("fp16",)})

@@ -91,9 +91,9 @@ def test_report_shows_fp16_and_w8a16_side_by_side(quantized):
 def test_dist_ships_fp16_and_w8a16_side_by_side(quantized, tmp_path, monkeypatch):
     """The w8a16 binary goes into the package beside the fp16 one, fp16 first; ort-qnn's w8a16 binaries keep their
     I/O (de)quantization on the NPU (offload_graph_io_quantization 0), so the app feeds float32: no scale to apply."""
+    from qnn_tasks.modelspec.load import load_project
     from qnn_tasks.plan.planner import Planner
     from qnn_tasks.ship import inventory, package
-    from qnn_tasks.spec.load import load_project
 
     monkeypatch.chdir(quantized.root)
     planner = Planner(load_project(quantized.root))

@@ -46,7 +46,7 @@ def venv(tmp_path_factory) -> tuple[Path, dict]:
 def test_wheel_installs_inits_and_builds_a_packaged_onnx(venv, tmp_path):
     venv_dir, env = venv
     python = venv_dir / "bin" / "python"
-    code = ("import qnn_tasks, qnn_tasks.spec.load as s, qnn_tasks.ship.aipack as a; print(qnn_tasks.__file__); "
+    code = ("import qnn_tasks, qnn_tasks.modelspec.load as s, qnn_tasks.ship.aipack as a; print(qnn_tasks.__file__); "
             "print(s.packaged_socs_file().is_file()); "
             "from importlib import resources; print((resources.files('qnn_tasks.ship') / a.JAVA_SELECTOR).is_file())")
     where = run([python, "-c", code], tmp_path, env)

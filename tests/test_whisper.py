@@ -27,7 +27,7 @@ from conftest import EXAMPLES
 from qnn_tasks.errors import SpecError, StageError
 from qnn_tasks.graphs import modelcode
 from qnn_tasks.judge import speech, verification
-from qnn_tasks.spec.load import load_model, load_socs
+from qnn_tasks.modelspec.load import load_model, load_socs
 
 MODEL_DIR = EXAMPLES / "speech" / "whisper-tiny-en"  # the tests' own copy of models/whisper-tiny-en
 SOC = "SM8650"

@@ -148,7 +148,7 @@ def test_spec_types_name_their_types() -> None:
     resolves (the `TYPE_CHECKING` imports included)."""
     loose = []
     for name in SPEC_TYPES:
-        module = importlib.import_module(f"qnn_tasks.spec.{name}")
+        module = importlib.import_module(f"qnn_tasks.modelspec.{name}")
         namespace = _hints_namespace(module)
         for obj in vars(module).values():
             if getattr(obj, "__module__", None) != module.__name__ or not callable(obj):

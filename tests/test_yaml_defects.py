@@ -14,8 +14,8 @@ from test_rewrites import const, model_of  # the same small-graph builders
 
 from qnn_tasks import rewrites
 from qnn_tasks.errors import StageError
+from qnn_tasks.modelspec.project import GraphSpec, Source, TensorSpec
 from qnn_tasks.rewrites import boundary
-from qnn_tasks.spec.project import GraphSpec, Source, TensorSpec
 from qnn_tasks.stages import export as export_stage
 
 F = TensorProto.FLOAT
@@ -23,7 +23,7 @@ RNG = np.random.default_rng(22)
 
 
 def packaged_graph(model_dir: Path, inputs, outputs, name="g", **extra) -> GraphSpec:
-    """The GraphSpec spec/load.py makes for a YAML-only graph whose source is `model_dir/m.onnx`."""
+    """The GraphSpec modelspec/load.py makes for a YAML-only graph whose source is `model_dir/m.onnx`."""
     fields = dict(name=name, model=model_dir.name, model_dir=model_dir, inputs=tuple(inputs), outputs=tuple(outputs),
                   precisions=("fp16",), socs=None, export="export", options={}, verify={},
                   allow_cpu_fallback=False, source=Source(None, "m.onnx", None),
@@ -401,8 +401,8 @@ def test_centred_variance_turns_a_bad_cosine_into_a_good_one_on_the_simulator(tm
     from conftest import EXAMPLES
 
     from qnn_tasks.judge import metrics, sample_store
-    from qnn_tasks.spec.checks import verify_section
-    from qnn_tasks.spec.load import load_socs, load_toolchain
+    from qnn_tasks.modelspec.checks import verify_section
+    from qnn_tasks.modelspec.load import load_socs, load_toolchain
     from qnn_tasks.stages import diagnose
     from qnn_tasks.toolchains import from_profile
 
@@ -473,7 +473,7 @@ def test_diagnose_names_the_cancelling_sub_upstream_of_a_diverging_reciprocal():
 # ================================================================ 4. names with dots: pipeline.feed, and renaming I/O
 
 def test_pipeline_feed_splits_graph_and_tensor_on_the_first_dot(tmp_path):
-    from qnn_tasks.spec import pipeline as specpipeline
+    from qnn_tasks.modelspec import specpipeline
 
     first = packaged_graph(tmp_path, [TensorSpec("x", (1, 8), "float32")], [TensorSpec("conv2d_19", (1, 8), "float32")],
                            name="g1")

@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from qnn_tasks.graphs import memory, onnxinfo, split
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec import split as specsplit
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec import precision_table, specsplit
+from qnn_tasks.modelspec.project import GraphSpec
 
 SUPPORTED_IO_DTYPES = {"float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool"}
 FP16_MAX = 65504.0

@@ -24,7 +24,7 @@ from typing import Any, Mapping
 
 from qnn_tasks.graphs import split
 from qnn_tasks.graphs.weights import weight_axes
-from qnn_tasks.spec import precisions as precision_table
+from qnn_tasks.modelspec import precision_table
 
 MB = 1 << 20
 OP_DATA_PER_NODE = 512       # bytes of run list per node (fitted, benchmarks/bench_memory_estimate.py)

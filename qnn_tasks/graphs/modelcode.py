@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec.project import GraphSpec
 
 
 @dataclass

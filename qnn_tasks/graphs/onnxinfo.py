@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 from qnn_tasks.errors import StageError
 
 if TYPE_CHECKING:
-    from qnn_tasks.spec.project import GraphSpec
+    from qnn_tasks.modelspec.project import GraphSpec
 
 CONTROL_FLOW_OPS = {"If", "Loop", "Scan"}
 # Quantized ops, standard and onnxruntime's contrib (com.microsoft) ones: QNN quantizes itself, so none

@@ -16,7 +16,7 @@ import numpy as np
 
 from qnn_tasks import rewrites
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec.project import GraphSpec
 
 
 def source_where(graph: GraphSpec) -> str:

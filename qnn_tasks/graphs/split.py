@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.spec import precisions as precision_table
+from qnn_tasks.modelspec import precision_table
 
 MB = 1_000_000
 PROTOBUF_LIMIT = 2**31 - 1  # onnx.checker.MAXIMUM_PROTOBUF: a model over it keeps its weights in external data

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import TensorSpec
+from qnn_tasks.modelspec.project import TensorSpec
 
 
 def cast_to(value: np.ndarray, spec: TensorSpec, where: str) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""Fit samples to one size of a graph with `dims:` (spec/sizes.py): pad the shorter, skip or truncate the longer.
+"""Fit samples to one size of a graph with `dims:` (modelspec/specsizes.py): pad the shorter, skip or truncate the longer.
 
 A sample may come at any length along the sized dim (export.py's samples() at the text's own length, a
 file padded to some other length): its content length is where the last value that is not its input's
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import GraphSpec, TensorSpec
+from qnn_tasks.modelspec.project import GraphSpec, TensorSpec
 
 
 def same_shape(shape: tuple[int, ...], spec: TensorSpec, graph: GraphSpec) -> bool:

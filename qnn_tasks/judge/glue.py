@@ -14,8 +14,8 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge import bounds
-from qnn_tasks.spec.pipeline import Naming, source
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec.project import GraphSpec
+from qnn_tasks.modelspec.specpipeline import Naming, source
 
 Runs = list[dict[str, np.ndarray]]  # one graph's outputs (or inputs), one dict per run
 

@@ -12,7 +12,7 @@ import numpy as np
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
 from qnn_tasks.judge import sample_store
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec.project import GraphSpec
 
 
 def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext, upstream: dict[str, Path],
@@ -26,7 +26,7 @@ def real_inputs(graph: GraphSpec, ctx: modelcode.ModelContext, upstream: dict[st
         return (sample_store.read_declared(graph, notes, columns),
                 f"{graph.model_dir / 'model.yaml'}: {graph.key}.samples")
     if not graph.has_code:  # a YAML-only graph without samples: export and lint ran, this stage needs them
-        from qnn_tasks.spec.porting import missing_samples
+        from qnn_tasks.modelspec.specport import missing_samples
 
         raise StageError(missing_samples(graph.model_dir, graph.key))
     return modelcode.call(graph, "samples", ctx), f"{graph.model_code}:samples() for graph '{graph.name}'"
@@ -63,7 +63,7 @@ def upstream_columns(graph: GraphSpec, files: dict[str, Path]) -> dict[str, list
 
 def _source_words(graph: GraphSpec, source: dict[str, Any]) -> str:
     """The graph a `from:` source reads, as the user wrote it: a size followed is that graph at this graph's size."""
-    from qnn_tasks.spec.sizes import described
+    from qnn_tasks.modelspec.specsizes import described
 
     if "declared" in source and graph.size:
         return described(source["declared"], graph.size.dim, graph.size.size)

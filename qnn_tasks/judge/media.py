@@ -1,7 +1,7 @@
 """Read the media sources of model.yaml `samples:` (images, audio clips, raw bytes) into input tensors.
 
 The one loader behind cpucheck and calibrate (and so simulate, which runs cpucheck's inputs): the
-options were validated at spec load (spec/samples.py), here they are applied. Every file must
+options were validated at spec load (modelspec/specsamples.py), here they are applied. Every file must
 stay inside the model folder (symlinks too). Memory is bounded by bytes, not by counts: each
 source is first planned from what the files say without decoding them (an image is one sample, a
 clip's header gives its windows, a raw file's size its chunks), `limit` picks the samples, their
@@ -23,9 +23,9 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge import bounds
-from qnn_tasks.spec import porting as specport
-from qnn_tasks.spec.project import GraphSpec, TensorSpec
-from qnn_tasks.spec.samples import KINDS, MAX_SAMPLES
+from qnn_tasks.modelspec import specport
+from qnn_tasks.modelspec.project import GraphSpec, TensorSpec
+from qnn_tasks.modelspec.specsamples import KINDS, MAX_SAMPLES
 
 MAX_PIXELS = 40_000_000          # a decompression bomb is refused before it is decoded
 MAX_FILE_BYTES = 1 << 30         # a clip or a raw file larger than 1 GiB is not a verification sample

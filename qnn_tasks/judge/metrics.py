@@ -5,7 +5,7 @@ from typing import Any
 
 import numpy as np
 
-from qnn_tasks.spec.checks import THRESHOLD_KEYS
+from qnn_tasks.modelspec.checks import THRESHOLD_KEYS
 
 
 def compare(reference: np.ndarray, actual: np.ndarray) -> dict[str, Any]:

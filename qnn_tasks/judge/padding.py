@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec.project import GraphSpec
 
 SHOWN = 3  # sites named before "and N more"
 

@@ -10,7 +10,7 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.judge import fitting
 from qnn_tasks.judge.dtypes import cast_to
-from qnn_tasks.spec.project import GraphSpec, TensorSpec
+from qnn_tasks.modelspec.project import GraphSpec, TensorSpec
 
 
 def check(samples: list[dict[str, np.ndarray]], specs: tuple[TensorSpec, ...], what: str) -> None:

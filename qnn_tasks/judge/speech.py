@@ -13,7 +13,7 @@ import numpy as np
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec.project import GraphSpec
 
 NORMALISATION = ("jiwer transforms ToLowerCase, RemovePunctuation, RemoveMultipleSpaces, Strip, "
                  "ReduceToListOfListOfWords on references and transcripts")

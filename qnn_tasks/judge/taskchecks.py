@@ -8,7 +8,7 @@
 - `ctc`: greedy CTC decoding (argmax, repeats collapsed, blanks dropped) of CPU and NPU outputs; the
   share of identical strings, with the character error rate of the NPU strings against the CPU's.
 
-Each takes the stacked outputs (sample axis first) and its validated options (spec/checks.py).
+Each takes the stacked outputs (sample axis first) and its validated options (modelspec/checks.py).
 """
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def ctc_decode(output: np.ndarray, blank: int, axis: int, steps: slice | None = 
 
 def _range(text: str | None) -> slice | None:
     """A `steps:`/`classes:` value ("1:20", validated at spec load) as a slice."""
-    from qnn_tasks.spec.checkopts import parse_slice
+    from qnn_tasks.modelspec.checkopts import parse_slice
 
     return None if text is None else parse_slice(text)[0]
 

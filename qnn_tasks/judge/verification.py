@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from qnn_tasks.judge import degenerate, metrics, taskchecks
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec.project import GraphSpec
 
 
 def judge(graph: GraphSpec, verify: dict[str, Any], reference: list[dict[str, np.ndarray]],
@@ -62,7 +62,7 @@ def run_check(graph: GraphSpec, check: dict[str, Any], reference: list[dict[str,
         ref = np.stack([r[check["output"]] for r in reference])
         got = np.stack([a[check["output"]] for a in actual])
         if check.get("slice"):  # a part of each sample's output, e.g. the score columns "..., 4:"
-            from qnn_tasks.spec.checkopts import parse_slice
+            from qnn_tasks.modelspec.checkopts import parse_slice
 
             index = (slice(None),) + parse_slice(check["slice"])
             ref, got = ref[index], got[index]

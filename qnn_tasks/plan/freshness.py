@@ -14,12 +14,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterator
 
+from qnn_tasks.modelspec import specsplit, stagesettings
 from qnn_tasks.plan.matrix import build_stage_defs, plans
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.stagedef import Plan
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget, PipelineTarget, VariantTarget
-from qnn_tasks.spec import split as specsplit
-from qnn_tasks.spec import stagesettings
 
 # "changed since it was <verb>": what the stage did with what it read
 VERBS = {"export": "exported", "simplify": "simplified", "lint": "linted", "cpucheck": "checked on CPU",
@@ -27,7 +26,7 @@ VERBS = {"export": "exported", "simplify": "simplified", "lint": "linted", "cpuc
          "modellib": "built", "config": "configured", "context": "compiled", "simulate": "simulated",
          "simverify": "verified", "pipeline": "verified", "loop": "verified", "crosssize": "checked"}
 # a graph setting's label in a key -> its model.yaml key under graphs.<graph> (a stage's own section is named in its
-# key as its declaration says: spec/stagesettings.py)
+# key as its declaration says: modelspec/stagesettings.py)
 GRAPH_KEYS = {"io": "inputs/outputs", "precision": "precision", "parts": "split"}
 FIRST = 3  # settings named in one reason
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
+from qnn_tasks.modelspec import precision_table, specsplit
 from qnn_tasks.plan.ondemand import SURVEY
 from qnn_tasks.plan.paths import COMPAT_RECORD, DEVICE_STAMP
 from qnn_tasks.plan.planner import Planner
@@ -24,8 +25,6 @@ from qnn_tasks.plan.rows import (
 from qnn_tasks.plan.stagedef import Plan, StageDef, record_path
 from qnn_tasks.plan.stageplans import plan_crosssize, plan_loop, plan_variant_stage, runs_loop
 from qnn_tasks.plan.targets import ChipTarget
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec import split as specsplit
 
 
 def variant_stage_defs(planner: Planner) -> list[StageDef]:

@@ -8,13 +8,13 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from qnn_tasks.modelspec import specjson
+from qnn_tasks.modelspec.project import ModelSpec
 from qnn_tasks.plan import paths
 from qnn_tasks.plan.planner import Binding, Planner
 from qnn_tasks.plan.stagedef import Plan, StageDef, record_path
 from qnn_tasks.plan.stageplans import chip_plan
 from qnn_tasks.plan.targets import ChipTarget
-from qnn_tasks.spec import serial as specjson
-from qnn_tasks.spec.project import ModelSpec
 
 SURVEY = "devices"  # the phone stages' first target: which phones are attached, and what each runs
 

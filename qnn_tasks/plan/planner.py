@@ -12,6 +12,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from qnn_tasks import codekeys, toolchains
+from qnn_tasks.modelspec import specjson, specsplit
+from qnn_tasks.modelspec.project import GraphSpec, Project, ToolchainProfile
+from qnn_tasks.modelspec.yamlread import as_name
 from qnn_tasks.plan.stagedef import StageDef
 from qnn_tasks.plan.targets import (
     BUILD_DIR,
@@ -23,10 +26,6 @@ from qnn_tasks.plan.targets import (
     pipeline_targets,
     variant_targets,
 )
-from qnn_tasks.spec import serial as specjson
-from qnn_tasks.spec import split as specsplit
-from qnn_tasks.spec.project import GraphSpec, Project, ToolchainProfile
-from qnn_tasks.spec.yamlread import as_name
 
 # In every key: records name what they were made from (`made_from`) since this format, so a record of before,
 # which the report cannot compare with today's spec, is built again once rather than believed.

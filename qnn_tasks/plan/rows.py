@@ -4,6 +4,8 @@ runner. Which rows a run has, and their targets and plans: plan/matrix.py.
 """
 from __future__ import annotations
 
+from qnn_tasks.modelspec import stagesettings
+from qnn_tasks.modelspec.stagesettings import CALIBRATION, CPUCHECK, LINT, SIMPLIFY
 from qnn_tasks.plan.ondemand import plan_compat, plan_device, plan_dist, plan_socscheck, plan_toolcheck
 from qnn_tasks.plan.stagedef import StageDef
 from qnn_tasks.plan.stageplans import (
@@ -24,8 +26,6 @@ from qnn_tasks.plan.stageplans import (
     plan_simverify,
     plan_split,
 )
-from qnn_tasks.spec import stagesettings
-from qnn_tasks.spec.stagesettings import CALIBRATION, CPUCHECK, LINT, SIMPLIFY
 
 GRAPH_STAGES = (
     StageDef("export", "graph", "Export each graph's NPU-ready ONNX (static shapes, int32 I/O, no If/int8): the "
@@ -117,7 +117,7 @@ def register(row: StageDef) -> None:
     if any(r.name == row.name for r in GRAPH_STAGES + CHIP_STAGES + ON_DEMAND + tuple(_REGISTERED)):
         raise ValueError(f"stage '{row.name}' exists already")
     if row.settings is not None:
-        from qnn_tasks.spec.keys import GRAPH  # the schema, imported only by a project that brings a section
+        from qnn_tasks.modelspec.keys import GRAPH  # the schema, imported only by a project that brings a section
 
         taken = set(GRAPH.fields) | {s.section for s in stagesettings.registered()}
         if row.settings.section in taken:

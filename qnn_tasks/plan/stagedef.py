@@ -3,7 +3,7 @@
 
 A row says the stage's name, scope (graph / variant / chip), doc, the modules whose code is in
 its key, whether it is heavy (native work: a child process or a Dask worker runs it), and its model.yaml section
-if it has one (spec/stagesettings.py: the loader checks it, the plan digests it into the stage's key). Its
+if it has one (modelspec/stagesettings.py: the loader checks it, the plan digests it into the stage's key). Its
 plan function turns one target into files read, files written, a key and lazily built call
 arguments. Nothing here imports doit, onnx or numpy: planning happens on every `doit` invocation.
 """
@@ -12,12 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from qnn_tasks.modelspec import specsplit
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
-from qnn_tasks.spec import split as specsplit
 
 if TYPE_CHECKING:  # the planner reads rows: importing it here would be a cycle
+    from qnn_tasks.modelspec.stagesettings import StageSettings
     from qnn_tasks.plan.planner import Binding, Planner
-    from qnn_tasks.spec.stagesettings import StageSettings
 
 
 @dataclass

@@ -9,17 +9,15 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
+from qnn_tasks.modelspec import precision_table, specjson, specsplit
+from qnn_tasks.modelspec.checks import DEFAULT_REPAIR_BUDGET, MODEL_CHECKS
+from qnn_tasks.modelspec.project import GraphSpec
+from qnn_tasks.modelspec.specpipeline import first_samples
 from qnn_tasks.plan.paths import PROMOTED_FILE
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.stagedef import Plan, StageDef, record_path
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget, PipelineTarget, VariantTarget
 from qnn_tasks.run.status import Status
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec import serial as specjson
-from qnn_tasks.spec import split as specsplit
-from qnn_tasks.spec.checks import DEFAULT_REPAIR_BUDGET, MODEL_CHECKS
-from qnn_tasks.spec.pipeline import first_samples
-from qnn_tasks.spec.project import GraphSpec
 from qnn_tasks.toolchains import repairstep
 
 # ------------------------------------------------------------------ graph stages (once per graph)
@@ -383,7 +381,7 @@ def transducer_partners(p: Planner, ct: ChipTarget, transducer: dict[str, Any] |
                         ) -> tuple[dict[str, tuple[ChipTarget, dict[str, str]]], list[str]]:
     """A transducer loop's decoder and joiner on the encoder's chip, precision and toolchain: role -> (their chip
     target, the binary, config and simplified ONNX the search runs), and those files (the loop's dependencies, with
-    the tokens file). Their graphs are built for the encoder's chips and precisions (spec/transducer.py)."""
+    the tokens file). Their graphs are built for the encoder's chips and precisions (modelspec/spectransducer.py)."""
     if not transducer:
         return {}, []
     found = {}

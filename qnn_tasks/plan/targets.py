@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
-from qnn_tasks.spec import split as specsplit
-from qnn_tasks.spec.project import GraphSpec, Project, Soc
+from qnn_tasks.modelspec import specsplit
+from qnn_tasks.modelspec.project import GraphSpec, Project, Soc
 
 BUILD_DIR = "build"
 

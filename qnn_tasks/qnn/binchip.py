@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.project import Soc
+from qnn_tasks.modelspec.project import Soc
 
 
 def refuse_other_chip(binary: Path, soc: Soc, target: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from typing import Any
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
-from qnn_tasks.spec.project import GraphSpec, TensorSpec
+from qnn_tasks.modelspec.project import GraphSpec, TensorSpec
 
 ONNX_TYPES = {"float32": 1, "uint8": 2, "int8": 3, "uint16": 4, "int16": 5, "int32": 6, "int64": 7, "bool": 9,
               "float16": 10}

@@ -17,6 +17,7 @@ import datetime as _dt
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from qnn_tasks.modelspec import specsplit
 from qnn_tasks.plan import freshness
 from qnn_tasks.plan.matrix import choose_chips, crosssize_chips, loop_chips
 from qnn_tasks.plan.paths import COMPAT_RECORD
@@ -26,7 +27,6 @@ from qnn_tasks.plan.stageplans import runs_loop
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
 from qnn_tasks.run import records
 from qnn_tasks.run.status import BAD, COUNTED, GOOD, JUDGED, NO_VERDICT, Status, good, worst
-from qnn_tasks.spec import split as specsplit
 
 if TYPE_CHECKING:  # only annotated: the planner is the task layer's
     from qnn_tasks.plan.planner import Planner
@@ -55,7 +55,7 @@ def variant_record_path(ct: ChipTarget, stage: str) -> str:
 
 def _variant_stages(planner: Planner, ct: ChipTarget) -> tuple[str, ...]:
     """The variant's stages: w8a16-mixed's repair first, then the toolchain's (quantize; convert, modellib)."""
-    from qnn_tasks.spec import precisions as precision_table
+    from qnn_tasks.modelspec import precision_table
 
     repair = ("repair",) if precision_table.is_repaired(ct.precision) else ()
     return repair + tuple(s.name for s in planner.binding(ct).toolchain.graph_stages(ct.precision))

@@ -424,7 +424,7 @@ def num(value: Any, digits: int = 4) -> str:
 def breaks(metrics: dict[str, Any], threshold: str) -> str:
     """'failed' when this metric breaks its threshold (the cell is shown red), else ''."""
     from qnn_tasks.judge.metrics import METRIC_OF
-    from qnn_tasks.spec.checks import THRESHOLD_KEYS
+    from qnn_tasks.modelspec.checks import THRESHOLD_KEYS
 
     limit = (metrics.get("thresholds") or {}).get(threshold)
     value = metrics.get(METRIC_OF[threshold])

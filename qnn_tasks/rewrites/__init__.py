@@ -79,7 +79,7 @@ NAMES = tuple(CATALOGUE)
 def normalize(declared: Iterable[str] | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
     """`[a, b]`, `[a, {b: {opt: v}}]` or `{a: {}, b: {opt: v}}` -> {name: options with defaults}.
 
-    Raises ValueError naming the problem (spec/load.py turns it into a one-line spec error).
+    Raises ValueError naming the problem (modelspec/load.py turns it into a one-line spec error).
     """
     if declared is None:
         return {}

@@ -13,8 +13,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from qnn_tasks.spec import serial as specjson
-from qnn_tasks.spec.project import GraphSpec, Soc
+from qnn_tasks.modelspec import specjson
+from qnn_tasks.modelspec.project import GraphSpec, Soc
 
 
 @dataclass(frozen=True)

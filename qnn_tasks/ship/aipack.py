@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from qnn_tasks.errors import StageError
-from qnn_tasks.spec.ship import DELIVERY_TYPES
+from qnn_tasks.modelspec.specship import DELIVERY_TYPES
 
 NS = "http://schemas.android.com/apk/config"
 MANUFACTURERS = ("QTI", "Qualcomm")  # devices report either in ro.soc.manufacturer; Play matches the string exactly
@@ -281,7 +281,7 @@ def _replace(work: Path, dest: Path) -> None:
 
 
 def _packaged_socs() -> Mapping[str, Any]:
-    from qnn_tasks.spec.load import load_socs, packaged_socs_file
+    from qnn_tasks.modelspec.load import load_socs, packaged_socs_file
 
     return load_socs(packaged_socs_file())
 

@@ -10,19 +10,17 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from qnn_tasks.modelspec import precision_table, specsizes, specsplit
 from qnn_tasks.plan import freshness
 from qnn_tasks.plan.matrix import choose_chips, loop_chips
 from qnn_tasks.plan.rows import CHOOSE, CROSSSIZE, LOOP, PIPELINE, REPAIR, report_columns
 from qnn_tasks.plan.stagedef import record_path
 from qnn_tasks.plan.stageplans import auto_candidates, size_chips
 from qnn_tasks.plan.targets import ChipTarget, GraphTarget
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec import sizes as specsizes
-from qnn_tasks.spec import split as specsplit
 
 if TYPE_CHECKING:  # only annotated: the planner is the task layer's
+    from qnn_tasks.modelspec.project import ModelSpec
     from qnn_tasks.plan.planner import Planner
-    from qnn_tasks.spec.project import ModelSpec
 
 
 def of_model(planner: Planner, model: str) -> dict[str, Any]:
@@ -71,8 +69,8 @@ def _transducer(planner: Planner, spec: ModelSpec) -> dict[str, Any]:
 
 def _feeds(pipeline, graphs: list[GraphTarget]) -> list[dict[str, Any]]:
     """Each later graph's inputs of a chain and the earlier output feeding each (with its glue: reshape, scale,
-    offset, stack) or the constant it is fed, as the pipeline stage feeds them (spec/pipeline.py `source`)."""
-    from qnn_tasks.spec.pipeline import source
+    offset, stack) or the constant it is fed, as the pipeline stage feeds them (modelspec/specpipeline.py `source`)."""
+    from qnn_tasks.modelspec.specpipeline import source
 
     by_name = {gt.graph.name: gt.graph for gt in graphs}
     chain = [by_name[name] for name in pipeline.graphs if name in by_name]

@@ -52,7 +52,7 @@ def validate(data: dict[str, Any]) -> None:
 
 
 def precision_order(ship: dict[str, Any], shipped: list[str] = ()) -> list[str]:
-    """The model's declared precision order (model.yaml `ship.precision_order`; spec/ship.py fills the default),
+    """The model's declared precision order (model.yaml `ship.precision_order`; modelspec/specship.py fills the default),
     then every other precision the package ships (e.g. what `precision: auto` chose), so each binary is named."""
     return list(dict.fromkeys(list(ship.get("precision_order") or ()) + list(DEFAULT_PRECISION_ORDER)
                               + list(shipped)))
@@ -62,7 +62,7 @@ def sizes(graphs: list[dict[str, Any]], unpadded: dict[str, str]) -> dict[str, A
     """`selection.sizes` when the model has graphs with sizes (model.yaml `dims:`): each graph's dim, sizes, the
     graph of each size and the rule "smallest that fits" with the pad values; {} when it has none. A graph in
     `unpadded` (graph -> why its padding is not vouched for) gets the rule "exact length only" and the why."""
-    from qnn_tasks.spec.sizes import selection
+    from qnn_tasks.modelspec.specsizes import selection
 
     found = selection(g["sizes"] for g in graphs if g.get("sizes"))
     for entry in found:

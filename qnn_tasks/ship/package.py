@@ -450,9 +450,9 @@ def _swap(tmp: Path, dest: Path) -> None:
 def run_call(call: StageCall) -> dict[str, Any]:
     """`doit dist:<model>`: the model's inventory read from today's spec and records (as the report reads them), its
     package written where the first toolchain's profile (or $QNN_DIST) says, and the summary printed."""
+    from qnn_tasks.modelspec.load import load_project
     from qnn_tasks.plan.planner import Planner
     from qnn_tasks.ship import inventory
-    from qnn_tasks.spec.load import load_project
 
     a = call.args
     root = Path(a["root"])

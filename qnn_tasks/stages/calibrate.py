@@ -9,9 +9,9 @@ import numpy as np
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
 from qnn_tasks.judge import fitting, sample_store
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import GraphSpec
 
 
 def run(graph: GraphSpec, source: Path | None, out: Path) -> dict[str, Any]:

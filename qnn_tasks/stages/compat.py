@@ -24,12 +24,12 @@ from typing import Any
 
 from qnn_tasks import envvalues
 from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.qnn import loadoracle, runtimelibs
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import good
-from qnn_tasks.spec.project import GraphSpec
 
 TABLE_VERSIONS = ("2.47.0", "2.51.0")  # socs.yaml's measurements (QNN 2.51) and toolchain/ort-qnn-2.47.yaml
 BINARY_RUNNER = "qnn_tasks.stages.compat:run_binary_call"  # one binary on one runtime (a child per runtime)

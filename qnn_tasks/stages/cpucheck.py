@@ -22,10 +22,10 @@ from qnn_tasks.graphs.cpu import run_onnx_cpu
 from qnn_tasks.judge import degenerate, fitting, metrics, sample_store
 from qnn_tasks.judge.inputs import real_inputs
 from qnn_tasks.judge.metrics import DEFAULT_TOLERANCE
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.plan.targets import upstream_references
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import GraphSpec
 
 
 def run(graph: GraphSpec, source: Path | None, simplified: Path, inputs_out: Path, reference_out: Path) -> dict[str, Any]:

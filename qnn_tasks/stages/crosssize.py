@@ -17,9 +17,9 @@ import numpy as np
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge import sample_store, verification
 from qnn_tasks.judge.fitting import to_size
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import GraphSpec
 
 MIN_SHARED = 2  # a ranking among samples needs two
 

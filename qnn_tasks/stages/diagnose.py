@@ -22,10 +22,10 @@ from qnn_tasks.devices import simulator
 from qnn_tasks.graphs.cpu import run_onnx_cpu
 from qnn_tasks.graphs.intermediates import expose_intermediates
 from qnn_tasks.judge import metrics, padding, sample_store, verification
+from qnn_tasks.modelspec import precision_table
+from qnn_tasks.modelspec.project import GraphSpec, Soc
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec.project import GraphSpec, Soc
 from qnn_tasks.toolchains import calls as toolchains_calls
 
 DEFAULT_THRESHOLD = 0.05  # relative error (see relative_error) that counts as diverged

@@ -21,10 +21,10 @@ from qnn_tasks.fileio import atomic_path
 from qnn_tasks.graphs import modelcode, onnxinfo, packaged
 from qnn_tasks.graphs.lintrules import find_problems, summary_lines
 from qnn_tasks.graphs.onnxinfo import io_mismatches
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.nativelog import all_output_to
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import GraphSpec
 
 HARD_RULES = {"dynamic-dim", "io-dtype", "control-flow", "int8-in-onnx"}
 SIZE_NOTE_KEYS = {"what", "bytes", "option"}

@@ -11,9 +11,9 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import onnxinfo, split
 from qnn_tasks.graphs.lintrules import find_problems, memory_estimates, recurrent_feed, summary_lines
 from qnn_tasks.latency import shown as latency_shown
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import GraphSpec
 
 
 def run(graph: GraphSpec, simplified: Path, loop_feed: dict[str, str] | None = None,

@@ -22,12 +22,12 @@ from qnn_tasks.devices.simulator import SIMULATOR_LABEL
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
 from qnn_tasks.judge import metrics, plots, sample_store, verification
+from qnn_tasks.modelspec.checks import MODEL_CHECKS
+from qnn_tasks.modelspec.project import GraphSpec
+from qnn_tasks.modelspec.spectransducer import TOKENS
 from qnn_tasks.nativelog import native_output_to
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.checks import MODEL_CHECKS
-from qnn_tasks.spec.project import GraphSpec
-from qnn_tasks.spec.transducer import TOKENS
 from qnn_tasks.stages import transducer
 
 OUTPUTS_FILE = "outputs.npz"

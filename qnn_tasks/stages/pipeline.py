@@ -21,11 +21,11 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.graphs.cpu import run_onnx_cpu
 from qnn_tasks.judge import degenerate, metrics, sample_store, verification
 from qnn_tasks.judge import glue as glue_step
+from qnn_tasks.modelspec.project import GraphSpec, Soc
+from qnn_tasks.modelspec.specpipeline import Naming, first_samples
 from qnn_tasks.qnn import binchip
 from qnn_tasks.run import calls, progress
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.pipeline import Naming, first_samples
-from qnn_tasks.spec.project import GraphSpec, Soc
 
 
 def run(graphs: list[GraphSpec], ctx_files: list[Path], configs: list[Path], simplified: list[Path], inputs_file: Path,

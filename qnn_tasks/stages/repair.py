@@ -29,12 +29,12 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.graphs.intermediates import expose_intermediates
 from qnn_tasks.graphs.weights import weight_axes
 from qnn_tasks.judge import sample_store, verification
+from qnn_tasks.modelspec import precision_table
+from qnn_tasks.modelspec.checks import DEFAULT_REPAIR_BUDGET
+from qnn_tasks.modelspec.project import GraphSpec, Soc
 from qnn_tasks.plan.paths import PROMOTED_FILE
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec.checks import DEFAULT_REPAIR_BUDGET
-from qnn_tasks.spec.project import GraphSpec, Soc
 from qnn_tasks.toolchains import calls as toolchains_calls
 from qnn_tasks.toolchains import repairstep
 

@@ -12,9 +12,9 @@ from qnn_tasks.fileio import atomic_path
 from qnn_tasks.graphs import onnxinfo
 from qnn_tasks.graphs.onnxinfo import io_mismatches
 from qnn_tasks.graphs.split import PROTOBUF_LIMIT
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import GraphSpec
 
 
 def run(graph: GraphSpec, exported: Path, out_onnx: Path) -> dict[str, Any]:

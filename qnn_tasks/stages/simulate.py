@@ -18,10 +18,10 @@ from qnn_tasks.devices import simulator
 from qnn_tasks.devices.simulator import SIMULATOR_LABEL
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge import plots, sample_store
+from qnn_tasks.modelspec.project import GraphSpec, Soc
 from qnn_tasks.qnn import binchip
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import GraphSpec, Soc
 from qnn_tasks.toolchains import repairstep
 
 OUTPUTS_FILE = "outputs.npz"

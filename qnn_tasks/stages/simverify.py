@@ -13,10 +13,10 @@ from typing import Any
 
 from qnn_tasks.errors import StageError
 from qnn_tasks.judge import padding, sample_store, verification
+from qnn_tasks.modelspec import precision_table
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec.project import GraphSpec
 
 
 def quantized_hint(graph: GraphSpec, precision: str = "w8a16") -> str:

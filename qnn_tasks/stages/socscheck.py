@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.modelspec.load import load_soc_table, load_socs
+from qnn_tasks.modelspec.project import Soc
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.load import load_soc_table, load_socs
-from qnn_tasks.spec.project import Soc
 
 
 def tiny_model(path: Path) -> None:

@@ -21,9 +21,9 @@ from qnn_tasks.graphs import split as cutter
 from qnn_tasks.graphs.cpu import run_onnx_cpu
 from qnn_tasks.judge import metrics, sample_store
 from qnn_tasks.judge.metrics import DEFAULT_TOLERANCE
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.spec.project import GraphSpec
 
 PARTS_FILE = "parts.json"
 

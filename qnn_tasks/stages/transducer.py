@@ -20,8 +20,8 @@ import numpy as np
 from qnn_tasks.errors import StageError
 from qnn_tasks.graphs import modelcode
 from qnn_tasks.judge import metrics, speech
-from qnn_tasks.spec.project import GraphSpec
-from qnn_tasks.spec.transducer import TOKENS
+from qnn_tasks.modelspec.project import GraphSpec
+from qnn_tasks.modelspec.spectransducer import TOKENS
 
 Runner = Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]
 MAX_TOKENS_FILE = 1 << 22  # bytes: a vocabulary of a few hundred thousand symbols

@@ -23,6 +23,7 @@ from doit.loader import create_after
 
 from qnn_tasks import envvalues
 from qnn_tasks.errors import EXIT_BUSY, EXIT_IO, EXIT_SPEC, MachineError, QnnTasksError, machine_failure
+from qnn_tasks.modelspec.load import load_project
 from qnn_tasks.plan import paths
 from qnn_tasks.plan.matrix import all_outputs, build_stage_defs, record_paths, targets_of
 from qnn_tasks.plan.planner import Planner
@@ -30,7 +31,6 @@ from qnn_tasks.plan.rows import ON_DEMAND
 from qnn_tasks.plan.stagedef import Plan, StageDef
 from qnn_tasks.run import digests, interrupts, treelock
 from qnn_tasks.run.status import Status
-from qnn_tasks.spec.load import load_project
 from qnn_tasks.tasks import doithooks, statefile
 from qnn_tasks.tasks.doithooks import RUNS_LAST
 from qnn_tasks.tasks.ondemand import asked_by_name, on_demand_tasks, own_record_action

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec.project import ToolchainProfile
+from qnn_tasks.modelspec.project import ToolchainProfile
 from qnn_tasks.toolchains.base import Toolchain
 
 KINDS = ("ort-qnn", "qairt")

@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Protocol
 
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec.project import GraphSpec, Soc
+from qnn_tasks.modelspec import precision_table
+from qnn_tasks.modelspec.project import GraphSpec, Soc
 
 
 @dataclass(frozen=True)

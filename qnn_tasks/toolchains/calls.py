@@ -27,7 +27,7 @@ def toolchain(call: StageCall) -> Toolchain:
     key = json.dumps(call.toolchain, sort_keys=True)
     if key not in _TOOLCHAINS:
         from qnn_tasks import toolchains
-        from qnn_tasks.spec import serial
+        from qnn_tasks.modelspec import specjson
 
-        _TOOLCHAINS[key] = toolchains.from_profile(serial.profile_from_dict(call.toolchain))
+        _TOOLCHAINS[key] = toolchains.from_profile(specjson.profile_from_dict(call.toolchain))
     return _TOOLCHAINS[key]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from qnn_tasks.errors import ToolchainError
-from qnn_tasks.spec.project import ToolchainProfile
+from qnn_tasks.modelspec.project import ToolchainProfile
 
 ENV_DIR = "QNN_ENVS_DIR"
 # What the stage code imports in a child process besides the pinned toolchain packages.

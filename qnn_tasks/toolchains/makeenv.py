@@ -16,7 +16,7 @@ from qnn_tasks.toolchains.envs import ensure
 
 def main(argv: list[str] | None = None) -> int:
     from qnn_tasks.errors import QnnTasksError
-    from qnn_tasks.spec.load import load_toolchain
+    from qnn_tasks.modelspec.load import load_toolchain
 
     args = sys.argv[1:] if argv is None else argv
     if not args:

@@ -14,9 +14,9 @@ from typing import Any
 
 from qnn_tasks import fileio
 from qnn_tasks.errors import SpecError, StageError, ToolchainError, one_line
+from qnn_tasks.modelspec import precision_table
+from qnn_tasks.modelspec.project import GraphSpec, Soc, ToolchainProfile
 from qnn_tasks.nativelog import native_output_to
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
 from qnn_tasks.toolchains import repairstep
 from qnn_tasks.toolchains.base import GraphStage, StageInput, quantized_outputs, quantized_precision
 
@@ -197,7 +197,7 @@ def installed_versions(profile: ToolchainProfile | None = None) -> dict[str, str
         versions = {package: env.version(package) for package in ("onnxruntime", "onnxruntime-qnn")}
         versions["qnn"] = _bundled_qnn(env.site_packages / "onnxruntime_qnn") if versions["onnxruntime-qnn"] else None
         return versions
-    from qnn_tasks.spec import installed
+    from qnn_tasks.modelspec import installed
 
     versions = {package: installed.version(package) for package in ("onnxruntime", "onnxruntime-qnn")}
 

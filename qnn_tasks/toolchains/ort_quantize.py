@@ -17,8 +17,8 @@ from qnn_tasks.errors import StageError
 from qnn_tasks.fileio import atomic_path
 from qnn_tasks.graphs.weights import weight_axes
 from qnn_tasks.judge import sample_store
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec import precision_table
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.toolchains import repairstep
 from qnn_tasks.toolchains.base import StageInput, quantized_outputs
 

@@ -34,8 +34,8 @@ from typing import Any
 
 from qnn_tasks import fileio
 from qnn_tasks.errors import SpecError, StageError, ToolchainError
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
+from qnn_tasks.modelspec import precision_table
+from qnn_tasks.modelspec.project import GraphSpec, Soc, ToolchainProfile
 from qnn_tasks.toolchains import qairt_sdk as sdkmod
 from qnn_tasks.toolchains import qairt_tools as tools
 from qnn_tasks.toolchains.base import GraphStage, StageInput

@@ -178,7 +178,7 @@ def timed_out(call: StageCall, root: Path) -> Outcome:
 def interpreter_for(call: StageCall) -> str:
     """This interpreter, or the pinned environment's for a toolchain profile with `packages:`."""
     if call.toolchain and call.toolchain.get("packages"):
-        from qnn_tasks.spec import serial as specjson
+        from qnn_tasks.modelspec import specjson
         from qnn_tasks.toolchains import envs
 
         return str(envs.ensure(specjson.profile_from_dict(call.toolchain)).python)

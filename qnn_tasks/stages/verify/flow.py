@@ -16,11 +16,11 @@ from typing import Any, Callable
 from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.modelspec import specjson
 from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.run.status import Status
-from qnn_tasks.spec import serial as specjson
 from qnn_tasks.stages.verify.choice import LoadFailed, decide, for_this_chip
 from qnn_tasks.stages.verify.device_run import cleanup, push_payload, require_ok, run_on_device, runner_args
 from qnn_tasks.stages.verify.measure import best_cpu, cpu_text, measure_latency, ms_text, num_text, real_time_factor

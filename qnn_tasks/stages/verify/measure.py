@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.devices import adb
-from qnn_tasks.spec.project import GraphSpec
+from qnn_tasks.modelspec.project import GraphSpec
 from qnn_tasks.stages.verify.device_run import RunResult, require_ok, run_on_device, runner_args
 from qnn_tasks.stages.verify.payload import Payload
 from qnn_tasks.stages.verify.settings import ENV_INFERENCES, DeviceSettings, Job

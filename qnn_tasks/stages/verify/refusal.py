@@ -14,9 +14,9 @@ from typing import Any
 from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import StageError
+from qnn_tasks.modelspec.project import BINARY_CHIP_FACTS
 from qnn_tasks.plan.paths import COMPAT_RECORD
 from qnn_tasks.qnn import runtimelibs, select
-from qnn_tasks.spec.project import BINARY_CHIP_FACTS
 from qnn_tasks.stages.verify import choice
 from qnn_tasks.stages.verify.settings import Job
 

@@ -20,10 +20,10 @@ from typing import Any
 from qnn_tasks import envvalues, fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import SpecError, StageError
+from qnn_tasks.modelspec.project import GraphSpec, Soc, ToolchainProfile
 from qnn_tasks.plan.paths import DEVICE_STAMP
 from qnn_tasks.qnn import runtimelibs
 from qnn_tasks.run.status import Status
-from qnn_tasks.spec.project import GraphSpec, Soc, ToolchainProfile
 
 DEVICE_LABEL = "measured on an attached phone over adb (device results)"
 RUNNER = runtimelibs.RUNNER

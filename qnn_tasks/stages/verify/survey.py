@@ -11,9 +11,9 @@ from typing import Any
 from qnn_tasks import fileio
 from qnn_tasks.devices import adb
 from qnn_tasks.errors import QnnTasksError, StageError
+from qnn_tasks.modelspec.project import Soc
 from qnn_tasks.qnn import select
 from qnn_tasks.run.status import Status
-from qnn_tasks.spec.project import Soc
 from qnn_tasks.stages.verify.settings import now_iso, unexpected_error
 
 

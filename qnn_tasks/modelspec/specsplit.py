@@ -17,10 +17,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # spec/project.py loads through this module: importing it here would be a cycle
-    from qnn_tasks.spec.loop import LoopSpec
-    from qnn_tasks.spec.pipeline import PipelineSpec
-    from qnn_tasks.spec.project import GraphSpec
+if TYPE_CHECKING:  # modelspec/project.py loads through this module: importing it here would be a cycle
+    from qnn_tasks.modelspec.project import GraphSpec
+    from qnn_tasks.modelspec.specloop import LoopSpec
+    from qnn_tasks.modelspec.specpipeline import PipelineSpec
 
 SPLIT_KEYS = {"at", "parts"}
 MAX_PARTS = 64
@@ -29,7 +29,7 @@ MAX_PARTS = 64
 def load(data: Any, path: Path, key: str) -> dict[str, Any] | None:
     """{"at": [tensor, ...]} or {"parts": N}, validated; None when the graph is not split."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.yamlread import as_int, as_mapping, check_keys
+    from qnn_tasks.modelspec.yamlread import as_int, as_mapping, check_keys
 
     if data is None:
         return None
@@ -67,7 +67,7 @@ def is_whole(graph: GraphSpec) -> bool:
 
 def parts(graph: GraphSpec) -> list[GraphSpec]:
     """The part GraphSpecs of a split graph (no I/O yet: the split stage finds the cut tensors)."""
-    from qnn_tasks.spec.checks import verify_section
+    from qnn_tasks.modelspec.checks import verify_section
 
     n = count(graph.split)
     made = []
@@ -126,7 +126,7 @@ def not_chained(graphs: tuple[GraphSpec, ...], pipeline: PipelineSpec | None, lo
 def pipeline(graph: GraphSpec) -> PipelineSpec:
     """The split graph's parts chained on the simulator (inputs fed by name: each part's outputs are the next one's
     inputs), judged at the end with the graph's own verify settings."""
-    from qnn_tasks.spec.pipeline import PipelineSpec
+    from qnn_tasks.modelspec.specpipeline import PipelineSpec
 
     names = tuple(part_name(graph.name, i) for i in range(1, count(graph.split) + 1))
     return PipelineSpec(model=graph.model, graphs=names, feed={}, verify=graph.verify[graph.precision],

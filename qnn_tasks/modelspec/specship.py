@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec.checks import PRECISIONS
-from qnn_tasks.spec.yamlread import as_mapping, check_keys
+from qnn_tasks.modelspec.checks import PRECISIONS
+from qnn_tasks.modelspec.yamlread import as_mapping, check_keys
 
 SHIP_KEYS = {"precision_order", "delivery"}
 DELIVERY_TYPES = ("install-time", "fast-follow", "on-demand")  # Play's AI pack delivery types

@@ -15,7 +15,7 @@ Every input of a later graph is fed from an earlier graph's output of the same n
 says), with the same shape; a `feed` mapping may add glue the deployment does between the graphs:
 `reshape: true` (an output of another shape and the same size) and a fixed affine step
 `value * scale + offset`, applied alike to the CPU chain and the NPU chain. The first graph's verification inputs start the chain. Loaded from
-spec/load.py; only YAML is read here.
+modelspec/load.py; only YAML is read here.
 
 `stack:` feeds an input with the outputs of several runs of an earlier graph (a streaming front end ->
 embedding -> classifier over the last N frames): the first graph runs once per verification sample, in
@@ -31,8 +31,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # spec/project.py loads through this module: importing it here would be a cycle
-    from qnn_tasks.spec.project import GraphSpec
+if TYPE_CHECKING:  # modelspec/project.py loads through this module: importing it here would be a cycle
+    from qnn_tasks.modelspec.project import GraphSpec
 
 PIPELINE_KEYS = {"graphs", "feed", "verify"}
 GLUE_KEYS = {"from", "reshape", "scale", "offset", "stack", "value"}
@@ -58,11 +58,11 @@ class Naming:
     each graph with sizes to that size's graph (`dec` -> `dec.seq8`), a name the user never wrote: such a graph is
     named as the declared graph at its size, and a feed key as written (`dec.mem`, not `dec.seq8.mem`)."""
     graphs: dict[str, Any]   # name -> GraphSpec (or anything with `name` and `size`)
-    per_size: bool = False   # a size's pipeline (spec/sizes.py at_size renamed its graphs)
+    per_size: bool = False   # a size's pipeline (modelspec/specsizes.py at_size renamed its graphs)
 
     def graph(self, name: str) -> str:
         """`graph 'head'`, or `graph 'dec' at size seq 8`."""
-        from qnn_tasks.spec.sizes import described
+        from qnn_tasks.modelspec.specsizes import described
 
         size = getattr(self.graphs.get(name), "size", None)
         return described(name) if size is None else described(size.graph, size.dim, size.size)
@@ -85,10 +85,10 @@ class Naming:
 def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
          per_size: bool = False) -> PipelineSpec | None:
     """The `pipeline:` section checked against the graphs; `per_size`: one size's chain of a pipeline over graphs
-    with sizes, its graphs renamed to that size's (spec/sizes.py at_size), which messages name as written."""
+    with sizes, its graphs renamed to that size's (modelspec/specsizes.py at_size), which messages name as written."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.checks import verify_section
-    from qnn_tasks.spec.yamlread import as_bool, as_mapping, as_number, check_keys
+    from qnn_tasks.modelspec.checks import verify_section
+    from qnn_tasks.modelspec.yamlread import as_bool, as_mapping, as_number, check_keys
 
     if data is None:
         return None
@@ -205,7 +205,7 @@ def _check_constant(value: Any, tensor, naming: Naming, graph: str, path: Path) 
     """A constant fed to an input: one number for every value of it, or a nested list of its shape; each value one
     the input's dtype holds (a token id 0.5 in an int32 input would not be the constant written)."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.sizes import pad_problem
+    from qnn_tasks.modelspec.specsizes import pad_problem
 
     key = f"pipeline.feed.{naming.key(f'{graph}.{tensor.name}')}.value"
     shape, level = [], [value]
@@ -231,7 +231,7 @@ def _check_constant(value: Any, tensor, naming: Naming, graph: str, path: Path) 
 
 def _stack_settings(data: Any, path: Path, key: str) -> dict[str, int]:
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.yamlread import as_int, check_keys
+    from qnn_tasks.modelspec.yamlread import as_int, check_keys
 
     if not isinstance(data, dict):
         raise SpecError(path, key, f"expected a mapping, got {data!r}", "write e.g. stack: {runs: 16, axis: 1}")
@@ -372,7 +372,7 @@ def check_upstream(graphs: tuple[GraphSpec, ...], pipelines: list[PipelineSpec],
     before this one, fed through the glue of the pipeline (or the size's pipeline) that feeds this input from the
     same output (a stack of runs, a reshape, scale and offset), else of the input's shape or size (reshaped). A
     graph with sizes named as declared (`enc.mem`) is followed: each size of this graph takes its samples from the
-    same size of that one. Here, not in spec/samples.py: it reads the pipeline's glue (samples -> pipeline ->
+    same size of that one. Here, not in modelspec/specsamples.py: it reads the pipeline's glue (samples -> pipeline ->
     checks -> samples would be a cycle)."""
     from qnn_tasks.errors import SpecError
 
@@ -425,7 +425,7 @@ def _same_size(graph: GraphSpec, sizes, ref: str, output: str, path: Path, key: 
     """The size of the graph with sizes `sizes` that `graph` takes its samples from: its own size, when both have
     the same dim and sizes; else one line saying what to write instead."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.sizes import sized_name
+    from qnn_tasks.modelspec.specsizes import sized_name
 
     named = f"from: {sized_name(sizes.graph, sizes.dim, sizes.sizes[0])}.{output}"
     if graph.size is None:

@@ -18,7 +18,7 @@ from qnn_tasks.errors import SpecError
 def _yaml_loader():
     """PyYAML's safe loader (the C one where libyaml exists) that rejects duplicate keys.
 
-    Built on first use: with the spec cache warm (spec/speccache.py), a no-op `doit` never imports yaml.
+    Built on first use: with the spec cache warm (modelspec/speccache.py), a no-op `doit` never imports yaml.
     """
     import yaml
 
@@ -166,7 +166,7 @@ def as_name(value: Any, path: object, key: str, what: str, fix: str = "rename it
 
 
 def installed_version(package: str) -> str | None:
-    from qnn_tasks.spec.installed import version
+    from qnn_tasks.modelspec.installed import version
 
     return version(package)
 

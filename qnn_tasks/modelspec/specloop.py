@@ -7,7 +7,7 @@
       step: step                    # optional: export.py's step(ctx, inputs, outputs) -> next inputs | None
       start: {cross_k: crosskv.k}   # optional: inputs held at the model's pipeline's outputs, one run per sample
       run_steps: 10                 # optional: the stream cut into runs of 10 steps, fed inputs zero at each start
-      transducer: {...}             # optional: a transducer's greedy search over each step's frames (spec/transducer.py)
+      transducer: {...}             # optional: a transducer's greedy search over each step's frames (modelspec/spectransducer.py)
       verify:                       # the NPU loop's outputs at every step vs the CPU loop's (as graph verify)
         checks: [{agreement: {output: output, threshold: 0.5, min: 0.99}}]
 
@@ -18,7 +18,7 @@ code decides the next inputs (and when to stop) from the step just run. With `st
 loop, the named inputs held at the last pipeline graph's outputs (the NPU chain's for the NPU loop,
 the CPU chain's for the CPU loop). With `run_steps:`, the stream is cut into runs of that many steps (a streaming
 encoder's utterances), every fed-back input zeros at each run's first step. Over a graph with sizes (`dims:`) the loop runs per size, each size
-started by the pipeline at that size (`load_sized`). Loaded from spec/load.py; only YAML is read here.
+started by the pipeline at that size (`load_sized`). Loaded from modelspec/load.py; only YAML is read here.
 """
 from __future__ import annotations
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-if TYPE_CHECKING:  # spec/project.py loads through this module: importing it here would be a cycle
-    from qnn_tasks.spec.pipeline import PipelineSpec
-    from qnn_tasks.spec.project import GraphSpec
-    from qnn_tasks.spec.sizes import SizeSpec
+if TYPE_CHECKING:  # modelspec/project.py loads through this module: importing it here would be a cycle
+    from qnn_tasks.modelspec.project import GraphSpec
+    from qnn_tasks.modelspec.specpipeline import PipelineSpec
+    from qnn_tasks.modelspec.specsizes import SizeSpec
 
 LOOP_KEYS = {"graph", "feed", "steps", "step", "start", "run_steps", "transducer", "verify"}
 MAX_STEPS = 100_000  # a bound on what a spec can ask the simulator for
@@ -45,7 +45,7 @@ class LoopSpec:
     verify: dict[str, dict[str, Any]]  # precision -> validated verify settings (as a graph's)
     start: dict[str, str] | None = None  # input -> output of the pipeline's last graph, held for every step
     run_steps: int | None = None       # steps per run (the stream cut into runs), None: one run
-    transducer: dict[str, Any] | None = None  # the greedy search's settings (spec/transducer.py), None: no search
+    transducer: dict[str, Any] | None = None  # the greedy search's settings (modelspec/spectransducer.py), None: no search
 
     def settings(self, precision: str) -> dict[str, Any]:
         """What the loop stage's key and call carry for one precision (JSON-able)."""
@@ -57,9 +57,9 @@ class LoopSpec:
 def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
          pipeline: PipelineSpec | None = None) -> LoopSpec | None:
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec import transducer as spectransducer
-    from qnn_tasks.spec.checks import verify_section
-    from qnn_tasks.spec.yamlread import as_int, as_mapping, check_keys
+    from qnn_tasks.modelspec import spectransducer
+    from qnn_tasks.modelspec.checks import verify_section
+    from qnn_tasks.modelspec.yamlread import as_int, as_mapping, check_keys
 
     if data is None:
         return None
@@ -124,7 +124,7 @@ def load(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
 def _run_steps(section: dict[str, Any], steps: int | None, path: Path) -> int | None:
     """`run_steps: N`: the stream cut into runs of N steps (a whole number of them when `steps` is given)."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.yamlread import as_int
+    from qnn_tasks.modelspec.yamlread import as_int
 
     if section.get("run_steps") is None:
         return None
@@ -144,7 +144,7 @@ def _start(data: Any, graph: GraphSpec, feed: dict[str, str], by_name: dict[str,
            pipeline: PipelineSpec | None, path: Path) -> dict[str, str] | None:
     """`start: {<input>: <pipeline's last graph>.<output>}`, checked: names, shapes, a pipeline to start from."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.yamlread import as_mapping
+    from qnn_tasks.modelspec.yamlread import as_mapping
 
     if data is None:
         return None
@@ -189,11 +189,11 @@ def load_sized(data: Any, graphs: tuple[GraphSpec, ...], model: str, path: Path,
     from the pipeline at size S when the pipeline has sizes too (same dim and sizes), else from the one pipeline,
     its shapes checked at every size. A loop graph without sizes cannot start from a pipeline per size: refused.
     `sized`: declared graph -> a SizeSpec of it; `chain`: the SizeSpec of the pipeline's sizes, with
-    `size_pipelines` its pipelines, one per size (spec/load.py)."""
+    `size_pipelines` its pipelines, one per size (modelspec/load.py)."""
     from dataclasses import replace
 
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec import sizes as specsizes
+    from qnn_tasks.modelspec import specsizes
 
     if not isinstance(data, dict):
         return load(data, graphs, model, path, pipeline)

@@ -13,15 +13,15 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # spec/project.py reads and writes its cache through this module: importing it would be a cycle
-    from qnn_tasks.spec.project import Project
+if TYPE_CHECKING:  # modelspec/project.py reads and writes its cache through this module: importing it would be a cycle
+    from qnn_tasks.modelspec.project import Project
 
 CACHE = ".qnn-specs.cache"
 
 
 def _fingerprint(root: Path, toolchain: str) -> tuple:
     from qnn_tasks import codekeys
-    from qnn_tasks.spec import stagesettings
+    from qnn_tasks.modelspec import stagesettings
 
     data = Path(__file__).resolve().parents[1] / "data"  # the packaged table and profiles under the project's
     files = [root / "socs" / "socs.yaml", data / "socs.yaml"]
@@ -38,7 +38,7 @@ def _fingerprint(root: Path, toolchain: str) -> tuple:
             stats.append((str(path), None, None))
     # the spec code itself: every module the loader imports, derived from its imports; and the sections of the
     # stages this project registered (dodo.py): their checks and defaults are in the loaded spec
-    return (sys.version_info[:2], toolchain, str(root), tuple(stats), codekeys.digest(("qnn_tasks.spec.load",)),
+    return (sys.version_info[:2], toolchain, str(root), tuple(stats), codekeys.digest(("qnn_tasks.modelspec.load",)),
             stagesettings.fingerprint())
 
 

@@ -2,14 +2,14 @@
 defaults, what a type cannot say, and the name the stage's key gives it (StageSettings).
 
 The stage's row points at its declaration (plan/rows.py `StageDef(settings=...)`; a row a project registers brings
-its own), and everything else follows from it: the schema lists the section (spec/keys.py), the loader checks it and
-fills its defaults (spec/load.py), a GraphSpec holds it in `settings` by section name (`graph.section(name)`),
-spec/serial.py carries it as it is, and the stage's plan digests it into its key (plan/stageplans.py `graph_plan`,
+its own), and everything else follows from it: the schema lists the section (modelspec/keys.py), the loader checks it and
+fills its defaults (modelspec/load.py), a GraphSpec holds it in `settings` by section name (`graph.section(name)`),
+modelspec/specjson.py carries it as it is, and the stage's plan digests it into its key (plan/stageplans.py `graph_plan`,
 `Planner.chip_key`), so an edit of it reruns that stage. Sections every graph has whatever its stages (`verify:`,
 read by six stages; `split:`, which makes graphs) stay fields of GraphSpec.
 
 A section's schema is a function, called when YAML is read: planning with a warm spec cache (a no-op `doit`)
-imports no schema (spec/schema.py).
+imports no schema (modelspec/schema.py).
 """
 from __future__ import annotations
 
@@ -20,13 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from qnn_tasks.spec.checks import CALIBRATION_DEFAULTS, REPAIR_BUDGET, THRESHOLD_RANGES, check_calibration, check_lint
-from qnn_tasks.spec.porting import skip_optimizers
-from qnn_tasks.spec.yamlread import as_mapping
+from qnn_tasks.modelspec.checks import (
+    CALIBRATION_DEFAULTS,
+    REPAIR_BUDGET,
+    THRESHOLD_RANGES,
+    check_calibration,
+    check_lint,
+)
+from qnn_tasks.modelspec.specport import skip_optimizers
+from qnn_tasks.modelspec.yamlread import as_mapping
 
 if TYPE_CHECKING:
-    from qnn_tasks.spec.project import GraphSpec
-    from qnn_tasks.spec.schema import Type
+    from qnn_tasks.modelspec.project import GraphSpec
+    from qnn_tasks.modelspec.schema import Type
 
 # (the section as written, the file, its key `graphs.<graph>.<section>`, the graph's precisions) -> the section to
 # keep (None: as written); a SpecError for what the schema cannot say
@@ -37,7 +43,7 @@ Check = Callable[[dict, Path, str, tuple], "dict[str, Any] | None"]
 class StageSettings:
     """One stage's section under `graphs.<graph>` in model.yaml."""
     section: str                                   # its key under graphs.<graph>
-    fields: Callable[[], Type]                     # its schema (spec/schema.py's types), built when YAML is read
+    fields: Callable[[], Type]                     # its schema (modelspec/schema.py's types), built when YAML is read
     key: str = ""                                  # its name in the stage's key ("": the section's)
     defaults: Mapping[str, Any] = field(default_factory=dict)  # filled in where the section does not say
     check: Check | None = None                     # what its types cannot say
@@ -54,7 +60,7 @@ class StageSettings:
 
 
 def _simplify_fields() -> Type:
-    from qnn_tasks.spec.schema import Bool, Fields, ListOf, Text
+    from qnn_tasks.modelspec.schema import Bool, Fields, ListOf, Text
 
     return Fields({"skip": Bool(), "skip_optimizers": ListOf(Text(max_len=100))})
 
@@ -64,19 +70,19 @@ def _simplify_check(section: dict, path: Path, key: str, precisions: tuple) -> N
 
 
 def _cpucheck_fields() -> Type:
-    from qnn_tasks.spec.schema import Fields, Num
+    from qnn_tasks.modelspec.schema import Fields, Num
 
     return Fields({name: Num(*THRESHOLD_RANGES[name]) for name in ("max_abs", "min_cosine")})
 
 
 def _lint_fields() -> Type:
-    from qnn_tasks.spec.schema import Fields, ListOf, Text
+    from qnn_tasks.modelspec.schema import Fields, ListOf, Text
 
     return Fields({"allow": ListOf(Text(max_len=100))})
 
 
 def _calibration_fields() -> Type:
-    from qnn_tasks.spec.schema import Bool, Fields, Int, Text
+    from qnn_tasks.modelspec.schema import Bool, Fields, Int, Text
 
     return Fields({"samples": Int(None, 100_000), "function": Text(max_len=100), "per_channel": Bool(),
                    "repair_budget": Int(*REPAIR_BUDGET)})
@@ -106,7 +112,7 @@ def registered() -> tuple[StageSettings, ...]:
 
 
 def fingerprint() -> tuple:
-    """The registered sections for the spec cache (spec/speccache.py): a changed declaration, or an edit of the file
+    """The registered sections for the spec cache (modelspec/speccache.py): a changed declaration, or an edit of the file
     that makes it, loads the YAML again (their defaults and checks are in the loaded spec)."""
     found = []
     for settings in _registered:

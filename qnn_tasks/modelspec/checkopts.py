@@ -85,7 +85,7 @@ def check_options(kind: str, options: dict[str, Any], shape: tuple[int, ...] | N
     if kind == "ctc":
         _ctc_ranges(options, shape, where, key)
     if kind == "ctc" and "alphabet" in options:
-        from qnn_tasks.spec.porting import confined, stays_in_folder
+        from qnn_tasks.modelspec.specport import confined, stays_in_folder
 
         confined(options["alphabet"], where, f"{key}.alphabet", "the model folder")
         folder = Path(where).parent

@@ -1,4 +1,4 @@
-"""YAML -> the spec's types (spec/project.py): socs/socs.yaml, models/*/model.yaml, toolchain/*.yaml, checked.
+"""YAML -> the spec's types (modelspec/project.py): socs/socs.yaml, models/*/model.yaml, toolchain/*.yaml, checked.
 
 Only YAML and package metadata are read here (no onnx/onnxruntime/torch), so `doit list` stays instant. Every
 error names the file and the key, and says how to fix it. No stage imports this module: planning runs it, and a
@@ -13,12 +13,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec import porting as specport
-from qnn_tasks.spec import ship as specship
-from qnn_tasks.spec import stagesettings
-from qnn_tasks.spec.checks import PRECISIONS, verify_section
-from qnn_tasks.spec.precisions import AUTO, DEFAULT_AUTO_ORDER, RUNS_WORDS
-from qnn_tasks.spec.project import (
+from qnn_tasks.modelspec import specport, specship, stagesettings
+from qnn_tasks.modelspec.checks import PRECISIONS, verify_section
+from qnn_tasks.modelspec.precision_table import AUTO, DEFAULT_AUTO_ORDER, RUNS_WORDS
+from qnn_tasks.modelspec.project import (
     DEFAULT_CONTEXT_MB,
     DEFAULT_MEMORY_MB,
     LEGACY_RUNS,
@@ -31,7 +29,7 @@ from qnn_tasks.spec.project import (
     TensorSpec,
     ToolchainProfile,
 )
-from qnn_tasks.spec.yamlread import (
+from qnn_tasks.modelspec.yamlread import (
     as_bool,
     as_int,
     as_mapping,
@@ -42,7 +40,7 @@ from qnn_tasks.spec.yamlread import (
 )
 
 if TYPE_CHECKING:
-    from qnn_tasks.spec.sizes import SizeSpec
+    from qnn_tasks.modelspec.specsizes import SizeSpec
 
 MAX_ELEMENTS = 2**31 - 1  # values in one declared tensor: QNN indexes tensors with 32 bits
 IO_DTYPES = ("float32", "float16", "int32", "uint8", "int8", "uint16", "int16", "bool")
@@ -130,9 +128,9 @@ def _runs(row: dict, path: Path, key: str) -> tuple[str, ...]:
 
 
 def _check_schema(data: Any, table: str, path: Path) -> None:
-    """The file against its table of spec/keys.py (imported only when YAML is read: a warm spec cache skips it);
+    """The file against its table of modelspec/keys.py (imported only when YAML is read: a warm spec cache skips it);
     a model.yaml's with the sections of the stages this project registered."""
-    from qnn_tasks.spec import keys, schema
+    from qnn_tasks.modelspec import keys, schema
 
     found = keys.model_table(stagesettings.registered()) if table == "MODEL" else getattr(keys, table)
     schema.check(data, found, path)
@@ -174,9 +172,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     graphs_data = as_mapping(data["graphs"], path, "graphs")
     if not graphs_data:
         raise SpecError(path, "graphs", "no graphs declared", "declare at least one graph")
-    from qnn_tasks.spec import loop as specloop
-    from qnn_tasks.spec import pipeline as specpipeline
-    from qnn_tasks.spec import sizes as specsizes
+    from qnn_tasks.modelspec import specloop, specpipeline, specsizes
 
     declared = [as_name(name, path, "graphs", "graph name", "rename the graph") for name in graphs_data]
     expanded = [(sized, g, size, f"graphs.{name}") for name in declared
@@ -186,7 +182,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
     graphs = tuple(_load_graph(as_name(sized, path, origin, "size graph name", "rename the graph or its dim"), g,
                                model_dir, path, socs, source_data, size=size, key=origin)
                    for sized, g, size, origin in expanded)
-    from qnn_tasks.spec import split as specsplit
+    from qnn_tasks.modelspec import specsplit
 
     specsplit.clashes(graphs, path)
     specsplit.not_sized(graphs, path)
@@ -205,7 +201,7 @@ def load_model(model_dir: Path, socs: dict[str, Soc]) -> ModelSpec:
                                 size_pipelines)
     specsplit.not_chained(graphs, pipeline, loop, path)
     _auto_alone(graphs, pipeline, loop, size_pipelines, path)
-    from qnn_tasks.spec.pipeline import check_upstream
+    from qnn_tasks.modelspec.specpipeline import check_upstream
 
     check_upstream(graphs, [p for p in (pipeline, *size_pipelines) if p is not None], path)
     return ModelSpec(name=model_dir.name, dir=model_dir, file=path, licence=str(data["licence"]),
@@ -312,7 +308,7 @@ def _precisions(value: Any, path: Path, key: str) -> tuple[list[str], tuple[str,
 
 
 def _split(data: Any, path: Path, key: str) -> dict[str, Any] | None:
-    from qnn_tasks.spec import split as specsplit
+    from qnn_tasks.modelspec import specsplit
 
     return specsplit.load(data, path, key)
 
@@ -399,7 +395,7 @@ def load_project(root: Path, toolchain: str = "ort-qnn") -> Project:
 
     A warm cache (unchanged spec files) skips YAML; installed packages are still checked.
     """
-    from qnn_tasks.spec import speccache
+    from qnn_tasks.modelspec import speccache
 
     cached = speccache.read(root, toolchain)
     if cached is not None:

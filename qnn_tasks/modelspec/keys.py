@@ -1,9 +1,9 @@
-"""Every key of the spec files with its type and bounds (spec/schema.py's types): model.yaml, socs.yaml, profiles.
+"""Every key of the spec files with its type and bounds (modelspec/schema.py's types): model.yaml, socs.yaml, profiles.
 
-A stage's own section under `graphs.<graph>` (simplify:, lint:, ...) is its declaration's (spec/stagesettings.py):
+A stage's own section under `graphs.<graph>` (simplify:, lint:, ...) is its declaration's (modelspec/stagesettings.py):
 GRAPH lists the built-in stages' sections, `model_table` adds those of the stages a project registered.
 
-The loaders check a file against its table first (spec/load.py), then read values known to be of their type.
+The loaders check a file against its table first (modelspec/load.py), then read values known to be of their type.
 Ranges that are facts of the domain live beside the code that uses them (checks.THRESHOLD_RANGES, CHECK_RANGES,
 loop.MAX_STEPS, pipeline.MAX_RUNS, samples.MAX_SAMPLES) and are referenced here, not repeated.
 """
@@ -13,13 +13,10 @@ import functools
 from dataclasses import replace
 
 from qnn_tasks.envvalues import STAGE_TIMEOUT_MAX
-from qnn_tasks.spec import stagesettings
-from qnn_tasks.spec.checks import CHECK_KINDS, CHECK_RANGES, THRESHOLD_KEYS, THRESHOLD_RANGES
-from qnn_tasks.spec.loop import MAX_STEPS
-from qnn_tasks.spec.pipeline import MAX_RUNS
-from qnn_tasks.spec.precisions import QUANTIZED
-from qnn_tasks.spec.samples import MAX_SAMPLES, MAX_WINDOW
-from qnn_tasks.spec.schema import (
+from qnn_tasks.modelspec import stagesettings
+from qnn_tasks.modelspec.checks import CHECK_KINDS, CHECK_RANGES, THRESHOLD_KEYS, THRESHOLD_RANGES
+from qnn_tasks.modelspec.precision_table import QUANTIZED
+from qnn_tasks.modelspec.schema import (
     MAX_DIM,
     MAX_RANK,
     Bool,
@@ -34,8 +31,11 @@ from qnn_tasks.spec.schema import (
     Section,
     Text,
 )
-from qnn_tasks.spec.split import MAX_PARTS
-from qnn_tasks.spec.transducer import MAX_SYMBOLS
+from qnn_tasks.modelspec.specloop import MAX_STEPS
+from qnn_tasks.modelspec.specpipeline import MAX_RUNS
+from qnn_tasks.modelspec.specsamples import MAX_SAMPLES, MAX_WINDOW
+from qnn_tasks.modelspec.specsplit import MAX_PARTS
+from qnn_tasks.modelspec.spectransducer import MAX_SYMBOLS
 
 NAME = Text(max_len=100)
 FILE = Text(doc="path in the model folder")
@@ -46,7 +46,7 @@ DIM = Int(1, MAX_DIM, bad="dynamic or invalid dim '{value}': the NPU needs stati
           fix="give every dim a fixed positive integer (pad or chunk variable lengths at export)")
 SIZE = Int(1, MAX_DIM, bad="size '{value}' is not one of a list of positive integers", fix="e.g. sizes: [32, 128]")
 SIZES = ListOf(SIZE, 1, 64, bad="must be a list of positive integers", fix="e.g. sizes: [32, 128]")
-# a dim is a size, or the name of a dim declared under the graph's `dims:` (spec/sizes.py writes its sizes in)
+# a dim is a size, or the name of a dim declared under the graph's `dims:` (modelspec/specsizes.py writes its sizes in)
 SIZED_DIM = Either((DIM, Text(max_len=100, doc="a dim name declared under dims:")),
                    fix="give every dim a fixed positive integer, or name it under dims: with its sizes")
 SHAPE = ListOf(SIZED_DIM, 1, MAX_RANK, bad="must be a list of integers", fix="e.g. shape: [1, 128]")
@@ -112,17 +112,17 @@ GRAPH = Fields({
     "rewrites": REWRITES,
     "constant_inputs": MapOf(Numbers(), "<input>"),
     "samples": SAMPLES,
-    "split": Fields({"at": ListOf(Text(max_len=256), 1, MAX_PARTS), "parts": Int(2, MAX_PARTS)}),  # spec/split.py: one of
+    "split": Fields({"at": ListOf(Text(max_len=256), 1, MAX_PARTS), "parts": Int(2, MAX_PARTS)}),  # modelspec/specsplit.py: one of
     "dims": MapOf(Either((SIZES, Fields({"sizes": SIZES, "pad": MapOf(Num(), "<input>"), "longer": Text(max_len=20)},
                                         required=("sizes",)))),
-                  "<dim>", max_items=100, fix="e.g. dims: {seq: [32, 128]}"),  # spec/sizes.py allows one (its message)
+                  "<dim>", max_items=100, fix="e.g. dims: {seq: [32, 128]}"),  # modelspec/specsizes.py allows one (its message)
     **{settings.section: settings.fields() for settings in stagesettings.BUILT_IN},  # the stages' own sections
 }, required=("inputs", "outputs"))
 
 GLUE = Fields({"from": Text(max_len=300), "reshape": Bool(), "scale": Num(), "offset": Num(),
                "stack": Fields({"runs": Int(1, MAX_RUNS), "axis": Int(-MAX_RANK, MAX_RANK), "hop": Int(1, MAX_RUNS)},
                                required=("runs",), fix="write e.g. stack: {runs: 16, axis: 1}"),
-               # a constant instead of an output (a start token): spec/pipeline.py wants one of from and value
+               # a constant instead of an output (a start token): modelspec/specpipeline.py wants one of from and value
                "value": Numbers(fix="e.g. value: 1 (every value of the input), or a list of the input's shape",
                                 bools=False)})
 PIPELINE = Fields({

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from qnn_tasks.spec.project import (
+from qnn_tasks.modelspec.project import (
     DEFAULT_CONTEXT_MB,
     DEFAULT_MEMORY_MB,
     LEGACY_RUNS,
@@ -19,7 +19,7 @@ from qnn_tasks.spec.project import (
     TensorSpec,
     ToolchainProfile,
 )
-from qnn_tasks.spec.sizes import SizeSpec
+from qnn_tasks.modelspec.specsizes import SizeSpec
 
 
 def relative(path: Path | str | None, root: Path) -> str | None:

@@ -1,7 +1,7 @@
 """model.yaml keys for porting a model to the NPU without Python: sources, rewrites, constant inputs, samples.
 
-Validated at spec load with the same one-line errors as spec/load.py (file, key, problem, fix), and
-like spec/load.py without importing onnx/onnxruntime/numpy: the rewrite catalogue and the onnxsim
+Validated at spec load with the same one-line errors as modelspec/load.py (file, key, problem, fix), and
+like modelspec/load.py without importing onnx/onnxruntime/numpy: the rewrite catalogue and the onnxsim
 optimizer names are static lists here (tests compare them with the installed packages).
 """
 from __future__ import annotations
@@ -153,14 +153,14 @@ def _number_or_list(value: Any) -> bool:
 def samples(data: Any, path: Path, key: str, model_dir: Path,
             inputs: dict[str, tuple[tuple[int, ...], str]] | None = None, size: Any = None) -> dict[str, Any] | None:
     """`samples: {files: PATTERN or [PATTERNS]}`: .npz/.npy files (or folders of them) in the model folder;
-    or media sources (`image:`, `audio:`, `raw:`, `fill:`; spec/samples.py) checked against the declared inputs
+    or media sources (`image:`, `audio:`, `raw:`, `fill:`; modelspec/specsamples.py) checked against the declared inputs
     (`size`: the graph's SizeSpec, for one size of a graph with `dims:`)."""
     if data is None:
         return None
     fix = 'e.g. samples: {files: "samples/*.npz"} or samples: {image: {files: "images/*.png"}} (paths relative to the model folder)'
     if not isinstance(data, dict):
         raise SpecError(path, key, f"expected a mapping, got {type(data).__name__}", fix)
-    from qnn_tasks.spec import samples as specsamples
+    from qnn_tasks.modelspec import specsamples
 
     for k in data:
         if k not in SAMPLES_KEYS and k not in specsamples.KINDS and k not in ("fill", "from"):
@@ -202,7 +202,7 @@ def _patterns(value: Any, path: Path, key: str, model_dir: Path, kind: str | Non
 def _suffixes(kind: str | None) -> tuple[str, ...] | None:
     if kind is None:
         return SAMPLE_SUFFIXES
-    from qnn_tasks.spec.samples import suffixes
+    from qnn_tasks.modelspec.specsamples import suffixes
 
     return suffixes(kind)
 
@@ -218,7 +218,7 @@ def declared_files(model_dir: Path, samples: dict[str, Any] | None) -> list[Path
         return []
     if "files" in samples:
         return sample_files(model_dir, samples["files"])
-    from qnn_tasks.spec.samples import KINDS
+    from qnn_tasks.modelspec.specsamples import KINDS
 
     return [f for kind in KINDS if kind in samples for f in media_files(model_dir, samples[kind]["files"], kind)]
 

@@ -102,7 +102,7 @@ class Int(Type):
         return isinstance(value, int) and not isinstance(value, bool)
 
     def check(self, value: Any, path: Path, key: str) -> None:
-        from qnn_tasks.spec.yamlread import as_int
+        from qnn_tasks.modelspec.yamlread import as_int
 
         if self.bad and (not self.accepts(value) or (self.low is not None and value < self.low)):
             shown = value if self.accepts(value) else value[:40] if isinstance(value, str) else show(value)
@@ -110,7 +110,7 @@ class Int(Type):
         as_int(value, path, key, self.low, self.high)
 
     def describe(self) -> str:
-        from qnn_tasks.spec.yamlread import span
+        from qnn_tasks.modelspec.yamlread import span
 
         return "integer" + span(self.low, self.high, " ")
 
@@ -124,12 +124,12 @@ class Num(Type):
         return isinstance(value, (int, float)) and not isinstance(value, bool)
 
     def check(self, value: Any, path: Path, key: str) -> None:
-        from qnn_tasks.spec.yamlread import as_number
+        from qnn_tasks.modelspec.yamlread import as_number
 
         as_number(value, path, key, self.low, self.high)
 
     def describe(self) -> str:
-        from qnn_tasks.spec.yamlread import span
+        from qnn_tasks.modelspec.yamlread import span
 
         return "number" + span(self.low, self.high, " ")
 
@@ -142,7 +142,7 @@ class Bool(Type):
         return isinstance(value, bool)
 
     def check(self, value: Any, path: Path, key: str) -> None:
-        from qnn_tasks.spec.yamlread import as_bool
+        from qnn_tasks.modelspec.yamlread import as_bool
 
         as_bool(value, path, key)
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec.yamlread import as_mapping, as_number, check_keys
+from qnn_tasks.modelspec.yamlread import as_mapping, as_number, check_keys
 
 DIM_KEYS = {"sizes", "pad", "longer"}
 LONGER = ("skip", "truncate")
@@ -220,7 +220,7 @@ def at_size(data: dict[str, Any], sized: dict[str, SizeSpec], size: int) -> dict
 def facts(graph: Any) -> dict[str, Any] | None:
     """The sizes facts of a sized graph for a package's manifest (None for a graph without sizes): the declared
     graph, dim, sizes, each size's graph, the rule "smallest that fits", pad values and what happens to a longer
-    input, and this graph's own size. `graph` is a GraphSpec or its call-argument dict (spec/serial.py graph_to_dict)."""
+    input, and this graph's own size. `graph` is a GraphSpec or its call-argument dict (modelspec/specjson.py graph_to_dict)."""
     size = graph.get("size") if isinstance(graph, dict) else getattr(graph, "size", None)
     if size is None:
         return None

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec.sizes import pad_problem
-from qnn_tasks.spec.yamlread import as_bool, as_int, as_number
+from qnn_tasks.modelspec.specsizes import pad_problem
+from qnn_tasks.modelspec.yamlread import as_bool, as_int, as_number
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".bmp", ".gif", ".tif", ".tiff", ".webp", ".ppm", ".pgm")
 AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".oga", ".aiff", ".aif")  # what libsndfile decodes
@@ -117,7 +117,7 @@ def validate(data: dict[str, Any], path: Path, key: str, inputs: dict[str, tuple
 
 def _upstream(value: Any, path: Path, key: str, inputs: dict[str, Any], fill: dict[str, Any]) -> dict[str, str]:
     """`from: <graph>.<output>` (the one input no fill feeds) or `from: {<input>: <graph>.<output>}` -> input ->
-    reference; the graph and output are checked once every graph is loaded (spec/load.py)."""
+    reference; the graph and output are checked once every graph is loaded (modelspec/load.py)."""
     fix = "e.g. from: embed.y (an earlier graph's output), or from: {x: embed.y}"
     if isinstance(value, str):
         free = [n for n in inputs if n not in fill]

@@ -1,7 +1,7 @@
 """The spec's types: a SoC row, a tensor, a source, a graph, a model, a toolchain profile, the project.
 
-Stage code imports these (a stage call carries them as JSON, spec/serial.py); how YAML becomes them is
-spec/load.py, so an edit to the loaders re-keys no stage (a stage's code key is every module it imports).
+Stage code imports these (a stage call carries them as JSON, modelspec/specjson.py); how YAML becomes them is
+modelspec/load.py, so an edit to the loaders re-keys no stage (a stage's code key is every module it imports).
 """
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from qnn_tasks.spec import porting as specport
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec import ship as specship
-from qnn_tasks.spec.installed import version as installed_version
+from qnn_tasks.modelspec import precision_table, specport, specship
+from qnn_tasks.modelspec.installed import version as installed_version
 
 if TYPE_CHECKING:  # annotations only: load_model imports these loaders where it uses them
-    from qnn_tasks.spec.loop import LoopSpec
-    from qnn_tasks.spec.pipeline import PipelineSpec
-    from qnn_tasks.spec.sizes import SizeSpec
+    from qnn_tasks.modelspec.specloop import LoopSpec
+    from qnn_tasks.modelspec.specpipeline import PipelineSpec
+    from qnn_tasks.modelspec.specsizes import SizeSpec
 
 LEGACY_RUNS = {True: ("fp16", "w8a16"), False: ("w8a16",)}  # what `fp16: true/false` meant
 DEFAULT_MEMORY_MB = 2048   # a row without memory_mb: the HTP's 2 GiB allocation limit (docs/load-and-fit.md)
@@ -134,7 +132,7 @@ class Source:
         if not self.file:
             return None
         if self.package:
-            from qnn_tasks.spec.installed import location
+            from qnn_tasks.modelspec.installed import location
 
             base = location(self.package)
             return base / self.file if base else None
@@ -164,7 +162,7 @@ class GraphSpec:
     split: dict[str, Any] | None = None    # `split:` ({"at": [...]} | {"parts": N}); a part: {"part", "of", "parts"}
     auto: tuple[str, ...] = ()             # `precision: auto`: its candidates (= precisions), smallest expected first
     # the stages' own sections (simplify:, lint:, calibration:, a registered stage's), checked, defaults filled:
-    # section -> settings, as spec/stagesettings.py declares them
+    # section -> settings, as modelspec/stagesettings.py declares them
     settings: dict[str, dict[str, Any]] = field(default_factory=dict)
 
     @property
@@ -204,7 +202,7 @@ class ModelSpec:
     graphs: tuple[GraphSpec, ...]
     pipeline: PipelineSpec | None = None  # the graphs chained, verified end to end
     loop: LoopSpec | None = None          # one graph run repeatedly, outputs fed back
-    ship: dict[str, Any] = field(default_factory=specship.default)  # `ship:` precision_order, delivery (spec/ship.py)
+    ship: dict[str, Any] = field(default_factory=specship.default)  # `ship:` precision_order, delivery (modelspec/specship.py)
     stage_timeout: float | None = None  # seconds any stage of this model may take (None: $QNN_STAGE_TIMEOUT or 4 h)
     size_pipelines: tuple[PipelineSpec, ...] = ()  # over graphs with sizes: one pipeline per size (`pipeline`: None)
 

@@ -1,6 +1,6 @@
 """The sections of a graph that say how it is checked: `verify:` (thresholds, task checks, per
 precision), validated with its defaults filled in; and what the types of `calibration:` and `lint:` cannot say
-(spec/stagesettings.py declares those two sections).
+(modelspec/stagesettings.py declares those two sections).
 """
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ from pathlib import Path
 from typing import Any
 
 from qnn_tasks.errors import SpecError
-from qnn_tasks.spec import precisions as precision_table
-from qnn_tasks.spec.yamlread import as_int, as_mapping, as_number
+from qnn_tasks.modelspec import precision_table
+from qnn_tasks.modelspec.yamlread import as_int, as_mapping, as_number
 
-PRECISIONS = precision_table.NAMES  # fp16, w8a16, w4a16: spec/precisions.py
+PRECISIONS = precision_table.NAMES  # fp16, w8a16, w4a16: modelspec/precision_table.py
 MIN_CALIBRATION_SAMPLES = 8
 # threshold name -> whether a metric must stay at most ("max") or at least ("min") that value
 THRESHOLD_KEYS = {"max_abs": "max", "mean_abs": "max", "min_cosine": "min", "min_snr_db": "min"}
@@ -85,7 +85,7 @@ def check_lint(lint: dict, path: Path, key: str, precisions: tuple[str, ...] | l
 
 def check_calibration(section: dict, path: Path, key: str, precisions: tuple[str, ...]) -> None:
     """How quantized graphs (w8a16, w4a16) are calibrated: N real samples from a function of the model's export.py
-    (CALIBRATION_DEFAULTS where the section does not say; spec/stagesettings.py fills them in)."""
+    (CALIBRATION_DEFAULTS where the section does not say; modelspec/stagesettings.py fills them in)."""
     samples = section.get("samples", CALIBRATION_DEFAULTS["samples"])
     if not isinstance(samples, int) or isinstance(samples, bool) or samples < MIN_CALIBRATION_SAMPLES:
         raise SpecError(path, f"{key}.samples", f"{samples!r} is too few calibration samples",
@@ -166,6 +166,6 @@ def verify_section(data: Any, precision: str, outputs: set[str] | dict[str, tupl
 def _check_options(kind: str, options: dict[str, Any], shape: tuple[int, ...] | None, where: Path, key: str) -> None:
     """What the ranges above cannot say: a slice that fits the output, one of tol/threshold, detection columns,
     an alphabet file inside the model folder."""
-    from qnn_tasks.spec.checkopts import check_options
+    from qnn_tasks.modelspec.checkopts import check_options
 
     check_options(kind, options, shape, where, key)

@@ -16,7 +16,7 @@ The search is sherpa-onnx's greedy search: the decoder starts from the context [
 frame the joiner scores (frame, decoder_out), and while the best symbol is not blank (at most `max_symbols`
 times) it is emitted, shifted into the context and the decoder runs again. `tokens` is the search's output name
 in `loop.verify.checks` (only `wer` reads it). Checked here from YAML (names, shapes, dtypes, the file's place);
-the tokens file's lines are read by the loop stage. Loaded from spec/loop.py.
+the tokens file's lines are read by the loop stage. Loaded from modelspec/specloop.py.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from qnn_tasks.spec.project import GraphSpec
+    from qnn_tasks.modelspec.project import GraphSpec
 
 TRANSDUCER_KEYS = {"frames", "decoder", "joiner", "blank", "max_symbols", "tokens"}
 TOKENS = "tokens"      # the search's output, as loop.verify.checks name it
@@ -35,8 +35,8 @@ INTEGER_DTYPES = ("int32", "int64")
 def load(data: Any, graph: GraphSpec, by_name: dict[str, GraphSpec], path: Path) -> dict[str, Any] | None:
     """The validated `loop.transducer` settings (JSON-able: the loop stage's key and call carry them), or None."""
     from qnn_tasks.errors import SpecError
-    from qnn_tasks.spec.porting import confined, stays_in_folder
-    from qnn_tasks.spec.yamlread import as_int, as_mapping, check_keys
+    from qnn_tasks.modelspec.specport import confined, stays_in_folder
+    from qnn_tasks.modelspec.yamlread import as_int, as_mapping, check_keys
 
     if data is None:
         return None
