@@ -9,6 +9,10 @@ schedule (peak --lr, one value per pass) from the previous pass's weights, exact
 committed weights were made as three runs, each resuming the one before (train-runs.json, chained by digest). The
 held-out espeak-ng voices and the alsa-utils recordings are never trained on; their word error rates (greedy search,
 PyTorch on the CPU) go into train.json. docs/streaming-transducer.md has the measured times.
+
+--concat and --masks (off by default: the committed weights were made without them) were tried for the held-out goal
+and not kept (the doc has their figures): a share of batches whose utterances are each followed by another one
+(later words heard with the left caches full of speech, as in a stream), and SpecAugment's time and frequency masks.
 """
 from __future__ import annotations
 
@@ -91,6 +95,22 @@ def synthesize(args: argparse.Namespace) -> list[tuple[str, np.ndarray]]:
     return data
 
 
+def spec_augment(rng: np.random.Generator, feats: np.ndarray, fill: np.ndarray, masks: int) -> np.ndarray:
+    """SpecAugment's masks, `masks` of each kind: stretches of up to 8 fbank frames (80 ms) and bands of up to 8 of
+    the 80 bins, set to `fill` (the training set's mean)."""
+    if masks == 0:
+        return feats
+    feats = feats.copy()
+    for _ in range(masks):
+        width = int(rng.integers(0, 9))
+        start = int(rng.integers(0, max(1, len(feats) - width)))
+        feats[start:start + width] = fill
+        width = int(rng.integers(0, 9))
+        start = int(rng.integers(0, feats.shape[1] - width))
+        feats[:, start:start + width] = fill[start:start + width]
+    return feats
+
+
 def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace, lr: float, began: float,
              index: int) -> list[float]:
     """`args.steps` steps of AdamW under a one-cycle schedule to `lr`, batches of similar lengths in a seeded order;
@@ -103,11 +123,20 @@ def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace
     optimizer = torch.optim.AdamW([*model.parameters(), *ctc.parameters()], lr=lr, weight_decay=1e-2)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=args.steps, pct_start=0.1)
     rng = np.random.default_rng(args.seed)
+    # the augmentation draws from a generator of its own, so the batch order is rng's as without it; the same in
+    # every pass (a pass makes what a run of its own resuming the previous weights makes)
+    shaping = np.random.default_rng(args.seed)
+    silence = model.encoder.mean.numpy().copy()  # a masked stretch reads as the training set's mean (0 once normalized)
     losses: list[float] = []
     model.train()
     while len(losses) < args.steps:
         for batch in rng.permutation(len(batches)):
             chosen = [data[i] for i in batches[batch]]
+            if shaping.random() < args.concat:  # a batch of pairs: later words with full caches, as a stream has
+                partner = batches[int(shaping.integers(len(batches)))]
+                chosen = [(f"{t} {data[j][0]}", np.concatenate([f, data[j][1]]))
+                          for (t, f), j in zip(chosen, shaping.permutation(partner))]
+            chosen = [(t, spec_augment(shaping, f, silence, args.masks)) for t, f in chosen]
             longest = max(len(f) for _, f in chosen)
             x = torch.zeros(len(chosen), longest, speech.FEATURE_DIM)
             ids = [speech.token_ids(t) for t, _ in chosen]
@@ -164,7 +193,7 @@ def train(args: argparse.Namespace) -> dict:
     wer_alsa, rows_alsa = evaluate(model, speech.alsa_clips())
     return {"model": model, "report": {
         "seed": args.seed, "utterances": args.utterances, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-        "ctc_weight": args.ctc_weight, "passes": passes,
+        "ctc_weight": args.ctc_weight, "concat": args.concat, "masks": args.masks, "passes": passes,
         "resumed_from": None if args.resume is None else hashlib.sha256(args.resume.read_bytes()).hexdigest(),
         "config": net.CONFIG, "parameters": sum(p.numel() for p in model.parameters()),
         "seconds": {"synthesis": round(synthesized, 1), "total_training": round(trained, 1)},
@@ -184,6 +213,9 @@ def main() -> None:
                         help="peak learning rate of each pass, comma-separated (default: three passes)")
     parser.add_argument("--held-out", type=int, default=100)
     parser.add_argument("--ctc-weight", type=float, default=0.5)
+    parser.add_argument("--concat", type=float, default=0.0,
+                        help="share of batches whose utterances are each followed by another's (longer streams)")
+    parser.add_argument("--masks", type=int, default=0, help="SpecAugment time and frequency masks of each kind")
     parser.add_argument("--data-cache", type=Path, default=None, help="an .npz to keep the synthesized features in")
     parser.add_argument("--resume", type=Path, default=None, help="start from these weights (the second pass)")
     args = parser.parse_args()
