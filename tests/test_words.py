@@ -19,7 +19,7 @@ PACKAGE = ROOT / "qnn_tasks"
 WORDS = {s.value for s in Status}
 PACKAGE_PATH = re.compile(r"\bqnn_tasks/[\w/-]+\.(?:py|yaml|yml|json)\b")
 TEXT = (".py", ".yaml", ".yml", ".json", ".md", ".html", ".j2", ".txt")
-SPEC_TYPES = ("project", "loop", "pipeline", "split", "speccache", "ship", "checks", "installed")
+SPEC_TYPES = ("project", "specloop", "specpipeline", "specsplit", "speccache", "specship", "checks", "installed")
 
 
 def _words_in(node: ast.AST) -> list[ast.Constant]:
@@ -155,6 +155,6 @@ def test_spec_types_name_their_types() -> None:
                 continue
             hints = typing.get_type_hints(obj, globalns=namespace)  # raises on a name that is not there
             if isinstance(obj, type) and hasattr(obj, "__dataclass_fields__"):
-                loose += [f"spec/{name}.py {obj.__name__}.{field}" for field, hint in hints.items()
+                loose += [f"modelspec/{name}.py {obj.__name__}.{field}" for field, hint in hints.items()
                           if hint in (typing.Any, object, tuple)]
     assert not loose, f"spec fields typed Any/object/tuple: {loose}"
