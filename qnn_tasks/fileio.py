@@ -1,7 +1,8 @@
-"""Atomic file writes: an interrupted build never leaves a half file that looks finished; and unpacking an archive
-safely (a phone's outputs, runtime libraries), nothing landing outside its folder."""
+"""Atomic file writes: an interrupted build never leaves a half file that looks finished; a file's digest; and
+unpacking an archive safely (a phone's outputs, runtime libraries), nothing landing outside its folder."""
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
@@ -37,6 +38,12 @@ def atomic_path(final: Path) -> Iterator[Path]:
     finally:
         if tmp is not None and tmp.exists():
             tmp.unlink()
+
+
+def sha256(path: Path | str) -> str:
+    """The file's SHA-256 (hex), read once in chunks (run/digests.py caches it per file stamp for the records)."""
+    with open(path, "rb") as fh:
+        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def write_json(path: Path, data: Any) -> None:

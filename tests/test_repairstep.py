@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from qnn_tasks import fileio
 from qnn_tasks.judge import sample_store
 from qnn_tasks.toolchains import repairstep
 
@@ -31,7 +32,7 @@ def kept(tmp_path: Path) -> dict[str, Path]:
     facts = repairstep.keep(step, repair, {
         "qdq": "qdq.onnx", "log": "quantize.log", "quantize": {"nodes": 7}, "ctx_onnx": "compiled/net_ctx.onnx",
         "bin": "compiled/net_ctx_qnn.bin", "outputs": "outputs.npz", "chip": "SM8650", "options": OPTIONS,
-        "inputs_sha256": repairstep.sha256(inputs), "samples": 2, "compile_seconds": 1.5, "seconds": [0.1, 0.2]})
+        "inputs_sha256": fileio.sha256(inputs), "samples": 2, "compile_seconds": 1.5, "seconds": [0.1, 0.2]})
     promoted = repair / "promoted.json"
     promoted.write_text(json.dumps({"promoted": [], "chosen": facts}))
     assert sorted(f"chosen/{p.name}" for p in (repair / "chosen").iterdir()) == sorted(repairstep.files("net"))

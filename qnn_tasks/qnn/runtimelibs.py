@@ -21,7 +21,6 @@ version, else a QNN build id (v2.40.0.<date>) found inside libQnnHtp.so.
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import tarfile
@@ -200,15 +199,11 @@ def _archive_stem(path: Path) -> str:
 
 def unpack(archive: Path, cache_dir: Path) -> Path:
     """Unpack an archive of runtime libs once (keyed by its content hash); return the folder."""
-    from qnn_tasks.fileio import extract_safely
+    from qnn_tasks.fileio import extract_safely, sha256
 
     if not tarfile.is_tarfile(archive):
         raise StageError(f"{archive}: not a tar archive (give a folder, or a .tar.bz2/.tar.gz/.tar.xz of one)")
-    digest = hashlib.sha256()
-    with open(archive, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    dest = cache_dir / f"{_archive_stem(archive)}-{digest.hexdigest()[:12]}"
+    dest = cache_dir / f"{_archive_stem(archive)}-{sha256(archive)[:12]}"
     done = dest / ".unpacked"
     if not done.is_file():
         import shutil

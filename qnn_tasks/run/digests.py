@@ -10,13 +10,13 @@ the tree can write records too (docs/trust.md).
 from __future__ import annotations
 
 import atexit
-import hashlib
 import json
 import os
 import threading
 from pathlib import Path
 
-CHUNK = 1 << 20
+from qnn_tasks import fileio
+
 CACHE_FILE = Path("build") / ".qnn-digests.json"
 MAX_ENTRIES = 200_000  # bounds a hand-made or runaway cache file
 
@@ -40,11 +40,7 @@ def sha256(path: Path | str) -> str:
     cached = _memo.get(key)
     if cached is not None and cached[:4] == now:
         return cached[4]
-    h = hashlib.sha256()
-    with open(key, "rb") as fh:
-        while chunk := fh.read(CHUNK):
-            h.update(chunk)
-    digest = h.hexdigest()
+    digest = fileio.sha256(key)
     if stamp(os.stat(key)) == now:  # a file written while it was read is not cached
         with _lock:
             _memo[key] = (*now, digest)

@@ -69,6 +69,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     steps: list[dict[str, Any]] = []
 
     made: list[dict[str, Any]] = []  # per step: its files and timings, for repairstep.keep
+    inputs_sha256 = fileio.sha256(inputs_file)
 
     def attempt(promoted: list[str]) -> dict[str, Any]:
         folder = work / f"step{len(steps)}"
@@ -83,7 +84,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
         sample_store.save(folder / repairstep.OUTPUTS, outputs)
         made.append({"qdq": "qdq.onnx", "log": "quantize.log", "quantize": quantized, "ctx_onnx": f"compiled/{ctx.name}",
                      "bin": f"compiled/{ctx.stem}_qnn.bin", "outputs": repairstep.OUTPUTS, "chip": soc.name,
-                     "options": options, "inputs_sha256": repairstep.sha256(inputs_file), "samples": len(inputs),
+                     "options": options, "inputs_sha256": inputs_sha256, "samples": len(inputs),
                      "compile_seconds": compile_seconds, "seconds": seconds})
         result, violations = verification.judge(graph, verify, reference, outputs)
         step = {"promoted": promoted, "weight_bytes": sum(weights[w]["bytes"] for w in promoted),

@@ -14,13 +14,13 @@ Anything else compiles and simulates as usual. The stage records say what was ad
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 from qnn_tasks import fileio
+from qnn_tasks.fileio import sha256
 
 FOLDER = "chosen"           # repair/chosen/: the chosen step's files (repair/.work is litter a later run removes)
 OUTPUTS = "outputs.npz"
@@ -30,11 +30,6 @@ def files(graph: str) -> list[str]:
     """The chosen step's files in <repair>/chosen/ (the repair stage's outputs beside promoted.json)."""
     return [f"{FOLDER}/qdq.onnx", f"{FOLDER}/quantize.log", f"{FOLDER}/{graph}_ctx.onnx", f"{FOLDER}/{graph}_ctx_qnn.bin",
             f"{FOLDER}/{OUTPUTS}"]
-
-
-def sha256(path: Path) -> str:
-    with open(path, "rb") as fh:
-        return hashlib.file_digest(fh, "sha256").hexdigest()
 
 
 def keep(step: Path, out_dir: Path, facts: dict[str, Any]) -> dict[str, Any]:
