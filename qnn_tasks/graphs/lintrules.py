@@ -16,6 +16,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from qnn_tasks import rewrites
 from qnn_tasks.graphs import memory, onnxinfo, split
 from qnn_tasks.modelspec import precision_table, specsplit
 from qnn_tasks.modelspec.project import GraphSpec
@@ -24,16 +25,9 @@ SUPPORTED_IO_DTYPES = {"float32", "float16", "int32", "uint8", "int8", "uint16",
 FP16_MAX = 65504.0
 
 
-# lint rule -> (the rewrite that fixes it, the op it flags (None: a constant), what goes wrong)
-REWRITE_RULES = {
-    "pow-square": ("pow-square", "Pow", "fp16 Pow(x, 2) on HTP returns garbage when x underflows fp16 (|x| < ~6e-8)"),
-    "variance-cancellation": ("centred-variance", "Sub", "variance computed as E[x^2] - E[x]^2 cancels in fp16"),
-    "reduce-sum-square": ("reduce-sum-square", "ReduceSumSquare", "ReduceSumSquare runs on CPU, not on HTP"),
-    "clip-computed": ("clip-computed", "Clip", "a Clip whose min/max is computed (not a constant) runs on CPU"),
-    "neg": ("neg", "Neg", "the QNN converter rejects Neg"),
-    "fp16-overflow-constant": ("finite-mask", None, "overflows fp16 (a mask of -inf/finfo.min breaks fp16 arithmetic "
-                                                    "and quantization)"),
-}
+# lint rule -> (the rewrite that fixes it, the op it flags (None: a constant), what goes wrong): each rides on its
+# rewrite's row (rewrites.CATALOGUE, `lint=`)
+REWRITE_RULES = {rule: (r.name, r.lint.op, r.lint.problem) for rule, r in rewrites.LINT_ADVICE.items()}
 
 
 @dataclass
@@ -197,7 +191,6 @@ def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
     """The sites each built-in rewrite would change, as warnings whose fix enables it."""
     from onnx import numpy_helper
 
-    from qnn_tasks import rewrites
     from qnn_tasks.rewrites import graphtools
 
     sites = rewrites.find(model, [rewrite for rewrite, _, _ in REWRITE_RULES.values()])

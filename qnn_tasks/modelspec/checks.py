@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from qnn_tasks import rewrites
 from qnn_tasks.errors import SpecError
 from qnn_tasks.modelspec import precision_table
 from qnn_tasks.modelspec.yamlread import as_int, as_mapping, as_number
@@ -55,9 +56,9 @@ SHARED_DEFAULTS = {"elements": {"min": 0.999},
                    "ctc": {"blank": 0, "axis": -1, "min": 0.99, "show": 5}}
 
 
-LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "pow-square", "neg",
-              "erf", "fp16-overflow-constant", "reduce-sum-square", "clip-computed", "variance-cancellation",
-              "recurrent", "memory")
+# lint's own rules, then those a rewrite's row brings (rewrites.CATALOGUE, `lint=`)
+LINT_RULES = ("dynamic-dim", "batch", "io-dtype", "control-flow", "int8-in-onnx", "size", "erf", "recurrent",
+              "memory") + tuple(rewrites.LINT_ADVICE)
 
 
 # rules export refuses whatever lint was told: acknowledging them would only move the refusal (rule -> why, fix)

@@ -31,6 +31,14 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
+class LintAdvice:
+    """A hazard lint flags on a graph by this rewrite's own matcher (a dry run), its fix being the rewrite."""
+    rule: str           # lint's rule name: what `lint: {allow: [rule]}` acknowledges
+    op: str | None      # the op it flags (None: a constant)
+    problem: str        # what goes wrong, lint's message
+
+
+@dataclass(frozen=True)
 class Rewrite:
     name: str
     module: str    # qnn_tasks.rewrites.<module>
@@ -38,6 +46,7 @@ class Rewrite:
     summary: str   # what it does, one line (README and errors)
     why: str       # what it fixes: "accuracy: ..." or "speed: ..." (lint's `why`)
     options: dict[str, Any] = field(default_factory=dict)  # option -> default
+    lint: LintAdvice | None = None  # lint's warning where the rewrite would change something (None: lint is silent)
 
 
 # In the order they are applied: fold-if first (it exposes the taken branch's nodes), if-to-where on the Ifs it
@@ -54,15 +63,21 @@ CATALOGUE: dict[str, Rewrite] = {r.name: r for r in (
             "compatibility: the If runs on CPU (the build fails unless allow_cpu_fallback)"),
     Rewrite("centred-variance", "reductions", "centred_variance",
             "variance as E[x^2] - E[x]^2 (means as ReduceMean or ReduceSum x 1/N) becomes E[(x - E[x])^2]",
-            "accuracy: a LayerNorm computed so gave cosine 0.54 on HTP fp16, 0.99992 after the rewrite"),
+            "accuracy: a LayerNorm computed so gave cosine 0.54 on HTP fp16, 0.99992 after the rewrite",
+            lint=LintAdvice("variance-cancellation", "Sub", "variance computed as E[x^2] - E[x]^2 cancels in fp16")),
     Rewrite("pow-square", "elementwise", "pow_square", "Pow(x, 2) becomes Mul(x, x)",
-            "accuracy: -4 instead of ~0 on tiny inputs (a VAD agreed with the CPU on 63% of quiet frames)"),
+            "accuracy: -4 instead of ~0 on tiny inputs (a VAD agreed with the CPU on 63% of quiet frames)",
+            lint=LintAdvice("pow-square", "Pow",
+                            "fp16 Pow(x, 2) on HTP returns garbage when x underflows fp16 (|x| < ~6e-8)")),
     Rewrite("reduce-sum-square", "reductions", "reduce_sum_square", "ReduceSumSquare(x) becomes ReduceSum(Mul(x, x))",
-            "speed: the node runs on CPU (the build fails unless allow_cpu_fallback)"),
+            "speed: the node runs on CPU (the build fails unless allow_cpu_fallback)",
+            lint=LintAdvice("reduce-sum-square", "ReduceSumSquare", "ReduceSumSquare runs on CPU, not on HTP")),
     Rewrite("clip-computed", "elementwise", "clip_computed", "Clip with a computed (non-constant) min/max becomes Max/Min",
-            "speed: the node runs on CPU (the build fails unless allow_cpu_fallback)"),
+            "speed: the node runs on CPU (the build fails unless allow_cpu_fallback)",
+            lint=LintAdvice("clip-computed", "Clip", "a Clip whose min/max is computed (not a constant) runs on CPU")),
     Rewrite("neg", "elementwise", "neg", "Neg(x) becomes Sub(0, x)",
-            "compatibility: the QAIRT toolchain fails on it (ort-qnn runs it on HTP)"),
+            "compatibility: the QAIRT toolchain fails on it (ort-qnn runs it on HTP)",
+            lint=LintAdvice("neg", "Neg", "the QNN converter rejects Neg")),
     Rewrite("scale-input", "inputscale", "scale_input",
             "a graph input is multiplied by a power of two (factor) and the scale undone exactly where it ends: "
             "after a Log (- d log s), at an output (x s^-d); constants beside scaled tensors are scaled with them",
@@ -71,9 +86,13 @@ CATALOGUE: dict[str, Rewrite] = {r.name: r for r in (
     Rewrite("finite-mask", "elementwise", "finite_mask",
             "float constants below -65504 (-inf, finfo(float32).min) become a finite value, except where they only seed a Max",
             "accuracy: in fp16 it is -inf (0 * -inf = NaN), and it wrecks 8-bit quantization ranges",
-            {"value": -1.0e4}),
+            {"value": -1.0e4},
+            lint=LintAdvice("fp16-overflow-constant", None, "overflows fp16 (a mask of -inf/finfo.min breaks fp16 "
+                                                            "arithmetic and quantization)")),
 )}
 NAMES = tuple(CATALOGUE)
+# lint rule -> the rewrite whose dry run finds it (lint's warnings, and the rules `lint: {allow: [...]}` may name)
+LINT_ADVICE: dict[str, Rewrite] = {r.lint.rule: r for r in CATALOGUE.values() if r.lint}
 
 
 def normalize(declared: Iterable[str] | Mapping[str, Any] | None) -> dict[str, dict[str, Any]]:
