@@ -22,20 +22,20 @@ CONTRIBUTING = (ROOT / "CONTRIBUTING.md").read_text()
 
 
 class PackageCopy:
-    """A copy of qnn_tasks/ under `root`, edited the way a contributor would edit the package."""
+    """A copy of qnn_tasks/ under `root`, edited the way a contributor would edit the package (paths inside it)."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
         shutil.copytree(PACKAGE, root / "qnn_tasks", ignore=shutil.ignore_patterns("__pycache__"))
 
     def replace(self, rel: str, old: str, new: str) -> None:
-        path = self.root / rel
+        path = self.root / "qnn_tasks" / rel
         text = path.read_text()
         assert text.count(old) == 1, f"{old!r} is not once in {rel}: the recipe test's anchor moved"
         path.write_text(text.replace(old, new))
 
     def add(self, rel: str, text: str) -> None:
-        path = self.root / rel
+        path = self.root / "qnn_tasks" / rel
         assert not path.exists(), rel
         path.write_text(textwrap.dedent(text).lstrip())
 
@@ -89,11 +89,11 @@ def test_recipe_reader_reads_each_recipe() -> None:
     assert recipe("Task check") == ["qnn_tasks/judge/verification.py", "qnn_tasks/modelspec/checks.py"]
     assert recipe("Chip") == ["socs/socs.yaml"]
     with pytest.raises(AssertionError, match="touched beyond the Rewrite recipe"):
-        assert_recipe_holds("Rewrite", {"qnn_tasks/rewrites/x.py", "qnn_tasks/rewrites/__init__.py",
+        assert_recipe_holds("Rewrite", {"qnn_tasks/rewrites/elementwise.py", "qnn_tasks/rewrites/__init__.py",
                                         "qnn_tasks/graphs/lintrules.py"})
     with pytest.raises(AssertionError, match="which adding one did not touch"):
-        assert_recipe_holds("Rewrite", {"qnn_tasks/rewrites/x.py"})
-    assert_recipe_holds("Rewrite", {"qnn_tasks/rewrites/x.py", "qnn_tasks/rewrites/__init__.py"})
+        assert_recipe_holds("Rewrite", {"qnn_tasks/rewrites/elementwise.py"})
+    assert_recipe_holds("Rewrite", {"qnn_tasks/rewrites/elementwise.py", "qnn_tasks/rewrites/__init__.py"})
 
 
 OPCOUNT = '''
@@ -138,14 +138,14 @@ def test_a_stage_in_the_package_is_a_row_a_plan_function_a_module_and_its_settin
     """The stage recipe's four files, for a stage with a model.yaml section of its own: a doit task with its doc, a
     record, its section checked by the loader, and an edit of the section reruns that stage alone."""
     package = PackageCopy(tmp_path / "pkg")
-    package.add("qnn_tasks/stages/opcount.py", OPCOUNT)
-    package.replace("qnn_tasks/plan/stageplans.py", "\n\ndef plan_simplify(", OPCOUNT_PLAN + "\n\ndef plan_simplify(")
-    package.replace("qnn_tasks/modelspec/stagesettings.py", "\nBUILT_IN = (SIMPLIFY, CPUCHECK, LINT, CALIBRATION)",
+    package.add("stages/opcount.py", OPCOUNT)
+    package.replace("plan/stageplans.py", "\n\ndef plan_simplify(", OPCOUNT_PLAN + "\n\ndef plan_simplify(")
+    package.replace("modelspec/stagesettings.py", "\nBUILT_IN = (SIMPLIFY, CPUCHECK, LINT, CALIBRATION)",
                     OPCOUNT_SETTINGS)
-    package.replace("qnn_tasks/plan/rows.py", "    plan_loop,\n", "    plan_loop,\n    plan_opcount,\n")
-    package.replace("qnn_tasks/plan/rows.py", "import CALIBRATION, CPUCHECK, LINT, SIMPLIFY",
+    package.replace("plan/rows.py", "    plan_loop,\n", "    plan_loop,\n    plan_opcount,\n")
+    package.replace("plan/rows.py", "import CALIBRATION, CPUCHECK, LINT, SIMPLIFY",
                     "import CALIBRATION, CPUCHECK, LINT, OPCOUNT, SIMPLIFY")
-    package.replace("qnn_tasks/plan/rows.py", "             plan_split, column=False),\n)",
+    package.replace("plan/rows.py", "             plan_split, column=False),\n)",
                     "             plan_split, column=False),\n"
                     '    StageDef("opcount", "graph", "Count each simplified graph\'s ops by type.",\n'
                     '             "qnn_tasks.stages.opcount:run_call", plan_opcount, heavy=False, settings=OPCOUNT),\n)')
@@ -230,8 +230,8 @@ def test_a_rewrite_is_a_function_and_a_catalogue_row(tmp_path: Path) -> None:
     """Lint finds the new rewrite's sites by its own matcher and names the model.yaml line that enables it; a graph
     may acknowledge its rule; declared, it changes the exported graph, and the CPU check finds it exact."""
     package = PackageCopy(tmp_path / "pkg")
-    package.add("qnn_tasks/rewrites/divpow2.py", HALVE)
-    package.replace("qnn_tasks/rewrites/__init__.py", "\n)}\nNAMES = tuple(CATALOGUE)", HALVE_ROW)
+    package.add("rewrites/divpow2.py", HALVE)
+    package.replace("rewrites/__init__.py", "\n)}\nNAMES = tuple(CATALOGUE)", HALVE_ROW)
     assert_recipe_holds("Rewrite", package.touched())
 
     project = tiny_project(tmp_path / "p", samples=2)
@@ -277,14 +277,14 @@ def test_a_task_check_is_its_arithmetic_and_its_keys(tmp_path: Path) -> None:
     """The loader takes the new check's keys, refuses a value out of its range in one line, fills its default, and
     simverify judges the simulator's outputs with it (a failing one fails the target)."""
     package = PackageCopy(tmp_path / "pkg")
-    package.replace("qnn_tasks/judge/verification.py", "\n\n# (ref, got, check) -> result", PEAK)
-    package.replace("qnn_tasks/judge/verification.py", '"detection": taskchecks.detection}',
+    package.replace("judge/verification.py", "\n\n# (ref, got, check) -> result", PEAK)
+    package.replace("judge/verification.py", '"detection": taskchecks.detection}',
                     '"detection": taskchecks.detection, "peak": peak}')
-    package.replace("qnn_tasks/modelspec/checks.py", "CHECK_KINDS = {",
+    package.replace("modelspec/checks.py", "CHECK_KINDS = {",
                     'CHECK_KINDS = {"peak": {"output", "tol", "min"}, ')
-    package.replace("qnn_tasks/modelspec/checks.py", "CHECK_RANGES = {",
+    package.replace("modelspec/checks.py", "CHECK_RANGES = {",
                     'CHECK_RANGES = {"peak": {"tol": (float, 0.0, None), "min": (float, 0.0, 1.0)}, ')
-    package.replace("qnn_tasks/modelspec/checks.py", "SHARED_DEFAULTS = {", 'SHARED_DEFAULTS = {"peak": {"min": 1.0}, ')
+    package.replace("modelspec/checks.py", "SHARED_DEFAULTS = {", 'SHARED_DEFAULTS = {"peak": {"min": 1.0}, ')
     assert_recipe_holds("Task check", package.touched())
 
     project = tiny_project(tmp_path / "p", samples=2)
