@@ -104,3 +104,36 @@ def test_node_cost_fit_recovers_the_overhead_and_a_uniform_slowdown_cancels():
     spread = bench.spread([{**r, "runs": runs} for r, runs in zip(rows, rounds)])
     low, high = spread["median"]
     assert high == pytest.approx(summary["overhead"]) and low < 0.6 * summary["overhead"]
+
+
+def test_compare_reports_sees_a_changed_verdict_through_timings_and_additions(tmp_path: Path) -> None:
+    """benchmarks/compare_reports.py, what the demo's before/after comparison ran: timings, digests and the project's
+    folder are no difference; a changed metric or status is one, named; a model or field added since is listed apart."""
+    sys.path.insert(0, str(BENCH.parent))
+    try:
+        from compare_reports import compare, main
+    finally:
+        sys.path.remove(str(BENCH.parent))
+
+    def report(root: str, seconds: float, cosine: float, status: str = "passed", **more) -> dict:
+        target = {"name": "vad-SM8650", "status": status, "stages": {"simverify": {
+            "seconds": seconds, "log": f"{root}/build/x.log", "metrics": {"p": {"cosine": cosine}},
+            "made_from": {"key": root}, "checks": [{"kind": "agreement", "value": 1.0}]}}}
+        return {"summary": {"targets": 1 + len(more.get("targets", [])), "ok": status == "passed"},
+                "targets": [target] + more.get("targets", []), "graphs": [{"name": "vad", "status": "passed", **more.get("graph", {})}]}
+
+    before = report("/a", 1.0, 0.99991)
+    same = compare(before, report("/b", 7.5, 0.99991), ("/a", "/b"))
+    assert same["differ"] == [] and same["equal"] == 9 and not same["entries_added"] and not same["fields_added"]
+    changed = compare(before, report("/b", 1.0, 0.998, "failed"), ("/a", "/b"))
+    assert {(name, path) for name, path, _, _ in changed["differ"]} == {
+        ("targets:vad-SM8650", ".status"), ("targets:vad-SM8650", ".stages.simverify.metrics.p.cosine"),
+        ("summary", ".ok")}
+    grown = compare(before, report("/b", 1.0, 0.99991, targets=[{"name": "kws-SM8650", "status": "passed"}],
+                                   graph={"memory": {"resident": 3}}), ("/a", "/b"))
+    assert grown["entries_added"] == ["targets:kws-SM8650"] and dict(grown["fields_added"]) == {".memory.resident": 1}
+    assert [d[1] for d in grown["differ"]] == [".targets"]  # the summary counts the added target
+    for name, data in (("before", before), ("after", report("/b", 2.0, 0.5))):
+        (tmp_path / name / "build" / "report").mkdir(parents=True)
+        (tmp_path / name / "build" / "report" / "report.json").write_text(json.dumps(data))
+    assert main([str(tmp_path / n / "build" / "report" / "report.json") for n in ("before", "after")]) == 1
