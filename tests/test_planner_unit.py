@@ -12,7 +12,7 @@ from tiny_project import only_model
 from qnn_tasks.modelspec.load import load_project
 from qnn_tasks.plan import freshness, matrix, paths, rows
 from qnn_tasks.plan.matrix import build_stage_defs, on_demand_targets, targets_of
-from qnn_tasks.plan.ondemand import SURVEY
+from qnn_tasks.plan.ondemandplans import SURVEY
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.stagedef import Plan, StageDef, record_path
 from qnn_tasks.plan.stageplans import auto_candidates, graph_plan

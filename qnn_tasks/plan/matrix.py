@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from qnn_tasks.modelspec import precision_table, specsplit
-from qnn_tasks.plan.ondemand import SURVEY
+from qnn_tasks.plan.ondemandplans import SURVEY
 from qnn_tasks.plan.paths import COMPAT_RECORD, DEVICE_STAMP
 from qnn_tasks.plan.planner import Planner
 from qnn_tasks.plan.rows import (

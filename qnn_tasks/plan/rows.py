@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from qnn_tasks.modelspec import stagesettings
 from qnn_tasks.modelspec.stagesettings import CALIBRATION, CPUCHECK, LINT, SIMPLIFY
-from qnn_tasks.plan.ondemand import plan_compat, plan_device, plan_dist, plan_socscheck, plan_toolcheck
+from qnn_tasks.plan.ondemandplans import plan_compat, plan_device, plan_dist, plan_socscheck, plan_toolcheck
 from qnn_tasks.plan.stagedef import StageDef
 from qnn_tasks.plan.stageplans import (
     plan_calibrate,

@@ -69,7 +69,7 @@ def run_binary(graph: GraphSpec, verify: dict[str, Any], ctx_onnx: Path, provide
 
 
 def measure(args: dict[str, Any]) -> dict[str, Any]:
-    """Every built binary x every ort-qnn runtime of this run (plan/ondemand.py's plan_compat says which): the table
+    """Every built binary x every ort-qnn runtime of this run (plan/ondemandplans.py's plan_compat says which): the table
     the funnel writes to build/compat/compat.json."""
     from qnn_tasks.run.executors import for_call
 

@@ -26,7 +26,7 @@ from qnn_tasks.modelspec import precision_table
 from qnn_tasks.modelspec.project import GraphSpec, Soc
 from qnn_tasks.run import calls, records
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.toolchains import calls as toolchains_calls
+from qnn_tasks.toolchains import calltoolchain
 
 DEFAULT_THRESHOLD = 0.05  # relative error (see relative_error) that counts as diverged
 JUMP = 10.0               # ... and that is this many times its inputs' error (error created here, not carried)
@@ -518,7 +518,7 @@ def markdown(graph: GraphSpec, soc: Soc, record: dict[str, Any]) -> str:
 
 def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
-    return run(calls.graph(a), a["verify"], calls.soc(a), toolchains_calls.toolchain(call), Path(a["model"]),
+    return run(calls.graph(a), a["verify"], calls.soc(a), calltoolchain.toolchain(call), Path(a["model"]),
                Path(a["provider_options"]), Path(a["inputs"]), Path(a["reference"]), Path(call.out_dir),
                shipped_failed=a["shipped_failed"], binary=a.get("binary"), precision=a.get("precision", "fp16"),
                cpucheck_record=calls.path(a, "cpucheck"))

@@ -35,8 +35,7 @@ from qnn_tasks.modelspec.project import GraphSpec, Soc
 from qnn_tasks.plan.paths import PROMOTED_FILE
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.toolchains import calls as toolchains_calls
-from qnn_tasks.toolchains import repairstep
+from qnn_tasks.toolchains import calltoolchain, repairstep
 
 SENSITIVITY_SAMPLES = 4     # verification samples the per-node error is measured on
 
@@ -220,6 +219,6 @@ def _relative(ref: np.ndarray, got: np.ndarray) -> float:
 
 def run_call(call: StageCall) -> dict[str, Any]:
     a = call.args
-    return run(calls.graph(a), a["verify"], calls.soc(a), toolchains_calls.toolchain(call), Path(a["simplified"]),
+    return run(calls.graph(a), a["verify"], calls.soc(a), calltoolchain.toolchain(call), Path(a["simplified"]),
                Path(a["calibration"]), Path(a["inputs"]), Path(a["reference"]), Path(call.out_dir),
                budget=a["budget"], precision=a.get("precision", "w8a16-mixed"))

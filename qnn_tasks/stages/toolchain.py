@@ -1,7 +1,7 @@
 """Runners of the stages a toolchain implements: per-variant graph stages (quantize; convert, modellib), config, context.
 
 Named in the stage table like every other runner; the toolchain object comes from the call's profile
-(toolchains/calls.py).
+(toolchains/calltoolchain.py).
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from qnn_tasks.errors import ToolchainError
 from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.toolchains.base import StageInput
-from qnn_tasks.toolchains.calls import toolchain
+from qnn_tasks.toolchains.calltoolchain import toolchain
 
 
 def graph_stage(call: StageCall) -> dict[str, Any]:

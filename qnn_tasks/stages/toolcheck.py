@@ -6,7 +6,7 @@ from typing import Any
 
 from qnn_tasks.errors import QnnTasksError, StageError
 from qnn_tasks.run.calls import StageCall
-from qnn_tasks.toolchains.calls import toolchain
+from qnn_tasks.toolchains.calltoolchain import toolchain
 
 
 def run_call(call: StageCall) -> dict[str, Any]:

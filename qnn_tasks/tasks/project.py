@@ -248,7 +248,7 @@ class TaskFactory:
 
         def call(row: StageDef = row, plan: Plan = plan) -> StageCall:
             from qnn_tasks.run.calls import StageCall  # only when a task runs: not on a no-op `doit`
-            from qnn_tasks.toolchains.calls import use_toolchain
+            from qnn_tasks.toolchains.calltoolchain import use_toolchain
 
             profile = binding.profile_dict(self.planner.root) if binding else None
             if binding:

@@ -36,11 +36,11 @@ def code_version() -> str:
 def _fingerprint(profile: dict[str, Any] | None) -> str:
     if not profile:
         return ""
-    from qnn_tasks.toolchains import calls
+    from qnn_tasks.toolchains import calltoolchain
 
     call = StageCall(stage="", target="", args={}, inputs=[], out_dir="", outputs=[], record="", key="",
                      toolchain=profile)
-    return json.dumps(calls.toolchain(call).fingerprint(), sort_keys=True)
+    return json.dumps(calltoolchain.toolchain(call).fingerprint(), sort_keys=True)
 
 
 def expectation(call: StageCall) -> dict[str, Any]:

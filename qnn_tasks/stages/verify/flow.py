@@ -59,7 +59,7 @@ def _survey(call: StageCall) -> dict[str, Any]:
 
 
 def job_of(call: StageCall) -> Job:
-    """The Job of a device call (plan/ondemand.py's plan_device, and `required` from the task layer)."""
+    """The Job of a device call (plan/ondemandplans.py's plan_device, and `required` from the task layer)."""
     a = call.args
     return Job(stage=call.stage, target=call.target, graph=calls.graph(a), verify=a["verify"], soc=calls.soc(a),
                precision=a["precision"], binary=Path(a["binary"]), manifest=calls.path(a, "manifest"),
