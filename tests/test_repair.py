@@ -112,23 +112,36 @@ def _gelu_mlp() -> onnx.ModelProto:
 
 
 @pytest.mark.parametrize("precision", ["w8a16-mixed", "w4a16-mixed"])
-def test_the_sensitivity_graph_quantizes_after_the_quantizers_fusions(tmp_path, precision):
-    """The quantizer fuses an Erf GELU into one node: exposing its inner tensors first left outputs nothing makes
-    ("Output .../Div_output_0 is undefined", measured on MiniLM); the repair exposes them after the fusions."""
+def test_the_sensitivity_graph_is_the_plain_quantization_with_its_activations_exposed(tmp_path, precision):
+    """The quantizer fuses an Erf GELU into one node (exposing the float graph's inner tensors first left outputs
+    nothing makes: "Output .../Div_output_0 is undefined", measured on MiniLM). The repair exposes the plain step's
+    own QDQ instead: every dequantized activation stands for a tensor of the float graph as the quantizer saw it
+    (after its fusions), no weight is exposed, and the exposed graph compiles and runs on the simulator."""
     from types import SimpleNamespace
 
-    from qnn_tasks.graphs.intermediates import expose_intermediates
+    from qnn_tasks.devices import simulator
+    from qnn_tasks.graphs.intermediates import expose_dequantized, expose_intermediates
+    from qnn_tasks.toolchains.ort_qnn import compile_context
     from qnn_tasks.toolchains.ort_quantize import preprocessed, quantize_model
 
     source = tmp_path / "gelu.onnx"
     onnx.save(_gelu_mlp(), str(source))
-    diag, tensors = expose_intermediates(onnx.load(str(preprocessed(source, tmp_path / "float"))))
-    assert "d" not in {t["tensor"] for t in tensors} and {"h", "y"} <= {t["tensor"] for t in tensors}
-    onnx.save(diag, str(tmp_path / "diag.onnx"))
+    _, tensors = expose_intermediates(onnx.load(str(preprocessed(source, tmp_path / "float"))))
+    float_tensors = {t["tensor"] for t in tensors}
+    assert "d" not in float_tensors and {"h", "y"} <= float_tensors
     samples = [{"x": np.random.default_rng(i).standard_normal((1, 4, 32)).astype(np.float32)} for i in range(8)]
     graph = SimpleNamespace(name="gelu", section=lambda name: {"calibration": {"per_channel": True}}[name])
-    record = quantize_model(graph, precision, tmp_path / "diag.onnx", samples, tmp_path / "qdq.onnx", tmp_path)
-    assert record["quantize_ops"] > 0 and (tmp_path / "qdq.onnx").is_file()
+    quantize_model(graph, precision, source, samples, tmp_path / "qdq.onnx", tmp_path)
+    exposed, stands_for = expose_dequantized(onnx.load(str(tmp_path / "qdq.onnx")))
+    assert "h" in stands_for.values() and not {"w1", "w2"} & set(stands_for.values())
+    # the quantizer renames what feeds an output (the stage keeps the output's own name) and quantizes the input
+    assert stands_for["y"] == "y_QuantizeLinear_Input" and "x" in stands_for.values()
+    assert set(stands_for.values()) - {"x", "y_QuantizeLinear_Input"} <= float_tensors
+    onnx.save(exposed, str(tmp_path / "exposed.onnx"))
+    options = {"soc_model": "57", "htp_arch": "75", "offload_graph_io_quantization": "0"}  # SM8650, as a config writes
+    compile_context(tmp_path / "exposed.onnx", tmp_path / "exposed_ctx.onnx", options, tmp_path / "compile.log")
+    [outputs], _, _ = simulator.run(tmp_path / "exposed_ctx.onnx", options, samples[:1], tmp_path / "sim.log")
+    assert set(stands_for) <= set(outputs) and outputs["y"].shape == (1, 4, 32)
 
 
 def _conv_stack(layers: int = 12, channels: int = 32, side: int = 16) -> onnx.ModelProto:

@@ -1,5 +1,6 @@
 """Every intermediate tensor of a graph as an output of its own: what diagnose and the precision repair compare,
-node by node, between the NPU (the simulator) and the CPU."""
+node by node, between the NPU (the simulator) and the CPU. The repair exposes a quantized (QDQ) graph's dequantized
+activations instead, so the NPU runs the very quantization it judges, with no second quantizer run."""
 from __future__ import annotations
 
 from typing import Any
@@ -29,3 +30,26 @@ def expose_intermediates(model) -> tuple[Any, list[dict[str, Any]]]:
                 existing.add(name)
     del diag.metadata_props[:]
     return diag, tensors
+
+
+def expose_dequantized(qdq) -> tuple[Any, dict[str, str]]:
+    """`qdq` (a QDQ model, changed in place) with each activation's DequantizeLinear output also a graph output;
+    returns it and {that output: the float tensor it stands for (the QuantizeLinear's input)}. Weights are left out:
+    their DequantizeLinear reads an initializer. External data stays where it is (the model is not loaded with it)."""
+    import onnx
+
+    constants = {t.name for t in qdq.graph.initializer}
+    producer = {out: node for node in qdq.graph.node for out in node.output}
+    existing = {o.name for o in qdq.graph.output}
+    stands_for: dict[str, str] = {}
+    for node in qdq.graph.node:
+        quantize = producer.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
+        if quantize is None or quantize.op_type != "QuantizeLinear" or quantize.input[0] in constants:
+            continue
+        stands_for[node.output[0]] = quantize.input[0]
+        if node.output[0] not in existing:
+            output = onnx.helper.make_empty_tensor_value_info(node.output[0])
+            output.type.tensor_type.elem_type = onnx.TensorProto.FLOAT
+            qdq.graph.output.append(output)
+            existing.add(node.output[0])
+    return qdq, stands_for
