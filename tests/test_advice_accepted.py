@@ -23,7 +23,6 @@ from test_rewrites import const, model_of, run
 
 from qnn_tasks import rewrites
 from qnn_tasks.errors import StageError
-from qnn_tasks.graphs import lintrules
 from qnn_tasks.modelspec.load import load_project
 from qnn_tasks.stages import diagnose, export, simplify
 from qnn_tasks.stages import lint as lint_stage
@@ -151,7 +150,8 @@ def spectrum() -> Case:
                 feeds=lambda: audio(2, loudness=20000.0), tensor="spec", hazard="fp16 overflow")
 
 
-# lint rule -> its case: one for each entry of lintrules.REWRITE_RULES (a new rule without one fails below)
+# lint rule -> its case: one for each rewrite row lint advises (rewrites.LINT_ADVICE; a new one without a case
+# fails below)
 LINT_CASES = {"pow-square": pow_square, "variance-cancellation": layer_norm, "reduce-sum-square": reduce_sum_square,
               "clip-computed": clip_computed, "neg": neg, "fp16-overflow-constant": finite_mask}
 # the rewrite lint's control-flow finding (the export stage refuses it) advises -> its case
@@ -164,7 +164,7 @@ DIAGNOSE_CASES = {"scale-input": spectrum, "pow-square": pow_square,
 
 
 def rewrite_of(case_name: str) -> str:
-    return lintrules.REWRITE_RULES[case_name][0] if case_name in LINT_CASES else case_name.split()[0]
+    return rewrites.LINT_ADVICE[case_name].name if case_name in LINT_CASES else case_name.split()[0]
 
 
 # ------------------------------------------------------------------ a project, its stages, and a user's edit
@@ -398,8 +398,8 @@ def test_diagnose_names_no_rewrite_where_the_rewrite_would_change_nothing(builde
 # ------------------------------------------------------------------ every case the catalogue covers has a test
 
 def test_every_lint_rewrite_rule_has_a_case():
-    """A new lintrules.REWRITE_RULES entry fails here until LINT_CASES builds a graph that triggers it."""
-    assert set(LINT_CASES) == set(lintrules.REWRITE_RULES)
+    """A new rewrite row with `lint=` fails here until LINT_CASES builds a graph that triggers it."""
+    assert set(LINT_CASES) == set(rewrites.LINT_ADVICE)
 
 
 def test_every_catalogued_rewrite_is_advised_by_some_case():

@@ -25,11 +25,6 @@ SUPPORTED_IO_DTYPES = {"float32", "float16", "int32", "uint8", "int8", "uint16",
 FP16_MAX = 65504.0
 
 
-# lint rule -> (the rewrite that fixes it, the op it flags (None: a constant), what goes wrong): each rides on its
-# rewrite's row (rewrites.CATALOGUE, `lint=`)
-REWRITE_RULES = {rule: (r.name, r.lint.op, r.lint.problem) for rule, r in rewrites.LINT_ADVICE.items()}
-
-
 @dataclass
 class Finding:
     rule: str
@@ -193,14 +188,15 @@ def _rewrite_findings(model, graph: GraphSpec) -> list[Finding]:
 
     from qnn_tasks.rewrites import graphtools
 
-    sites = rewrites.find(model, [rewrite for rewrite, _, _ in REWRITE_RULES.values()])
+    # each rule rides on its rewrite's catalogue row (`lint=`): the rewrite's own matcher finds its sites
+    sites = rewrites.find(model, [rewrite.name for rewrite in rewrites.LINT_ADVICE.values()])
     constants = graphtools.constant_tensors(model.graph)
     constants.update({n.output[0]: a.t for n in model.graph.node if n.op_type == "ConstantOfShape"
                       for a in n.attribute if a.name == "value"})
     findings = []
-    for rule, (name, op, problem) in REWRITE_RULES.items():
-        rewrite, fix = rewrites.CATALOGUE[name], rewrites.advice(name, graph)
-        for site in sites[name]:
+    for rule, rewrite in rewrites.LINT_ADVICE.items():
+        op, problem, fix = rewrite.lint.op, rewrite.lint.problem, rewrites.advice(rewrite.name, graph)
+        for site in sites[rewrite.name]:
             if op is None:
                 lowest = float(numpy_helper.to_array(constants[site]).min())
                 where, message = f"constant '{site}' (min {lowest:.3g})", problem  # same text: one grouped warning
