@@ -20,9 +20,10 @@ from pathlib import Path
 from typing import Any, Iterator
 
 SECTIONS = ("graphs", "variants", "targets", "pipelines", "loops", "sizes", "splits")
-# a field whose value differs between two runs of the same build: times, digests, keys, logs, the interpreter
-VOLATILE = re.compile(r"seconds|elapsed|generated|time|_s$|_ms$|per_run_s|per_second|^key$|^code$|sha256|digest|"
-                      r"made_from|log$|started|finished|^pid$|cache|^load$|qnn_build_id|python", re.I)
+# a field whose value differs between two runs of the same build: measured times, digests, keys, logs, cache hits,
+# the interpreter. Whole names or suffixes only: `onnxruntime` or `audio_seconds_per_sample` is no timing.
+VOLATILE = re.compile(r"^(generated|elapsed|key|code|pid|log|made_from|from_cache|load|qnn_build_id|python|started|"
+                      r"finished)$|(^|_)seconds$|(^|_)s$|per_second$|sha256|digest|_log$", re.I)
 
 
 def flat(value: Any, path: str = "") -> Iterator[tuple[str, Any]]:

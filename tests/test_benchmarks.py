@@ -133,6 +133,9 @@ def test_compare_reports_sees_a_changed_verdict_through_timings_and_additions(tm
                                    graph={"memory": {"resident": 3}}), ("/a", "/b"))
     assert grown["entries_added"] == ["targets:kws-SM8650"] and dict(grown["fields_added"]) == {".memory.resident": 1}
     assert [d[1] for d in grown["differ"]] == [".targets"]  # the summary counts the added target
+    versions = compare({"targets": [{"name": "t", "toolchain": {"onnxruntime": "1.32.0"}, "compile_seconds": 1}]},
+                       {"targets": [{"name": "t", "toolchain": {"onnxruntime": "1.33.0"}, "compile_seconds": 2}]})
+    assert [d[1] for d in versions["differ"]] == [".toolchain.onnxruntime"]  # a version is no timing
     for name, data in (("before", before), ("after", report("/b", 2.0, 0.5))):
         (tmp_path / name / "build" / "report").mkdir(parents=True)
         (tmp_path / name / "build" / "report" / "report.json").write_text(json.dumps(data))
