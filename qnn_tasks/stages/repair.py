@@ -150,8 +150,10 @@ def sensitivity(plain_qdq: Path, simplified: Path, inputs: list, options: dict[s
     exposed, stands_for = expose_dequantized(onnx.load(str(plain_qdq), load_external_data=False))
     exposed_path = plain_qdq.with_name("sensitivity.onnx")
     onnx.save(exposed, str(exposed_path))
-    ctx = toolchain.compile_variant(exposed_path, options, folder / "compiled")
-    exposed_path.unlink()
+    try:
+        ctx = toolchain.compile_variant(exposed_path, options, folder / "compiled")
+    finally:  # not left in the plain step's folder, whose files the variant may adopt
+        exposed_path.unlink(missing_ok=True)
     npu, _, _ = simulator.run(ctx, options, picked, folder / "simulator.log", allow_cpu_fallback=True)
     # a graph output keeps its name on the dequantized side (the quantizer renames what feeds it)
     known = set(cpu[0])
