@@ -6,8 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 
-def expose_intermediates(model) -> tuple[Any, list[dict[str, Any]]]:
-    """A copy of `model` whose every float32 node output is also a graph output, in graph order."""
+def expose_intermediates(model, only: set[str] | None = None) -> tuple[Any, list[dict[str, Any]]]:
+    """A copy of `model` whose every float32 node output (of `only`, if given) is also a graph output, in graph
+    order."""
     import onnx
 
     inferred = onnx.shape_inference.infer_shapes(model)
@@ -21,7 +22,7 @@ def expose_intermediates(model) -> tuple[Any, list[dict[str, Any]]]:
         if node.op_type == "Constant":
             continue
         for name in node.output:
-            if types.get(name) != onnx.TensorProto.FLOAT:
+            if types.get(name) != onnx.TensorProto.FLOAT or (only is not None and name not in only):
                 continue
             tensors.append({"index": index, "node": node.name or name, "op_type": node.op_type, "tensor": name})
             if name not in existing:
@@ -32,9 +33,9 @@ def expose_intermediates(model) -> tuple[Any, list[dict[str, Any]]]:
     return diag, tensors
 
 
-def expose_dequantized(qdq) -> tuple[Any, dict[str, str]]:
-    """`qdq` (a QDQ model, changed in place) with each activation's DequantizeLinear output also a graph output;
-    returns it and {that output: the float tensor it stands for (the QuantizeLinear's input)}. Weights are left out:
+def expose_dequantized(qdq, only: set[str] | None = None) -> tuple[Any, dict[str, str]]:
+    """`qdq` (a QDQ model, changed in place) with each activation's DequantizeLinear output also a graph output (of
+    the float tensors in `only`, if given); returns it and {that output: the float tensor it stands for (the QuantizeLinear's input)}. Weights are left out:
     their DequantizeLinear reads an initializer. External data stays where it is (the model is not loaded with it)."""
     import onnx
 
@@ -44,7 +45,8 @@ def expose_dequantized(qdq) -> tuple[Any, dict[str, str]]:
     stands_for: dict[str, str] = {}
     for node in qdq.graph.node:
         quantize = producer.get(node.input[0]) if node.op_type == "DequantizeLinear" else None
-        if quantize is None or quantize.op_type != "QuantizeLinear" or quantize.input[0] in constants:
+        if (quantize is None or quantize.op_type != "QuantizeLinear" or quantize.input[0] in constants
+                or (only is not None and quantize.input[0] not in only)):
             continue
         stands_for[node.output[0]] = quantize.input[0]
         if node.output[0] not in existing:

@@ -39,7 +39,7 @@ from qnn_tasks.run import calls
 from qnn_tasks.run.calls import StageCall
 from qnn_tasks.toolchains import calltoolchain, repairstep
 
-SENSITIVITY_SAMPLES = 4     # verification samples the per-node error is measured on
+SENSITIVITY_SAMPLES = 1  # verification samples the ranking is measured on: each costs a simulation of the graph
 FOLDED = ("Relu", "Clip")   # activations onnxruntime's QDQ quantizer drops after an op, its output taking their range
 
 
@@ -50,7 +50,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     promoted.json; return the record."""
     import onnx
 
-    from qnn_tasks.toolchains.ort_quantize import quantize_model
+    from qnn_tasks.toolchains.ort_quantize import preprocessed, quantize_model
 
     if not hasattr(toolchain, "compile_variant"):
         raise StageError(f"the precision repair needs a toolchain that compiles a derived model (ort-qnn); "
@@ -72,12 +72,14 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
 
     made: list[dict[str, Any]] = []  # per step: its files and timings, for repairstep.keep
     inputs_sha256 = fileio.sha256(inputs_file)
+    prepared = preprocessed(simplified, work / "prepared")  # once: every step quantizes it, sensitivity runs it
 
     def attempt(promoted: list[str]) -> dict[str, Any]:
         folder = work / f"step{len(steps)}"
         folder.mkdir(parents=True, exist_ok=True)
         qdq = folder / "qdq.onnx"
-        quantized = quantize_model(graph, precision, simplified, samples, qdq, folder, promoted=promoted)
+        quantized = quantize_model(graph, precision, prepared, samples, qdq, folder, promoted=promoted,
+                                   prepared=True)
         began = time.monotonic()
         # named as the context stage names its files, so the variant's build can adopt them (toolchains/repairstep.py)
         ctx = toolchain.compile_variant(qdq, options, folder / "compiled", name=graph.name)
@@ -101,7 +103,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     plain = attempt([])
     ranked: list[dict[str, Any]] = []
     if not plain["passed"]:
-        ranked = sensitivity(work / "step0" / "qdq.onnx", simplified, inputs, options, toolchain, weights, work)
+        ranked = sensitivity(work / "step0" / "qdq.onnx", prepared, inputs, options, toolchain, weights, work)
     found = _search([r["weight"] for r in ranked], attempt, budget - 2) if ranked else None
     chosen = [] if plain["passed"] else found
     record = {"chip": soc.name, "budget": budget, "compiles": len(steps) + (1 if ranked else 0),
@@ -129,25 +131,42 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     return record
 
 
-def sensitivity(plain_qdq: Path, simplified: Path, inputs: list, options: dict[str, str], toolchain,
+def sensitivity(plain_qdq: Path, prepared: Path, inputs: list, options: dict[str, str], toolchain,
                 weights: dict[str, dict[str, Any]], work: Path) -> list[dict[str, Any]]:
     """The weight-bearing nodes ranked by the error each creates on the simulator (its output's relative error less
-    the worst of its inputs'), largest first, ties in graph order."""
+    the worst of its inputs'), largest first, ties in graph order. `prepared`: the float graph as the quantizer saw
+    it (after its fusions)."""
     import onnx
 
     from qnn_tasks.graphs.cpu import run_onnx_cpu
-    from qnn_tasks.toolchains.ort_quantize import preprocessed
 
     folder = work / "sensitivity"
     folder.mkdir(parents=True, exist_ok=True)
-    # the float graph as the quantizer saw it (after its fusions), every tensor an output: the CPU side
-    diag, _ = expose_intermediates(onnx.load(str(preprocessed(simplified, folder / "float"))))
+    model = onnx.load(str(prepared))
+    consumers: dict[str, list[Any]] = {}
+    for node in model.graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+
+    def chain(name: str) -> list[str]:
+        """`name`, then the outputs of the Relu or Clip that alone reads it, and so on: where the quantizer dropped
+        such an activation (giving the op its range), the activation's output is what was quantized and measured."""
+        names = [name]
+        while len(consumers.get(names[-1], ())) == 1 and consumers[names[-1]][0].op_type in FOLDED:
+            names.append(consumers[names[-1]][0].output[0])
+        return names
+
+    # only the tensors the ranking reads are outputs: each weight-bearing node's output and inputs (exposing every
+    # activation cost the 30M transformer's simulation ~1.7x per sample)
+    needed = {name for w in weights.values() for tensor in [w["output"], *w["inputs"]] for name in chain(tensor)}
+    diag, _ = expose_intermediates(model, only=needed)  # the CPU side
     diag_path = folder / "intermediates.onnx"
     onnx.save(diag, str(diag_path))
+    del model, diag
     picked = inputs[:SENSITIVITY_SAMPLES]
     cpu = run_onnx_cpu(diag_path, picked)
     # the NPU side: the plain step's own QDQ, saved beside it so its external data (if any) is found where it is
-    exposed, stands_for = expose_dequantized(onnx.load(str(plain_qdq), load_external_data=False))
+    exposed, stands_for = expose_dequantized(onnx.load(str(plain_qdq), load_external_data=False), only=needed)
     exposed_path = plain_qdq.with_name("sensitivity.onnx")
     onnx.save(exposed, str(exposed_path))
     try:
@@ -162,19 +181,9 @@ def sensitivity(plain_qdq: Path, simplified: Path, inputs: list, options: dict[s
     error = {name: float(np.mean([_relative(c[name], n[name]) for c, n in zip(cpu, npu)]))
              for name in cpu[0] if all(name in n for n in npu)}
     error = {name: value for name, value in error.items() if np.isfinite(value)}
-    consumers: dict[str, list[Any]] = {}
-    for node in diag.graph.node:
-        for name in node.input:
-            consumers.setdefault(name, []).append(node)
 
     def measured(name: str) -> float | None:
-        """A tensor's error; where the quantizer dropped the Relu or Clip that alone reads it (giving the op its
-        range), the activation's output is what was quantized and measured."""
-        for _ in range(len(diag.graph.node)):
-            if name in error or len(consumers.get(name, ())) != 1 or consumers[name][0].op_type not in FOLDED:
-                break
-            name = consumers[name][0].output[0]
-        return error.get(name)
+        return next((error[n] for n in chain(name) if n in error), None)
 
     ranked = []
     for w in weights.values():

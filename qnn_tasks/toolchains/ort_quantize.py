@@ -44,32 +44,31 @@ PREPROCESSED = "preprocessed.onnx"  # the quantizer's fused model, when its prep
 
 
 def preprocessed(source: Path, work: Path) -> Path:
-    """`source` as the QNN quantizer sees it: metadata dropped (its preprocessing crashes on onnxsim's), then its
-    fusions (an Erf GELU into one Gelu node...). A graph whose intermediates are exposed must be exposed after this,
-    or a fused-away tensor is an output nothing makes."""
+    """`source` as the QNN quantizer sees it: its fusions (an Erf GELU into one Gelu node...) in a new file under
+    `work`, or `source` itself when they change nothing. A graph whose intermediates are exposed must be exposed after
+    this, or a fused-away tensor is an output nothing makes."""
     import onnx
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
     work.mkdir(parents=True, exist_ok=True)
     model = onnx.load(str(source))
-    del model.metadata_props[:]
-    plain = work / "float.onnx"
-    onnx.save(model, str(plain))
+    del model.metadata_props[:]  # the preprocessing crashes on onnxsim's
     out = work / PREPROCESSED
-    return out if qnn_preprocess_model(str(plain), str(out)) else plain
+    return out if qnn_preprocess_model(model, str(out)) else source
 
 
 def quantize_model(graph: GraphSpec, precision: str, source: Path, calibration: list, out: Path, log_dir: Path,
-                   promoted: list[str] = ()) -> dict[str, Any]:
+                   promoted: list[str] = (), prepared: bool = False) -> dict[str, Any]:
     """Quantize `source` to `out` at `precision` on `calibration`; `promoted` weights are kept at 16 bits (signed,
-    symmetric, per output channel): what the repair promotes. Returns the record's fields."""
+    symmetric, per output channel): what the repair promotes; `prepared`: `source` is preprocessed() already (the
+    repair's steps share one). Returns the record's fields."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantType, quantize
     from onnxruntime.quantization.execution_providers.qnn import get_qnn_qdq_config
 
     log = log_dir / "quantize.log"
-    work = log_dir / ".work"
-    source = preprocessed(source, work)
+    if not prepared:
+        source = preprocessed(source, log_dir / ".work")
 
     class Reader(CalibrationDataReader):
         def __init__(self) -> None:
