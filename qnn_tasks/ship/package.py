@@ -32,6 +32,7 @@ from qnn_tasks.ship.card import card
 ENV = "QNN_DIST"              # where packages go (a folder; wins over the profile's setting)
 SETTING = "dist"             # settings.dist in the first toolchain profile: a folder inside the project
 DEFAULT = "dist"
+STEP_FIGURES = ("share", "binary_bytes", "min_cosine", "passed")  # of each repair step, in the manifest
 HTP_BACKEND = "libQnnHtp.so"
 SYSTEM_LIB = "libQnnSystem.so"
 FALLBACK_WHEN = ("no binary was verified for the device's chip, its runtime QNN is older than the binary's, or the "
@@ -234,7 +235,9 @@ def _assemble(inventory, ship, omitted, graph_records, work: _Assembly, root: Pa
         repaired = item.records.get("repair")
         if repaired:  # what the repair kept at 16 bits and how it was found (stages/repair.py)
             entry["repair"] = {"promoted": repaired.get("promoted", []), "share": repaired.get("share"),
-                               "chip": repaired.get("chip"), "steps": len(repaired.get("steps") or ()),
+                               "chip": repaired.get("chip"), "steps": [
+                                   {"promoted": len(s["promoted"]), **{k: s.get(k) for k in STEP_FIGURES}}
+                                   for s in repaired.get("steps") or ()],
                                "budget": repaired.get("budget"), "plain": repaired.get("plain")}
         chose = item.records.get("choose")
         if chose:  # precision auto: this binary is the smallest candidate that passed (stages/choose.py)

@@ -75,6 +75,7 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     prepared = preprocessed(simplified, work / "prepared")  # once: every step quantizes it, sensitivity runs it
 
     def attempt(promoted: list[str]) -> dict[str, Any]:
+        began_step = time.monotonic()
         folder = work / f"step{len(steps)}"
         folder.mkdir(parents=True, exist_ok=True)
         qdq = folder / "qdq.onnx"
@@ -96,20 +97,25 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
                 "binary_bytes": sum(f.stat().st_size for f in ctx.parent.glob("*.bin")),
                 "min_cosine": verification.min_cosine(result), "checks": [{k: c.get(k) for k in ("kind", "value", "passed")}
                                                               for c in result.get("checks", [])],
-                "passed": not violations, "violations": violations[:3]}
+                "passed": not violations, "violations": violations[:3],
+                "seconds": round(time.monotonic() - began_step, 1)}
         steps.append(step)
         return step
 
     plain = attempt([])
     ranked: list[dict[str, Any]] = []
+    sensitivity_seconds = None
     if not plain["passed"]:
+        began = time.monotonic()
         ranked = sensitivity(work / "step0" / "qdq.onnx", prepared, inputs, options, toolchain, weights, work)
+        sensitivity_seconds = round(time.monotonic() - began, 1)
     found = _search([r["weight"] for r in ranked], attempt, budget - 2) if ranked else None
     chosen = [] if plain["passed"] else found
     record = {"chip": soc.name, "budget": budget, "compiles": len(steps) + (1 if ranked else 0),
               "seconds": round(time.monotonic() - start, 1), "plain": {"precision": plain_precision, **{
                   k: plain[k] for k in ("min_cosine", "checks", "passed", "binary_bytes")}},
-              "ranked": ranked[:20], "steps": steps, "weights": len(weights), "weight_bytes": total}
+              "ranked": ranked[:20], "sensitivity_seconds": sensitivity_seconds, "steps": steps,
+              "weights": len(weights), "weight_bytes": total}
     if chosen is None:
         best = max(steps, key=lambda s: (s["passed"], s["min_cosine"] if s["min_cosine"] is not None else -2))
         tried = ", ".join(str(len(s["promoted"])) for s in steps[1:]) or "none"
