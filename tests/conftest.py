@@ -111,10 +111,11 @@ class Project:
     def __init__(self, root: Path) -> None:
         self.root = root
 
-    def doit(self, *args: str, env: dict[str, str] | None = None, check: bool = False) -> DoitResult:
+    def doit(self, *args: str, env: dict[str, str] | None = None, check: bool = False,
+             timeout: float = 1800) -> DoitResult:
         full_env = {**os.environ, **(env or {})}
         proc = subprocess.run([sys.executable, "-m", "doit", *args], cwd=self.root, capture_output=True,
-                              text=True, env=full_env, timeout=1800)
+                              text=True, env=full_env, timeout=timeout)
         result = DoitResult(proc.returncode, proc.stdout, proc.stderr)
         if check and proc.returncode != 0:
             raise AssertionError(f"doit {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
