@@ -305,3 +305,27 @@ def test_a_second_process_is_refused_the_lock_with_who_holds_it(tmp_path: Path) 
         treelock.release()
     proc = subprocess.run([sys.executable, "-c", probe, str(tmp_path)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
+
+
+def test_progress_estimates_each_series_from_its_own_pace(monkeypatch) -> None:
+    """A stage that simulates series after series (the repair: one per step) gets an estimate from the series it
+    is in, not from the stage's whole elapsed time over the samples of this series."""
+    import io
+
+    from qnn_tasks.run import console
+
+    out = io.StringIO()
+    monkeypatch.setattr(console, "OUT", out)
+    clock = iter([0.0, 60.0, 120.0, 200.0, 260.0])  # the sink's start, then one tick per sample of 60 s
+    monkeypatch.setattr(console.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(console, "_tty", lambda: False)
+    monkeypatch.setenv("QNN_PROGRESS_SECONDS", "0")
+    sink = console.progress_sink("repair:net")
+    sink(1, 2, "sample")
+    sink(2, 2, "sample")
+    sink(1, 2, "sample")  # the next step's first sample: 80 s after the last tick (its quantize and compile)
+    sink(2, 3, "sample")
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "repair:net: sample 1/2, 1 min 00 s elapsed, ~1 min 00 s left"
+    assert lines[1].startswith("repair:net: sample 1/2, 3 min 20 s elapsed, ~1 min 20 s left"), lines
+    assert lines[2].endswith("~1 min 10 s left"), lines  # (260 - 120) / 2 x 1 left

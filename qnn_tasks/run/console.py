@@ -26,13 +26,16 @@ def _tty() -> bool:
 def progress_sink(task: str) -> Callable[[int, int, str], None]:
     """A sink for progress.step(): elapsed time and an estimate of what is left."""
     start = time.monotonic()
-    state = {"last": start}
+    state = {"last": start, "done": 0, "tick": start, "series": start}
     every = envvalues.number(envvalues.PROGRESS_SECONDS)  # without a terminal: a plain line at most this often
 
     def sink(done: int, total: int, unit: str) -> None:
         now = time.monotonic()
         elapsed = now - start
-        left = elapsed / done * (total - done) if done else 0.0
+        if done <= state["done"]:  # a new series (the repair simulates step after step): estimate from its own pace
+            state["series"] = state["tick"]
+        state["done"], state["tick"] = done, now
+        left = (now - state["series"]) / done * (total - done) if done else 0.0
         text = f"{task}: {unit} {done}/{total}, {_clock(elapsed)} elapsed" + (f", ~{_clock(left)} left" if done < total else "")
         with _lock:
             if _tty():
