@@ -145,6 +145,52 @@ def test_the_sensitivity_graph_is_the_plain_quantization_with_its_activations_ex
     assert set(stands_for) <= set(outputs) and outputs["y"].shape == (1, 4, 32)
 
 
+def _biased_mlp() -> onnx.ModelProto:
+    """x -> MatMul + bias -> Relu -> MatMul + bias, [1, 4, 32]: the quantizer's preprocessing fuses each MatMul and
+    its bias Add into Reshape -> Gemm -> Reshape, so the MatMul's output tensor is gone from the graph it sees."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(1)
+    inits = [numpy_helper.from_array(rng.standard_normal(shape).astype(np.float32), name)
+             for name, shape in (("w1", (32, 64)), ("b1", (64,)), ("w2", (64, 32)), ("b2", (32,)))]
+    nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Add", ["h", "b1"], ["hb"]),
+             helper.make_node("Relu", ["hb"], ["r"]), helper.make_node("MatMul", ["r", "w2"], ["o"]),
+             helper.make_node("Add", ["o", "b2"], ["y"])]
+    graph = helper.make_graph(nodes, "biased", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 32])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 32])], inits)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+def test_the_ranking_reads_the_weights_as_the_quantizer_fused_them(tmp_path):
+    """Every weight is ranked where the quantizer's preprocessing fused its MatMul with the bias Add into a Gemm:
+    the weight table comes from the graph the quantizer saw. (Read from the graph before the fusion, 16 of the
+    Whisper encoder's 18 weights went unranked and its repair ran out of weights to promote.)"""
+    from types import SimpleNamespace
+
+    from conftest import EXAMPLES
+
+    from qnn_tasks.modelspec.load import load_toolchain
+    from qnn_tasks.stages import repair
+    from qnn_tasks.toolchains import from_profile
+    from qnn_tasks.toolchains.ort_quantize import quantize_model
+
+    source = tmp_path / "biased.onnx"
+    onnx.save(_biased_mlp(), str(source))
+    prepared, weights = repair.prepare(source, tmp_path, 8)
+    model = onnx.load(str(prepared))
+    assert "Gemm" in {n.op_type for n in model.graph.node} and "h" not in {o for n in model.graph.node
+                                                                          for o in n.output}
+    assert set(weights) == {"w1", "w2"} and {w["op"] for w in weights.values()} == {"Gemm"}
+    samples = [{"x": np.random.default_rng(i).standard_normal((1, 4, 32)).astype(np.float32)} for i in range(4)]
+    graph = SimpleNamespace(name="biased", section=lambda name: {"calibration": {"per_channel": True}}[name])
+    quantize_model(graph, "w8a16", prepared, samples, tmp_path / "qdq.onnx", tmp_path, prepared=True)
+    options = {"soc_model": "57", "htp_arch": "75", "offload_graph_io_quantization": "0"}  # SM8650, as a config writes
+    toolchain = from_profile(load_toolchain(EXAMPLES, "ort-qnn"))
+    ranked = repair.sensitivity(tmp_path / "qdq.onnx", prepared, samples, options, toolchain, weights, tmp_path)
+    assert sorted(r["weight"] for r in ranked) == ["w1", "w2"]
+    assert all(r["error"] > 0 for r in ranked), ranked
+
+
 def _conv_stack(layers: int = 12, channels: int = 32, side: int = 16) -> onnx.ModelProto:
     """Conv 3x3 -> Relu, `layers` deep, x [1, C, side, side]; the first conv's weights for input channel 3 (every
     output channel's slice) are 100x the others, the input's channel 3 is 100x smaller (the test's samples): a scale

@@ -5,10 +5,10 @@ Measured on the NPU's own arithmetic, on one chip's x86 HTP simulator (the first
 1. the plain precision (no weight promoted) is quantized, compiled, run on the verification inputs and judged by the
    graph's checks for the repaired precision (thresholds and task checks, as simverify judges: a task check such as
    a transcript's words stops the search, not the cosine alone); if it passes, nothing is promoted;
-2. sensitivity: the plain step's quantized graph with every dequantized activation an output
-   (graphs/intermediates.py), compiled and run on the simulator beside the float graph's intermediates on the CPU;
-   each weight-bearing node (Conv, ConvTranspose, MatMul, Gemm) is scored by the error it creates: its output's
-   relative error less its input's. No second quantization: measured on a 30M transformer, the same errors to six
+2. sensitivity: the plain step's quantized graph with the dequantized activations the ranking reads as outputs
+   (graphs/intermediates.py), compiled and run on the simulator beside the float graph's same tensors on the CPU,
+   on the first verification sample; each weight-bearing node (Conv, ConvTranspose, MatMul, Gemm, as the
+   quantizer's fusions left them) is scored by the error it creates: its output's relative error less its input's. No second quantization: measured on a 30M transformer, the same errors to six
    digits as quantizing the float graph with its intermediates exposed, which took 22 GB on a 500M one;
 3. promotion: the top 1, 2, 4, ... ranked weights are kept at 16 bits (signed, symmetric, per channel: the
    quantizer's per-tensor overrides) until the checks pass, then the fewest between the last failing and the first
@@ -48,9 +48,8 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
         precision: str = "w8a16-mixed") -> dict[str, Any]:
     """Search the promotion of `precision` (a repaired one) for `graph` on `soc` with `toolchain`; write
     promoted.json; return the record."""
-    import onnx
 
-    from qnn_tasks.toolchains.ort_quantize import preprocessed, quantize_model
+    from qnn_tasks.toolchains.ort_quantize import quantize_model
 
     if not hasattr(toolchain, "compile_variant"):
         raise StageError(f"the precision repair needs a toolchain that compiles a derived model (ort-qnn); "
@@ -65,14 +64,12 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
     inputs, reference = sample_store.load(inputs_file, limit=count), sample_store.load(reference_file, limit=count)
     plain_precision = precision_table.BY_NAME[precision].base
     options = toolchain.write_config(graph, plain_precision, soc, work)["provider_options"]
-    model = onnx.load(str(simplified), load_external_data=False)
-    weights = _weights(model, weight_axes(model), precision_table.BY_NAME[precision].weight_bits)
+    prepared, weights = prepare(simplified, work, precision_table.BY_NAME[precision].weight_bits)
     total = sum(w["bytes"] for w in weights.values()) or 1
     steps: list[dict[str, Any]] = []
 
     made: list[dict[str, Any]] = []  # per step: its files and timings, for repairstep.keep
     inputs_sha256 = fileio.sha256(inputs_file)
-    prepared = preprocessed(simplified, work / "prepared")  # once: every step quantizes it, sensitivity runs it
 
     def attempt(promoted: list[str]) -> dict[str, Any]:
         began_step = time.monotonic()
@@ -135,6 +132,19 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
                   binary_bytes=final["binary_bytes"], min_cosine=final["min_cosine"],
                   size_ratio=round(final["binary_bytes"] / plain["binary_bytes"], 4) if plain["binary_bytes"] else None)
     return record
+
+
+def prepare(simplified: Path, work: Path, bits: int) -> tuple[Path, dict[str, dict[str, Any]]]:
+    """The graph as the quantizer sees it (preprocessed once: every step quantizes it, the sensitivity runs it) and
+    its promotable weights, read from that graph: the quantizer's fusions rename what a weight's node makes (MatMul
+    and its bias Add become a Gemm)."""
+    import onnx
+
+    from qnn_tasks.toolchains.ort_quantize import preprocessed
+
+    prepared = preprocessed(simplified, work / "prepared")
+    model = onnx.load(str(prepared), load_external_data=False)
+    return prepared, _weights(model, weight_axes(model), bits)
 
 
 def sensitivity(plain_qdq: Path, prepared: Path, inputs: list, options: dict[str, str], toolchain,
