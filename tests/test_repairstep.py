@@ -74,3 +74,34 @@ def test_a_changed_or_missing_file_is_not_adopted(kept):
     (kept["chosen"] / "net_ctx_qnn.bin").unlink()
     assert repairstep.binary(kept["promoted"], kept["chosen"] / "qdq.onnx", "SM8650", OPTIONS) is None
     assert repairstep.qdq(None) is None and repairstep.qdq(kept["promoted"].parent / "missing.json") is None
+
+
+def test_an_unfused_source_is_quantized_from_the_stages_own_folder(tmp_path):
+    """The quantizer writes `<model>-inferred.onnx` beside the model it reads: the repair and the plain variant,
+    quantizing one simplified graph side by side (doit -n 2), once raced on that file in the simplify stage's folder
+    (one of them failed). Each reads a hard link in its own folder instead (no bytes copied), or a saved copy where
+    the source keeps external data (onnx refuses external data with more than one link)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from qnn_tasks.toolchains.ort_quantize import preprocessed
+
+    weight = numpy_helper.from_array(np.ones((64, 64), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"], name="mm")], "g",  # named: or renamed
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 64])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64])], [weight])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    source = tmp_path / "simplify" / "net.onnx"
+    source.parent.mkdir()
+    onnx.save(model, str(source))
+    first, second = preprocessed(source, tmp_path / "a"), preprocessed(source, tmp_path / "b")
+    assert first == tmp_path / "a" / "net.onnx" and second == tmp_path / "b" / "net.onnx"
+    assert first.stat().st_ino == source.stat().st_ino  # a link, not a copy
+    external = tmp_path / "big" / "net.onnx"
+    external.parent.mkdir()
+    onnx.save(model, str(external), save_as_external_data=True, location="net.data", size_threshold=0)
+    copy = preprocessed(external, tmp_path / "c")
+    assert copy.parent == tmp_path / "c" and copy.stat().st_ino != external.stat().st_ino
+    assert np.array_equal(numpy_helper.to_array(onnx.load(str(copy)).graph.initializer[0]), np.ones((64, 64)))
+    for folder in (source.parent, external.parent):  # nothing written beside the sources
+        assert {p.suffix for p in folder.iterdir()} <= {".onnx", ".data"} and len(list(folder.iterdir())) <= 2

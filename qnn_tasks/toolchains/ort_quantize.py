@@ -45,8 +45,8 @@ PREPROCESSED = "preprocessed.onnx"  # the quantizer's fused model, when its prep
 
 def preprocessed(source: Path, work: Path) -> Path:
     """`source` as the QNN quantizer sees it: its fusions (an Erf GELU into one Gelu node...) in a new file under
-    `work`, or `source` itself when they change nothing. A graph whose intermediates are exposed must be exposed after
-    this, or a fused-away tensor is an output nothing makes."""
+    `work`, or `source` hard-linked there when they change nothing. A graph whose intermediates are exposed must be
+    exposed after this, or a fused-away tensor is an output nothing makes."""
     import onnx
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
@@ -54,7 +54,35 @@ def preprocessed(source: Path, work: Path) -> Path:
     model = onnx.load(str(source))
     del model.metadata_props[:]  # the preprocessing crashes on onnxsim's
     out = work / PREPROCESSED
-    return out if qnn_preprocess_model(model, str(out)) else source
+    if qnn_preprocess_model(model, str(out)):
+        return out
+    return _linked(source, work) or _saved(source, work)
+
+
+def _linked(source: Path, work: Path) -> Path | None:
+    """`source` under `work` by a hard link, not a copy (None when it keeps external data: onnx refuses to read
+    external data with more than one link): the quantizer writes a `<name>-inferred.onnx` beside the model it
+    reads, so two quantizations of one source (the repair and the plain variant, side by side under doit -n 2)
+    must not read it from one folder."""
+    import onnx
+
+    light = onnx.load(str(source), load_external_data=False)
+    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in light.graph.initializer):
+        return None
+    repairstep.place(source, work / source.name)
+    return work / source.name
+
+
+def _saved(source: Path, work: Path) -> Path:
+    """A copy of `source` in one file under `work` (read again: the preprocessing may have moved the model's
+    tensors it was handed to external data of its own)."""
+    import onnx
+
+    model = onnx.load(str(source))
+    del model.metadata_props[:]
+    path = work / "float.onnx"
+    onnx.save(model, str(path))
+    return path
 
 
 def quantize_model(graph: GraphSpec, precision: str, source: Path, calibration: list, out: Path, log_dir: Path,
