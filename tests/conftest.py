@@ -137,6 +137,17 @@ class Project:
         path.write_text(text.replace(old, new, 1))
 
 
+def project_with_model(root: Path, model: Path) -> Project:
+    """A project at `root` of the examples' dodo.py, socs and toolchain profiles and the one model folder `model`
+    (a speech model under tests/examples/speech: too slow to build with the rest)."""
+    root.mkdir(parents=True)
+    for name in ("dodo.py", "socs", "toolchain"):
+        src = EXAMPLES / name
+        (shutil.copytree if src.is_dir() else shutil.copy2)(src, root / name)
+    shutil.copytree(model, root / "models" / model.name, ignore=shutil.ignore_patterns("__pycache__"))
+    return Project(root)
+
+
 def copy_project(dest: Path, source: Path = EXAMPLES, with_build: bool = False) -> Project:
     """Copy specs + models (and optionally the build tree and doit state) from `source` to `dest`."""
     dest.mkdir(parents=True, exist_ok=True)

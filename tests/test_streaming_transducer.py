@@ -15,13 +15,12 @@ import importlib.util
 import itertools
 import json
 import math
-import shutil
 import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import EXAMPLES, Project, restrict_socs
+from conftest import EXAMPLES, Project, project_with_model, restrict_socs
 
 MODEL = EXAMPLES / "speech" / "streaming-transducer"  # the tests' own copy of models/streaming-transducer
 YAML = "models/streaming-transducer/model.yaml"
@@ -181,13 +180,7 @@ def test_a_bad_sherpa_onnx_block_is_refused_by_the_schema(where, value):
 @pytest.fixture(scope="module")
 def built(tmp_path_factory) -> Project:
     """The committed model in a copy of the project, 10 clips (8 recordings + 2 held-out voices), SM8650 only."""
-    project = Project(tmp_path_factory.mktemp("transducer") / "project")
-    project.root.mkdir()
-    for name in ("dodo.py", "socs", "toolchain"):
-        src = EXAMPLES / name
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, project.root / name)
-    shutil.copytree(MODEL, project.root / "models" / "streaming-transducer",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    project = project_with_model(tmp_path_factory.mktemp("transducer") / "project", MODEL)
     text = project.path(YAML).read_text()
     assert text.count("espeak_clips: 8") == 3, "the model's clips changed: update this fixture"
     project.path(YAML).write_text(text.replace("espeak_clips: 8", "espeak_clips: 2"))

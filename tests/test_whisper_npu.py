@@ -10,11 +10,10 @@ simulator, which is why the tests share the build and the damaged-decoder test c
 from __future__ import annotations
 
 import json
-import shutil
 
 import numpy as np
 import pytest
-from conftest import EXAMPLES, Project, copy_project
+from conftest import EXAMPLES, Project, copy_project, project_with_model
 
 from qnn_tasks.judge import speech
 
@@ -28,13 +27,8 @@ DECODER = f"build/whisper-tiny-en/decoder/*/fp16/{SOC}"
 
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory) -> Project:
-    project = Project(tmp_path_factory.mktemp("whisper") / "project")
-    project.root.mkdir()
-    for name in ("dodo.py", "socs", "toolchain"):
-        src = EXAMPLES / name
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, project.root / name)
-    shutil.copytree(EXAMPLES / "speech" / "whisper-tiny-en", project.root / "models" / "whisper-tiny-en",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    project = project_with_model(tmp_path_factory.mktemp("whisper") / "project",
+                                 EXAMPLES / "speech" / "whisper-tiny-en")
     text = project.path(WHISPER).read_text()
     assert text.count("clips: 10") == 3, "the example's clips changed: update this fixture"
     project.path(WHISPER).write_text(text.replace("clips: 10", "clips: 2"))  # 2 clips spoken, not 10

@@ -15,10 +15,8 @@ with `python3 -m pytest -m heavy tests/test_whisper_repair.py`.
 """
 from __future__ import annotations
 
-import shutil
-
 import pytest
-from conftest import EXAMPLES, Project
+from conftest import EXAMPLES, Project, project_with_model
 
 pytestmark = [pytest.mark.slow, pytest.mark.heavy]
 
@@ -62,13 +60,8 @@ def check_the_repair(project: Project, returncode: int, output: str) -> None:
 
 @pytest.fixture(scope="module")
 def repaired(tmp_path_factory) -> Project:
-    project = Project(tmp_path_factory.mktemp("whisper-repair") / "project")
-    project.root.mkdir()
-    for name in ("dodo.py", "socs", "toolchain"):
-        src = EXAMPLES / name
-        (shutil.copytree if src.is_dir() else shutil.copy2)(src, project.root / name)
-    shutil.copytree(EXAMPLES / "speech" / "whisper-tiny-en", project.root / "models" / "whisper-tiny-en",
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    project = project_with_model(tmp_path_factory.mktemp("whisper-repair") / "project",
+                                 EXAMPLES / "speech" / "whisper-tiny-en")
     encoder_only_w8a16_mixed(project)
     project.result = project.doit("-n", "1", f"simverify:encoder-{SOC}", timeout=3 * 3600)
     return project
