@@ -35,8 +35,9 @@ def expose_intermediates(model, only: set[str] | None = None) -> tuple[Any, list
 
 def expose_dequantized(qdq, only: set[str] | None = None) -> tuple[Any, dict[str, str]]:
     """`qdq` (a QDQ model, changed in place) with each activation's DequantizeLinear output also a graph output (of
-    the float tensors in `only`, if given); returns it and {that output: the float tensor it stands for (the QuantizeLinear's input)}. Weights are left out:
-    their DequantizeLinear reads an initializer. External data stays where it is (the model is not loaded with it)."""
+    the float tensors in `only`, if given); returns it and {that output: the float tensor it stands for (the
+    QuantizeLinear's input)}. Weights are left out: their DequantizeLinear reads an initializer. External data stays
+    where it is (the model is not loaded with it)."""
     import onnx
 
     constants = {t.name for t in qdq.graph.initializer}

@@ -8,8 +8,9 @@ Measured on the NPU's own arithmetic, on one chip's x86 HTP simulator (the first
 2. sensitivity: the plain step's quantized graph with the dequantized activations the ranking reads as outputs
    (graphs/intermediates.py), compiled and run on the simulator beside the float graph's same tensors on the CPU,
    on the first verification sample; each weight-bearing node (Conv, ConvTranspose, MatMul, Gemm, as the
-   quantizer's fusions left them) is scored by the error it creates: its output's relative error less its input's. No second quantization: measured on a 30M transformer, the same errors to six
-   digits as quantizing the float graph with its intermediates exposed, which took 22 GB on a 500M one;
+   quantizer's fusions left them) is scored by the error it creates: its output's relative error less its input's.
+   No second quantization: measured on a 30M transformer, the same errors to six digits as quantizing the float
+   graph with its intermediates exposed, which took 22 GB on a 500M one;
 3. promotion: the top 1, 2, 4, ... ranked weights are kept at 16 bits (signed, symmetric, per channel: the
    quantizer's per-tensor overrides) until the checks pass, then the fewest between the last failing and the first
    passing count is searched by halving, while the budget of compiles lasts.
@@ -48,7 +49,6 @@ def run(graph: GraphSpec, verify: dict[str, Any], soc: Soc, toolchain, simplifie
         precision: str = "w8a16-mixed") -> dict[str, Any]:
     """Search the promotion of `precision` (a repaired one) for `graph` on `soc` with `toolchain`; write
     promoted.json; return the record."""
-
     from qnn_tasks.toolchains.ort_quantize import quantize_model
 
     if not hasattr(toolchain, "compile_variant"):
@@ -172,8 +172,7 @@ def sensitivity(plain_qdq: Path, prepared: Path, inputs: list, options: dict[str
             names.append(consumers[names[-1]][0].output[0])
         return names
 
-    # only the tensors the ranking reads are outputs: each weight-bearing node's output and inputs (exposing every
-    # activation cost the 30M transformer's simulation ~1.7x per sample)
+    # only the tensors the ranking reads are outputs: each weight-bearing node's output and inputs
     needed = {name for w in weights.values() for tensor in [w["output"], *w["inputs"]] for name in chain(tensor)}
     diag, _ = expose_intermediates(model, only=needed)  # the CPU side
     diag_path = folder / "intermediates.onnx"
