@@ -40,6 +40,19 @@ def atomic_path(final: Path) -> Iterator[Path]:
             tmp.unlink()
 
 
+def place(source: Path, dest: Path) -> None:
+    """`dest` becomes `source`'s content, whole or not at all: a hard link (build files are replaced, never edited
+    in place), a copy where the file system has none."""
+    import shutil
+
+    with atomic_path(dest) as tmp:
+        tmp.unlink()  # os.link makes the name
+        try:
+            os.link(source, tmp)
+        except OSError:
+            shutil.copyfile(source, tmp)
+
+
 def sha256(path: Path | str) -> str:
     """The file's SHA-256 (hex), read once in chunks (run/digests.py caches it per file stamp for the records)."""
     with open(path, "rb") as fh:

@@ -44,7 +44,7 @@ def test_each_stage_adopts_what_the_repair_made_from_the_same_things(kept, tmp_p
     assert qdq["path"] == kept["chosen"] / "qdq.onnx" and qdq["record"]["nodes"] == 7
     assert qdq["record"]["log"] == str(kept["chosen"] / "quantize.log")
     placed = tmp_path / "quantize" / "net_w8a16-mixed_qdq.onnx"
-    repairstep.place(qdq["path"], placed)
+    fileio.place(qdq["path"], placed)
     assert placed.read_bytes() == b"qdq"
     binary = repairstep.binary(kept["promoted"], placed, "SM8650", dict(OPTIONS))
     assert binary == {"ctx_onnx": kept["chosen"] / "net_ctx.onnx", "bin": kept["chosen"] / "net_ctx_qnn.bin",

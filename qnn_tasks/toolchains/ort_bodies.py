@@ -8,12 +8,12 @@ initializers are external data in a file beside it; the compiled model holds the
 """
 from __future__ import annotations
 
-import os
-import shutil
 from pathlib import Path
 
 import onnx
 from onnx import AttributeProto, numpy_helper
+
+from qnn_tasks import fileio
 
 BODY_DATA = "body_weights.bin"
 
@@ -33,7 +33,7 @@ def staged(model: Path, staging: Path) -> tuple[Path, list[str]]:
         return model, []
     staging.mkdir(parents=True, exist_ok=True)
     for name in _external_files(proto, bodies):  # the copy still reads them, relative to itself
-        _link(model.parent / name, staging / name)
+        fileio.place(model.parent / name, staging / name)
     with open(staging / BODY_DATA, "wb") as data:
         for tensor in weights:
             _move_to_file(tensor, data)
@@ -89,9 +89,3 @@ def _external_files(proto: onnx.ModelProto, bodies: list[onnx.GraphProto]) -> li
     return sorted({e.value for t in tensors if uses_external_data(t) for e in t.external_data if e.key == "location"})
 
 
-def _link(source: Path, target: Path) -> None:
-    target.unlink(missing_ok=True)
-    try:
-        os.link(source, target)
-    except OSError:  # another filesystem: a copy
-        shutil.copyfile(source, target)

@@ -122,8 +122,8 @@ class OrtQnnToolchain:
             precision = quantized_precision(source.name) or "fp16"  # quantized_outputs() names it
             bin_path = staging / f"{graph.name}_ctx_qnn.bin"
             if adopted:
-                repairstep.place(adopted["ctx_onnx"], ctx_onnx)
-                repairstep.place(adopted["bin"], bin_path)
+                fileio.place(adopted["ctx_onnx"], ctx_onnx)
+                fileio.place(adopted["bin"], bin_path)
                 seconds = adopted["compile_seconds"]
                 with open(log, "a") as fh:
                     fh.write(f"# adopted {adopted['bin']}: the repair compiled this QDQ with these options\n")

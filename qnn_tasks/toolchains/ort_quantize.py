@@ -30,7 +30,7 @@ def run(si: StageInput) -> dict[str, Any]:
     out = quantized_outputs(si.graph, si.precision, si.out_dir)[0]
     adopted = repairstep.qdq(si.promoted)
     if adopted:
-        repairstep.place(adopted["path"], out)
+        fileio.place(adopted["path"], out)
         record = {**adopted["record"], "adopted_from_repair": str(adopted["path"])}
     else:
         record = quantize_model(si.graph, si.precision, si.source, sample_store.load(si.calibration), out,
@@ -45,31 +45,27 @@ PREPROCESSED = "preprocessed.onnx"  # the quantizer's fused model, when its prep
 
 def preprocessed(source: Path, work: Path) -> Path:
     """`source` as the QNN quantizer sees it: its fusions (an Erf GELU into one Gelu node...) in a new file under
-    `work`, or `source` hard-linked there when they change nothing. A graph whose intermediates are exposed must be
-    exposed after this, or a fused-away tensor is an output nothing makes."""
+    `work`, or `source` hard-linked there when they change nothing (a copy if it keeps external data: onnx refuses
+    to read external data with more than one link). Never `source` itself: the quantizer writes a
+    `<name>-inferred.onnx` beside the model it reads, so two quantizations of one source (the repair and the plain
+    variant, side by side under doit -n 2) must not read it from one folder. A graph whose intermediates are exposed
+    must be exposed after this, or a fused-away tensor is an output nothing makes."""
     import onnx
+    from onnx.external_data_helper import load_external_data_for_model, uses_external_data
     from onnxruntime.quantization.execution_providers.qnn import qnn_preprocess_model
 
     work.mkdir(parents=True, exist_ok=True)
-    model = onnx.load(str(source))
+    model = onnx.load(str(source), load_external_data=False)  # the file read once, whether its data is inside or not
+    external = any(uses_external_data(t) for t in model.graph.initializer)
+    if external:
+        load_external_data_for_model(model, str(source.parent))
     del model.metadata_props[:]  # the preprocessing crashes on onnxsim's
     out = work / PREPROCESSED
     if qnn_preprocess_model(model, str(out)):
         return out
-    return _linked(source, work) or _saved(source, work)
-
-
-def _linked(source: Path, work: Path) -> Path | None:
-    """`source` under `work` by a hard link, not a copy (None when it keeps external data: onnx refuses to read
-    external data with more than one link): the quantizer writes a `<name>-inferred.onnx` beside the model it
-    reads, so two quantizations of one source (the repair and the plain variant, side by side under doit -n 2)
-    must not read it from one folder."""
-    import onnx
-
-    light = onnx.load(str(source), load_external_data=False)
-    if any(t.data_location == onnx.TensorProto.EXTERNAL for t in light.graph.initializer):
-        return None
-    repairstep.place(source, work / source.name)
+    if external:
+        return _saved(source, work)
+    fileio.place(source, work / source.name)
     return work / source.name
 
 

@@ -65,17 +65,6 @@ def qdq(promoted_file: Path | None) -> dict[str, Any] | None:
     return {"path": path, "record": {**kept["quantize"], "log": str(folder / kept["log"])}}
 
 
-def place(source: Path, dest: Path) -> None:
-    """`dest` becomes `source`'s content, whole or not at all: a hard link (build files are replaced, never edited
-    in place), a copy where the file system has none."""
-    with fileio.atomic_path(dest) as tmp:
-        tmp.unlink()  # os.link makes the name
-        try:
-            os.link(source, tmp)
-        except OSError:
-            shutil.copyfile(source, tmp)
-
-
 def binary(promoted_file: Path | None, source: Path, soc: str, options: dict[str, str]) -> dict[str, Any] | None:
     """The chosen step's compiled files (ctx_onnx, bin, seconds), when `source` is the QDQ they were compiled from
     and `soc`'s options are the ones they were compiled with."""
