@@ -123,6 +123,17 @@ def test_a_batch_split_between_processes_steps_the_whole_batchs_gradient(net):
             assert torch.allclose(got, expected, atol=1e-6)
 
 
+def test_train_py_refuses_a_process_count_it_cannot_split_a_batch_into():
+    """--workers outside 1..--batch stops at once, in one line naming the flag and the range, before any work."""
+    import subprocess
+
+    for workers in ("0", "17"):
+        done = subprocess.run([sys.executable, str(MODEL / "train.py"), "--workers", workers, "--batch", "16"],
+                              capture_output=True, text=True)
+        assert done.returncode == 2
+        assert f"--workers {workers}: give 1 to --batch (16) processes" in done.stderr.splitlines()[-1]
+
+
 @pytest.mark.slow
 def test_train_py_in_two_processes_is_deterministic_and_trains_as_one_process_does(tmp_path):
     """train.py from nothing on a small set (200 synthesized utterances, 30 steps): two processes twice give the

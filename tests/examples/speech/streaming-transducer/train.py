@@ -302,6 +302,9 @@ def main() -> None:
                         help="training processes, each one thread and a share of every batch (2: both cores)")
     parser.add_argument("--resume", type=Path, default=None, help="start from these weights (the second pass)")
     args = parser.parse_args()
+    if not 1 <= args.workers <= args.batch:
+        parser.error(f"--workers {args.workers}: give 1 to --batch ({args.batch}) processes (each takes a share of "
+                     "every batch; 2, the default, uses both cores)")
     import torch
 
     result = train(args)
