@@ -50,10 +50,10 @@ def main() -> None:
     total = sum(r["seconds"]["total_training"] for r in runs)
     each = ", ".join(f"{r['seconds']['total_training']:.0f}" for r in runs)
     synthesis = next(r["seconds"]["synthesis"] for r in runs if not r.get("synthesis_from_cache"))
-    passes = [p for r in runs for p in r.get("passes") or [{"seconds_at_end": r["seconds"]["total_training"]}]]
+    passes = [p for r in runs for p in r["passes"]]  # train.py records each pass of its run
     ends = ", ".join(f"{p['seconds_at_end']:.0f}" for p in passes)
     print(f"training: {len(runs)} run(s), {len(passes)} passes of {trained['steps']} steps of {trained['batch']} in "
-          f"{trained.get('workers', 1)} process(es), {trained['parameters']:,} parameters; {total:.0f} s in all "
+          f"{trained['workers']} process(es), {trained['parameters']:,} parameters; {total:.0f} s in all "
           f"({each} s; passes end at {ends} s of their run), "
           f"of which synthesis {synthesis:.0f} s (the first run; any other reads its cache); WER held-out espeak "
           f"{trained['wer_held_out_espeak']:.4f} ({len(trained['held_out'])} clips), alsa-utils recordings "
