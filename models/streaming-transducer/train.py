@@ -1,14 +1,17 @@
 """Train the streaming transducer from nothing: synthesize speech, train with the RNN-T loss, write the weights.
 
-    python3 models/streaming-transducer/train.py     # writes weights.pt, tokens.txt, weights.sha256 and train.json
-                                                     # next to this file (three passes of 1,800 steps, ~11 min)
+    python3 models/streaming-transducer/train.py --data-cache DATA.npz    # three passes of 1,800 steps, ~13 min
+    python3 models/streaming-transducer/train.py --data-cache DATA.npz \
+        --resume models/streaming-transducer/weights.pt --lr 5e-4          # a fourth pass on the same speech, ~4 min
+
+Each writes weights.pt, tokens.txt, weights.sha256 and train.json next to this file (--out elsewhere).
 
 Deterministic: a fixed seed for the texts, voices, effects, noise and the initial weights, a fixed number of steps
 per pass (not a time budget), and a fixed number of training processes (--workers, default 2: one per core, each one
 torch thread and every other utterance of each batch, their gradients summed). The same --workers gives the same
 bytes; another count gives the same training to float rounding, not the same bytes. Each pass starts a new
 optimizer, CTC head and one-cycle schedule (peak --lr, one value per pass) from the previous pass's weights, exactly
-as a run with --resume does. The committed weights are one run of this file (train-runs.json). The held-out
+as a run with --resume does. The committed weights are the two runs above (train-runs.json). The held-out
 espeak-ng voices and the alsa-utils recordings are never trained on; their word error rates (greedy search, PyTorch
 on the CPU) go into train.json. docs/streaming-transducer.md has the measured times.
 
@@ -48,7 +51,7 @@ def _utterance(job: tuple[int, int]) -> tuple[str, np.ndarray]:
     """The index-th training utterance (its own generator: the same utterance whatever the pool's order)."""
     seed, index = job
     rng = np.random.default_rng([seed, index])
-    text = speech.random_text(rng)
+    text = speech.training_text(rng)
     audio = speech.speak(text, *speech.random_voice(rng, speech.TRAIN_VARIANTS))
     clip = speech.augment(rng, audio, net.CHUNK * 160)  # whole chunks of 0.32 s
     return text, speech.fbank(clip)[: len(clip) // 160]
