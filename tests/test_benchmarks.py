@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 BENCH = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_cluster_cost.py"
@@ -67,15 +68,19 @@ def test_big_graphs_benchmark_compiles_a_transformer_whole_and_in_two_parts_that
     assert row["chain_vs_whole_cosine"] > 0.999
 
 
-def node_cost_bench():
-    """benchmarks/bench_node_cost.py as a module (benchmarks/ is not a package)."""
+def _bench_module(name: str):
+    """benchmarks/<name>.py as a module (benchmarks/ is not a package)."""
     import importlib.util
 
-    path = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_node_cost.py"
-    spec = importlib.util.spec_from_file_location("bench_node_cost", path)
+    path = Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def node_cost_bench():
+    return _bench_module("bench_node_cost")
 
 
 def test_node_cost_fit_recovers_the_overhead_and_a_uniform_slowdown_cancels():
@@ -140,3 +145,18 @@ def test_compare_reports_sees_a_changed_verdict_through_timings_and_additions(tm
         (tmp_path / name / "build" / "report").mkdir(parents=True)
         (tmp_path / name / "build" / "report" / "report.json").write_text(json.dumps(data))
     assert main([str(tmp_path / n / "build" / "report" / "report.json") for n in ("before", "after")]) == 1
+
+
+def test_whisper_ties_noise_has_the_signal_to_noise_ratio_asked_for() -> None:
+    """benchmarks/bench_whisper_ties.py's perturbation: each window gets noise of its own power at the SNR asked,
+    the same draws from the same seed, the windows themselves untouched."""
+    bench = _bench_module("bench_whisper_ties")
+    rng = np.random.default_rng(3)
+    windows = np.stack([rng.standard_normal((1, 50, 8)).astype(np.float32) * scale for scale in (0.01, 1.0, 30.0)])
+    kept = windows.copy()
+    for snr in (40.0, 24.0):
+        noisy = bench.with_noise(np.random.default_rng(0), windows, snr)
+        assert noisy.shape == windows.shape and noisy.dtype == np.float32
+        assert [bench.snr_db(w, n - w) for w, n in zip(windows, noisy)] == pytest.approx([snr] * 3, abs=1e-3)
+        assert np.array_equal(noisy, bench.with_noise(np.random.default_rng(0), windows, snr))
+    assert np.array_equal(windows, kept)
