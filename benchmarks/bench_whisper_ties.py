@@ -54,7 +54,10 @@ def main() -> None:
     ctx = modelcode.context_for(graph)
     cpu = np.load(args.project / "build" / MODEL / GRAPH / "cpucheck" / "reference.npz")[OUTPUT]
     texts = modelcode.call(graph, "texts", ctx)[: len(cpu)]
-    transcribe = lambda windows: modelcode.call(graph, "transcribe", ctx, list(windows))  # noqa: E731
+
+    def transcribe(windows: np.ndarray) -> list[str]:
+        return modelcode.call(graph, "transcribe", ctx, list(windows))
+
     base = transcribe(cpu)
 
     def row(what: str, windows: np.ndarray) -> None:
