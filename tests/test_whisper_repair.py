@@ -11,7 +11,8 @@ weights, and promoting the top 1, 2, 4 and 8 (up to 40% of the weight bytes) mov
 words do not come from the 8-bit weights. This test holds the repair to that: every weight ranked, every step
 judged by the words, the failure saying what was tried. Each judged step simulates all 12 thirty-second windows
 (~1 min each on a 2-core host), so the test is marked `heavy`, which the suite leaves out (pyproject.toml); run it
-with `python3 -m pytest -m heavy tests/test_whisper_repair.py`.
+with `python3 -m pytest -m heavy tests/test_whisper_repair.py` (passed at `ef28928`: 1 h 22 min wall, ~8 min of it
+paused).
 """
 from __future__ import annotations
 
