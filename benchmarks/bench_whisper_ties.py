@@ -50,9 +50,13 @@ def main() -> None:
     args = parser.parse_args()
 
     project = load_project(args.project.resolve())
-    graph = next(g for m in project.models if m.name == MODEL for g in m.graphs if g.name == GRAPH)
+    graph = next((g for m in project.models if m.name == MODEL for g in m.graphs if g.name == GRAPH), None)
+    reference = args.project / "build" / MODEL / GRAPH / "cpucheck" / "reference.npz"
+    if graph is None or not reference.is_file():
+        parser.error(f"{args.project} needs models/{MODEL} with graph '{GRAPH}' and its CPU reference {reference} "
+                     f"(fix: run `doit cpucheck:{GRAPH}` there first)")
     ctx = modelcode.context_for(graph)
-    cpu = np.load(args.project / "build" / MODEL / GRAPH / "cpucheck" / "reference.npz")[OUTPUT]
+    cpu = np.load(reference)[OUTPUT]
     texts = modelcode.call(graph, "texts", ctx)[: len(cpu)]
 
     def transcribe(windows: np.ndarray) -> list[str]:
