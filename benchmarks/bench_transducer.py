@@ -52,7 +52,8 @@ def main() -> None:
     synthesis = next(r["seconds"]["synthesis"] for r in runs if not r.get("synthesis_from_cache"))
     passes = [p for r in runs for p in r["passes"]]  # train.py records each pass of its run
     ends = ", ".join(f"{p['seconds_at_end']:.0f}" for p in passes)
-    print(f"training: {len(runs)} run(s), {len(passes)} passes of {trained['steps']} steps of {trained['batch']} in "
+    kinds = ", ".join(f"{p['steps']} ({'the encoder by CTC alone' if p.get('ctc_only') else 'RNN-T'})" for p in passes)
+    print(f"training: {len(runs)} run(s), {len(passes)} passes of {kinds} steps of {trained['batch']} in "
           f"{trained['workers']} process(es), {trained['parameters']:,} parameters; {total:.0f} s in all "
           f"({each} s; passes end at {ends} s of their run), "
           f"of which synthesis {synthesis:.0f} s (the first run; any other reads its cache); WER held-out espeak "

@@ -167,12 +167,16 @@ class Transducer(nn.Module):
         self.context = cfg["context"]
 
     def losses(self, x: torch.Tensor, frames: torch.Tensor, targets: torch.Tensor, lengths: torch.Tensor,
-               ctc: nn.Module | None = None, ctc_weight: float = 0.0) -> torch.Tensor:
+               ctc: nn.Module | None = None, ctc_weight: float = 0.0, rnnt: bool = True) -> torch.Tensor:
         """The RNN-T loss of each utterance [B]; `frames` encoder frames and `lengths` tokens of each (targets
         0-padded). With `ctc` (a training-only head on the encoder, not part of the model), + ctc_weight x its CTC
         loss per token: it gets the encoder past the all-blank start sooner (icefall trains its transducers with
         one too). Per utterance, so that a batch split between processes sums to the whole batch's loss."""
         enc = self.encoder(x)
+        if not rnnt:  # the encoder alone, by its CTC head
+            log_probs = torch.log_softmax(ctc(enc), -1).transpose(0, 1)
+            return ctc_weight * nn.functional.ctc_loss(log_probs, targets, frames, lengths, blank=0,
+                                                       reduction="none", zero_infinity=True) / lengths
         y = torch.cat([targets.new_zeros(targets.shape[0], self.context), targets], 1)  # blanks before the start
         dec = self.decoder(y)
         logits = self.joiner(enc[:, :, None, :], dec[:, None, :, :])

@@ -1,19 +1,21 @@
-"""Train the streaming transducer from nothing: synthesize speech, train with the RNN-T loss, write the weights.
+"""Train the streaming transducer from nothing: synthesize speech, train it (CTC, then RNN-T), write the weights.
 
-    python3 models/streaming-transducer/train.py --data-cache DATA.npz    # three passes of 1,800 steps, ~13 min
-    python3 models/streaming-transducer/train.py --data-cache DATA.npz \
-        --resume models/streaming-transducer/weights.pt --lr 5e-4          # a fourth pass on the same speech, ~4 min
+    python3 models/streaming-transducer/train.py --data-cache DATA.npz   # ~12 min on 2 cores; writes weights.pt,
+                                                                         # tokens.txt, weights.sha256, train.json here
 
-Each writes weights.pt, tokens.txt, weights.sha256 and train.json next to this file (--out elsewhere).
+Three passes by default (--lr, --steps, --ctc-passes): the encoder alone by the CTC loss of a training-only head
+(1,200 steps at a peak of 1.5e-3, then 1,200 at 1e-3), then the whole model by the RNN-T loss + 0.5 x CTC (2,400 at
+1.5e-3). Trained by the RNN-T loss from the start, the model spent ~2,200 steps on the all-blank plateau; the
+encoder trained by CTC alone leaves it after ~500-900, and the RNN-T pass starts off it.
 
 Deterministic: a fixed seed for the texts, voices, effects, noise and the initial weights, a fixed number of steps
 per pass (not a time budget), and a fixed number of training processes (--workers, default 2: one per core, each one
 torch thread and every other utterance of each batch, their gradients summed). The same --workers gives the same
 bytes; another count gives the same training to float rounding, not the same bytes. Each pass starts a new
 optimizer, CTC head and one-cycle schedule (peak --lr, one value per pass) from the previous pass's weights, exactly
-as a run with --resume does. The committed weights are the two runs above (train-runs.json). The held-out
-espeak-ng voices and the alsa-utils recordings are never trained on; their word error rates (greedy search, PyTorch
-on the CPU) go into train.json. docs/streaming-transducer.md has the measured times.
+as a run with --resume does. The committed weights are the one run in train-runs.json. The held-out espeak-ng voices
+and the alsa-utils recordings are never trained on; their word error rates (greedy search, PyTorch on the CPU) go
+into train.json. docs/streaming-transducer.md has the measured times.
 
 --concat and --masks (off by default) were tried for the held-out goal and not kept (the doc has their figures): a
 share of batches whose utterances are each followed by another one (later words heard with the left caches full of
@@ -24,7 +26,9 @@ from __future__ import annotations
 import argparse
 import hashlib
 import importlib.util
+import io
 import json
+import os
 import sys
 import time
 from multiprocessing import Pool
@@ -116,10 +120,11 @@ def spec_augment(rng: np.random.Generator, feats: np.ndarray, fill: np.ndarray, 
     return feats
 
 
-def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace, lr: float, began: float,
-             index: int, rank: int = 0, world: int = 1) -> list[float]:
-    """`args.steps` steps of AdamW under a one-cycle schedule to `lr`, batches of similar lengths in a seeded order;
-    the RNN-T loss plus args.ctc_weight x the CTC loss of a training-only head. With `world` processes each takes
+def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace, lr: float, steps: int,
+             ctc_only: bool, began: float, index: int, rank: int = 0, world: int = 1) -> list[float]:
+    """`steps` steps of AdamW under a one-cycle schedule to `lr`, batches of similar lengths in a seeded order; the
+    RNN-T loss plus args.ctc_weight x the CTC loss of a training-only head, or with `ctc_only` the encoder alone by
+    that CTC loss (the decoder and joiner untouched). With `world` processes each takes
     every world-th utterance of a batch and their gradients are summed, so each step is the whole batch's (every
     process draws the same batches and augmentation, and steps the same summed gradient). Returns the losses."""
     import torch
@@ -127,9 +132,10 @@ def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace
     order = np.argsort([len(f) for _, f in data], kind="stable")
     batches = [order[i:i + args.batch] for i in range(0, len(order), args.batch)]
     ctc = torch.nn.Linear(net.CONFIG["join"], len(speech.SYMBOLS))  # training only: not saved
-    parameters = [*model.parameters(), *ctc.parameters()]
+    trained = model.encoder if ctc_only else model
+    parameters = [*trained.parameters(), *ctc.parameters()]
     optimizer = torch.optim.AdamW(parameters, lr=lr, weight_decay=1e-2)
-    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=args.steps, pct_start=0.1)
+    schedule = torch.optim.lr_scheduler.OneCycleLR(optimizer, lr, total_steps=steps, pct_start=0.1)
     rng = np.random.default_rng(args.seed)
     # the augmentation draws from a generator of its own, so the batch order is rng's as without it; the same in
     # every pass (a pass makes what a run of its own resuming the previous weights makes)
@@ -137,7 +143,7 @@ def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace
     silence = model.encoder.mean.numpy().copy()  # a masked stretch reads as the training set's mean (0 once normalized)
     losses: list[float] = []
     model.train()
-    while len(losses) < args.steps:
+    while len(losses) < steps:
         for batch in rng.permutation(len(batches)):
             chosen = [data[i] for i in batches[batch]]
             if shaping.random() < args.concat:  # a batch of pairs: later words with full caches, as a stream has
@@ -156,18 +162,19 @@ def one_pass(model, data: list[tuple[str, np.ndarray]], args: argparse.Namespace
                 targets[row, : len(tokens)] = torch.tensor(tokens)
             frames = torch.tensor([len(f) // net.SUBSAMPLE for _, f in chosen])
             lengths = torch.tensor([len(t) for t in ids])
-            loss = model.losses(x, frames, targets, lengths, ctc, args.ctc_weight).sum() / whole
+            loss = model.losses(x, frames, targets, lengths, ctc, 1.0 if ctc_only else args.ctc_weight,
+                                rnnt=not ctc_only).sum() / whole
             optimizer.zero_grad()
             loss.backward()
             loss = _summed(parameters, loss.detach()) if world > 1 else loss.detach()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 5.0)
+            torch.nn.utils.clip_grad_norm_(trained.parameters(), 5.0)
             optimizer.step()
             schedule.step()
             losses.append(float(loss))
             if len(losses) % 50 == 0 and rank == 0:
-                print(f"pass {index + 1} step {len(losses)}/{args.steps} loss {np.mean(losses[-50:]):.3f} "
+                print(f"pass {index + 1} step {len(losses)}/{steps} loss {np.mean(losses[-50:]):.3f} "
                       f"({time.time() - began:.0f} s)", flush=True)
-            if len(losses) == args.steps:
+            if len(losses) == steps:
                 break
     return losses
 
@@ -209,9 +216,10 @@ def _passes(rank: int, world: int, data: list[tuple[str, np.ndarray]], stats: tu
         model.encoder.inv_std.copy_(torch.from_numpy(stats[1]))
         if state is not None:  # the previous pass's weights
             model.load_state_dict(state)
-        losses = one_pass(model, data, args, lr, began, index, rank, world)
+        steps, ctc_only = args.steps[min(index, len(args.steps) - 1)], index < args.ctc_passes
+        losses = one_pass(model, data, args, lr, steps, ctc_only, began, index, rank, world)
         state = model.state_dict()
-        passes.append({"lr": lr, "steps": args.steps, "loss_first_50": float(np.mean(losses[:50])),
+        passes.append({"lr": lr, "steps": steps, "ctc_only": ctc_only, "loss_first_50": float(np.mean(losses[:50])),
                        "loss_last_50": float(np.mean(losses[-50:])), "seconds_at_end": round(time.time() - began, 1)})
     if world > 1:
         torch.distributed.destroy_process_group()
@@ -286,17 +294,27 @@ def train(args: argparse.Namespace) -> dict:
         "held_out": rows_held, "alsa": rows_alsa}}
 
 
+def _write(path: Path, data: bytes) -> None:
+    """Whole or not at all: a run killed while writing leaves the file before it, never half of a new one."""
+    part = path.with_name(f".{path.name}.part")
+    part.write_bytes(data)
+    os.replace(part, path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=HERE)
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--utterances", type=int, default=5000)
-    parser.add_argument("--steps", type=int, default=1800, help="steps per pass")
+    parser.add_argument("--steps", type=lambda v: [int(x) for x in v.split(",")], default=[1200, 1200, 2400],
+                        help="steps of each pass, comma-separated (one value: every pass)")
     parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--lr", type=lambda v: [float(x) for x in v.split(",")], default=[1.5e-3, 1e-3, 7e-4],
+    parser.add_argument("--lr", type=lambda v: [float(x) for x in v.split(",")], default=[1.5e-3, 1e-3, 1.5e-3],
                         help="peak learning rate of each pass, comma-separated (default: three passes)")
     parser.add_argument("--held-out", type=int, default=100)
     parser.add_argument("--ctc-weight", type=float, default=0.5)
+    parser.add_argument("--ctc-passes", type=int, default=2,
+                        help="how many of the first passes train the encoder alone, by the CTC loss")
     parser.add_argument("--concat", type=float, default=0.0,
                         help="share of batches whose utterances are each followed by another's (longer streams)")
     parser.add_argument("--masks", type=int, default=0, help="SpecAugment time and frequency masks of each kind")
@@ -305,6 +323,9 @@ def main() -> None:
                         help="training processes, each one thread and a share of every batch (2: both cores)")
     parser.add_argument("--resume", type=Path, default=None, help="start from these weights (the second pass)")
     args = parser.parse_args()
+    if len(args.steps) not in (1, len(args.lr)) or not 0 <= args.ctc_passes <= len(args.lr):
+        parser.error(f"--steps {','.join(map(str, args.steps))} --ctc-passes {args.ctc_passes}: give one --steps "
+                     f"value or one per pass, and 0 to {len(args.lr)} CTC passes (--lr lists {len(args.lr)} passes)")
     if not 1 <= args.workers <= args.batch:
         parser.error(f"--workers {args.workers}: give 1 to --batch ({args.batch}) processes (each takes a share of "
                      "every batch; 2, the default, uses both cores)")
@@ -312,12 +333,13 @@ def main() -> None:
 
     result = train(args)
     args.out.mkdir(parents=True, exist_ok=True)
-    weights = args.out / "weights.pt"
+    weights = io.BytesIO()
     torch.save(result["model"].state_dict(), weights)
-    digest = hashlib.sha256(weights.read_bytes()).hexdigest()
-    (args.out / "weights.sha256").write_text(f"{digest}  weights.pt\n")
-    (args.out / "tokens.txt").write_text(speech.tokens_text(), encoding="utf-8")
-    (args.out / "train.json").write_text(json.dumps({**result["report"], "sha256": digest}, indent=1) + "\n")
+    digest = hashlib.sha256(weights.getvalue()).hexdigest()
+    _write(args.out / "weights.pt", weights.getvalue())
+    _write(args.out / "weights.sha256", f"{digest}  weights.pt\n".encode())
+    _write(args.out / "tokens.txt", speech.tokens_text().encode("utf-8"))
+    _write(args.out / "train.json", (json.dumps({**result["report"], "sha256": digest}, indent=1) + "\n").encode())
     report = result["report"]
     print(f"weights.pt sha256 {digest}; WER held-out espeak {report['wer_held_out_espeak']:.4f}, alsa-utils "
           f"recordings {report['wer_alsa_recordings']:.4f}; {report['seconds']}")
