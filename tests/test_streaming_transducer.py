@@ -25,7 +25,7 @@ from conftest import EXAMPLES, Project, project_with_model, restrict_socs
 MODEL = EXAMPLES / "speech" / "streaming-transducer"  # the tests' own copy of models/streaming-transducer
 YAML = "models/streaming-transducer/model.yaml"
 SOC = "SM8650"
-WER_HELD_OUT = 0.1088  # the CPU path on held-out espeak-ng voices: 0.1087 as measured (the goal: <= 0.15)
+WER_HELD_OUT = 0.1392  # the CPU path on held-out espeak-ng voices: 0.1391 as measured (the goal: <= 0.15)
 
 
 def _module(name: str):
@@ -123,8 +123,29 @@ def test_a_batch_split_between_processes_steps_the_whole_batchs_gradient(net):
             assert torch.allclose(got, expected, atol=1e-6)
 
 
+def test_a_ctc_pass_trains_the_encoder_alone_by_the_ctc_loss(net):
+    """train.py's first pass (--ctc-passes): the loss is the CTC head's per token, and only the encoder and that head
+    get a gradient (the decoder and joiner are left as they are for the RNN-T passes)."""
+    import torch
+
+    torch.manual_seed(0)
+    cfg = {**net.CONFIG, "dim": 16, "heads": 2, "ff": 32, "layers": 1, "left": 8, "join": 16, "decoder": 16}
+    model = net.Transducer(7, cfg)
+    ctc = torch.nn.Linear(16, 7)
+    x = torch.randn(2, 2 * net.CHUNK, 80)
+    targets, frames, lengths = torch.tensor([[1, 2, 3], [4, 0, 0]]), torch.tensor([16, 12]), torch.tensor([3, 1])
+    loss = model.losses(x, frames, targets, lengths, ctc, 1.0, rnnt=False)
+    log_probs = torch.log_softmax(ctc(model.encoder(x)), -1).transpose(0, 1)
+    expected = torch.nn.functional.ctc_loss(log_probs, targets, frames, lengths, reduction="none") / lengths
+    assert torch.allclose(loss, expected)
+    loss.sum().backward()
+    assert all(p.grad is not None for p in [*model.encoder.parameters(), *ctc.parameters()] if p.requires_grad)
+    assert all(p.grad is None for p in [*model.decoder.parameters(), *model.joiner.parameters()])
+
+
 def test_train_py_refuses_a_process_count_it_cannot_split_a_batch_into():
-    """--workers outside 1..--batch stops at once, in one line naming the flag and the range, before any work."""
+    """--workers outside 1..--batch, or --steps not one per pass, stops at once in one line naming the flags, before
+    any work."""
     import subprocess
 
     for workers in ("0", "17"):
@@ -132,23 +153,32 @@ def test_train_py_refuses_a_process_count_it_cannot_split_a_batch_into():
                               capture_output=True, text=True)
         assert done.returncode == 2
         assert f"--workers {workers}: give 1 to --batch (16) processes" in done.stderr.splitlines()[-1]
+    done = subprocess.run([sys.executable, str(MODEL / "train.py"), "--lr", "1e-3,1e-3", "--steps", "1,2,3"],
+                          capture_output=True, text=True)
+    assert done.returncode == 2
+    assert "--steps 1,2,3 --ctc-passes 2: give one --steps value or one per pass" in done.stderr.splitlines()[-1]
 
 
 @pytest.mark.slow
 def test_train_py_in_two_processes_is_deterministic_and_trains_as_one_process_does(tmp_path):
-    """train.py from nothing on a small set (200 synthesized utterances, 30 steps): two processes twice give the
-    same weights byte for byte, and the loss one process reports, to float rounding."""
+    """train.py from nothing on a small set (200 synthesized utterances; a CTC pass of 15 steps, an RNN-T pass of
+    30): two processes twice give the same weights byte for byte, and the losses one process reports, to float
+    rounding."""
     import subprocess
 
     def run(workers: int, name: str) -> dict:
-        subprocess.run([sys.executable, str(MODEL / "train.py"), "--utterances", "200", "--steps", "30", "--lr",
-                        "1e-3", "--held-out", "2", "--workers", str(workers), "--data-cache",
-                        str(tmp_path / "data.npz"), "--out", str(tmp_path / name)], check=True, capture_output=True)
+        subprocess.run([sys.executable, str(MODEL / "train.py"), "--utterances", "200", "--ctc-passes", "1",
+                        "--steps", "15,30", "--lr", "1e-3,1e-3", "--held-out", "2", "--workers", str(workers),
+                        "--data-cache", str(tmp_path / "data.npz"), "--out", str(tmp_path / name)],
+                       check=True, capture_output=True)
         return json.loads((tmp_path / name / "train.json").read_text())
 
     one, two, again = run(1, "one"), run(2, "two"), run(2, "again")
     assert two["workers"] == 2 and two["sha256"] == again["sha256"]
-    assert two["passes"][0]["loss_last_50"] == pytest.approx(one["passes"][0]["loss_last_50"], rel=1e-5)
+    assert [(p["steps"], p["ctc_only"]) for p in two["passes"]] == [(15, True), (30, False)]
+    for mine, theirs in zip(two["passes"], one["passes"]):
+        assert mine["loss_last_50"] == pytest.approx(theirs["loss_last_50"], rel=1e-5)
+    assert not any(p.name.endswith(".part") for p in (tmp_path / "two").iterdir())  # written whole, then renamed
 
 
 def test_the_committed_weights_are_the_ones_train_py_reported():
