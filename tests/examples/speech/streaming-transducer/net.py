@@ -171,7 +171,8 @@ class Transducer(nn.Module):
         """The RNN-T loss of each utterance [B]; `frames` encoder frames and `lengths` tokens of each (targets
         0-padded). With `ctc` (a training-only head on the encoder, not part of the model), + ctc_weight x its CTC
         loss per token: it gets the encoder past the all-blank start sooner (icefall trains its transducers with
-        one too). Per utterance, so that a batch split between processes sums to the whole batch's loss."""
+        one too). With `rnnt` False, the encoder alone: ctc_weight x that CTC loss per token (train.py's first
+        passes). Per utterance, so that a batch split between processes sums to the whole batch's loss."""
         enc = self.encoder(x)
         if not rnnt:  # the encoder alone, by its CTC head
             log_probs = torch.log_softmax(ctc(enc), -1).transpose(0, 1)
