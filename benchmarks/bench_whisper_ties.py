@@ -21,14 +21,10 @@ from pathlib import Path
 import numpy as np
 
 from qnn_tasks.graphs import modelcode
-from qnn_tasks.judge import speech
+from qnn_tasks.judge import metrics, speech
 from qnn_tasks.modelspec.load import load_project
 
 MODEL, GRAPH, OUTPUT = "whisper-tiny-en", "encoder", "features"
-
-
-def snr_db(signal: np.ndarray, error: np.ndarray) -> float:
-    return float(10 * np.log10(np.sum(signal.astype(np.float64) ** 2) / np.sum(error.astype(np.float64) ** 2)))
 
 
 def with_noise(rng: np.random.Generator, windows: np.ndarray, snr: float) -> np.ndarray:
@@ -57,7 +53,7 @@ def main() -> None:
                      f"(fix: run `doit cpucheck:{GRAPH}` there first)")
     ctx = modelcode.context_for(graph)
     cpu = np.load(reference)[OUTPUT]
-    texts = modelcode.call(graph, "texts", ctx)[: len(cpu)]
+    texts = speech.reference_texts(graph, ctx, len(cpu), "bench_whisper_ties")
 
     def transcribe(windows: np.ndarray) -> list[str]:
         return modelcode.call(graph, "transcribe", ctx, list(windows))
@@ -67,7 +63,7 @@ def main() -> None:
     def row(what: str, windows: np.ndarray) -> None:
         heard = transcribe(windows)
         same = sum(speech.words(a) == speech.words(b) for a, b in zip(base, heard))
-        snr = np.mean([snr_db(c, w - c) for c, w in zip(cpu, windows)])
+        snr = np.mean([metrics.snr_db(c, w) for c, w in zip(cpu, windows)])
         print(f"| {what} | {snr:.1f} | {same} of {len(cpu)} | {speech.word_error_rate(texts, heard):.4f} |",
               flush=True)
 
