@@ -175,18 +175,22 @@ class Transducer(nn.Module):
         passes). Per utterance, so that a batch split between processes sums to the whole batch's loss."""
         enc = self.encoder(x)
         if not rnnt:  # the encoder alone, by its CTC head
-            log_probs = torch.log_softmax(ctc(enc), -1).transpose(0, 1)
-            return ctc_weight * nn.functional.ctc_loss(log_probs, targets, frames, lengths, blank=0,
-                                                       reduction="none", zero_infinity=True) / lengths
+            return ctc_per_token(ctc(enc), targets, frames, lengths, ctc_weight)
         y = torch.cat([targets.new_zeros(targets.shape[0], self.context), targets], 1)  # blanks before the start
         dec = self.decoder(y)
         logits = self.joiner(enc[:, :, None, :], dec[:, None, :, :])
         loss = rnnt_loss(logits, targets, frames, lengths)
         if ctc is not None and ctc_weight:
-            log_probs = torch.log_softmax(ctc(enc), -1).transpose(0, 1)
-            loss = loss + ctc_weight * nn.functional.ctc_loss(log_probs, targets, frames, lengths, blank=0,
-                                                              reduction="none", zero_infinity=True) / lengths
+            loss = loss + ctc_per_token(ctc(enc), targets, frames, lengths, ctc_weight)
         return loss
+
+
+def ctc_per_token(scores: torch.Tensor, targets: torch.Tensor, frames: torch.Tensor, lengths: torch.Tensor,
+                  weight: float) -> torch.Tensor:
+    """weight x the CTC loss (blank 0) of each utterance [B] over its token count, from a head's scores [B, T, V]."""
+    log_probs = torch.log_softmax(scores, -1).transpose(0, 1)
+    return weight * nn.functional.ctc_loss(log_probs, targets, frames, lengths, blank=0, reduction="none",
+                                           zero_infinity=True) / lengths
 
 
 def rnnt_loss(logits: torch.Tensor, targets: torch.Tensor, frames: torch.Tensor, lengths: torch.Tensor,
